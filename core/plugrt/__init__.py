@@ -1,0 +1,43 @@
+"""plugrt: a pluggable device runtime.
+
+    from plugrt import Device, Buffer, dtypes
+    Device.DEFAULT            # the default device's name, e.g. "CPU"
+    Device["CPU"]             # an opened device: allocator, compilers, programs
+
+Names are loaded on first use, so `import plugrt` costs almost nothing and never
+touches a plugin.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+  "Device": "plugrt.device", "Buffer": "plugrt.device", "RuntimeDevice": "plugrt.device",
+  "dtypes": "plugrt.dtype", "DType": "plugrt.dtype",
+  "Kernel": "plugrt.ir", "KernelBuilder": "plugrt.ir", "Ops": "plugrt.ir", "UOp": "plugrt.ir",
+  "Registry": "plugrt.registry",
+  "PLUGIN_API_VERSION": "plugrt.hookspecs", "hookimpl": "plugrt.hookspecs",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+if TYPE_CHECKING:
+  from plugrt.device import Buffer, Device, RuntimeDevice
+  from plugrt.dtype import DType, dtypes
+  from plugrt.hookspecs import PLUGIN_API_VERSION, hookimpl
+  from plugrt.ir import Kernel, KernelBuilder, Ops, UOp
+  from plugrt.registry import Registry
+
+
+def __getattr__(name: str) -> Any:
+  if name in _LAZY:
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+  raise AttributeError(f"module 'plugrt' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]: return __all__

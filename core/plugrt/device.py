@@ -1,0 +1,264 @@
+"""Devices and buffers: what users hold.
+
+`Device["CPU"]` opens a device once (its hooks build the allocator, program factory
+and compiler then) and returns the same RuntimeDevice every later time.
+`Device.DEFAULT` is the default device's name. A Buffer is typed memory on one
+device; programs take Buffers as arguments.
+"""
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from plugrt.dtype import DType, dtypes
+from plugrt.errors import UnknownDeviceError
+from plugrt.hookspecs import DeviceInfo
+from plugrt.ir import Kernel
+
+if TYPE_CHECKING:
+  from plugrt.registry import BackendRecord, Registry
+  from plugrt.runtime import Allocator, Compiler, Program
+
+
+def split_device(device: str) -> tuple[str, int]:
+  """"cuda:1" -> ("CUDA", 1); "CPU" -> ("CPU", 0)."""
+  if not isinstance(device, str): raise TypeError(f"a device is named by a string like 'CPU' or 'CUDA:1', not {type(device).__name__}")
+  name, sep, idx = device.strip().partition(":")
+  if not name or (sep and not idx.isdigit()):
+    raise UnknownDeviceError(f"{device!r} is not a device name", "write NAME or NAME:INDEX, e.g. 'CUDA:1'; pick compilers with DEV=CPU:LLVM")
+  return name.upper(), int(idx) if sep else 0
+
+
+def canonicalize(device: str) -> str:
+  name, index = split_device(device)
+  return name if index == 0 else f"{name}:{index}"
+
+
+class RuntimeDevice:
+  """An opened device: its allocator, its program factory and its compilers."""
+
+  def __init__(self, registry: Registry, backend: BackendRecord, info: DeviceInfo):
+    self.registry, self.backend, self.info = registry, backend, info
+    self.name, self.index, self.canonical = info.name, info.index, info.canonical
+    self.allocator: Allocator = registry.build(info, backend, "plugrt_allocator")
+    self.program_factory = registry.build(info, backend, "plugrt_program")
+    self._compilers: dict[str, Compiler] = {}
+    self._programs: dict[tuple[str, str], Program] = {}
+    self._kernel_programs: dict[tuple[int, str], tuple[Kernel, Program]] = {}
+    self._lock = threading.Lock()
+    self.compiler: Compiler | None = self.compiler_for(info.compiler) if info.compiler else None
+
+  def __repr__(self) -> str: return f"<Device {self.canonical} compiler={self.info.compiler or '-'}>"
+  def __str__(self) -> str: return self.canonical
+
+  def compiler_for(self, name: str) -> Compiler:
+    """The device's compiler named `name` (built once)."""
+    name = name.upper()
+    if (c := self._compilers.get(name)) is None:
+      spec = self.backend.spec
+      known = [c.name for c in spec.compilers] if spec else []
+      if name not in known:
+        from plugrt.errors import did_you_mean
+        raise UnknownDeviceError(f"{self.name} has no compiler {name}{did_you_mean(name, known)}", f"{self.name} compilers: {', '.join(known)}")
+      if name != self.info.compiler:
+        p = self.registry.compiler_probe(self.name, name)
+        if not p.ok:
+          from plugrt.errors import DeviceUnavailable, Reason
+          raise DeviceUnavailable(f"compiler {name} of {self.name} cannot be used: {p.detail}", p.reason or Reason.MISSING_TOOLCHAIN, p.hint)
+      c = self._compilers[name] = self.registry.build(self.info, self.backend, "plugrt_compiler", compiler=name)
+    return c
+
+  def program(self, kernel: Kernel, compiler: str | None = None) -> Program:
+    """Render, compile (through the disk cache) and load `kernel`; the same kernel object
+    or the same source gives the same Program without compiling again."""
+    comp = self.compiler if compiler is None else self.compiler_for(compiler)
+    if comp is None: raise UnknownDeviceError(f"{self.name} declares no compiler")
+    if (hit := self._kernel_programs.get((id(kernel), comp.name))) is not None and hit[0] is kernel: return hit[1]
+    src = comp.render(kernel)
+    if (prg := self._programs.get((comp.name, src))) is None:
+      prg = self.load(kernel.name, comp.compile(src), kernel.signature)
+      self._programs[(comp.name, src)] = prg
+    self._kernel_programs[(id(kernel), comp.name)] = (kernel, prg)
+    return prg
+
+  def load(self, name: str, lib: bytes, signature: Any) -> Program:
+    """A Program from an already compiled binary."""
+    return self.program_factory(self, name, lib, signature)
+
+  def buffer(self, size: int, dtype: DType = dtypes.float32) -> Buffer: return Buffer(self, size, dtype)
+
+  def synchronize(self) -> None:
+    if self.info.state is not None: self.info.state.synchronize()
+
+  def close(self) -> None:
+    self.allocator.free_cache()
+    if self.info.state is not None: self.info.state.close()
+
+
+def _device(device: str | RuntimeDevice | None) -> RuntimeDevice:
+  if isinstance(device, RuntimeDevice): return device
+  from plugrt.registry import current
+  reg = current()
+  return reg.open(reg.default if device is None else device)
+
+
+def _fmt_kind(fmt: str) -> str:
+  c = fmt.lstrip("<>=@!")
+  return "raw" if c in ("B", "b", "c") else "i" if c in "hilq" else "u" if c in "HILQ" else "f" if c in "efd" else "b" if c == "?" else c
+
+
+def _byte_view(src: Any, dtype: DType, nbytes: int, what: str) -> memoryview:
+  """`src` as a flat byte view of exactly nbytes, after dtype and size checks."""
+  if type(src).__module__ == "numpy" and hasattr(src, "dtype"):
+    import numpy as np
+    want = dtype.numpy
+    if src.dtype != want and not (dtype is dtypes.bfloat16 and src.dtype.name == "bfloat16"):
+      raise TypeError(f"{what}: the buffer holds {dtype.name}, the array is {src.dtype}; convert it with .astype({want.name!r})")
+    if not src.flags.c_contiguous: raise ValueError(f"{what}: the array is not contiguous; use np.ascontiguousarray first")
+    mv = memoryview(src.reshape(-1).view(np.uint8)) if src.size else memoryview(b"")
+  else:
+    try: mv = memoryview(src)
+    except TypeError: raise TypeError(f"{what}: {type(src).__name__} does not expose its memory (use bytes, a memoryview or a numpy array)") from None
+    if not mv.c_contiguous: raise ValueError(f"{what}: the source is not contiguous; copy it first")
+    kind = _fmt_kind(mv.format)
+    if kind != "raw" and (kind != dtype.kind or mv.itemsize != dtype.itemsize):
+      raise TypeError(f"{what}: source elements are {mv.format!r} ({mv.itemsize} bytes), the buffer holds {dtype.name}")
+    mv = mv.cast("B") if (mv.ndim != 1 or mv.format != "B") and mv.nbytes else mv
+  if mv.nbytes != nbytes:
+    raise ValueError(f"{what}: the buffer holds {nbytes // dtype.itemsize} {dtype.name} ({nbytes} bytes), "
+                     f"the source has {mv.nbytes} bytes")
+  return mv
+
+
+class Buffer:
+  """`size` elements of `dtype` on `device`. A view (Buffer.view) shares its base's memory."""
+  __slots__ = ("__weakref__", "_external", "_keepalive", "base", "device", "dtype", "handle", "nbytes", "offset", "size")
+
+  def __init__(self, device: str | RuntimeDevice | None, size: int, dtype: DType = dtypes.float32):
+    if not isinstance(size, int) or isinstance(size, bool): raise TypeError(f"size must be an int, not {type(size).__name__}")
+    if size < 0: raise ValueError(f"size must not be negative, got {size}")
+    dtype = dtypes.as_dtype(dtype)
+    self.device, self.size, self.dtype, self.nbytes = _device(device), size, dtype, size * dtype.itemsize
+    self.base: Buffer | None = None
+    self.offset, self._external, self._keepalive = 0, False, None
+    self.handle = self.device.allocator.alloc(self.nbytes)
+
+  @classmethod
+  def _make(cls, device: RuntimeDevice, size: int, dtype: DType, handle: Any, base: Buffer | None, offset: int,
+            external: bool = False, keepalive: Any = None) -> Buffer:
+    b = cls.__new__(cls)
+    b.device, b.size, b.dtype, b.nbytes, b.handle = device, size, dtype, size * dtype.itemsize, handle
+    b.base, b.offset, b._external, b._keepalive = base, offset, external, keepalive
+    return b
+
+  @classmethod
+  def from_numpy(cls, arr: Any, device: str | RuntimeDevice | None = None) -> Buffer:
+    import numpy as np
+    arr = np.ascontiguousarray(arr).reshape(-1)
+    buf = cls(device, arr.size, dtypes.from_numpy(arr.dtype))
+    buf.copyin(arr)
+    return buf
+
+  @classmethod
+  def from_blob(cls, ptr: int, size: int, dtype: DType = dtypes.float32, device: str | RuntimeDevice | None = None,
+                keepalive: Any = None) -> Buffer:
+    """Wrap memory plugrt does not own (zero copy). The memory must outlive the Buffer and
+    everything queued on it; pass its owner as `keepalive` to tie their lifetimes.
+    Devices whose allocator cannot wrap memory raise UnsupportedError: never a copy."""
+    if not isinstance(ptr, int) or isinstance(ptr, bool) or ptr <= 0: raise TypeError(f"ptr must be a nonzero address (int), got {ptr!r}")
+    dev = _device(device)
+    dtype = dtypes.as_dtype(dtype)
+    return cls._make(dev, size, dtype, dev.allocator.wrap(ptr, size * dtype.itemsize), None, 0, True, keepalive)
+
+  def __repr__(self) -> str:
+    return f"<Buffer {self.device.canonical} {self.size}x{self.dtype.name}{' view+' + str(self.offset) if self.base else ''}>"
+
+  def __del__(self) -> None:
+    try:
+      if self.base is None and not self._external and self.handle is not None: self.device.allocator.free(self.handle, self.nbytes)
+    except Exception: pass  # interpreter shutdown
+    self.handle = None
+
+  def view(self, size: int | None = None, dtype: DType | None = None, offset: int = 0) -> Buffer:
+    """A buffer over this one's memory from byte `offset`: `size` elements of `dtype` (default: the rest)."""
+    dtype = self.dtype if dtype is None else dtypes.as_dtype(dtype)
+    if not isinstance(offset, int) or offset < 0 or offset > self.nbytes: raise ValueError(f"offset {offset} is outside the buffer's {self.nbytes} bytes")
+    if offset % dtype.itemsize: raise ValueError(f"offset {offset} is not a multiple of {dtype.name}'s {dtype.itemsize} bytes")
+    if size is None: size = (self.nbytes - offset) // dtype.itemsize
+    if size < 0 or offset + size * dtype.itemsize > self.nbytes:
+      raise ValueError(f"a view of {size} {dtype.name} at byte {offset} does not fit in {self.nbytes} bytes")
+    root = self.base or self
+    total = self.offset + offset
+    return Buffer._make(self.device, size, dtype, self.device.allocator.offset(root.handle, total, size * dtype.itemsize), root, total,
+                        self._external, self._keepalive)
+
+  def copyin(self, src: Any) -> Buffer:
+    """Copy host data in: bytes, a memoryview or a numpy array of exactly this buffer's size and dtype."""
+    mv = _byte_view(src, self.dtype, self.nbytes, f"copyin to {self!r}")
+    if self.nbytes: self.device.allocator._copyin(self.handle, mv)
+    return self
+
+  def copyout(self, dest: Any) -> Any:
+    """Copy into a writable host buffer (bytearray, memoryview, numpy array) of this buffer's size."""
+    mv = _byte_view(dest, self.dtype, self.nbytes, f"copyout from {self!r}")
+    if mv.readonly: raise TypeError(f"copyout from {self!r}: the destination is read-only")
+    if self.nbytes: self.device.allocator._copyout(mv, self.handle)
+    return dest
+
+  def numpy(self) -> Any:
+    import numpy as np
+    out = np.empty(self.size, dtype=self.dtype.numpy)
+    if self.nbytes: self.device.allocator._copyout(memoryview(out).cast("B"), self.handle)
+    return out
+
+  def tobytes(self) -> bytes:
+    out = bytearray(self.nbytes)
+    if self.nbytes: self.device.allocator._copyout(memoryview(out), self.handle)
+    return bytes(out)
+
+  def copy_to(self, dest: Buffer) -> Buffer:
+    """Copy into `dest` (same byte size), device to device where the backend can, else through the host."""
+    if dest.nbytes != self.nbytes: raise ValueError(f"cannot copy {self.nbytes} bytes into a buffer of {dest.nbytes}")
+    a, b = self.device, dest.device
+    if a.backend is b.backend and a.allocator.supports_transfer:
+      a.allocator._transfer(dest.handle, self.handle, self.nbytes, a, b)
+    elif a is b and hasattr(a.allocator, "_copy"):
+      a.allocator._copy(dest.handle, self.handle, self.nbytes)
+    else:
+      host = bytearray(self.nbytes)
+      if self.nbytes:
+        a.allocator._copyout(memoryview(host), self.handle)
+        b.allocator._copyin(dest.handle, memoryview(host))
+    return dest
+
+  def to(self, device: str | RuntimeDevice) -> Buffer:
+    """A copy of this buffer on `device`."""
+    return self.copy_to(Buffer(device, self.size, self.dtype))
+
+
+class _DeviceAccess:
+  """`Device["CUDA:1"]` opens a device; `Device.DEFAULT` names the default one."""
+
+  def __getitem__(self, device: str) -> RuntimeDevice: return _device(device)
+
+  @property
+  def DEFAULT(self) -> str:
+    from plugrt.registry import current
+    return current().default
+
+  @property
+  def registry(self) -> Registry:
+    from plugrt.registry import current
+    return current().load()
+
+  def available(self) -> list[str]:
+    """Devices whose backend finds hardware here, in automatic-choice order (nothing is opened)."""
+    return self.registry.available()
+
+  @staticmethod
+  def canonicalize(device: str) -> str: return canonicalize(device)
+
+  def __repr__(self) -> str: return "<plugrt.Device: Device['CPU'], Device.DEFAULT, Device.available()>"
+
+
+Device = _DeviceAccess()

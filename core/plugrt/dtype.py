@@ -1,0 +1,152 @@
+"""Data types of kernel values and buffers.
+
+Every dtype is a singleton, so `dt is dtypes.float32` is the cheap comparison the
+launch path uses. `bfloat16` has no numpy type: on the host it is stored as its raw
+16 bits (numpy uint16) and the helpers here convert to and from float32.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class DType:
+  name: str
+  itemsize: int
+  kind: str  # "b" bool, "i" signed int, "u" unsigned int, "f" float
+  fmt: str   # struct format of one element (bfloat16: its raw 16 bits, "H")
+
+  def __repr__(self) -> str: return f"dtypes.{self.name}"
+  def __reduce__(self) -> Any: return (getattr, (dtypes, self.name))
+  @property
+  def is_float(self) -> bool: return self.kind == "f"
+  @property
+  def is_int(self) -> bool: return self.kind in "iu"
+  @property
+  def is_unsigned(self) -> bool: return self.kind == "u"
+  @property
+  def is_bool(self) -> bool: return self.kind == "b"
+  @property
+  def bits(self) -> int: return self.itemsize * 8
+
+  @property
+  def min(self) -> int | float:
+    if self.kind == "b": return False
+    if self.kind == "u": return 0
+    if self.kind == "i": return -(1 << (self.bits - 1))
+    return -math.inf
+
+  @property
+  def max(self) -> int | float:
+    if self.kind == "b": return True
+    if self.kind == "u": return (1 << self.bits) - 1
+    if self.kind == "i": return (1 << (self.bits - 1)) - 1
+    return math.inf
+
+  @property
+  def numpy(self) -> Any:
+    """The numpy dtype that holds this dtype's bytes (bfloat16: uint16 raw bits)."""
+    import numpy as np
+    return np.dtype("uint16") if self is dtypes.bfloat16 else np.dtype(self.fmt if self.kind != "b" else "bool")
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class PtrDType:
+  """The type of a buffer parameter or shared array: a pointer to `base` elements."""
+  base: DType
+  addrspace: str = "global"  # "global", "shared" or "private"
+
+  def __repr__(self) -> str: return f"{self.base!r}.ptr({self.addrspace!r})"
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, PtrDType) and other.base is self.base and other.addrspace == self.addrspace
+  def __hash__(self) -> int: return hash((self.base.name, self.addrspace))
+
+
+class dtypes:
+  bool = DType("bool", 1, "b", "?")
+  int8 = DType("int8", 1, "i", "b")
+  int16 = DType("int16", 2, "i", "h")
+  int32 = DType("int32", 4, "i", "i")
+  int64 = DType("int64", 8, "i", "q")
+  uint8 = DType("uint8", 1, "u", "B")
+  uint16 = DType("uint16", 2, "u", "H")
+  uint32 = DType("uint32", 4, "u", "I")
+  uint64 = DType("uint64", 8, "u", "Q")
+  float16 = DType("float16", 2, "f", "e")
+  bfloat16 = DType("bfloat16", 2, "f", "H")
+  float32 = DType("float32", 4, "f", "f")
+  float64 = DType("float64", 8, "f", "d")
+  # the usual short names
+  half, float, double = float16, float32, float64
+  char, uchar, short, ushort, int, uint, long, ulong = int8, uint8, int16, uint16, int32, uint32, int64, uint64
+  default_float, default_int = float32, int32
+
+  @staticmethod
+  def all() -> tuple[DType, ...]: return _ALL
+
+  @staticmethod
+  def from_name(name: str) -> DType:
+    if isinstance(found := getattr(dtypes, str(name), None), DType): return found
+    raise ValueError(f"unknown dtype {name!r}; known: {', '.join(d.name for d in _ALL)}")
+
+  @staticmethod
+  def from_numpy(npdtype: Any) -> DType:
+    """The dtype for a numpy dtype (raises TypeError for ones plugrt has no dtype for)."""
+    import numpy as np
+    nd = np.dtype(npdtype)
+    if nd == np.bool_: return dtypes.bool
+    for dt in _ALL:
+      if dt.kind == nd.kind and dt.itemsize == nd.itemsize and dt is not dtypes.bfloat16: return dt
+    if nd.name == "bfloat16": return dtypes.bfloat16  # ml_dtypes' bfloat16
+    raise TypeError(f"numpy dtype {nd} has no plugrt dtype; use one of {', '.join(d.name for d in _ALL)}")
+
+  @staticmethod
+  def from_py(x: Any) -> DType:
+    """The default dtype for a Python scalar."""
+    if isinstance(x, bool): return dtypes.bool
+    if isinstance(x, int): return dtypes.default_int
+    if isinstance(x, float): return dtypes.default_float
+    raise TypeError(f"no dtype for Python value {x!r} of type {type(x).__name__}")
+
+  @staticmethod
+  def as_dtype(x: DType | str | Any) -> DType:
+    """Accept a DType, a name ("float32") or a numpy dtype."""
+    if isinstance(x, DType): return x
+    if isinstance(x, str): return dtypes.from_name(x)
+    return dtypes.from_numpy(x)
+
+
+_ALL: tuple[DType, ...] = (dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16,
+                           dtypes.uint32, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+
+
+def iter_dtypes() -> Iterator[DType]: return iter(_ALL)
+
+
+def bf16_to_f32(raw: Any) -> Any:
+  """numpy uint16 raw bfloat16 bits -> float32 (exact)."""
+  import numpy as np
+  return (np.asarray(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(x: Any) -> Any:
+  """float32 -> raw bfloat16 bits, rounding to nearest even; NaN stays a quiet NaN."""
+  import numpy as np
+  u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+  rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+  nan = np.isnan(np.asarray(x, dtype=np.float32))
+  return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+def cast_value(x: Any, dt: DType) -> Any:
+  """A Python scalar converted the way a kernel's cast would (ints wrap, floats round)."""
+  if dt.kind == "b": return bool(x)
+  if dt.kind in "iu":
+    v = int(x) & ((1 << dt.bits) - 1)
+    return v - (1 << dt.bits) if dt.kind == "i" and v >> (dt.bits - 1) else v
+  import numpy as np
+  if dt is dtypes.bfloat16: return float(bf16_to_f32(f32_to_bf16(np.float32(x))))
+  return float(np.array(x, dtype=dt.numpy))

@@ -1,0 +1,86 @@
+"""Typed errors. Every error names the problem and the fix.
+
+Each class also derives from the builtin exception a caller would naturally catch
+(ValueError for bad names, TypeError for bad arguments, MemoryError for
+out-of-memory), so code that does not know plugrt still handles them sensibly.
+"""
+from __future__ import annotations
+
+import difflib
+import enum
+from collections.abc import Iterable
+
+
+class Reason(enum.Enum):
+  """Why a backend is unavailable. Each has a default fix hint."""
+  NOT_INSTALLED = "not installed"
+  IMPORT_ERROR = "import error"
+  HOOK_ERROR = "hook error"
+  INCOMPATIBLE_API = "incompatible plugin API"
+  NAME_CONFLICT = "name claimed twice"
+  DISABLED = "disabled by environment"
+  NO_DEVICE = "no device"
+  MISSING_TOOLCHAIN = "missing toolchain"
+  OPEN_FAILED = "open failed"
+
+
+class PlugrtError(Exception):
+  """Base of every plugrt error."""
+  def __init__(self, message: str, hint: str = ""):
+    super().__init__(message + (f" (fix: {hint})" if hint else ""))
+    self.message, self.hint = message, hint
+
+
+class EnvError(PlugrtError, ValueError):
+  """An environment variable has a value plugrt cannot use."""
+
+
+class UnknownDeviceError(PlugrtError, ValueError):
+  """A device, compiler or interface name that no installed backend declares."""
+
+
+class ConflictError(PlugrtError, ValueError):
+  """Two requests (environment variables, or two plugins) contradict each other."""
+
+
+class DeviceUnavailable(PlugrtError, RuntimeError):
+  """A device the user asked for cannot be used; `reason` says why."""
+  def __init__(self, message: str, reason: Reason, hint: str = "", available: Iterable[str] | None = None):
+    self.reason, self.available = reason, None if available is None else tuple(available)
+    listed = "" if self.available is None else f"; available: {', '.join(self.available)}" if self.available else "; no other device is available"
+    super().__init__(f"{message} [{reason.value}]{listed}", hint)
+
+
+class CompileError(PlugrtError, RuntimeError):
+  """A compiler rejected a kernel; `log` holds what it printed."""
+  def __init__(self, message: str, log: str = "", hint: str = ""):
+    self.log = log
+    super().__init__(message + (f"\n{log.strip()}" if log.strip() else ""), hint)
+
+
+class IRError(PlugrtError, ValueError):
+  """A kernel's IR is malformed (bad types, scoping, unbalanced control flow)."""
+
+
+class UnsupportedError(PlugrtError, NotImplementedError):
+  """The device or backend cannot do what was asked (wrap external memory, say)."""
+
+
+class RenderError(UnsupportedError):
+  """A renderer cannot express part of a kernel on its device (an unsupported dtype, say)."""
+
+
+class OutOfMemoryError(PlugrtError, MemoryError):
+  """A device allocation failed even after the allocator's cache was freed."""
+
+
+class PluginError(PlugrtError, RuntimeError):
+  """A plugin broke its contract while being used (not while being discovered)."""
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+  """' (did you mean X?)' for the closest known name, or ''."""
+  known = list(known)
+  close = difflib.get_close_matches(name.upper(), [k.upper() for k in known], n=1, cutoff=0.6)
+  if not close: return ""
+  return f" (did you mean {next(k for k in known if k.upper() == close[0])}?)"

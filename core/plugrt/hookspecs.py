@@ -1,0 +1,186 @@
+"""What a plugrt backend is: the hook specifications.
+
+A backend is a Python module that a distribution registers under the entry-point
+group ``plugrt`` (or that PLUGRT_EXTRA_PLUGINS names). That module imports only the
+standard library and plugrt, and implements some of the hooks below, each marked
+with ``@hookimpl``. Heavy dependencies (a driver binding, a compiler library,
+numpy) are imported inside the hooks that build objects, never at module level.
+
+A backend's life, and when each hook runs:
+
+1. Discovery, once per process: plugrt imports the module and calls
+   ``plugrt_backends()`` and ``plugrt_interfaces()``. The declarations they return
+   are plain data: names, priorities, compilers, interfaces, probes, and the plugin
+   API version the module was written against (checked before anything else runs).
+2. Probing, whenever a device list is wanted: ``BackendSpec.probe()`` and the
+   compilers' and interfaces' probes look at the machine cheaply (files, paths,
+   importable modules) and change nothing: no allocation, no driver state.
+3. Opening, once per device (``Device["CUDA:1"]``): ``plugrt_open_device`` may set
+   up shared state (a context, a queue), then ``plugrt_allocator``,
+   ``plugrt_program`` and ``plugrt_compiler`` each build their object once.
+4. Launching: the core calls the objects built in step 3 directly. No hook, no
+   registry lookup and no pluggy call sits between a user and a kernel launch.
+
+A hook that raises, a module that fails to import, a declaration with another major
+API version, or a backend name that two distributions declare, makes that backend
+unavailable with a typed reason (plugrt.errors.Reason); other backends and
+``import plugrt`` are never affected. ``plugrt devices`` shows every reason.
+
+The objects the hooks build derive from the base classes in plugrt.runtime
+(Allocator, Compiler, Program, DeviceState); docs/authoring.md walks through a new
+backend, and plugrt.reference is a complete one to copy.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+import pluggy
+
+from plugrt.errors import Reason
+
+if TYPE_CHECKING:
+  from plugrt.ir import Signature
+  from plugrt.runtime import Allocator, Compiler, DeviceState, Program
+
+PROJECT = "plugrt"
+#: The plugin API this core implements. A backend declaring another major version is
+#: refused; one declaring a newer minor version than this is refused too.
+PLUGIN_API_VERSION = (1, 0)
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# ---------------------------------------------------------------- declarations (plain data)
+
+@dataclass(frozen=True)
+class Probe:
+  """What a cheap, side-effect-free look at the machine found."""
+  ok: bool
+  count: int = 0                    # devices found (for a compiler or interface: 1 if usable)
+  reason: Optional[Reason] = None   # why not ok
+  detail: str = ""                  # what was found, or what is missing
+  hint: str = ""                    # how to fix it
+  info: Mapping[str, str] = field(default_factory=dict)  # extra facts for `plugrt devices` (adapters, versions)
+
+  @staticmethod
+  def found(count: int = 1, detail: str = "", **info: str) -> Probe: return Probe(True, count, None, detail, "", info)
+  @staticmethod
+  def missing(reason: Reason, detail: str, hint: str = "", **info: str) -> Probe: return Probe(False, 0, reason, detail, hint, info)
+
+
+@dataclass(frozen=True)
+class CompilerSpec:
+  """A way to turn kernel IR into a binary for the device.
+
+  Chosen with ``<DEVICE>_<NAME>=1`` or ``DEV=<DEVICE>:<NAME>``; otherwise the first
+  compiler whose probe succeeds is the device's default.
+  """
+  name: str
+  description: str = ""
+  probe: Optional[Callable[[], Probe]] = None   # is its toolchain here? None: always
+
+
+@dataclass(frozen=True)
+class InterfaceSpec:
+  """A way to reach the device's hardware (a driver, a bus). Declared by the device's
+  own package or by a separate interface package.
+
+  Chosen with ``<DEVICE>_IFACE=<NAME>`` or ``DEV=<NAME>+<DEVICE>``; otherwise the first
+  interface with ``auto=True`` whose probe succeeds. Interfaces that can unbind a
+  kernel driver must set ``auto=False``.
+  """
+  device: str
+  name: str
+  probe: Callable[[], Probe]
+  auto: bool = True
+  description: str = ""
+
+
+@dataclass(frozen=True)
+class Alias:
+  """An older environment name: ``Alias("CLANG", "CPU:CLANG")`` makes CLANG=1 mean DEV=CPU:CLANG."""
+  env: str
+  target: str
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+  """One device kind: what ``plugrt_backends`` returns."""
+  name: str                                    # upper case: CPU, CUDA, ... (also the <NAME>=1 variable)
+  api_version: str                             # the PLUGIN_API_VERSION it was written for, "1.0"
+  probe: Callable[[], Probe]                   # are there devices of this kind here?
+  compilers: tuple[CompilerSpec, ...] = ()     # in order of preference
+  priority: int = 0                            # automatic choice: highest first, ties by name
+  aliases: tuple[Alias, ...] = ()
+  interfaces: tuple[InterfaceSpec, ...] = ()   # interfaces this package ships itself
+  description: str = ""
+
+
+@dataclass
+class DeviceInfo:
+  """The device being opened, as the hooks see it."""
+  name: str                          # "CUDA"
+  index: int                         # 1 for "CUDA:1"
+  compiler: str                      # the compiler chosen for it
+  interface: Optional[str] = None    # the interface chosen for it, if the backend has any
+  arch: str = ""                     # a target architecture the user asked for (DEV=AMD:LLVM:gfx1100), else ""
+  iface_object: Any = None           # what plugrt_open_interface returned
+  state: Optional[DeviceState] = None  # what plugrt_open_device returned
+
+  @property
+  def canonical(self) -> str: return self.name if self.index == 0 else f"{self.name}:{self.index}"
+
+
+#: Loads a compiled binary as a Program on an opened device: factory(device, name, binary, signature).
+#: `device` is the plugrt.device.RuntimeDevice; programs check buffers against it.
+ProgramFactory = Callable[[Any, str, bytes, "Signature"], "Program"]
+
+
+# ---------------------------------------------------------------- the hooks
+
+@hookspec
+def plugrt_backends() -> Sequence[BackendSpec]:
+  """Declare the device kinds this plugin provides. Called once, at discovery.
+
+  Must be cheap and import nothing beyond the standard library and plugrt.
+  """
+
+
+@hookspec
+def plugrt_interfaces() -> Sequence[InterfaceSpec]:
+  """Declare interfaces this plugin provides, for its own or another plugin's device."""
+
+
+@hookspec
+def plugrt_open_interface(device: DeviceInfo, interface: str) -> Any:
+  """Open `interface` (declared by this plugin) for `device`; the result reaches the
+  device's own hooks as ``device.iface_object``. Called once per device."""
+
+
+@hookspec
+def plugrt_open_device(device: DeviceInfo) -> DeviceState | None:
+  """Set up what the device's objects share (a context, queues). Called once per device,
+  before the other factories; the result is ``device.state``."""
+
+
+@hookspec
+def plugrt_allocator(device: DeviceInfo) -> Allocator:
+  """Build the device's memory allocator. Called once per device."""
+
+
+@hookspec
+def plugrt_compiler(device: DeviceInfo, compiler: str) -> Compiler:
+  """Build the compiler named `compiler` (one of the declared CompilerSpecs) for the device.
+  Called once per device and compiler."""
+
+
+@hookspec
+def plugrt_program(device: DeviceInfo) -> ProgramFactory:
+  """Return the factory that loads compiled binaries as Programs. Called once per device."""
+
+
+#: hooks every backend plugin must implement (the rest are optional)
+REQUIRED_DEVICE_HOOKS = ("plugrt_allocator", "plugrt_compiler", "plugrt_program")

@@ -1,0 +1,469 @@
+"""The kernel IR: one small, typed, linear program per kernel.
+
+A `Kernel` is a tuple of `UOp`s in execution order. Values are UOps too: an op's
+sources are earlier UOps. Control flow is structured: RANGE ... ENDRANGE is a
+counted loop whose UOp is the loop index, IF [ELSE] ... ENDIF a conditional. A value
+may be used only inside the block that defines it (C scoping).
+
+One kernel instance runs per thread. Threads form groups of `local_size` threads
+(x, y, z); there are `num_groups` groups per axis. Groups share SHARED arrays and
+synchronise at BARRIER, which every thread of a group must reach (uniform control
+flow, as on every GPU).
+
+Semantics (the reference interpreter in plugrt.interpreter is the normative model):
+- integers wrap (two's complement); IDIV truncates toward zero and MOD takes the
+  sign of the dividend, as in C; SHR of a signed value is arithmetic; division by
+  zero and shifts by >= the bit width are undefined.
+- floats are IEEE with each op's result rounded to its dtype; EXP2, LOG2, SIN, SQRT
+  and RECIP are accurate to a few ulp; MAX/MIN with a NaN operand are unspecified.
+- CAST float->int truncates toward zero (undefined when out of range); any->bool is
+  `!= 0`; bool->number is 0 or 1. BITCAST reinterprets bits of the same size.
+"""
+from __future__ import annotations
+
+import contextlib
+import enum
+import keyword
+import math
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+from plugrt.dtype import DType, PtrDType, cast_value, dtypes
+from plugrt.errors import IRError
+
+
+class Ops(enum.Enum):
+  # parameters and launch geometry
+  BUFFER = enum.auto()    # arg=(index, name); dtype PtrDType("global")
+  SCALAR = enum.auto()    # arg=(index, name); dtype a scalar DType
+  SPECIAL = enum.auto()   # arg=(kind, axis), kind in SPECIAL_KINDS; dtype int32
+  CONST = enum.auto()     # arg=value (Python bool/int/float)
+  # memory
+  SHARED = enum.auto()    # arg=(name, count); dtype PtrDType("shared"): one array per group
+  SPILL = enum.auto()     # lowered IR only: src=(count,); dtype PtrDType("private"): per-group scratch
+  LOAD = enum.auto()      # src=(ptr, index)
+  STORE = enum.auto()     # src=(ptr, index, value)
+  VAR = enum.auto()       # src=(init,), arg=name: a mutable register variable
+  READ = enum.auto()      # src=(var,)
+  WRITE = enum.auto()     # src=(var, value)
+  # ALU, unary
+  NEG = enum.auto(); NOT = enum.auto(); EXP2 = enum.auto(); LOG2 = enum.auto()
+  SIN = enum.auto(); SQRT = enum.auto(); RECIP = enum.auto(); TRUNC = enum.auto()
+  # ALU, binary
+  ADD = enum.auto(); SUB = enum.auto(); MUL = enum.auto(); DIV = enum.auto(); IDIV = enum.auto()
+  MOD = enum.auto(); MAX = enum.auto(); MIN = enum.auto()
+  AND = enum.auto(); OR = enum.auto(); XOR = enum.auto(); SHL = enum.auto(); SHR = enum.auto()
+  CMPLT = enum.auto(); CMPLE = enum.auto(); CMPEQ = enum.auto(); CMPNE = enum.auto()
+  # ALU, ternary
+  WHERE = enum.auto()     # src=(cond, a, b)
+  CAST = enum.auto()
+  BITCAST = enum.auto()
+  # control flow
+  RANGE = enum.auto()     # src=(start, end): loop index from start to end-1
+  ENDRANGE = enum.auto()  # src=(range,)
+  IF = enum.auto()        # src=(cond,)
+  ELSE = enum.auto()      # src=(if,)
+  ENDIF = enum.auto()     # src=(if,)
+  BARRIER = enum.auto()
+
+
+SPECIAL_KINDS = ("group_id", "local_id", "num_groups", "local_size")
+UNARY = frozenset({Ops.NEG, Ops.NOT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC})
+FLOAT_UNARY = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC})
+BINARY = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.DIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.AND, Ops.OR, Ops.XOR,
+                    Ops.SHL, Ops.SHR, Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE})
+COMPARE = frozenset({Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE})
+ALU = UNARY | BINARY | {Ops.WHERE}
+BLOCK_OPEN = frozenset({Ops.RANGE, Ops.IF})
+BLOCK_CLOSE = frozenset({Ops.ENDRANGE, Ops.ENDIF})
+STATEMENTS = frozenset({Ops.STORE, Ops.WRITE, Ops.ENDRANGE, Ops.IF, Ops.ELSE, Ops.ENDIF, Ops.BARRIER})
+
+# which dtype kinds each ALU op accepts ("b" bool, "i"/"u" ints, "f" floats)
+_KINDS = {Ops.NEG: "iuf", Ops.NOT: "biu", Ops.ADD: "iuf", Ops.SUB: "iuf", Ops.MUL: "iuf", Ops.DIV: "f", Ops.IDIV: "iu",
+          Ops.MOD: "iu", Ops.MAX: "iuf", Ops.MIN: "iuf", Ops.AND: "biu", Ops.OR: "biu", Ops.XOR: "biu", Ops.SHL: "iu",
+          Ops.SHR: "iu", **{op: "f" for op in FLOAT_UNARY}, **{op: "biuf" for op in COMPARE}}
+
+
+class UOp:
+  """One IR operation. Compared by identity: two equal-looking LOADs are two loads."""
+  __slots__ = ("arg", "dtype", "op", "src")
+
+  def __init__(self, op: Ops, dtype: DType | PtrDType | None, src: tuple[UOp, ...] = (), arg: Any = None):
+    self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
+
+  def __repr__(self) -> str: return f"UOp({self.op.name}, {self.dtype!r}, arg={self.arg!r}, nsrc={len(self.src)})"
+
+
+@dataclass(frozen=True)
+class Signature:
+  """What a program takes: its buffers' element dtypes (and whether each is written), then its scalars."""
+  buffers: tuple[DType, ...]
+  scalars: tuple[DType, ...]
+  written: tuple[bool, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class Kernel:
+  name: str
+  uops: tuple[UOp, ...]
+
+  @property
+  def buffers(self) -> tuple[UOp, ...]: return tuple(sorted((u for u in self.uops if u.op is Ops.BUFFER), key=lambda u: u.arg[0]))
+  @property
+  def scalars(self) -> tuple[UOp, ...]: return tuple(sorted((u for u in self.uops if u.op is Ops.SCALAR), key=lambda u: u.arg[0]))
+  @property
+  def signature(self) -> Signature:
+    stored = {u.src[0] for u in self.uops if u.op is Ops.STORE}
+    bufs = self.buffers
+    return Signature(tuple(b.dtype.base for b in bufs), tuple(s.dtype for s in self.scalars), tuple(b in stored for b in bufs))
+  @property
+  def has_barrier(self) -> bool: return any(u.op is Ops.BARRIER for u in self.uops)
+
+  def dump(self) -> str:
+    """A readable, canonical listing; equal listings mean equal kernels (used in cache keys)."""
+    ids = {u: i for i, u in enumerate(self.uops)}
+    lines, depth = [f"kernel {self.name}"], 1
+    for i, u in enumerate(self.uops):
+      if u.op in BLOCK_CLOSE or u.op is Ops.ELSE: depth -= 1
+      src = ", ".join(f"%{ids[s]}" for s in u.src)
+      arg = "" if u.arg is None else f" {_fmt_arg(u.arg)}"
+      lines.append(f"{'  ' * depth}%{i} = {u.op.name}{'' if u.dtype is None else ':' + _fmt_dtype(u.dtype)}{arg}"
+                   f"{' (' + src + ')' if src else ''}")
+      if u.op in BLOCK_OPEN or u.op is Ops.ELSE: depth += 1
+    return "\n".join(lines)
+
+  def __repr__(self) -> str: return f"<Kernel {self.name}: {len(self.uops)} uops>"
+
+
+def _fmt_dtype(dt: DType | PtrDType) -> str:
+  return f"{dt.base.name}*{dt.addrspace}" if isinstance(dt, PtrDType) else dt.name
+
+
+def _fmt_arg(arg: Any) -> str:
+  if isinstance(arg, float): return "nan" if math.isnan(arg) else repr(arg)  # repr(inf) is 'inf': fine
+  return repr(arg)
+
+
+# ---------------------------------------------------------------- verification
+
+def verify(kernel: Kernel) -> Kernel:
+  """Check types, scoping and block structure; raise IRError naming the first bad op."""
+  if not _IDENT.match(kernel.name) or keyword.iskeyword(kernel.name):
+    raise IRError(f"kernel name {kernel.name!r} is not an identifier", "use letters, digits and _, not starting with a digit")
+  scope_of: dict[UOp, int] = {}
+  active, blocks, next_scope = [0], [], 1  # active scope ids; open RANGE/IF uops
+  seen_params: dict[Ops, set[int]] = {Ops.BUFFER: set(), Ops.SCALAR: set()}
+  for pos, u in enumerate(kernel.uops):
+    def bad(msg: str, u: UOp = u, pos: int = pos) -> IRError: return IRError(f"kernel {kernel.name}, op %{pos} {u.op.name}: {msg}")
+    if u in scope_of: raise bad("appears twice in the op list")
+    for s in u.src:
+      if s not in scope_of: raise bad("uses a value that is not defined before it")
+      if scope_of[s] not in active: raise bad("uses a value outside the block that defines it")
+    _check_types(u, bad)
+    if u.op in (Ops.BUFFER, Ops.SCALAR, Ops.SHARED) and len(active) != 1: raise bad("must be at the top level of the kernel")
+    if u.op in (Ops.BUFFER, Ops.SCALAR):
+      if u.arg[0] in seen_params[u.op]: raise bad(f"parameter index {u.arg[0]} used twice")
+      seen_params[u.op].add(u.arg[0])
+    scope_of[u] = active[-1]
+    if u.op in BLOCK_OPEN:
+      blocks.append(u); active.append(next_scope); next_scope += 1
+    elif u.op is Ops.ELSE:
+      if not blocks or blocks[-1] is not u.src[0] or u.src[0].op is not Ops.IF: raise bad("does not close the innermost IF")
+      active[-1] = next_scope; next_scope += 1
+    elif u.op in BLOCK_CLOSE:
+      if not blocks or blocks[-1] is not u.src[0]: raise bad("does not close the innermost open block")
+      blocks.pop(); active.pop()
+  if blocks: raise IRError(f"kernel {kernel.name}: {blocks[-1].op.name} is never closed")
+  for op, idx in seen_params.items():
+    if idx != set(range(len(idx))): raise IRError(f"kernel {kernel.name}: {op.name} indices {sorted(idx)} are not 0..{len(idx)-1}")
+  return kernel
+
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_types(u: UOp, bad: Any) -> None:
+  op, dt, src = u.op, u.dtype, u.src
+  sd = [s.dtype for s in src]
+  nsrc = {Ops.LOAD: 2, Ops.STORE: 3, Ops.VAR: 1, Ops.READ: 1, Ops.WRITE: 2, Ops.WHERE: 3, Ops.CAST: 1, Ops.BITCAST: 1,
+          Ops.RANGE: 2, Ops.ENDRANGE: 1, Ops.IF: 1, Ops.ELSE: 1, Ops.ENDIF: 1, Ops.SPILL: 1}.get(op)
+  if nsrc is None: nsrc = 1 if op in UNARY else 2 if op in BINARY else 0
+  if len(src) != nsrc: raise bad(f"takes {nsrc} sources, got {len(src)}")
+  if op in (Ops.BUFFER, Ops.SHARED, Ops.SPILL):
+    want = {Ops.BUFFER: "global", Ops.SHARED: "shared", Ops.SPILL: "private"}[op]
+    if not isinstance(dt, PtrDType) or dt.addrspace != want: raise bad(f"dtype must be a {want} pointer, not {dt!r}")
+    if op is Ops.SHARED and (not isinstance(u.arg[1], int) or u.arg[1] <= 0): raise bad("needs a positive element count")
+    if op is Ops.SPILL and not _is_int(sd[0]): raise bad("count must be an integer")
+    return
+  if op is Ops.SCALAR or op is Ops.CONST:
+    if not isinstance(dt, DType): raise bad(f"dtype must be a scalar dtype, not {dt!r}")
+    if op is Ops.CONST: _check_const(u.arg, dt, bad)
+    return
+  if op is Ops.SPECIAL:
+    if u.arg[0] not in SPECIAL_KINDS or u.arg[1] not in (0, 1, 2) or dt is not dtypes.int32:
+      raise bad(f"must be one of {SPECIAL_KINDS} on axis 0..2 with dtype int32")
+    return
+  if op in (Ops.LOAD, Ops.STORE):
+    if not isinstance(sd[0], PtrDType): raise bad("first source must be a buffer")
+    if not _is_int(sd[1]): raise bad(f"index must be an integer, not {sd[1]!r}")
+    if op is Ops.LOAD and dt is not sd[0].base: raise bad(f"loads {sd[0].base!r} but is typed {dt!r}")
+    if op is Ops.STORE and sd[2] is not sd[0].base: raise bad(f"stores {sd[2]!r} into a buffer of {sd[0].base!r}")
+    return
+  if op is Ops.VAR:
+    if dt is not sd[0]: raise bad(f"initial value is {sd[0]!r}, variable is {dt!r}")
+    return
+  if op in (Ops.READ, Ops.WRITE):
+    if src[0].op is not Ops.VAR: raise bad("first source must be a VAR")
+    if op is Ops.READ and dt is not sd[0]: raise bad("reads a variable of another dtype")
+    if op is Ops.WRITE and sd[1] is not sd[0]: raise bad(f"writes {sd[1]!r} into a variable of {sd[0]!r}")
+    return
+  if op in UNARY or op in BINARY:
+    if any(s is not sd[0] for s in sd): raise bad(f"operand dtypes differ: {', '.join(map(repr, sd))}")
+    if not isinstance(sd[0], DType) or sd[0].kind not in _KINDS[op]: raise bad(f"does not take {sd[0]!r}")
+    want = dtypes.bool if op in COMPARE else sd[0]
+    if dt is not want: raise bad(f"result must be {want!r}, not {dt!r}")
+    return
+  if op is Ops.WHERE:
+    if sd[0] is not dtypes.bool: raise bad("condition must be bool")
+    if not (sd[1] is sd[2] is dt): raise bad(f"branches {sd[1]!r}/{sd[2]!r} and result {dt!r} must match")
+    return
+  if op in (Ops.CAST, Ops.BITCAST):
+    if not isinstance(dt, DType) or not isinstance(sd[0], DType): raise bad("casts only scalar values")
+    if op is Ops.BITCAST and dt.itemsize != sd[0].itemsize: raise bad(f"{sd[0]!r} and {dt!r} differ in size")
+    return
+  if op is Ops.RANGE:
+    if not (_is_int(sd[0]) and sd[0] is sd[1] is dt): raise bad("start, end and index must share one integer dtype")
+    return
+  if op is Ops.IF:
+    if sd[0] is not dtypes.bool: raise bad("condition must be bool")
+    return
+  if op is Ops.ENDRANGE and src[0].op is not Ops.RANGE: raise bad("must close a RANGE")
+  if op is Ops.ENDIF and src[0].op is not Ops.IF: raise bad("must close an IF")
+
+
+def _is_int(dt: Any) -> bool: return isinstance(dt, DType) and dt.kind in "iu"
+
+
+def _check_const(value: Any, dt: DType, bad: Any) -> None:
+  if dt.kind == "b":
+    if not isinstance(value, bool): raise bad(f"bool constant must be True/False, not {value!r}")
+  elif dt.kind in "iu":
+    if not isinstance(value, int) or isinstance(value, bool) or not dt.min <= value <= dt.max:
+      raise bad(f"{value!r} is not a {dt.name}")
+  elif not isinstance(value, float): raise bad(f"{dt.name} constant must be a Python float, not {value!r}")
+
+
+# ---------------------------------------------------------------- builder
+
+Scalar = Union[bool, int, float]
+
+
+class Val:
+  """A value under construction: Python operators append IR to the builder."""
+  __slots__ = ("b", "u")
+
+  def __init__(self, b: KernelBuilder, u: UOp): self.b, self.u = b, u
+  @property
+  def dtype(self) -> DType: return self.u.dtype  # type: ignore[return-value]
+  def __repr__(self) -> str: return f"<Val {self.u.op.name}:{self.dtype.name}>"
+  def __bool__(self) -> bool:
+    raise TypeError("an IR value has no truth value while the kernel is built; use b.if_(cond) or cond.where(a, b)")
+  __hash__ = object.__hash__
+
+  def _bin(self, op: Ops, other: Any, reverse: bool = False) -> Val:
+    o = self.b.as_val(other, self.dtype)
+    a, c = (o, self) if reverse else (self, o)
+    return self.b.alu(op, a, c)
+
+  def __add__(self, o: Any) -> Val: return self._bin(Ops.ADD, o)
+  def __radd__(self, o: Any) -> Val: return self._bin(Ops.ADD, o, True)
+  def __sub__(self, o: Any) -> Val: return self._bin(Ops.SUB, o)
+  def __rsub__(self, o: Any) -> Val: return self._bin(Ops.SUB, o, True)
+  def __mul__(self, o: Any) -> Val: return self._bin(Ops.MUL, o)
+  def __rmul__(self, o: Any) -> Val: return self._bin(Ops.MUL, o, True)
+  def __truediv__(self, o: Any) -> Val: return self._bin(Ops.DIV, o)
+  def __rtruediv__(self, o: Any) -> Val: return self._bin(Ops.DIV, o, True)
+  def __floordiv__(self, o: Any) -> Val: return self._bin(Ops.IDIV, o)
+  def __rfloordiv__(self, o: Any) -> Val: return self._bin(Ops.IDIV, o, True)
+  def __mod__(self, o: Any) -> Val: return self._bin(Ops.MOD, o)
+  def __rmod__(self, o: Any) -> Val: return self._bin(Ops.MOD, o, True)
+  def __and__(self, o: Any) -> Val: return self._bin(Ops.AND, o)
+  def __rand__(self, o: Any) -> Val: return self._bin(Ops.AND, o, True)
+  def __or__(self, o: Any) -> Val: return self._bin(Ops.OR, o)
+  def __ror__(self, o: Any) -> Val: return self._bin(Ops.OR, o, True)
+  def __xor__(self, o: Any) -> Val: return self._bin(Ops.XOR, o)
+  def __rxor__(self, o: Any) -> Val: return self._bin(Ops.XOR, o, True)
+  def __lshift__(self, o: Any) -> Val: return self._bin(Ops.SHL, o)
+  def __rshift__(self, o: Any) -> Val: return self._bin(Ops.SHR, o)
+  def __lt__(self, o: Any) -> Val: return self._bin(Ops.CMPLT, o)
+  def __le__(self, o: Any) -> Val: return self._bin(Ops.CMPLE, o)
+  def __gt__(self, o: Any) -> Val: return self._bin(Ops.CMPLT, o, True)
+  def __ge__(self, o: Any) -> Val: return self._bin(Ops.CMPLE, o, True)
+  def eq(self, o: Any) -> Val: return self._bin(Ops.CMPEQ, o)
+  def ne(self, o: Any) -> Val: return self._bin(Ops.CMPNE, o)
+  def __neg__(self) -> Val: return self.b.alu(Ops.NEG, self)
+  def __invert__(self) -> Val: return self.b.alu(Ops.NOT, self)
+  def max(self, o: Any) -> Val: return self._bin(Ops.MAX, o)
+  def min(self, o: Any) -> Val: return self._bin(Ops.MIN, o)
+  def exp2(self) -> Val: return self.b.alu(Ops.EXP2, self)
+  def log2(self) -> Val: return self.b.alu(Ops.LOG2, self)
+  def sin(self) -> Val: return self.b.alu(Ops.SIN, self)
+  def sqrt(self) -> Val: return self.b.alu(Ops.SQRT, self)
+  def recip(self) -> Val: return self.b.alu(Ops.RECIP, self)
+  def trunc(self) -> Val: return self.b.alu(Ops.TRUNC, self)
+  def cast(self, dt: DType) -> Val: return self.b.emit(Ops.CAST, dt, (self,))
+  def bitcast(self, dt: DType) -> Val: return self.b.emit(Ops.BITCAST, dt, (self,))
+
+  def where(self, a: Any, b: Any) -> Val:
+    """self ? a : b (self must be bool)."""
+    dt = a.dtype if isinstance(a, Val) else b.dtype if isinstance(b, Val) else dtypes.from_py(a)
+    return self.b.emit(Ops.WHERE, dt, (self, self.b.as_val(a, dt), self.b.as_val(b, dt)))
+
+
+class Ptr:
+  """A buffer or shared array: `p[i]` loads, `p[i] = v` stores."""
+  __slots__ = ("b", "u")
+
+  def __init__(self, b: KernelBuilder, u: UOp): self.b, self.u = b, u
+  @property
+  def dtype(self) -> DType: return self.u.dtype.base  # type: ignore[union-attr]
+  def __repr__(self) -> str: return f"<Ptr {self.u.op.name} {self.dtype.name}>"
+  def __getitem__(self, idx: Any) -> Val: return self.b.emit(Ops.LOAD, self.dtype, (self, self.b.as_val(idx, dtypes.int32)))
+  def __setitem__(self, idx: Any, value: Any) -> None:
+    self.b.emit(Ops.STORE, None, (self, self.b.as_val(idx, dtypes.int32), self.b.as_val(value, self.dtype)))
+
+
+class Var:
+  """A mutable register variable: read with `.value`, write by assigning it."""
+  __slots__ = ("b", "u")
+
+  def __init__(self, b: KernelBuilder, u: UOp): self.b, self.u = b, u
+  @property
+  def value(self) -> Val: return self.b.emit(Ops.READ, self.u.dtype, (self,))
+  @value.setter
+  def value(self, v: Any) -> None: self.b.emit(Ops.WRITE, None, (self, self.b.as_val(v, self.u.dtype)))  # type: ignore[arg-type]
+
+
+class KernelBuilder:
+  """Builds a Kernel op by op. Example:
+
+      b = KernelBuilder("add1")
+      out, x, n = b.buffer("out", dtypes.float32), b.buffer("x", dtypes.float32), b.scalar("n", dtypes.int32)
+      i = b.global_id(0)
+      with b.if_(i < n):
+        out[i] = x[i] + 1.0
+      kernel = b.finish()
+  """
+
+  def __init__(self, name: str):
+    self.name, self.uops = name, []
+    self._nbuf = self._nscalar = 0
+    self._open: list[UOp] = []
+    self._specials: dict[tuple[str, int], Val] = {}
+
+  def emit(self, op: Ops, dtype: DType | PtrDType | None, src: Sequence[Val | Ptr | Var | UOp] = (), arg: Any = None) -> Any:
+    u = UOp(op, dtype, tuple(s if isinstance(s, UOp) else s.u for s in src), arg)
+    def bad(msg: str) -> IRError: return IRError(f"kernel {self.name}: {op.name}: {msg}")
+    _check_types(u, bad)
+    self.uops.append(u)
+    if op in (Ops.BUFFER, Ops.SHARED, Ops.SPILL): return Ptr(self, u)
+    if op is Ops.VAR: return Var(self, u)
+    return Val(self, u)
+
+  def as_val(self, x: Any, dtype: DType) -> Val:
+    """x as a value: an IR value is taken as is, a Python scalar becomes a constant of `dtype`."""
+    if isinstance(x, Val): return x
+    if hasattr(x, "item") and not isinstance(x, (Ptr, Var)): x = x.item()  # numpy scalars
+    if isinstance(x, (bool, int, float)):
+      if dtype.kind in "iu" and (isinstance(x, float) or not dtype.min <= x <= dtype.max):
+        raise IRError(f"kernel {self.name}: constant {x!r} is not a {dtype.name}")
+      return self.const(x, dtype)
+    raise IRError(f"kernel {self.name}: cannot use {x!r} ({type(x).__name__}) as a {dtype.name} value")
+
+  # parameters
+  def buffer(self, name: str, dtype: DType) -> Ptr:
+    self._nbuf += 1
+    return self.emit(Ops.BUFFER, PtrDType(dtype, "global"), (), (self._nbuf - 1, _check_name(name)))
+
+  def scalar(self, name: str, dtype: DType) -> Val:
+    self._nscalar += 1
+    return self.emit(Ops.SCALAR, dtype, (), (self._nscalar - 1, _check_name(name)))
+
+  def shared(self, name: str, dtype: DType, count: int) -> Ptr:
+    return self.emit(Ops.SHARED, PtrDType(dtype, "shared"), (), (_check_name(name), int(count)))
+
+  def const(self, value: Scalar, dtype: DType | None = None) -> Val:
+    dt = dtypes.from_py(value) if dtype is None else dtype
+    v = bool(value) if dt.kind == "b" else int(value) if dt.kind in "iu" else float(value)
+    if dt.kind == "f" and dt is not dtypes.float64 and math.isfinite(v): v = cast_value(v, dt)
+    return self.emit(Ops.CONST, dt, (), v)
+
+  # launch geometry
+  def special(self, kind: str, axis: int) -> Val:
+    # one op per (kind, axis) at the top level; inside a block a fresh one, so scoping stays trivially right
+    if not self._open and (kind, axis) in self._specials: return self._specials[(kind, axis)]
+    v = self.emit(Ops.SPECIAL, dtypes.int32, (), (kind, axis))
+    if not self._open: self._specials[(kind, axis)] = v
+    return v
+  def group_id(self, axis: int = 0) -> Val: return self.special("group_id", axis)
+  def local_id(self, axis: int = 0) -> Val: return self.special("local_id", axis)
+  def num_groups(self, axis: int = 0) -> Val: return self.special("num_groups", axis)
+  def local_size(self, axis: int = 0) -> Val: return self.special("local_size", axis)
+  def global_id(self, axis: int = 0) -> Val: return self.group_id(axis) * self.local_size(axis) + self.local_id(axis)
+
+  # ALU
+  def alu(self, op: Ops, *srcs: Val) -> Val:
+    dt = dtypes.bool if op in COMPARE else srcs[0].dtype
+    return self.emit(op, dt, srcs)
+
+  def var(self, init: Any, dtype: DType | None = None, name: str = "acc") -> Var:
+    v = self.as_val(init, dtype or (init.dtype if isinstance(init, Val) else dtypes.from_py(init)))
+    return self.emit(Ops.VAR, v.dtype, (v,), _check_name(name))
+
+  def barrier(self) -> None: self.emit(Ops.BARRIER, None)
+
+  # control flow
+  @contextlib.contextmanager
+  def range(self, start: Any, end: Any | None = None, dtype: DType = dtypes.int32) -> Iterator[Val]:
+    """`with b.range(n) as i:` or `with b.range(start, end) as i:`: a loop over [start, end)."""
+    if end is None: start, end = 0, start
+    dt = start.dtype if isinstance(start, Val) else end.dtype if isinstance(end, Val) else dtype
+    r = self.emit(Ops.RANGE, dt, (self.as_val(start, dt), self.as_val(end, dt)))
+    self._open.append(r.u)
+    yield r
+    self._close(r.u, Ops.ENDRANGE)
+
+  @contextlib.contextmanager
+  def if_(self, cond: Val) -> Iterator[None]:
+    u = self.emit(Ops.IF, None, (cond,)).u
+    self._open.append(u)
+    yield
+    self._close(u, Ops.ENDIF)
+
+  @contextlib.contextmanager
+  def else_(self) -> Iterator[None]:
+    """Right after a `with b.if_(...)` block: its else branch."""
+    last = self.uops[-1] if self.uops else None
+    if last is None or last.op is not Ops.ENDIF: raise IRError(f"kernel {self.name}: else_() must directly follow an if_() block")
+    self.uops.pop()
+    if_u = last.src[0]
+    self.emit(Ops.ELSE, None, (if_u,))
+    self._open.append(if_u)
+    yield
+    self._close(if_u, Ops.ENDIF)
+
+  def _close(self, opener: UOp, op: Ops) -> None:
+    if not self._open or self._open[-1] is not opener: raise IRError(f"kernel {self.name}: blocks closed out of order")
+    self._open.pop()
+    self.emit(op, None, (opener,))
+
+  def finish(self) -> Kernel:
+    if self._open: raise IRError(f"kernel {self.name}: {self._open[-1].op.name} block still open")
+    return verify(Kernel(self.name, tuple(self.uops)))
+
+
+def _check_name(name: str) -> str:
+  if not _IDENT.match(name) or keyword.iskeyword(name): raise IRError(f"{name!r} is not a valid identifier")
+  return name

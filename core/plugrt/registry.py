@@ -1,0 +1,461 @@
+"""The registry: finds backends, explains the unavailable ones, opens devices.
+
+Discovery runs once per Registry (the process-wide one is built on first use, never
+at `import plugrt`): read the `plugrt` entry points, apply PLUGRT_AUTOLOAD,
+PLUGRT_EXTRA_PLUGINS, PLUGRT_PLUGINS and PLUGRT_DISABLE, import each plugin module,
+register it with pluggy (which checks every hookimpl against the specs), and call
+its declaration hooks. Every failure is caught and kept as a typed Reason on that
+plugin's backends. Hooks are called per plugin (a plugin's own impl only), so one
+broken plugin never sees, or breaks, another's calls.
+"""
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import importlib
+import os
+import threading
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from plugrt import hookspecs
+from plugrt._entrypoints import entry_points
+from plugrt.errors import DeviceUnavailable, EnvError, PlugrtError, Reason, UnknownDeviceError, did_you_mean
+from plugrt.hookspecs import PLUGIN_API_VERSION, BackendSpec, DeviceInfo, InterfaceSpec, Probe
+from plugrt.selection import BackendFacts, Selection, select
+
+GROUP = "plugrt"
+
+#: First-party backends: so that `plugrt devices` can say which package to install,
+#: and older names (GPU=1) are understood before their package is.
+FIRST_PARTY: dict[str, tuple[str, dict[str, str]]] = {
+  "CPU": ("plugrt-cpu", {"CLANG": "CPU:CLANG", "LLVM": "CPU:LLVM"}),
+  "CUDA": ("plugrt-cuda", {}),
+  "NV": ("plugrt-nv", {}),
+  "AMD": ("plugrt-amd", {}),
+  "QCOM": ("plugrt-qcom", {}),
+  "METAL": ("plugrt-metal", {}),
+  "CL": ("plugrt-cl", {"GPU": "CL"}),
+  "WEBGPU": ("plugrt-webgpu", {}),
+}
+
+DEFAULT_HINTS = {
+  Reason.NOT_INSTALLED: "pip install {package}",
+  Reason.IMPORT_ERROR: "reinstall {package}, or disable it with PLUGRT_DISABLE={entry}",
+  Reason.HOOK_ERROR: "report this to {package}'s authors, or disable it with PLUGRT_DISABLE={entry}",
+  Reason.INCOMPATIBLE_API: "install versions of plugrt and {package} made for each other",
+  Reason.NAME_CONFLICT: "uninstall one of them, or disable one with PLUGRT_DISABLE=<entry point>",
+  Reason.DISABLED: "unset {variable}, or change it",
+}
+
+
+@dataclass
+class PluginRecord:
+  """One plugin module, found through an entry point, PLUGRT_EXTRA_PLUGINS, or given explicitly."""
+  entry: str
+  module_name: str
+  dist: str = ""
+  version: str = ""
+  source: str = "entry point"
+  module: ModuleType | None = None
+  reason: Reason | None = None
+  detail: str = ""
+  hint: str = ""
+  backends: list[BackendSpec] = field(default_factory=list)
+  interfaces: list[InterfaceSpec] = field(default_factory=list)
+
+  @property
+  def package(self) -> str: return self.dist or self.module_name
+
+  def fail(self, reason: Reason, detail: str, hint: str = "", **fmt: str) -> None:
+    self.reason, self.detail = reason, detail
+    self.hint = hint or DEFAULT_HINTS.get(reason, "").format(package=self.package, entry=self.entry, **fmt)
+
+
+@dataclass
+class BackendRecord:
+  """One device kind: declared by a plugin, or known by name but not installed."""
+  name: str
+  spec: BackendSpec | None = None
+  plugin: PluginRecord | None = None
+  reason: Reason | None = None
+  detail: str = ""
+  hint: str = ""
+  claimants: list[PluginRecord] = field(default_factory=list)
+  open_error: PlugrtError | None = None  # set when an automatic choice tried it and failed
+
+  @property
+  def package(self) -> str:
+    if self.plugin is not None: return self.plugin.package
+    return FIRST_PARTY.get(self.name, ("?", {}))[0]
+
+  @property
+  def version(self) -> str: return self.plugin.version if self.plugin is not None else ""
+  @property
+  def priority(self) -> int: return self.spec.priority if self.spec is not None else 0
+
+
+def _env_bool(env: dict[str, str], name: str, default: bool) -> bool:
+  v = env.get(name, "").strip()
+  if v == "": return default
+  if v in ("0", "1"): return v == "1"
+  raise EnvError(f"{name}={v!r} is not 0 or 1", f"set {name}=0 or {name}=1, or unset it")
+
+
+def _names(value: str) -> list[str]: return [p.strip() for p in value.split(",") if p.strip()]
+
+
+def _short_error(e: BaseException) -> str:
+  tb = traceback.extract_tb(e.__traceback__)
+  where = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
+  return f"{type(e).__name__}: {e}{where}"
+
+
+class Registry:
+  """The backends and devices of one configuration (one environment, one plugin set)."""
+
+  def __init__(self, plugins: Sequence[ModuleType | str] | None = None, env: dict[str, str] | None = None,
+               autoload: bool | None = None):
+    """plugins: modules (or module names) to load besides what autoload finds. Passing a
+    list turns autoload off unless autoload=True is given. env: the environment to
+    read (default: os.environ, read now)."""
+    self.env = dict(os.environ if env is None else env)
+    self._explicit = list(plugins or [])
+    self._autoload = autoload if autoload is not None else (None if plugins is None else False)
+    self._lock = threading.RLock()
+    self._loaded = False
+    self.plugins: list[PluginRecord] = []
+    self.backends: dict[str, BackendRecord] = {}
+    self.interfaces: dict[str, list[tuple[InterfaceSpec, PluginRecord]]] = {}
+    self._probes: dict[Any, Probe] = {}
+    self._selection: Selection | None = None
+    self._devices: dict[str, Any] = {}
+    self._default: str | None = None
+    self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+    self.pm.add_hookspecs(hookspecs)
+
+  # ------------------------------------------------------------ discovery
+  def load(self) -> Registry:
+    with self._lock:
+      if not self._loaded:
+        self._discover()
+        self._loaded = True
+    return self
+
+  def _discover(self) -> None:
+    env = self.env
+    autoload = self._autoload if self._autoload is not None else _env_bool(env, "PLUGRT_AUTOLOAD", True)
+    records: list[PluginRecord] = []
+    if autoload:
+      records += [PluginRecord(ep.name, ep.module, ep.dist, ep.version) for ep in entry_points(GROUP)]
+    records += [PluginRecord(m, m, source="PLUGRT_EXTRA_PLUGINS") for m in _names(env.get("PLUGRT_EXTRA_PLUGINS", ""))]
+    for p in self._explicit:
+      name = p if isinstance(p, str) else p.__name__
+      records.append(PluginRecord(name.rsplit(".", 1)[-1], name, source="explicit", module=None if isinstance(p, str) else p))
+    seen: set[str] = set()
+    for rec in records:
+      if rec.module_name in seen: continue  # the same module found twice (entry point and PLUGRT_EXTRA_PLUGINS)
+      seen.add(rec.module_name)
+      self.plugins.append(rec)
+      if not self._enabled(rec, (rec.entry, rec.dist, rec.module_name)): continue
+      self._load_plugin(rec)
+    self._collect_backends()
+
+  def _enabled(self, rec: PluginRecord, names: Sequence[str]) -> bool:
+    """Apply PLUGRT_PLUGINS (allow-list) and PLUGRT_DISABLE (globs) to a plugin's names."""
+    names = [n.lower() for n in names if n]
+    allow = [a.lower() for a in _names(self.env.get("PLUGRT_PLUGINS", ""))]
+    if allow and not any(n == a or fnmatch.fnmatchcase(n, a) for n in names for a in allow):
+      rec.fail(Reason.DISABLED, f"not in PLUGRT_PLUGINS={self.env['PLUGRT_PLUGINS']}", variable="PLUGRT_PLUGINS")
+      return False
+    for glob in _names(self.env.get("PLUGRT_DISABLE", "")):
+      if any(fnmatch.fnmatchcase(n, glob.lower()) for n in names):
+        rec.fail(Reason.DISABLED, f"matches PLUGRT_DISABLE={self.env['PLUGRT_DISABLE']}", variable="PLUGRT_DISABLE")
+        return False
+    return True
+
+  def _load_plugin(self, rec: PluginRecord) -> None:
+    try:
+      if rec.module is None: rec.module = importlib.import_module(rec.module_name)
+    except (Exception, SystemExit) as e:  # a plugin must never take plugrt down with it
+      kind = "is not installed" if isinstance(e, ModuleNotFoundError) and e.name and rec.module_name.startswith(e.name) else "failed to import"
+      rec.fail(Reason.IMPORT_ERROR, f"module {rec.module_name} {kind}: {_short_error(e)}")
+      return
+    try: self.pm.register(rec.module, name=f"{rec.source}:{rec.module_name}")
+    except Exception as e:
+      rec.fail(Reason.HOOK_ERROR, f"hook validation failed: {e}")
+      return
+    try:
+      backends = self._call(rec, "plugrt_backends") or []
+      interfaces = self._call(rec, "plugrt_interfaces") or []
+      for b in backends:
+        if not isinstance(b, BackendSpec): raise TypeError(f"plugrt_backends returned {type(b).__name__}, not BackendSpec")
+      for i in interfaces:
+        if not isinstance(i, InterfaceSpec): raise TypeError(f"plugrt_interfaces returned {type(i).__name__}, not InterfaceSpec")
+    except Exception as e:
+      self.pm.unregister(rec.module)
+      rec.fail(Reason.HOOK_ERROR, f"declaration hook raised {_short_error(e)}")
+      return
+    for b in backends:
+      if (problem := _api_problem(b.api_version)):
+        self.pm.unregister(rec.module)
+        rec.fail(Reason.INCOMPATIBLE_API, f"{b.name} is written for plugin API {b.api_version!r}, plugrt implements "
+                 f"{PLUGIN_API_VERSION[0]}.{PLUGIN_API_VERSION[1]}: {problem}")
+        return
+    try: self.pm.check_pending()  # a hookimpl without a spec: a typo, or a newer API
+    except pluggy.PluginValidationError as e:
+      self.pm.unregister(rec.module)
+      rec.fail(Reason.HOOK_ERROR, f"implements a hook plugrt does not define: {e}")
+      return
+    missing = [h for h in hookspecs.REQUIRED_DEVICE_HOOKS if backends and self._impl(rec, h) is None]
+    if missing:
+      self.pm.unregister(rec.module)
+      rec.fail(Reason.HOOK_ERROR, f"declares {', '.join(b.name for b in backends)} but does not implement {', '.join(missing)}")
+      return
+    rec.backends, rec.interfaces = list(backends), list(interfaces)
+
+  def _collect_backends(self) -> None:
+    for rec in self.plugins:
+      for b in rec.backends:
+        br = self.backends.setdefault(b.name, BackendRecord(b.name))
+        br.claimants.append(rec)
+        if br.spec is None: br.spec, br.plugin = b, rec
+        if not self._enabled(rec, (b.name,)):  # PLUGRT_DISABLE=cuda also matches a backend by its name
+          br.reason, br.detail, br.hint = rec.reason, rec.detail, rec.hint
+          rec.reason = None
+      for i in rec.interfaces: self.interfaces.setdefault(i.device, []).append((i, rec))
+    for br in self.backends.values():
+      for i in br.spec.interfaces if br.spec else ():
+        self.interfaces.setdefault(br.name, []).insert(0, (i, br.plugin))  # type: ignore[arg-type]
+      if len(br.claimants) > 1:
+        who = " and ".join(f"{p.package} {p.version} ({p.module_name})".replace("  ", " ") for p in br.claimants)
+        br.reason, br.detail = Reason.NAME_CONFLICT, f"{br.name} is declared by {who}"
+        br.hint = DEFAULT_HINTS[Reason.NAME_CONFLICT]
+    # plugins that never declared anything still explain the device they were meant to be
+    for rec in self.plugins:
+      if rec.reason is None: continue
+      name = rec.entry.upper()
+      if name in self.backends and self.backends[name].reason is None and self.backends[name].spec is not None: continue
+      self.backends[name] = BackendRecord(name, None, rec, rec.reason, rec.detail, rec.hint, [rec])
+    for name, (package, _) in FIRST_PARTY.items():
+      if name not in self.backends:
+        self.backends[name] = BackendRecord(name, None, None, Reason.NOT_INSTALLED, f"{package} is not installed",
+                                            DEFAULT_HINTS[Reason.NOT_INSTALLED].format(package=package))
+
+  # ------------------------------------------------------------ calling one plugin's hooks
+  def _impl(self, rec: PluginRecord, hook: str) -> Any:
+    for impl in getattr(self.pm.hook, hook).get_hookimpls():
+      if impl.plugin is rec.module: return impl
+    return None
+
+  def _call(self, rec: PluginRecord, hook: str, **kwargs: Any) -> Any:
+    impl = self._impl(rec, hook)
+    if impl is None: return None
+    return impl.function(*[kwargs[a] for a in impl.argnames])
+
+  # ------------------------------------------------------------ selection and probing
+  @property
+  def selection(self) -> Selection:
+    self.load()
+    if self._selection is None:
+      facts = []
+      for br in self.backends.values():
+        ifaces = tuple(i.name for i, _ in self.interfaces.get(br.name, ()))
+        if br.spec is not None:
+          facts.append(BackendFacts(br.name, tuple(c.name for c in br.spec.compilers), ifaces,
+                                    {a.env: a.target for a in br.spec.aliases}, True))
+        else: facts.append(BackendFacts(br.name, (), ifaces, FIRST_PARTY.get(br.name, ("", {}))[1], False))
+      self._selection = select(self.env, facts)
+    return self._selection
+
+  def _probe(self, key: Any, fn: Any) -> Probe:
+    if key not in self._probes:
+      try:
+        p = fn() if fn is not None else Probe.found()
+        if not isinstance(p, Probe): raise TypeError(f"probe returned {type(p).__name__}, not Probe")
+      except Exception as e:
+        p = Probe.missing(Reason.HOOK_ERROR, f"probe raised {_short_error(e)}", "report this to the plugin's authors")
+      self._probes[key] = p
+    return self._probes[key]
+
+  def probe(self, name: str) -> Probe:
+    """The backend's own probe, or a failed Probe carrying its discovery reason."""
+    br = self.backend(name)
+    if br.reason is not None or br.spec is None: return Probe.missing(br.reason or Reason.NOT_INSTALLED, br.detail, br.hint)
+    return self._probe(("backend", name), br.spec.probe)
+
+  def compiler_probe(self, name: str, compiler: str) -> Probe:
+    spec = next(c for c in self.backend(name).spec.compilers if c.name == compiler)  # type: ignore[union-attr]
+    return self._probe(("compiler", name, compiler), spec.probe)
+
+  def interface_probe(self, spec: InterfaceSpec) -> Probe: return self._probe(("iface", spec.device, spec.name), spec.probe)
+
+  def backend(self, name: str) -> BackendRecord:
+    self.load()
+    if (br := self.backends.get(name.upper())) is None:
+      raise UnknownDeviceError(f"no backend is named {name}{did_you_mean(name, self.backends)}",
+                               f"known devices: {', '.join(sorted(self.backends))}")
+    return br
+
+  def available(self) -> list[str]:
+    """Names of the backends whose probe finds a device, in automatic-choice order."""
+    self.load()
+    order = sorted(self.backends.values(), key=lambda b: (-b.priority, b.name))
+    return [b.name for b in order if self.probe(b.name).ok]
+
+  # ------------------------------------------------------------ choosing compilers and interfaces
+  def choose_compiler(self, name: str) -> tuple[str, str]:
+    """(compiler, note): the requested compiler, else the first whose toolchain is present."""
+    spec = self.backend(name).spec
+    assert spec is not None
+    if not spec.compilers: return "", ""
+    req = self.selection.compiler.get(name)
+    if req is not None:
+      p = self.compiler_probe(name, req.compiler)
+      if not p.ok:
+        raise DeviceUnavailable(f"{req.source}: compiler {req.compiler} of {name} cannot be used: {p.detail}",
+                                p.reason or Reason.MISSING_TOOLCHAIN, p.hint, self.available())
+      return req.compiler, ""
+    skipped = []
+    for c in spec.compilers:
+      p = self.compiler_probe(name, c.name)
+      if p.ok: return c.name, "; ".join(skipped)
+      skipped.append(f"{c.name} unavailable ({p.detail})")
+    first = self.compiler_probe(name, spec.compilers[0].name)
+    raise DeviceUnavailable(f"{name} has no usable compiler: {'; '.join(skipped)}", Reason.MISSING_TOOLCHAIN, first.hint, self.available())
+
+  def choose_interface(self, name: str) -> tuple[InterfaceSpec, PluginRecord] | None:
+    cands = self.interfaces.get(name, [])
+    if not cands: return None
+    req = self.selection.interface.get(name)
+    if req is not None:
+      spec, rec = next((i, r) for i, r in cands if i.name == req.interface)
+      p = self.interface_probe(spec)
+      if not p.ok: raise DeviceUnavailable(f"{req.source}: interface {spec.name} of {name} cannot be used: {p.detail}",
+                                           p.reason or Reason.NO_DEVICE, p.hint, self.available())
+      return spec, rec
+    why = []
+    for spec, rec in cands:
+      if not spec.auto:
+        why.append(f"{spec.name} is never chosen automatically (set {name}_IFACE={spec.name})")
+        continue
+      if (p := self.interface_probe(spec)).ok: return spec, rec
+      why.append(f"{spec.name}: {p.detail}")
+    raise DeviceUnavailable(f"{name} has no usable interface: {'; '.join(why)}", Reason.NO_DEVICE,
+                            f"install a driver for {name}, or pick an interface with {name}_IFACE", self.available())
+
+  # ------------------------------------------------------------ opening devices
+  def open(self, device: str) -> Any:
+    """The opened device for "NAME" or "NAME:INDEX" (cached: opening happens once)."""
+    from plugrt.device import RuntimeDevice, split_device
+    name, index = split_device(device)
+    key = name if index == 0 else f"{name}:{index}"
+    if (dev := self._devices.get(key)) is not None: return dev
+    with self._lock:
+      if (dev := self._devices.get(key)) is not None: return dev
+      br = self.backend(name)
+      p = self.probe(name)
+      if not p.ok: raise DeviceUnavailable(f"{key} cannot be used: {p.detail}", p.reason or Reason.NO_DEVICE, p.hint, self._others(name))
+      if index >= max(p.count, 1):
+        raise DeviceUnavailable(f"{key} does not exist: {name} has {p.count} device{'s' if p.count != 1 else ''}",
+                                Reason.NO_DEVICE, f"use an index below {p.count}", self._others(name))
+      compiler, _ = self.choose_compiler(name)
+      iface = self.choose_interface(name)
+      arch = self.selection.arch.get(name)
+      info = DeviceInfo(name, index, compiler, iface[0].name if iface else None, arch.arch if arch else "")
+      rec = br.plugin
+      assert rec is not None and br.spec is not None
+      try:
+        if iface is not None and iface[1] is not rec:
+          info.iface_object = self._call(iface[1], "plugrt_open_interface", device=info, interface=iface[0].name)
+        info.state = self._call(rec, "plugrt_open_device", device=info)
+        dev = RuntimeDevice(self, br, info)
+      except PlugrtError: raise
+      except Exception as e:
+        raise DeviceUnavailable(f"{key} failed to open: {_short_error(e)}", Reason.OPEN_FAILED,
+                                f"see the error above; PLUGRT_DISABLE={rec.entry} hides {name}", self._others(name)) from e
+      self._devices[key] = dev
+      return dev
+
+  def _others(self, name: str) -> list[str]: return [n for n in self.available() if n != name]
+
+  def build(self, info: DeviceInfo, br: BackendRecord, hook: str, **kwargs: Any) -> Any:
+    """Call one of the device's factory hooks (used by RuntimeDevice, once per object)."""
+    assert br.plugin is not None
+    try: obj = self._call(br.plugin, hook, device=info, **kwargs)
+    except PlugrtError: raise
+    except Exception as e:
+      raise DeviceUnavailable(f"{info.canonical}: {hook} raised {_short_error(e)}", Reason.HOOK_ERROR,
+                              f"report this to {br.package}'s authors") from e
+    if obj is None: raise DeviceUnavailable(f"{info.canonical}: {hook} returned nothing", Reason.HOOK_ERROR,
+                                            f"report this to {br.package}'s authors")
+    return obj
+
+  @property
+  def default(self) -> str:
+    """The default device: the one the environment names (failing loudly), else the first that opens."""
+    if self._default is not None: return self._default
+    with self._lock:
+      sel = self.selection
+      if sel.default is not None:
+        self.open(sel.default.device_string)
+        self._default = sel.default.device_string
+        return self._default
+      for name in self.available():
+        try:
+          self.open(name)
+        except PlugrtError as e:
+          self.backends[name].open_error = e  # automatic choice is quiet: remember why, try the next
+          continue
+        self._default = name
+        return name
+      raise DeviceUnavailable("no device is available", Reason.NO_DEVICE, "run `plugrt devices` to see why each backend is unavailable")
+
+  def close(self) -> None:
+    for dev in self._devices.values(): dev.close()
+    self._devices.clear()
+
+
+def _api_problem(version: Any) -> str:
+  try: major, minor = (int(x) for x in str(version).split(".")[:2])
+  except ValueError: return f"{version!r} is not MAJOR.MINOR"
+  if major != PLUGIN_API_VERSION[0]: return "the major versions differ"
+  if minor > PLUGIN_API_VERSION[1]: return "it needs a newer plugrt"
+  return ""
+
+
+# ------------------------------------------------------------ the process-wide registry
+_current: Registry | None = None
+_current_lock = threading.Lock()
+
+
+def current() -> Registry:
+  global _current
+  if _current is None:
+    with _current_lock:
+      if _current is None: _current = Registry()
+  return _current
+
+
+@contextlib.contextmanager
+def use(registry: Registry) -> Iterator[Registry]:
+  """Make `registry` the process-wide one inside the block (for tests)."""
+  global _current
+  prev, _current = _current, registry
+  try: yield registry
+  finally: _current = prev
+
+
+@contextlib.contextmanager
+def isolated(plugins: Sequence[ModuleType | str] = (), env: dict[str, str] | None = None) -> Iterator[Registry]:
+  """A registry of exactly `plugins` (autoload off) under environment `env` (default: empty),
+  made the process-wide one inside the block: `with isolated([my_backend]) as reg: ...`"""
+  reg = Registry(plugins=list(plugins), env=dict(env or {}), autoload=False)
+  try:
+    with use(reg): yield reg
+  finally: reg.close()

@@ -1,0 +1,183 @@
+"""The C-like renderer base: kernel IR -> C, CUDA C, OpenCL C, Metal, ...
+
+Every value becomes a named local (`v12`); constants are written inline. A language
+subclass says how it spells what differs: type names, literals, the kernel
+signature, thread/group ids, shared memory, barriers, math functions, bit casts,
+and how a dtype the language cannot compute with (half on a plain C compiler) is
+stored and rounded.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from plugrt.dtype import DType, PtrDType, dtypes
+from plugrt.errors import RenderError
+from plugrt.ir import BINARY, COMPARE, Kernel, Ops, UOp
+
+_INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.DIV: "/", Ops.IDIV: "/", Ops.MOD: "%", Ops.AND: "&", Ops.OR: "|",
+          Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>", Ops.CMPLT: "<", Ops.CMPLE: "<=", Ops.CMPEQ: "==", Ops.CMPNE: "!="}
+
+_UNSIGNED = {dtypes.int8: dtypes.uint8, dtypes.int16: dtypes.uint16, dtypes.int32: dtypes.uint32, dtypes.int64: dtypes.uint64}
+
+
+class CStyleRenderer:
+  """Subclass and override the spelling methods; render() does the rest."""
+  language = "C"
+  indent = "  "
+  bool_type = "_Bool"
+  #: names the generated code uses for itself; parameters with these names are renamed
+  reserved: frozenset[str] = frozenset()
+  #: dtypes this language cannot express at all
+  unsupported: frozenset[DType] = frozenset()
+  device_name = "?"
+
+  # ------------------------------------------------------------ spelling (override)
+  def type_name(self, dt: DType) -> str:
+    """The type of a value of `dt` held in a local variable."""
+    return {dtypes.bool: self.bool_type, dtypes.int8: "signed char", dtypes.int16: "short", dtypes.int32: "int",
+            dtypes.int64: "long long", dtypes.uint8: "unsigned char", dtypes.uint16: "unsigned short",
+            dtypes.uint32: "unsigned int", dtypes.uint64: "unsigned long long", dtypes.float16: "half",
+            dtypes.bfloat16: "bfloat16", dtypes.float32: "float", dtypes.float64: "double"}[dt]
+
+  def storage_type(self, dt: DType) -> str:
+    """The element type of a buffer of `dt` (differs where values are emulated)."""
+    return self.type_name(dt)
+
+  def to_storage(self, dt: DType, expr: str) -> str: return expr     # value -> what a store writes
+  def from_storage(self, dt: DType, expr: str) -> str: return expr   # what a load reads -> value
+  def round_to(self, dt: DType, expr: str) -> str: return expr       # round a computed value to dt
+
+  def float_literal(self, x: float, dt: DType) -> str:
+    if math.isnan(x): return "NAN" if dt is not dtypes.float64 else "(double)NAN"
+    if math.isinf(x): return ("-" if x < 0 else "") + ("INFINITY" if dt is not dtypes.float64 else "(double)INFINITY")
+    s = repr(float(x))
+    return s if dt is dtypes.float64 else s + "f"
+
+  def literal(self, x: Any, dt: DType) -> str:
+    if dt is dtypes.bool: return "1" if x else "0"
+    if dt.kind == "f": return self.float_literal(x, dt) if dt.itemsize > 2 else self.cast_expr(self.float_literal(x, dtypes.float32), dtypes.float32, dt)
+    if dt is dtypes.int64: return "(-9223372036854775807LL-1)" if x == dt.min else f"{x}LL"
+    if dt is dtypes.uint64: return f"{x}ULL"
+    if dt is dtypes.int32: return "(-2147483647-1)" if x == dt.min else str(x)
+    if dt is dtypes.uint32: return f"{x}u"
+    return f"(({self.type_name(dt)}){x})"
+
+  def special(self, kind: str, axis: int) -> str: raise NotImplementedError(f"{self.language}: thread ids")
+  def barrier(self) -> str: raise NotImplementedError(f"{self.language}: barriers")
+  def shared_decl(self, name: str, dt: DType, count: int) -> str: return f"{self.storage_type(dt)} {name}[{count}];"
+  def spill_decl(self, name: str, dt: DType, count: str) -> str:
+    raise RenderError(f"{self.language} renderer: per-thread spill arrays exist only in lowered (serial) kernels")
+
+  def math_fn(self, op: Ops, dt: DType, x: str) -> str:
+    """EXP2/LOG2/SIN/SQRT/TRUNC/RECIP of x (already a value of dt, or of float for emulated dtypes)."""
+    if op is Ops.RECIP: return f"(1.0{'f' if dt is not dtypes.float64 else ''}/{x})"
+    base = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}[op]
+    return f"{base}({x})"
+
+  def max_min(self, op: Ops, dt: DType, a: str, b: str) -> str:
+    return f"({a}{'>' if op is Ops.MAX else '<'}{b}?{a}:{b})"
+
+  def cast_expr(self, x: str, src: DType, dt: DType) -> str:
+    if dt is dtypes.bool: return f"({x}!=0)"
+    return f"(({self.type_name(dt)})({x}))"
+
+  def bitcast_stmt(self, name: str, x: str, src: DType, dt: DType) -> list[str]:
+    """Statements defining `name` as x's bits read as dt."""
+    return [f"{self.type_name(dt)} {name};", f"__builtin_memcpy(&{name}, &{x}, sizeof({name}));"]
+
+  def buffer_param(self, name: str, dt: DType, written: bool) -> str:
+    return f"{'' if written else 'const '}{self.storage_type(dt)}* {name}"
+
+  def scalar_param(self, name: str, dt: DType) -> str: return f"{self.type_name(dt)} {name}"
+
+  def kernel(self, name: str, params: list[str], body: list[str], kernel: Kernel) -> str:
+    """The whole source: prelude, signature and body."""
+    raise NotImplementedError
+
+  def prelude(self, kernel: Kernel) -> list[str]: return []
+
+  # ------------------------------------------------------------ rendering
+  def check(self, kernel: Kernel) -> None:
+    for u in kernel.uops:
+      dt = u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype
+      if dt in self.unsupported:
+        raise RenderError(f"{self.device_name} cannot run kernel {kernel.name}: its {self.language} renderer has no {dt.name} "
+                          f"(used by {u.op.name})", f"use a dtype {self.device_name} supports, or another device")
+
+  def param_names(self, kernel: Kernel) -> dict[UOp, str]:
+    names, taken = {}, set(self.reserved)
+    for u in kernel.uops:
+      if u.op in (Ops.BUFFER, Ops.SCALAR, Ops.SHARED):
+        n = u.arg[1] if u.op is not Ops.SHARED else u.arg[0]
+        while n in taken or (n.startswith("v") and n[1:].isdigit()): n += "_"
+        taken.add(n)
+        names[u] = n
+    return names
+
+  def render(self, kernel: Kernel) -> str:
+    self.check(kernel)
+    sig = kernel.signature
+    names = self.param_names(kernel)
+    params = [self.buffer_param(names[b], b.dtype.base, w) for b, w in zip(kernel.buffers, sig.written)] + \
+             [self.scalar_param(names[s], s.dtype) for s in kernel.scalars]
+    return self.kernel(kernel.name, params, self.body(kernel, names), kernel)
+
+  def body(self, kernel: Kernel, names: dict[UOp, str]) -> list[str]:
+    r: dict[UOp, str] = dict(names)
+    lines: list[str] = []
+    depth = 1
+    for i, u in enumerate(kernel.uops):
+      op, dt = u.op, u.dtype
+      s = [r.get(x, "") for x in u.src]
+      v = f"v{i}"
+      pad = self.indent * depth
+      if op in (Ops.BUFFER, Ops.SCALAR): continue
+      if op is Ops.CONST:
+        r[u] = self.literal(u.arg, dt)
+        continue
+      if op is Ops.SPECIAL:
+        r[u] = self.special(*u.arg)
+        continue
+      if op is Ops.SHARED: lines.append(pad + self.shared_decl(r[u], dt.base, u.arg[1]))
+      elif op is Ops.SPILL:
+        lines.append(pad + self.spill_decl(v, dt.base, s[0]))
+        r[u] = v
+      elif op is Ops.LOAD: lines.append(f"{pad}{self.type_name(dt)} {v} = {self.from_storage(dt, f'{s[0]}[{s[1]}]')};")
+      elif op is Ops.STORE: lines.append(f"{pad}{s[0]}[{s[1]}] = {self.to_storage(u.src[2].dtype, s[2])};")
+      elif op is Ops.VAR: lines.append(f"{pad}{self.type_name(dt)} {v} = {s[0]};")
+      elif op is Ops.READ: lines.append(f"{pad}{self.type_name(dt)} {v} = {s[0]};")
+      elif op is Ops.WRITE: lines.append(f"{pad}{s[0]} = {s[1]};")
+      elif op is Ops.RANGE:
+        lines.append(f"{pad}for ({self.type_name(dt)} {v} = {s[0]}; {v} < {s[1]}; {v}++) {{")
+        depth += 1
+      elif op is Ops.IF:
+        lines.append(f"{pad}if ({s[0]}) {{")
+        depth += 1
+      elif op is Ops.ELSE: lines.append(f"{self.indent * (depth - 1)}}} else {{")
+      elif op in (Ops.ENDRANGE, Ops.ENDIF):
+        depth -= 1
+        lines.append(self.indent * depth + "}")
+      elif op is Ops.BARRIER: lines.append(pad + self.barrier())
+      elif op is Ops.BITCAST: lines += [pad + x for x in self.bitcast_stmt(v, s[0], u.src[0].dtype, dt)]
+      else: lines.append(f"{pad}{self.type_name(dt)} {v} = {self.alu(u, s)};")
+      if op not in (Ops.SHARED, Ops.SPILL): r[u] = v
+    return lines
+
+  def alu(self, u: UOp, s: Sequence[str]) -> str:
+    op, dt = u.op, u.dtype
+    sdt = u.src[0].dtype
+    if op is Ops.CAST: return self.round_to(dt, self.cast_expr(s[0], sdt, dt))
+    if op is Ops.WHERE: return f"({s[0]}?{s[1]}:{s[2]})"
+    if op is Ops.NEG: return self.round_to(dt, f"(-{s[0]})")
+    if op is Ops.NOT: return f"(!{s[0]})" if dt is dtypes.bool else f"(({self.type_name(dt)})~{s[0]})"
+    if op in (Ops.MAX, Ops.MIN): return self.max_min(op, dt, s[0], s[1])
+    if op is Ops.SHL and dt.kind == "i":  # shift the bits unsigned: a signed overflow must wrap, not be undefined
+      return f"(({self.type_name(dt)})(({self.type_name(_UNSIGNED[dt])}){s[0]}<<{s[1]}))"
+    if op in BINARY:
+      e = f"({s[0]}{_INFIX[op]}{s[1]})"
+      if op in COMPARE: return e
+      if dt.kind in "iu" and dt.itemsize < 4: e = f"(({self.type_name(dt)}){e})"  # C promotes small ints to int
+      return self.round_to(dt, e)
+    return self.round_to(dt, self.math_fn(op, dt, s[0]))

@@ -1,0 +1,220 @@
+"""Base classes of what the hooks build: DeviceState, Allocator, Compiler, Program.
+
+A backend subclasses these and fills in the underscored methods. The core adds what
+every backend needs once: the allocator's caching layer and out-of-memory retry, the
+compiler's disk cache, and the program's argument checking.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from plugrt.cache import DiskCache, cache_enabled, cache_key
+from plugrt.errors import EnvError, OutOfMemoryError, UnsupportedError
+from plugrt.hookspecs import DeviceInfo
+from plugrt.ir import Kernel, Signature
+
+if TYPE_CHECKING:
+  from plugrt.device import Buffer
+
+H = TypeVar("H")  # a backend's memory handle
+
+
+class DeviceState:
+  """What a device's objects share. Backends with queues override synchronize()."""
+  def synchronize(self) -> None: pass
+  def close(self) -> None: pass
+
+
+def size_str(n: int) -> str:
+  for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+    if n < 1024 or unit == "TiB": return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+    n /= 1024  # type: ignore[assignment]
+  return f"{n} B"
+
+
+def _cache_limit() -> int:
+  v = os.environ.get("PLUGRT_ALLOC_CACHE_MB", "")
+  if not v: return 1 << 30
+  try: mb = int(v)
+  except ValueError: raise EnvError(f"PLUGRT_ALLOC_CACHE_MB={v!r} is not a whole number of MiB", "e.g. PLUGRT_ALLOC_CACHE_MB=256, 0 disables the cache") from None
+  if mb < 0: raise EnvError(f"PLUGRT_ALLOC_CACHE_MB={v!r} is negative", "use 0 to disable the allocation cache")
+  return mb << 20
+
+
+class Allocator(Generic[H]):
+  """Device memory, with the core's cache of freed blocks (LRU, bounded by
+  PLUGRT_ALLOC_CACHE_MB, default 1024). On out-of-memory the cache is emptied and the
+  allocation retried once before OutOfMemoryError is raised.
+
+  Backends implement _alloc/_free/_copyin/_copyout, and optionally _offset (views),
+  _transfer (device to device) and _wrap (external memory, for from_blob). _alloc
+  raises MemoryError when the device is out of memory.
+  """
+  supports_offset = True     # _offset makes views
+  supports_transfer = False  # _transfer copies between two devices of this backend
+  supports_wrap = False      # _wrap wraps external memory (from_blob)
+
+  def __init__(self, device: DeviceInfo):
+    self.device = device
+    self.cache_limit = _cache_limit()
+    self._cache: OrderedDict[tuple[int, Any], list[H]] = OrderedDict()
+    self._cached_bytes = 0
+    self._lock = threading.Lock()
+
+  # ---- the core's API
+  def alloc(self, nbytes: int, options: Any = None) -> H:
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool): raise TypeError(f"size must be an int, not {type(nbytes).__name__}")
+    if nbytes < 0: raise ValueError(f"cannot allocate a negative size ({nbytes} bytes)")
+    key = (nbytes, options)
+    with self._lock:
+      if (free := self._cache.get(key)):
+        h = free.pop()
+        if not free: del self._cache[key]
+        self._cached_bytes -= nbytes
+        return h
+    try: return self._alloc(max(nbytes, 1), options)
+    except MemoryError: pass
+    freed = self.free_cache()
+    try: return self._alloc(max(nbytes, 1), options)
+    except MemoryError as e:
+      raise OutOfMemoryError(f"{self.device.canonical}: out of memory allocating {size_str(nbytes)} "
+                             f"(freed {size_str(freed)} of cached buffers and retried): {e}",
+                             "free buffers you no longer need, or allocate less") from None
+
+  def free(self, handle: H, nbytes: int, options: Any = None) -> None:
+    if self.cache_limit and nbytes <= self.cache_limit:
+      with self._lock:
+        self._cache.setdefault((nbytes, options), []).append(handle)
+        self._cache.move_to_end((nbytes, options))
+        self._cached_bytes += nbytes
+        evict = []
+        while self._cached_bytes > self.cache_limit and self._cache:
+          (sz, opts), hs = self._cache.popitem(last=False)
+          evict += [(h, sz, opts) for h in hs]
+          self._cached_bytes -= sz * len(hs)
+      for h, sz, opts in evict: self._free(h, max(sz, 1), opts)
+    else: self._free(handle, max(nbytes, 1), options)
+
+  def free_cache(self) -> int:
+    """Give every cached block back to the device; returns the bytes freed."""
+    with self._lock:
+      blocks = [(h, sz, opts) for (sz, opts), hs in self._cache.items() for h in hs]
+      self._cache.clear()
+      self._cached_bytes = 0
+    for h, sz, opts in blocks: self._free(h, max(sz, 1), opts)
+    return sum(sz for _, sz, _ in blocks)
+
+  def offset(self, handle: H, offset: int, nbytes: int) -> H:
+    if not self.supports_offset: raise UnsupportedError(f"{self.device.canonical} cannot make buffer views", "copy the data instead")
+    return self._offset(handle, offset, nbytes)
+
+  def wrap(self, ptr: int, nbytes: int) -> H:
+    if not self.supports_wrap:
+      raise UnsupportedError(f"{self.device.canonical} cannot wrap external memory (from_blob); plugrt never copies silently",
+                             "copy the data in with Buffer.copyin, or use a device whose allocator wraps memory")
+    return self._wrap(ptr, nbytes)
+
+  # ---- what a backend implements
+  def _alloc(self, nbytes: int, options: Any) -> H: raise NotImplementedError
+  def _free(self, handle: H, nbytes: int, options: Any) -> None: pass
+  def _copyin(self, dest: H, src: memoryview) -> None: raise NotImplementedError
+  def _copyout(self, dest: memoryview, src: H) -> None: raise NotImplementedError
+  def _offset(self, handle: H, offset: int, nbytes: int) -> H: raise NotImplementedError
+  def _transfer(self, dest: H, src: H, nbytes: int, src_dev: Any, dest_dev: Any) -> None: raise NotImplementedError
+  def _wrap(self, ptr: int, nbytes: int) -> H: raise NotImplementedError
+
+
+class Compiler:
+  """Kernel IR -> source (render) -> binary (compile, through the disk cache).
+
+  Subclasses set `name` and `cache_namespace`, and implement render(),
+  compile_uncached() and toolchain(): the strings that decide the binary besides
+  the source (toolchain version, target, arch). They go into the cache key.
+  """
+  name = "?"
+  cache_namespace = ""
+
+  def __init__(self, device: DeviceInfo):
+    self.device = device
+    self._key_prefix: tuple[str, ...] | None = None
+    self._disk = DiskCache(self.cache_namespace) if self.cache_namespace else None
+
+  def render(self, kernel: Kernel) -> str: raise NotImplementedError
+  def compile_uncached(self, src: str) -> bytes: raise NotImplementedError
+  def toolchain(self) -> tuple[str, ...]: raise NotImplementedError
+
+  def cache_key(self, src: str) -> str:
+    if self._key_prefix is None: self._key_prefix = (self.cache_namespace, *self.toolchain())
+    return cache_key(*self._key_prefix, src)
+
+  def compile(self, src: str) -> bytes:
+    if self._disk is None or not cache_enabled(): return self.compile_uncached(src)
+    key = self.cache_key(src)
+    if (lib := self._disk.get(key)) is not None: return lib
+    lib = self.compile_uncached(src)
+    self._disk.put(key, lib)
+    return lib
+
+
+LaunchSize = Sequence[int]
+
+
+def launch_dims(size: Any, what: str) -> tuple[int, int, int]:
+  """Normalise a global/local size to 3 positive ints, or raise TypeError/ValueError."""
+  if isinstance(size, int) and not isinstance(size, bool): size = (size,)
+  if not isinstance(size, (tuple, list)) or not 1 <= len(size) <= 3 or \
+     not all(isinstance(x, int) and not isinstance(x, bool) for x in size):
+    raise TypeError(f"{what} must be 1 to 3 ints, got {size!r}")
+  if min(size) < 1: raise ValueError(f"{what} must be positive, got {tuple(size)}")
+  return tuple(size) + (1,) * (3 - len(size))  # type: ignore[return-value]
+
+
+class Program:
+  """A compiled kernel on one device.
+
+  ``prg(*bufs, global_size=(x,y,z), local_size=(x,y,z), vals=(...), wait=False)``
+  runs it on `global_size` groups of `local_size` threads; with wait=True it waits
+  and returns the run time in seconds. Arguments are checked before anything
+  reaches native code: wrong counts or types raise TypeError.
+  """
+
+  def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
+    self.device, self.name, self.lib, self.signature = device, name, lib, signature
+    self.nbufs, self.nvals = len(signature.buffers), len(signature.scalars)
+
+  def __call__(self, *bufs: Buffer, global_size: LaunchSize = (1, 1, 1), local_size: LaunchSize = (1, 1, 1),
+               vals: Sequence[Any] = (), wait: bool = False) -> float | None:
+    raise NotImplementedError
+
+  def check_args(self, bufs: Sequence[Any], vals: Sequence[Any], global_size: Any, local_size: Any) \
+      -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The full argument check, with messages; backends call it when their fast check fails."""
+    from plugrt.device import Buffer
+    sig = self.signature
+    if len(bufs) != self.nbufs:
+      raise TypeError(f"program {self.name} takes {self.nbufs} buffer(s) ({', '.join(d.name for d in sig.buffers) or 'none'}), got {len(bufs)}")
+    for i, (b, dt) in enumerate(zip(bufs, sig.buffers)):
+      if not isinstance(b, Buffer): raise TypeError(f"program {self.name}: argument {i} must be a plugrt Buffer, not {type(b).__name__}")
+      if b.device is not self.device:
+        raise TypeError(f"program {self.name} runs on {self.device}: argument {i} is a buffer on {b.device}; copy it with buf.to({str(self.device)!r})")
+      if b.dtype is not dt:
+        raise TypeError(f"program {self.name}: argument {i} must be a buffer of {dt.name}, got {b.dtype.name}; use buf.view(dtype=...) to reinterpret")
+    if not isinstance(vals, (tuple, list)): raise TypeError(f"program {self.name}: vals must be a tuple, not {type(vals).__name__}")
+    if len(vals) != self.nvals:
+      raise TypeError(f"program {self.name} takes {self.nvals} scalar(s) in vals ({', '.join(d.name for d in sig.scalars) or 'none'}), got {len(vals)}")
+    for i, (v, dt) in enumerate(zip(vals, sig.scalars)):
+      ok = isinstance(v, (int, float)) if dt.kind == "f" else isinstance(v, bool) if dt.kind == "b" else \
+        isinstance(v, int) and not isinstance(v, bool)
+      if not ok: raise TypeError(f"program {self.name}: vals[{i}] must be a {dt.name}, got {v!r} ({type(v).__name__})")
+      if dt.kind in "iu" and not dt.min <= v <= dt.max: raise ValueError(f"program {self.name}: vals[{i}]={v} does not fit {dt.name}")
+    gs, ls = launch_dims(global_size, "global_size"), launch_dims(local_size, "local_size")
+    if math.prod(gs) * math.prod(ls) >= 1 << 40: raise ValueError(f"program {self.name}: launch of {gs}x{ls} threads is too large")
+    return gs, ls
+
+
+__all__ = ["Allocator", "Compiler", "DeviceState", "Program", "launch_dims", "size_str"]

@@ -1,0 +1,1 @@
+"""The authoring kit: fixtures and the conformance suite for backend packages."""

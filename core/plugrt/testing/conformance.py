@@ -1,0 +1,196 @@
+"""The conformance suite every backend runs against its device.
+
+In your backend package's tests:
+
+    from plugrt.testing.conformance import ConformanceSuite
+
+    class TestMyDevice(ConformanceSuite):
+        device = "MYDEV"            # the name your BackendSpec declares
+
+pytest then runs every test below once per compiler your device declares (the
+`compiler` fixture; set `compilers = ("X",)` to restrict it). Tests skip cleanly
+when the device is not available here. Kernels are checked against the reference
+interpreter: integers exactly, floats to a few ulps where the IR allows it.
+"""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+from plugrt.device import Buffer, RuntimeDevice
+from plugrt.dtype import DType, dtypes
+from plugrt.errors import CompileError, OutOfMemoryError, RenderError, UnsupportedError
+from plugrt.testing import kernels as K
+
+ALL = K.ALL
+
+
+def _available() -> list[str]:
+  from plugrt.device import Device
+  return Device.available()
+
+
+class ConformanceSuite:
+  """Subclass with `device = "NAME"`; see the module docstring."""
+  device: str = ""
+  compilers: tuple[str, ...] | None = None
+  #: dtypes the device cannot hold at all (their tests are skipped, not failed)
+  unsupported_dtypes: tuple[DType, ...] = ()
+
+  @pytest.fixture
+  def dev(self, compiler: str) -> RuntimeDevice:
+    from plugrt.device import Device
+    return Device[self.device]
+
+  def run(self, dev: RuntimeDevice, case: K.Case, compiler: str) -> None:
+    try: K.run_case(dev, case, compiler)
+    except RenderError as e: pytest.skip(f"{self.device}:{compiler} cannot express {case.name}: {e.message}")
+
+  def skip_dtype(self, dt: DType) -> None:
+    if dt in self.unsupported_dtypes: pytest.skip(f"{self.device} has no {dt.name}")
+
+  # ------------------------------------------------------------ memory
+  @pytest.mark.parametrize("dt", ALL, ids=lambda d: d.name)
+  def test_copy_roundtrip(self, dev: RuntimeDevice, dt: DType) -> None:
+    self.skip_dtype(dt)
+    data = K.values(dt, 1000, np.random.default_rng(5))
+    buf = Buffer(dev, len(data), dt).copyin(data)
+    assert buf.numpy().tobytes() == data.tobytes()
+    out = np.zeros_like(data)
+    buf.copyout(out)
+    assert out.tobytes() == data.tobytes()
+    assert buf.tobytes() == data.tobytes()
+    assert Buffer(dev, 4, dt).copyin(data[:4].tobytes()).numpy().tobytes() == data[:4].tobytes()
+
+  def test_copy_checks(self, dev: RuntimeDevice) -> None:
+    buf = Buffer(dev, 8, dtypes.float32)
+    with pytest.raises(ValueError, match="8 float32"): buf.copyin(np.zeros(7, np.float32))
+    with pytest.raises(TypeError, match="astype"): buf.copyin(np.zeros(8, np.float64))
+    with pytest.raises(TypeError): buf.copyin(12)
+    with pytest.raises(TypeError, match="read-only"): buf.copyout(bytes(32))
+    with pytest.raises(ValueError): Buffer(dev, -1, dtypes.float32)
+    with pytest.raises(TypeError): Buffer(dev, 2.5, dtypes.float32)  # type: ignore[arg-type]
+
+  def test_zero_size(self, dev: RuntimeDevice) -> None:
+    buf = Buffer(dev, 0, dtypes.int32)
+    assert buf.numpy().shape == (0,)
+    buf.copyin(np.zeros(0, np.int32))
+
+  def test_views_and_offsets(self, dev: RuntimeDevice, compiler: str) -> None:
+    base = Buffer(dev, 64, dtypes.float32).copyin(np.arange(64, dtype=np.float32))
+    view = base.view(16, offset=32 * 4)
+    assert view.numpy().tolist() == list(range(32, 48))
+    view.copyin(np.full(16, -1, np.float32))
+    got = base.numpy()
+    assert (got[32:48] == -1).all() and got[31] == 31 and got[48] == 48
+    inner = view.view(4, offset=8)  # a view of a view: offsets add up
+    assert inner.numpy().tolist() == [-1.0] * 4
+    prg = dev.program(K.tiny_kernel(), compiler)
+    prg(base.view(4, offset=0), base.view(4, offset=50 * 4), wait=True)  # out[0] = x[0] + 1 through views
+    assert base.numpy()[0] == 51.0
+    as_int = base.view(dtype=dtypes.int32)
+    assert as_int.numpy()[1] == np.float32(1).view(np.int32)
+    with pytest.raises(ValueError): base.view(65)
+    with pytest.raises(ValueError): base.view(4, offset=2)  # not aligned to float32
+
+  def test_copy_between_buffers(self, dev: RuntimeDevice) -> None:
+    a = Buffer(dev, 100, dtypes.int64).copyin(np.arange(100, dtype=np.int64))
+    b = Buffer(dev, 100, dtypes.int64)
+    a.copy_to(b)
+    assert b.numpy().tolist() == list(range(100))
+    assert a.to(dev).numpy().tolist() == list(range(100))
+    if "PYTHON" in _available() and dev.name != "PYTHON":  # across devices, through the host
+      assert a.to("PYTHON").to(dev).numpy().tolist() == list(range(100))
+    with pytest.raises(ValueError): a.copy_to(Buffer(dev, 99, dtypes.int64))
+
+  def test_out_of_memory(self, dev: RuntimeDevice) -> None:
+    with pytest.raises(MemoryError) as info:
+      Buffer(dev, 1 << 62, dtypes.uint8)
+    assert isinstance(info.value, OutOfMemoryError) and dev.canonical in str(info.value)
+    Buffer(dev, 16, dtypes.uint8)  # the device still works
+
+  def test_from_blob(self, dev: RuntimeDevice, compiler: str) -> None:
+    host = np.arange(8, dtype=np.float32)
+    if not dev.allocator.supports_wrap:
+      with pytest.raises(UnsupportedError): Buffer.from_blob(host.ctypes.data, 8, dtypes.float32, dev)
+      return
+    ext = Buffer.from_blob(host.ctypes.data, 8, dtypes.float32, dev, keepalive=host)
+    src = Buffer(dev, 1, dtypes.float32).copyin(np.array([41], np.float32))
+    dev.program(K.tiny_kernel(), compiler)(ext, src, wait=True)
+    dev.synchronize()
+    assert host[0] == 42.0, "from_blob must wrap the memory itself, not a copy"
+    host[1] = 7
+    assert ext.numpy()[1] == 7
+    del ext
+    gc.collect()
+    assert host[1] == 7  # the wrapped memory was not freed by plugrt
+    with pytest.raises(TypeError): Buffer.from_blob(0, 8, dtypes.float32, dev)
+
+  # ------------------------------------------------------------ kernels against the interpreter
+  @pytest.mark.parametrize("dt", ALL, ids=lambda d: d.name)
+  def test_ops(self, dev: RuntimeDevice, compiler: str, dt: DType) -> None:
+    self.skip_dtype(dt)
+    self.run(dev, K.ops_case(dt), compiler)
+
+  @pytest.mark.parametrize("dt", ALL, ids=lambda d: d.name)
+  def test_casts(self, dev: RuntimeDevice, compiler: str, dt: DType) -> None:
+    self.skip_dtype(dt)
+    self.run(dev, K.cast_case(dt), compiler)
+
+  @pytest.mark.parametrize("group", K.BITCAST_GROUPS, ids=lambda g: f"{g[0].itemsize * 8}bit")
+  def test_bitcasts(self, dev: RuntimeDevice, compiler: str, group: tuple[DType, ...]) -> None:
+    for dt in group: self.skip_dtype(dt)
+    self.run(dev, K.bitcast_case(group), compiler)
+
+  @pytest.mark.parametrize("dt", ALL, ids=lambda d: d.name)
+  def test_scalar_args(self, dev: RuntimeDevice, compiler: str, dt: DType) -> None:
+    self.skip_dtype(dt)
+    self.run(dev, K.scalar_case(dt), compiler)
+
+  def test_control_flow(self, dev: RuntimeDevice, compiler: str) -> None: self.run(dev, K.control_case(), compiler)
+  def test_shared_and_barrier(self, dev: RuntimeDevice, compiler: str) -> None: self.run(dev, K.reverse_case(), compiler)
+  def test_loop_with_barriers(self, dev: RuntimeDevice, compiler: str) -> None: self.run(dev, K.reduce_case(), compiler)
+  def test_3d_grid(self, dev: RuntimeDevice, compiler: str) -> None: self.run(dev, K.grid3d_case(), compiler)
+
+  def test_big_grid(self, dev: RuntimeDevice, compiler: str) -> None:
+    """Enough threads that a multi-core backend splits the grid."""
+    n = 1 << 16
+    x = np.arange(n, dtype=np.float32)
+    out, xb, yb = Buffer(dev, n, dtypes.float32), Buffer.from_numpy(x, dev), Buffer.from_numpy(x * 2, dev)
+    dev.program(K.saxpy_kernel(), compiler)(out, xb, yb, global_size=(n // 64, 1, 1), local_size=(64, 1, 1), vals=(3.0, n))
+    assert np.array_equal(out.numpy(), 3 * x + 2 * x)
+
+  # ------------------------------------------------------------ programs
+  def test_timing(self, dev: RuntimeDevice, compiler: str) -> None:
+    prg = dev.program(K.tiny_kernel(), compiler)
+    a, b = Buffer(dev, 1, dtypes.float32), Buffer(dev, 1, dtypes.float32)
+    t = prg(a, b, wait=True)
+    assert isinstance(t, float) and 0 <= t < 10
+    assert prg(a, b) is None
+    dev.synchronize()
+
+  def test_program_is_cached(self, dev: RuntimeDevice, compiler: str) -> None:
+    k = K.tiny_kernel("cached_tiny")
+    assert dev.program(k, compiler) is dev.program(k, compiler)
+    assert dev.program(K.tiny_kernel("cached_tiny"), compiler) is dev.program(k, compiler)  # same source, same program
+
+  def test_argument_errors(self, dev: RuntimeDevice, compiler: str) -> None:
+    prg = dev.program(K.saxpy_kernel(), compiler)
+    out, x, y = (Buffer(dev, 4, dtypes.float32) for _ in range(3))
+    with pytest.raises(TypeError, match="buffer"): prg(out, x, vals=(1.0, 4))
+    with pytest.raises(TypeError, match="Buffer"): prg(out, x, 12, vals=(1.0, 4))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="scalar"): prg(out, x, y, vals=(1.0,))
+    with pytest.raises(TypeError, match="int32"): prg(out, x, y, vals=(1.0, 2.5))
+    with pytest.raises(TypeError, match="float32"): prg(out, x, Buffer(dev, 4, dtypes.int32), vals=(1.0, 4))
+    with pytest.raises(TypeError): prg(out, x, y, global_size="big", vals=(1.0, 4))  # type: ignore[arg-type]
+    with pytest.raises(ValueError): prg(out, x, y, global_size=(0, 1, 1), vals=(1.0, 4))
+    with pytest.raises(ValueError): prg(out, x, y, vals=(1.0, 1 << 40))
+    prg(out, x, y, global_size=(1, 1, 1), local_size=(4, 1, 1), vals=(1.0, 4), wait=True)  # still usable after errors
+    if dev.name != "PYTHON" and "PYTHON" in _available():
+      other = Buffer("PYTHON", 4, dtypes.float32)
+      with pytest.raises(TypeError, match="copy it"): prg(out, x, other, vals=(1.0, 4))
+
+  def test_compile_error(self, dev: RuntimeDevice, compiler: str) -> None:
+    with pytest.raises(CompileError): dev.compiler_for(compiler).compile("this is not a kernel in any language {{{")

@@ -1,0 +1,299 @@
+"""Test kernels with their inputs, run on a device and checked against the interpreter.
+
+A `Case` is a kernel, its buffers' initial contents, its scalars and its launch
+size. `run_case` runs it on a device, runs the reference interpreter on the same
+inputs, and compares every written buffer (integers exactly, floats to a number of
+ulps that depends on the op), raising AssertionError with the first mismatches.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from plugrt.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
+from plugrt.ir import _KINDS, BINARY, COMPARE, FLOAT_UNARY, UNARY, Kernel, KernelBuilder, Ops
+
+FLOATS = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+INTS = (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64)
+ALL = (dtypes.bool, *INTS, *FLOATS)
+TRANSCENDENTAL = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN})
+#: ulps allowed per op: correctly rounded ops are exact; OpenCL and WGSL allow 2.5 ulp for division and sqrt
+ULPS = {Ops.DIV: 3, Ops.SQRT: 3, Ops.RECIP: 3, Ops.EXP2: 4, Ops.LOG2: 4, Ops.SIN: 4}
+
+
+@dataclass
+class Case:
+  name: str
+  kernel: Kernel
+  inputs: list[np.ndarray]           # every buffer's initial contents (storage dtype; bfloat16 as raw uint16)
+  vals: tuple = ()
+  global_size: tuple[int, int, int] = (1, 1, 1)
+  local_size: tuple[int, int, int] = (1, 1, 1)
+  ulps: dict[int, list[tuple[int, int, int, float]]] = field(default_factory=dict)  # buffer -> [(start, stop, ulps, atol)]
+
+
+# ---------------------------------------------------------------- inputs
+
+def values(dt: DType, n: int, rng: np.random.Generator, kind: str = "any") -> np.ndarray:
+  """n values of dt in storage form. kind: any | nonzero | positive | small | shift."""
+  if dt is dtypes.bool: return rng.random(n) < 0.5
+  if dt.kind in "iu":
+    if kind == "shift": return rng.integers(0, dt.bits, n).astype(dt.numpy)
+    x = rng.integers(int(dt.min), int(dt.max), n, dtype=dt.numpy, endpoint=True)
+    x[: min(n, 4)] = np.array([0, 1, dt.max, dt.min], dtype=object)[: min(n, 4)].astype(dt.numpy)
+    if kind in ("nonzero", "positive"): x[x == 0] = 1
+    if kind == "positive" and dt.kind == "i": x = np.where(x < 0, x // -2 + 1, x).astype(dt.numpy)
+    return x
+  scale = 10.0 ** rng.integers(-2, 3, n)
+  x = rng.standard_normal(n) * scale
+  if kind == "small": x = np.clip(x, -12, 12)
+  if kind in ("nonzero", "positive"): x = np.where(np.abs(x) < 1e-3, 0.5, x)
+  if kind == "positive": x = np.abs(x)
+  if dt is dtypes.bfloat16: return f32_to_bf16(x.astype(np.float32))
+  if dt is dtypes.float16: x = np.clip(x, -6e4, 6e4)
+  return x.astype(dt.numpy)
+
+
+def as_float(arr: np.ndarray, dt: DType) -> np.ndarray:
+  return bf16_to_f32(arr).astype(np.float64) if dt is dtypes.bfloat16 else arr.astype(np.float64)
+
+
+# ---------------------------------------------------------------- comparing
+
+def ulp(dt: DType, x: np.ndarray) -> np.ndarray:
+  mant = {dtypes.float16: 10, dtypes.bfloat16: 7, dtypes.float32: 23, dtypes.float64: 52}[dt]
+  tiny = {dtypes.float16: 2.0 ** -24, dtypes.bfloat16: 2.0 ** -133, dtypes.float32: 2.0 ** -149, dtypes.float64: 2.0 ** -1074}[dt]
+  with np.errstate(all="ignore"):
+    e = np.floor(np.log2(np.maximum(np.abs(x), tiny)))
+  return np.maximum(2.0 ** (e - mant), tiny)
+
+
+def compare(what: str, got: np.ndarray, want: np.ndarray, dt: DType, ulps: int = 0, atol: float = 0.0) -> None:
+  """Integers and bools exactly; floats within `ulps` ulp (+atol), NaN equal to NaN, inf equal to inf."""
+  if dt.kind != "f":
+    bad = np.nonzero(got != want)[0]
+  else:
+    g, w = as_float(got, dt), as_float(want, dt)
+    same = (g == w) | (np.isnan(g) & np.isnan(w))
+    with np.errstate(all="ignore"):
+      close = np.isfinite(w) & np.isfinite(g) & (np.abs(g - w) <= ulps * ulp(dt, w) + atol)
+    bad = np.nonzero(~(same | close))[0]
+  if len(bad):
+    shown = ", ".join(f"[{i}] got {got[i]!r} want {want[i]!r}" for i in bad[:5])
+    raise AssertionError(f"{what} ({dt.name}): {len(bad)} of {len(got)} differ: {shown}")
+
+
+# ---------------------------------------------------------------- running
+
+def run_case(device: Any, case: Case, compiler: str | None = None) -> None:
+  from plugrt import interpreter
+  from plugrt.device import Buffer
+  prg = device.program(case.kernel, compiler)
+  sig = case.kernel.signature
+  bufs = [Buffer(device, len(a), dt).copyin(np.ascontiguousarray(a)) for a, dt in zip(case.inputs, sig.buffers)]
+  prg(*bufs, global_size=case.global_size, local_size=case.local_size, vals=case.vals, wait=True)
+  want = [a.copy() for a in case.inputs]
+  interpreter.run(case.kernel, want, case.vals, case.global_size, case.local_size)
+  for i, (buf, w, dt, written) in enumerate(zip(bufs, want, sig.buffers, sig.written)):
+    if not written: continue
+    got = buf.numpy()
+    for start, stop, nulps, atol in case.ulps.get(i, [(0, len(w), 0, 0.0)]):
+      compare(f"{case.name}: buffer {case.kernel.buffers[i].arg[1]}[{start}:{stop}]", got[start:stop], w[start:stop], dt, nulps, atol)
+
+
+# ---------------------------------------------------------------- the cases
+
+def _elementwise(name: str, n: int) -> tuple[KernelBuilder, Any, Any]:
+  b = KernelBuilder(name)
+  return b, b.global_id(0), n
+
+
+def ops_case(dt: DType, n: int = 64, seed: int = 0) -> Case:
+  """Every unary and binary op that accepts dt, into one output buffer (op k at [k*n, (k+1)*n))."""
+  rng = np.random.default_rng(seed)
+  ops = [op for op in sorted(UNARY | BINARY, key=lambda o: o.value) if dt.kind in _KINDS[op] and op not in COMPARE]
+  b = KernelBuilder(f"ops_{dt.name}")
+  out, cmp = b.buffer("out", dt), b.buffer("cmp", dtypes.bool)
+  xa, xb, xp, xs, xh = (b.buffer(nm, dt) for nm in ("a", "b", "p", "s", "h"))
+  i = b.global_id(0)
+  with b.if_(i < n):
+    a, bb, p, s, h = xa[i], xb[i], xp[i], xs[i], xh[i]
+    for k, op in enumerate(ops):
+      if op in (Ops.SHL, Ops.SHR): r = b.alu(op, a, s)
+      elif op in (Ops.LOG2, Ops.SQRT): r = b.alu(op, p)
+      elif op in (Ops.EXP2, Ops.SIN): r = b.alu(op, h)
+      elif op in UNARY: r = b.alu(op, a)
+      else: r = b.alu(op, a, bb)
+      out[i + k * n] = r
+    for k, op in enumerate(sorted(COMPARE, key=lambda o: o.value)):
+      cmp[i + k * n] = b.alu(op, a, bb)
+    cmp[i + 4 * n] = b.alu(Ops.CMPEQ, a, a)
+  k = b.finish()
+  eb = values(dt, n, rng, "nonzero")
+  if dt.kind == "i":  # INT_MIN / -1 overflows in hardware
+    eb = np.where(eb == -1, 1, eb).astype(dt.numpy)
+  inputs = [np.zeros(len(ops) * n, dt.numpy), np.zeros(5 * n, np.bool_), values(dt, n, rng), eb, values(dt, n, rng, "positive"),
+            values(dt, n, rng, "shift") if dt.kind in "iu" else values(dt, n, rng), values(dt, n, rng, "small")]
+  ulps = {0: [(k * n, (k + 1) * n, ULPS.get(op, 0), _atol(op, dt)) for k, op in enumerate(ops)]} if dt.kind == "f" else {}
+  return Case(k.name, k, inputs, (), (math.ceil(n / 16), 1, 1), (16, 1, 1), ulps)
+
+
+def _atol(op: Ops, dt: DType) -> float:
+  if op not in TRANSCENDENTAL: return 0.0
+  return {dtypes.float16: 4e-3, dtypes.bfloat16: 3e-2, dtypes.float32: 4e-7, dtypes.float64: 1e-15}[dt]
+
+
+def cast_case(src: DType, n: int = 48, seed: int = 1) -> Case:
+  """src -> every dtype. Float sources use values every destination can hold (out-of-range casts are undefined)."""
+  rng = np.random.default_rng(seed)
+  b = KernelBuilder(f"cast_{src.name}")
+  outs = [b.buffer(f"to_{d.name}", d) for d in ALL]
+  xa = b.buffer("a", src)
+  xs, xu = (b.buffer("s", src), b.buffer("u", src)) if src.kind == "f" else (xa, xa)
+  i = b.global_id(0)
+  with b.if_(i < n):
+    for o, d in zip(outs, ALL):
+      x = (xu if d.kind == "u" else xs)[i] if d.kind in "iu" else xa[i]
+      o[i] = x.cast(d)
+  k = b.finish()
+  inputs = [np.zeros(n, d.numpy) for d in ALL] + [values(src, n, rng)]
+  if src.kind == "f":
+    s, u = rng.uniform(-127.9, 127.9, n), rng.uniform(0, 255.9, n)
+    s[:4], u[:4] = [0.0, -0.5, 0.75, -127.25], [0.0, 0.5, 1.0, 254.75]
+    conv = (lambda x: f32_to_bf16(x.astype(np.float32))) if src is dtypes.bfloat16 else (lambda x: x.astype(src.numpy))
+    inputs += [conv(s), conv(u)]
+  # float16/bfloat16 from 64-bit sources may round twice on the way; allow one ulp there
+  ulps = {j: [(0, n, 1 if src.bits > 24 else 0, 0.0)] for j, d in enumerate(ALL) if d.kind == "f"}
+  return Case(k.name, k, inputs, (), (n, 1, 1), (1, 1, 1), ulps)
+
+
+BITCAST_GROUPS = ((dtypes.int16, dtypes.uint16, dtypes.float16, dtypes.bfloat16), (dtypes.int32, dtypes.uint32, dtypes.float32),
+                  (dtypes.int64, dtypes.uint64, dtypes.float64), (dtypes.int8, dtypes.uint8))
+
+
+def bitcast_case(group: Sequence[DType], n: int = 32, seed: int = 2) -> Case:
+  """Each dtype of a same-size group to each other. Inputs are bits of finite floats, so no NaN payload is involved."""
+  rng = np.random.default_rng(seed)
+  b = KernelBuilder(f"bitcast_{group[0].itemsize * 8}")
+  ins = [b.buffer(f"in_{d.name}", d) for d in group]
+  outs = {(s, d): b.buffer(f"{s.name}_as_{d.name}", d) for s in group for d in group if s is not d}
+  i = b.global_id(0)
+  for (s, d), o in outs.items(): o[i] = ins[group.index(s)][i].bitcast(d)
+  k = b.finish()
+  fl = next((d for d in group if d.kind == "f"), None)
+  raw = values(fl, n, rng).view(np.dtype(f"u{group[0].itemsize}")) if fl else rng.integers(0, 256, n).astype(np.uint8)
+  inputs = [raw.view(d.numpy).copy() for d in group] + [np.zeros(n, d.numpy) for (_, d) in outs]
+  return Case(k.name, k, inputs, (), (n, 1, 1))
+
+
+def scalar_case(dt: DType, seed: int = 3) -> Case:
+  """A scalar argument of dt arrives intact."""
+  rng = np.random.default_rng(seed)
+  v = values(dt, 5, rng)[2]
+  py = bool(v) if dt is dtypes.bool else int(v) if dt.kind in "iu" else float(as_float(np.array([v]), dt)[0])
+  b = KernelBuilder(f"scalar_{dt.name}")
+  out, s = b.buffer("out", dt), b.scalar("s", dt)
+  out[b.global_id(0)] = s
+  k = b.finish()
+  return Case(k.name, k, [np.zeros(4, dt.numpy)], (py,), (4, 1, 1))
+
+
+def control_case(n: int = 40) -> Case:
+  """Nested loops, if/else and a register variable."""
+  b = KernelBuilder("control")
+  out, x = b.buffer("out", dtypes.int32), b.buffer("x", dtypes.int32)
+  i = b.global_id(0)
+  with b.if_(i < n):
+    acc = b.var(0, dtypes.int32)
+    with b.range(i % 7) as j:
+      with b.if_((j % 2).eq(0)):
+        acc.value = acc.value + j * x[i]
+      with b.else_():
+        with b.range(j, 4) as kk:
+          acc.value = acc.value - kk
+    with b.if_(acc.value < 0):
+      out[i] = -acc.value
+    with b.else_():
+      out[i] = acc.value + 1000
+  k = b.finish()
+  return Case(k.name, k, [np.zeros(n, np.int32), np.arange(n, dtype=np.int32) - 20], (), (math.ceil(n / 8), 1, 1), (8, 1, 1))
+
+
+def reverse_case(group: int = 16, groups: int = 3) -> Case:
+  """Shared memory and a barrier: each group reverses its slice."""
+  b = KernelBuilder("reverse_groups")
+  out, x = b.buffer("out", dtypes.float32), b.buffer("x", dtypes.float32)
+  tile = b.shared("tile", dtypes.float32, group)
+  lid, gid = b.local_id(0), b.group_id(0)
+  tile[lid] = x[b.global_id(0)]
+  b.barrier()
+  out[gid * group + lid] = tile[group - 1 - lid] * 2.0
+  k = b.finish()
+  n = group * groups
+  return Case(k.name, k, [np.zeros(n, np.float32), np.arange(n, dtype=np.float32)], (), (groups, 1, 1), (group, 1, 1))
+
+
+def reduce_case(group: int = 32, groups: int = 4) -> Case:
+  """A tree reduction per group: a loop whose body has barriers, and a value (`mine`) that lives across them."""
+  b = KernelBuilder("reduce_groups")
+  out, last, x = b.buffer("out", dtypes.int32), b.buffer("last", dtypes.int32), b.buffer("x", dtypes.int32)
+  part = b.shared("part", dtypes.int32, group)
+  lid = b.local_id(0)
+  mine = x[b.global_id(0)] * 3
+  part[lid] = mine
+  b.barrier()
+  stride = b.var(group // 2, dtypes.int32, "stride")
+  with b.range(group.bit_length() - 1):
+    s = stride.value
+    with b.if_(lid < s):
+      part[lid] = part[lid] + part[lid + s]
+    b.barrier()
+    stride.value = s // 2
+  with b.if_(lid.eq(0)):
+    out[b.group_id(0)] = part[0]
+  last[b.global_id(0)] = mine + lid
+  k = b.finish()
+  rng = np.random.default_rng(4)
+  n = group * groups
+  return Case(k.name, k, [np.zeros(groups, np.int32), np.zeros(n, np.int32), rng.integers(-1000, 1000, n).astype(np.int32)], (),
+              (groups, 1, 1), (group, 1, 1))
+
+
+def grid3d_case(gs: tuple[int, int, int] = (3, 2, 2), ls: tuple[int, int, int] = (2, 3, 2)) -> Case:
+  """Every thread of a 3-D launch writes its ids where only it writes."""
+  b = KernelBuilder("grid3d")
+  out = b.buffer("out", dtypes.int32)
+  gx, gy, gz = (b.global_id(a) for a in range(3))
+  wx, wy = b.num_groups(0) * b.local_size(0), b.num_groups(1) * b.local_size(1)
+  flat = (gz * wy + gy) * wx + gx
+  out[flat] = gx + gy * 100 + gz * 10000 + b.local_id(1) * 1000000
+  k = b.finish()
+  n = math.prod(gs) * math.prod(ls)
+  return Case(k.name, k, [np.full(n, -1, np.int32)], (), gs, ls)
+
+
+def saxpy_kernel(dtype: DType = dtypes.float32) -> Kernel:
+  """out[i] = a * x[i] + y[i] for i < n: the kernel the demo and benchmarks use."""
+  b = KernelBuilder("saxpy")
+  out, x, y = b.buffer("out", dtype), b.buffer("x", dtype), b.buffer("y", dtype)
+  a, n = b.scalar("a", dtype), b.scalar("n", dtypes.int32)
+  i = b.global_id(0)
+  with b.if_(i < n):
+    out[i] = a * x[i] + y[i]
+  return b.finish()
+
+
+def tiny_kernel(name: str = "tiny") -> Kernel:
+  """The smallest useful kernel, for launch overhead: out[0] = x[0] + 1."""
+  b = KernelBuilder(name)
+  out, x = b.buffer("out", dtypes.float32), b.buffer("x", dtypes.float32)
+  out[0] = x[0] + 1.0
+  return b.finish()
+
+
+def all_cases() -> list[Case]:
+  return [*(ops_case(dt) for dt in ALL), *(cast_case(dt) for dt in ALL), *(bitcast_case(g) for g in BITCAST_GROUPS),
+          *(scalar_case(dt) for dt in ALL), control_case(), reverse_case(), reduce_case(), grid3d_case()]

@@ -1,0 +1,77 @@
+"""plugrt-cpu: the CPU backend. Kernels compile to C with clang (default) or to LLVM IR
+with llvmlite (CPU_LLVM=1 or LLVM=1), and run the grid across the machine's cores.
+
+This entry module imports only the standard library and plugrt; the compilers,
+allocator and loader live in their own modules and load when a device opens.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import shutil
+from typing import Any
+
+from plugrt.errors import Reason
+from plugrt.hookspecs import Alias, BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
+
+__version__ = "0.1.0"
+
+
+def _which_cc() -> tuple[str | None, str]:
+  cc = os.environ.get("CC", "").strip()
+  return (shutil.which(cc), f"CC={cc}") if cc else (shutil.which("clang"), "clang")
+
+
+def probe_clang() -> Probe:
+  cc, what = _which_cc()
+  if cc is None:
+    hint = "install it or unset CC" if what.startswith("CC=") else "apt-get install clang (or set CC to a C compiler)"
+    return Probe.missing(Reason.MISSING_TOOLCHAIN, f"{what} is not on PATH", hint)
+  if shutil.which("ld") is None: return Probe.missing(Reason.MISSING_TOOLCHAIN, "the linker ld is not on PATH", "apt-get install binutils")
+  return Probe.found(1, cc)
+
+
+def probe_llvm() -> Probe:
+  if importlib.util.find_spec("llvmlite") is None:
+    return Probe.missing(Reason.MISSING_TOOLCHAIN, "llvmlite is not installed", "pip install llvmlite")
+  return Probe.found(1, "llvmlite")
+
+
+def probe_cpu() -> Probe:
+  if not probe_clang().ok and not probe_llvm().ok:
+    return Probe.missing(Reason.MISSING_TOOLCHAIN, "neither clang nor llvmlite is installed",
+                         "apt-get install clang, or pip install llvmlite")
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+  return Probe.found(1, f"{platform.machine()}, {cores} cores", cores=str(cores))
+
+
+@hookimpl
+def plugrt_backends() -> list[BackendSpec]:
+  return [BackendSpec(
+    name="CPU", api_version="1.0", probe=probe_cpu, priority=10,
+    compilers=(CompilerSpec("CLANG", "C through clang, loaded from memory", probe_clang),
+               CompilerSpec("LLVM", "LLVM IR through llvmlite, in-process", probe_llvm)),
+    aliases=(Alias("CLANG", "CPU:CLANG"), Alias("LLVM", "CPU:LLVM")),
+    description="the host CPU, every core")]
+
+
+@hookimpl
+def plugrt_allocator(device: DeviceInfo) -> Any:
+  from plugrt_cpu.allocator import CPUAllocator
+  return CPUAllocator(device)
+
+
+@hookimpl
+def plugrt_compiler(device: DeviceInfo, compiler: str) -> Any:
+  if compiler == "LLVM":
+    from plugrt_cpu.llvm import LLVMCompiler
+    return LLVMCompiler(device)
+  from plugrt_cpu.clang import ClangCompiler
+  return ClangCompiler(device)
+
+
+@hookimpl
+def plugrt_program(device: DeviceInfo) -> Any:
+  from plugrt_cpu.loader import load_program
+  return load_program

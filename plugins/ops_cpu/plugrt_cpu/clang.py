@@ -1,0 +1,115 @@
+"""The CLANG compiler: C source -> shared object, loaded from memory.
+
+clang compiles to an object on its stdout (no driver link step: that alone costs
+~25 ms), `ld -shared` links it into a memfd, and the library is dlopen'ed from
+/proc/self/fd: no temporary file is ever written by plugrt. `CC` names another
+compiler (it must accept clang's flags: clang or gcc).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from typing import Any
+
+from plugrt.errors import CompileError
+from plugrt.hookspecs import DeviceInfo
+from plugrt.ir import Kernel
+from plugrt.runtime import Compiler
+from plugrt_cpu.crender import CPUCRenderer
+
+CFLAGS = ("-O2", "-fPIC", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-asynchronous-unwind-tables",
+          "-nostdinc", "-ffreestanding", "-march=native")
+
+
+def cc_path() -> str | None:
+  cc = os.environ.get("CC", "").strip()
+  return shutil.which(cc) if cc else shutil.which("clang")
+
+
+def linker_path() -> str | None: return shutil.which("ld")
+
+
+def cpu_identity() -> str:
+  """What -march=native depends on: the CPU model and feature flags."""
+  ident = platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith(("model name", "flags", "Features", "CPU part")): ident += line
+        elif not line.strip(): break
+  except OSError: pass
+  return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def _tool_identity(path: str) -> str:
+  real = os.path.realpath(path)
+  st = os.stat(real)
+  return f"{real}:{st.st_size}:{int(st.st_mtime)}"
+
+
+class ClangCompiler(Compiler):
+  name = "CLANG"
+  cache_namespace = "cpu-clang"
+
+  def __init__(self, device: DeviceInfo):
+    super().__init__(device)
+    self.renderer = CPUCRenderer()
+    cc, ld = cc_path(), linker_path()
+    if cc is None or ld is None: raise CompileError("clang or ld is missing", hint="apt-get install clang")
+    self.cc, self.ld = cc, ld
+
+  def render(self, kernel: Kernel) -> str: return self.renderer.render(kernel)
+
+  def toolchain(self) -> tuple[str, ...]:
+    return (_tool_identity(self.cc), _tool_identity(self.ld), " ".join(CFLAGS), cpu_identity())
+
+  def compile_uncached(self, src: str) -> bytes:
+    obj = subprocess.run([self.cc, *CFLAGS, "-x", "c", "-", "-c", "-o", "-"], input=src.encode(), capture_output=True)
+    if obj.returncode != 0:
+      raise CompileError(f"{os.path.basename(self.cc)} failed to compile a CPU kernel", obj.stderr.decode(errors="replace"),
+                         "this is a renderer bug if the kernel came from plugrt's IR; please report it")
+    fd_in, fd_out = os.memfd_create("plugrt-obj", 0), os.memfd_create("plugrt-so", 0)
+    try:
+      os.write(fd_in, obj.stdout)
+      pid = os.getpid()
+      link = subprocess.run([self.ld, "-shared", "--hash-style=gnu", "-o", f"/proc/{pid}/fd/{fd_out}", f"/proc/{pid}/fd/{fd_in}"],
+                            capture_output=True)
+      if link.returncode != 0: raise CompileError("ld failed to link a CPU kernel", link.stderr.decode(errors="replace"))
+      size = os.fstat(fd_out).st_size
+      return os.pread(fd_out, size, 0)
+    finally:
+      os.close(fd_in); os.close(fd_out)
+
+
+class SharedLib:
+  """A shared object dlopen'ed from a memfd. glibc caches libraries by path, so the memfd
+  (and with it the /proc/self/fd/N path) stays open while the library is loaded, and
+  the library is dlclose'd before the descriptor is released: a path is never reused
+  while a library is mapped under it."""
+
+  def __init__(self, lib: bytes, name: str):
+    self.fd = os.memfd_create(f"plugrt-{name}", 0)
+    try:
+      os.write(self.fd, lib)
+      self.dll = ctypes.CDLL(f"/proc/self/fd/{self.fd}")
+    except BaseException:
+      os.close(self.fd)
+      raise
+    self.addr: int = ctypes.cast(getattr(self.dll, name), ctypes.c_void_p).value  # type: ignore[assignment]
+
+  def __del__(self) -> None:
+    try:
+      import _ctypes
+      _ctypes.dlclose(self.dll._handle)
+      os.close(self.fd)
+    except Exception: pass  # interpreter shutdown
+
+
+def load_shared(lib: bytes, name: str) -> tuple[int, Any]:
+  """dlopen a shared object held in memory; returns (address of `name`, the owner to keep alive)."""
+  so = SharedLib(lib, name)
+  return so.addr, so

@@ -1,0 +1,138 @@
+"""Kernel IR -> C for the CPU (clang), on the core's C-like renderer base.
+
+The kernel is first lowered (plugrt.lowering.serialize_groups) so that each group is
+one loop iteration. The generated function has the CPU calling convention shared
+with the LLVM renderer (see plugrt_cpu.program):
+
+    void NAME(const unsigned long long *args, unsigned long long g0, unsigned long long g1)
+
+args holds the buffer addresses, then one 8-byte slot per scalar, then the number of
+groups and the group size per axis; the function runs groups g0 .. g1-1 (flattened,
+x fastest). float16 and bfloat16 values are held as float and rounded after every
+operation, with exact conversions of our own (no compiler runtime needed).
+"""
+from __future__ import annotations
+
+from plugrt.dtype import DType, dtypes
+from plugrt.errors import RenderError
+from plugrt.ir import Kernel, Ops
+from plugrt.lowering import serialize_groups
+from plugrt.renderer.cstyle import CStyleRenderer
+
+HALF_HELPERS = r"""
+static inline float __plugrt_h2f(unsigned short h) {
+  unsigned int s = (unsigned int)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+  if (e == 0x1fu) u = s | 0x7f800000u | (m << 13);
+  else if (e) u = s | ((e + 112u) << 23) | (m << 13);
+  else if (m) { e = 113u; while (!(m & 0x400u)) { m <<= 1; e--; } u = s | (e << 23) | ((m & 0x3ffu) << 13); }
+  else u = s;
+  float f; __builtin_memcpy(&f, &u, 4); return f;
+}
+static inline unsigned short __plugrt_f2h(float f) {
+  unsigned int u; __builtin_memcpy(&u, &f, 4);
+  unsigned int s = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (unsigned short)(s | 0x7e00u | ((a >> 13) & 0x3ffu));  /* NaN stays a quiet NaN */
+  if (a >= 0x477ff000u) return (unsigned short)(s | 0x7c00u);                         /* rounds past 65504: inf */
+  if (a >= 0x38800000u) { unsigned int r = a - 0x38000000u; r += 0xfffu + ((r >> 13) & 1u); return (unsigned short)(s | (r >> 13)); }
+  if (a < 0x33000000u) return (unsigned short)s;                                     /* below half the smallest subnormal */
+  unsigned int e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, sh = 126u - e;
+  unsigned int q = m >> sh, rem = m & ((1u << sh) - 1u), half = 1u << (sh - 1u);
+  q += (rem > half) || (rem == half && (q & 1u));
+  return (unsigned short)(s | q);
+}
+static inline float __plugrt_rh(float x) { return __plugrt_h2f(__plugrt_f2h(x)); }
+"""
+
+BF16_HELPERS = r"""
+static inline float __plugrt_bf2f(unsigned short b) { unsigned int u = (unsigned int)b << 16; float f; __builtin_memcpy(&f, &u, 4); return f; }
+static inline unsigned short __plugrt_f2bf(float f) {
+  unsigned int u; __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float __plugrt_rbf(float x) { return __plugrt_bf2f(__plugrt_f2bf(x)); }
+"""
+
+_EMULATED = {dtypes.float16: ("__plugrt_h2f", "__plugrt_f2h", "__plugrt_rh"), dtypes.bfloat16: ("__plugrt_bf2f", "__plugrt_f2bf", "__plugrt_rbf")}
+_MATH = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
+
+
+class CPUCRenderer(CStyleRenderer):
+  language = "C"
+  device_name = "CPU"
+  reserved = frozenset({"args", "g", "g0", "g1"})
+
+  def type_name(self, dt: DType) -> str: return "float" if dt in _EMULATED else super().type_name(dt)
+  def storage_type(self, dt: DType) -> str: return "unsigned short" if dt in _EMULATED else self.type_name(dt)
+  def from_storage(self, dt: DType, expr: str) -> str: return f"{_EMULATED[dt][0]}({expr})" if dt in _EMULATED else expr
+  def to_storage(self, dt: DType, expr: str) -> str: return f"{_EMULATED[dt][1]}({expr})" if dt in _EMULATED else expr
+  def round_to(self, dt: DType, expr: str) -> str: return f"{_EMULATED[dt][2]}({expr})" if dt in _EMULATED else expr
+
+  def float_literal(self, x: float, dt: DType) -> str:
+    f = "" if dt is dtypes.float64 else "f"
+    if x != x: return f"__builtin_nan{f}(\"\")"
+    if x in (float("inf"), float("-inf")): return ("-" if x < 0 else "") + f"__builtin_inf{f}()"
+    return repr(float(x)) + f
+
+  def literal(self, x, dt: DType) -> str:
+    if dt in _EMULATED: return self.float_literal(x, dtypes.float32)  # the value is exact in float
+    return super().literal(x, dt)
+
+  def cast_expr(self, x: str, src: DType, dt: DType) -> str:
+    if dt in _EMULATED: return f"((float)({x}))"
+    return super().cast_expr(x, src, dt)
+
+  def bitcast_stmt(self, name: str, x: str, src: DType, dt: DType) -> list[str]:
+    if src not in _EMULATED and dt not in _EMULATED: return super().bitcast_stmt(name, x, src, dt)
+    bits = f"{name}_bits"
+    out = [f"{self.storage_type(src)} {bits}_in = {self.to_storage(src, x)};", f"{self.storage_type(dt)} {bits};",
+           f"__builtin_memcpy(&{bits}, &{bits}_in, sizeof({bits}));"]
+    return out + [f"{self.type_name(dt)} {name} = {self.from_storage(dt, bits)};"]
+
+  def math_fn(self, op: Ops, dt: DType, x: str) -> str:
+    f = "" if dt is dtypes.float64 else "f"
+    if op is Ops.RECIP: return f"(1.0{f}/{x})"
+    return f"__builtin_{_MATH[op]}{f}({x})"
+
+  def max_min(self, op: Ops, dt: DType, a: str, b: str) -> str:
+    if dt.kind == "f": return f"__builtin_f{'max' if op is Ops.MAX else 'min'}{'' if dt is dtypes.float64 else 'f'}({a}, {b})"
+    return super().max_min(op, dt, a, b)
+
+  def special(self, kind: str, axis: int) -> str:
+    if kind == "local_id": raise RenderError("CPU renderer got a kernel with local_id: lower it with serialize_groups first")
+    return {"group_id": "gid", "num_groups": "ng", "local_size": "ls"}[kind] + str(axis)
+
+  def barrier(self) -> str: raise RenderError("CPU renderer got a kernel with a barrier: lower it with serialize_groups first")
+  def spill_decl(self, name: str, dt: DType, count: str) -> str: return f"{self.storage_type(dt)} {name}[{count}];"
+
+  def render(self, kernel: Kernel) -> str:
+    if any(u.op is Ops.SPECIAL and u.arg[0] == "local_id" for u in kernel.uops) or kernel.has_barrier:
+      kernel = serialize_groups(kernel)
+    return super().render(kernel)
+
+  def kernel(self, name: str, params: list[str], body: list[str], kernel: Kernel) -> str:
+    used = {u.dtype for u in kernel.uops if u.dtype is not None} | {u.dtype.base for u in kernel.uops if hasattr(u.dtype, "base")}
+    lines = ["/* generated by plugrt: CPU kernel */"]
+    if dtypes.float16 in used: lines.append(HALF_HELPERS)
+    if dtypes.bfloat16 in used: lines.append(BF16_HELPERS)
+    lines.append(f"void {name}(const unsigned long long *args, unsigned long long g0, unsigned long long g1) {{")
+    nb, ns = len(kernel.buffers), len(kernel.scalars)
+    names = self.param_names(kernel)
+    for i, (b, p) in enumerate(zip(kernel.buffers, params)):
+      lines.append(f"  {p} = ({p.rsplit(' ', 1)[0]})args[{i}];")
+    for j, s in enumerate(kernel.scalars):
+      n, dt, slot = names[s], s.dtype, f"args[{nb + j}]"
+      if dt is dtypes.bool: lines.append(f"  _Bool {n} = {slot} != 0;")
+      elif dt in _EMULATED: lines.append(f"  float {n} = {_EMULATED[dt][0]}((unsigned short){slot});")
+      elif dt.kind == "f": lines.append(f"  {self.type_name(dt)} {n}; __builtin_memcpy(&{n}, &{slot}, sizeof({n}));")
+      else: lines.append(f"  {self.type_name(dt)} {n} = ({self.type_name(dt)}){slot};")
+    dims = nb + ns
+    lines.append(f"  const int ng0 = (int)args[{dims}], ng1 = (int)args[{dims + 1}], ng2 = (int)args[{dims + 2}];")
+    lines.append(f"  const int ls0 = (int)args[{dims + 3}], ls1 = (int)args[{dims + 4}], ls2 = (int)args[{dims + 5}];")
+    lines.append("  (void)ng2; (void)ls0; (void)ls1; (void)ls2;")
+    lines.append("  for (unsigned long long g = g0; g < g1; g++) {")
+    lines.append("    const int gid0 = (int)(g % ng0), gid1 = (int)((g / ng0) % ng1), gid2 = (int)(g / ((unsigned long long)ng0 * ng1));")
+    lines.append("    (void)gid0; (void)gid1; (void)gid2;")
+    lines += ["  " + line for line in body]
+    lines += ["  }", "}", ""]
+    return "\n".join(lines)
