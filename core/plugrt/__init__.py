@@ -24,12 +24,12 @@ _LAZY = {
 
 __all__ = sorted(_LAZY) + ["__version__"]
 
-if TYPE_CHECKING:
-  from plugrt.device import Buffer, Device, RuntimeDevice
-  from plugrt.dtype import DType, dtypes
-  from plugrt.hookspecs import PLUGIN_API_VERSION, hookimpl
-  from plugrt.ir import Kernel, KernelBuilder, Ops, UOp
-  from plugrt.registry import Registry
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads them
+  from plugrt.device import Buffer, Device, RuntimeDevice  # noqa: F401
+  from plugrt.dtype import DType, dtypes  # noqa: F401
+  from plugrt.hookspecs import PLUGIN_API_VERSION, hookimpl  # noqa: F401
+  from plugrt.ir import Kernel, KernelBuilder, Ops, UOp  # noqa: F401
+  from plugrt.registry import Registry  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

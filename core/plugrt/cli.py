@@ -1,1 +1,232 @@
-def main() -> int: return 0
+"""The `plugrt` command (also `python -m plugrt`).
+
+  plugrt devices [--json]     every backend plugrt knows of: package, version, status,
+                              default, compilers, interfaces, and why it is unavailable
+  plugrt doctor               the devices, then a kernel run and checked on every
+                              available device and compiler
+  plugrt bench [--quick]      launch overhead, compile time, cache-hit time and copy
+                              bandwidth for each available device and compiler
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any, Sequence
+
+from plugrt.errors import PlugrtError
+
+
+def _registry() -> Any:
+  from plugrt.registry import current
+  return current().load()
+
+
+def device_rows() -> tuple[list[dict[str, Any]], str | None, str | None]:
+  """(one row per backend, the default device or None, an environment error or None)."""
+  reg = _registry()
+  default, env_error = None, None
+  try: default = reg.default
+  except PlugrtError as e: env_error = str(e)
+  rows = []
+  for br in sorted(reg.backends.values(), key=lambda b: (-b.priority, b.name)):
+    probe = reg.probe(br.name)
+    compilers, interfaces, chosen = [], [], None
+    if br.spec is not None and probe.ok:
+      try: chosen = reg.choose_compiler(br.name)[0]
+      except PlugrtError: chosen = None
+      for c in br.spec.compilers:
+        cp = reg.compiler_probe(br.name, c.name)
+        compilers.append({"name": c.name, "ok": cp.ok, "default": c.name == chosen, "detail": cp.detail, "hint": cp.hint})
+    elif br.spec is not None:
+      compilers = [{"name": c.name, "ok": None, "default": False, "detail": "", "hint": ""} for c in br.spec.compilers]
+    for spec, _ in reg.interfaces.get(br.name, []):
+      ip = reg.interface_probe(spec)
+      interfaces.append({"name": spec.name, "ok": ip.ok, "auto": spec.auto, "detail": ip.detail, "hint": ip.hint})
+    reason = probe.reason.value if probe.reason else None
+    detail, hint = probe.detail, probe.hint
+    if probe.ok and br.open_error is not None:
+      reason, detail, hint = "open failed", br.open_error.message, br.open_error.hint
+    rows.append({"device": br.name, "package": br.package, "version": br.version, "available": probe.ok and br.open_error is None,
+                 "count": probe.count, "default": br.name == (default or "").split(":")[0], "priority": br.priority,
+                 "compilers": compilers, "interfaces": interfaces, "reason": reason, "detail": detail, "hint": hint,
+                 "info": dict(probe.info), "description": br.spec.description if br.spec else ""})
+  return rows, default, env_error
+
+
+def _fmt_compilers(cs: list[dict[str, Any]]) -> str:
+  return ",".join(c["name"] + ("*" if c["default"] else "") + ("" if c["ok"] in (True, None) else "(missing)") for c in cs) or "-"
+
+
+def _fmt_ifaces(fs: list[dict[str, Any]]) -> str:
+  return ",".join(f["name"] + ("" if f["ok"] else "(no)") + ("" if f["auto"] else "[manual]") for f in fs) or "-"
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+  rows, default, env_error = device_rows()
+  if args.json:
+    print(json.dumps({"default": default, "environment_error": env_error, "backends": rows}, indent=2))
+    return 0
+  table = [("DEVICE", "PACKAGE", "VERSION", "STATUS", "DEFAULT", "COMPILERS", "INTERFACES")]
+  for r in rows:
+    status = (f"ready ({r['count']})" if r["count"] != 1 else "ready") if r["available"] else r["reason"] or "unavailable"
+    table.append((r["device"], r["package"], r["version"] or "-", status, "*" if r["default"] else "",
+                  _fmt_compilers(r["compilers"]), _fmt_ifaces(r["interfaces"])))
+  widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+  for row in table: print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+  print()
+  if env_error: print(f"environment: {env_error}\n")
+  print(f"default device: {default or 'none'}   (* marks the default device and each device's default compiler)")
+  notes = [(r["device"], r["detail"], r["hint"]) for r in rows if not r["available"]]
+  notes += [(f"{r['device']} compiler {c['name']}", c["detail"], c["hint"]) for r in rows for c in r["compilers"] if c["ok"] is False]
+  notes += [(f"{r['device']} interface {f['name']}", f["detail"], f["hint"]) for r in rows for f in r["interfaces"] if not f["ok"]]
+  if notes:
+    print("\nwhy some are unavailable:")
+    for what, detail, hint in notes: print(f"  {what}: {detail}" + (f"\n      fix: {hint}" if hint else ""))
+  return 0
+
+
+def _targets(only: Sequence[str] | None = None) -> list[tuple[str, str]]:
+  """(device, compiler) for every available device and usable compiler."""
+  reg = _registry()
+  out = []
+  for name in reg.available():
+    if only and name not in only: continue
+    spec = reg.backend(name).spec
+    for c in spec.compilers if spec else ():
+      if reg.compiler_probe(name, c.name).ok: out.append((name, c.name))
+  return out
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+  import numpy as np
+
+  from plugrt.device import Buffer, Device
+  from plugrt.testing.kernels import reduce_case, run_case, saxpy_kernel
+  cmd_devices(argparse.Namespace(json=False))
+  print("\nrunning kernels:")
+  failures = 0
+  n = 1 << 20
+  x, y = np.arange(n, dtype=np.float32) / 7, np.ones(n, dtype=np.float32)
+  for name, compiler in _targets(args.device):
+    label = f"  {name}:{compiler}".ljust(18)
+    if name == "PYTHON": n_run = 4096  # pure Python: keep it short
+    else: n_run = n
+    try:
+      dev = Device[name]
+      t0 = time.perf_counter()
+      prg = dev.program(saxpy_kernel(), compiler)
+      t_build = time.perf_counter() - t0
+      out, xb, yb = Buffer(dev, n_run, "float32"), Buffer.from_numpy(x[:n_run], dev), Buffer.from_numpy(y[:n_run], dev)
+      t_run = prg(out, xb, yb, global_size=((n_run + 255) // 256, 1, 1), local_size=(256, 1, 1), vals=(2.0, n_run), wait=True)
+      ok = np.array_equal(out.numpy(), 2 * x[:n_run] + y[:n_run])
+      run_case(dev, reduce_case(), compiler)  # shared memory and barriers, checked against the interpreter
+      gbs = 3 * 4 * n_run / t_run / 1e9 if t_run else 0.0
+      print(f"{label}saxpy of {n_run} floats: {'ok' if ok else 'WRONG RESULT'} in {t_run * 1e3:.3f} ms ({gbs:.1f} GB/s), "
+            f"built in {t_build * 1e3:.1f} ms; group reduction with barriers: ok")
+      failures += not ok
+    except Exception as e:  # report every device, then fail
+      failures += 1
+      print(f"{label}FAILED: {type(e).__name__}: {e}")
+  if not _targets(args.device): print("  no device available (see above)")
+  return 1 if failures else 0
+
+
+def _median_us(fn: Any, n: int) -> float:
+  samples = []
+  for _ in range(5):
+    t = time.perf_counter()
+    for _ in range(n): fn()
+    samples.append((time.perf_counter() - t) / n * 1e6)
+  return statistics.median(samples)
+
+
+def bench_target(name: str, compiler: str, quick: bool = False) -> dict[str, float]:
+  """Launch overhead, compile time, cache-hit time and copy bandwidth of one device and compiler."""
+  import os
+  import tempfile
+
+  import numpy as np
+
+  from plugrt.device import Buffer, Device
+  from plugrt.testing.kernels import tiny_kernel
+  dev = Device[name]
+  comp = dev.compiler_for(compiler)
+  res: dict[str, float] = {}
+  prg = dev.program(tiny_kernel(), compiler)
+  a, b = Buffer(dev, 1, "float32"), Buffer(dev, 1, "float32")
+  prg(a, b)
+  n = 200 if name == "PYTHON" else (2000 if quick else 20000)
+  res["launch_us"] = _median_us(lambda: prg(a, b), n)
+  dev.synchronize()
+  stamp = f"{os.getpid()}_{time.time_ns()}"
+  times = []
+  for i in range(3 if quick else 10):
+    src = comp.render(tiny_kernel(f"fresh_{stamp}_{i}"))
+    t = time.perf_counter()
+    comp.compile_uncached(src)
+    times.append(time.perf_counter() - t)
+  res["compile_ms"] = statistics.median(times) * 1e3
+  with tempfile.TemporaryDirectory() as d:
+    old = os.environ.get("PLUGRT_CACHE_DIR")
+    os.environ["PLUGRT_CACHE_DIR"] = d
+    try:
+      from plugrt.cache import DiskCache
+      comp._disk = DiskCache(comp.cache_namespace) if comp.cache_namespace else None
+      src = comp.render(tiny_kernel(f"cached_{stamp}"))
+      comp.compile(src)
+      res["cache_hit_ms"] = _median_us(lambda: comp.compile(src), 20 if quick else 200) / 1e3 if comp._disk else float("nan")
+    finally:
+      if old is None: os.environ.pop("PLUGRT_CACHE_DIR", None)
+      else: os.environ["PLUGRT_CACHE_DIR"] = old
+      comp._disk = DiskCache(comp.cache_namespace) if comp.cache_namespace else None
+  size = (1 << 20) if name == "PYTHON" or quick else (64 << 20)
+  host = np.ones(size, dtype=np.uint8)
+  buf = Buffer(dev, size, "uint8")
+  res["copyin_gbs"] = size / (_median_us(lambda: buf.copyin(host), 3) / 1e6) / 1e9
+  res["copyout_gbs"] = size / (_median_us(lambda: buf.copyout(host), 3) / 1e6) / 1e9
+  return res
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+  rows = []
+  for name, compiler in _targets(args.device):
+    try: r = bench_target(name, compiler, args.quick)
+    except PlugrtError as e:
+      print(f"{name}:{compiler}: {e}")
+      continue
+    rows.append((f"{name}:{compiler}", r))
+  if args.json:
+    print(json.dumps({k: v for k, v in rows}, indent=2))
+    return 0
+  print(f"{'target':<14}{'launch us':>11}{'compile ms':>12}{'cache hit ms':>14}{'copyin GB/s':>13}{'copyout GB/s':>14}")
+  for label, r in rows:
+    print(f"{label:<14}{r['launch_us']:>11.2f}{r['compile_ms']:>12.2f}{r['cache_hit_ms']:>14.3f}{r['copyin_gbs']:>13.2f}{r['copyout_gbs']:>14.2f}")
+  return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  p = argparse.ArgumentParser(prog="plugrt", description="plugrt: a pluggable device runtime")
+  sub = p.add_subparsers(dest="cmd", required=True)
+  d = sub.add_parser("devices", help="list every backend plugrt knows of, and why any is unavailable")
+  d.add_argument("--json", action="store_true", help="machine-readable output")
+  d.set_defaults(fn=cmd_devices)
+  doc = sub.add_parser("doctor", help="list the devices, then run and check kernels on each")
+  doc.add_argument("--device", action="append", help="only this device (repeatable)")
+  doc.set_defaults(fn=cmd_doctor)
+  b = sub.add_parser("bench", help="launch, compile, cache-hit and copy figures per device and compiler")
+  b.add_argument("--device", action="append", help="only this device (repeatable)")
+  b.add_argument("--quick", action="store_true", help="fewer repetitions")
+  b.add_argument("--json", action="store_true", help="machine-readable output")
+  b.set_defaults(fn=cmd_bench)
+  args = p.parse_args(argv)
+  try: return args.fn(args)
+  except PlugrtError as e:
+    print(f"plugrt: {e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -182,7 +182,8 @@ class Buffer:
   def view(self, size: int | None = None, dtype: DType | None = None, offset: int = 0) -> Buffer:
     """A buffer over this one's memory from byte `offset`: `size` elements of `dtype` (default: the rest)."""
     dtype = self.dtype if dtype is None else dtypes.as_dtype(dtype)
-    if not isinstance(offset, int) or offset < 0 or offset > self.nbytes: raise ValueError(f"offset {offset} is outside the buffer's {self.nbytes} bytes")
+    if not isinstance(offset, int) or offset < 0 or offset > self.nbytes:
+      raise ValueError(f"offset {offset} is outside the buffer's {self.nbytes} bytes")
     if offset % dtype.itemsize: raise ValueError(f"offset {offset} is not a multiple of {dtype.name}'s {dtype.itemsize} bytes")
     if size is None: size = (self.nbytes - offset) // dtype.itemsize
     if size < 0 or offset + size * dtype.itemsize > self.nbytes:

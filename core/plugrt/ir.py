@@ -137,6 +137,31 @@ class Kernel:
   def __repr__(self) -> str: return f"<Kernel {self.name}: {len(self.uops)} uops>"
 
 
+def parse(text: str) -> Kernel:
+  """The inverse of Kernel.dump(): a kernel from its listing (verified). A backend can ship IR as its "binary"."""
+  import ast
+  lines = [ln.strip() for ln in text.strip().splitlines()]
+  if not lines or not lines[0].startswith("kernel "): raise IRError("an IR listing starts with 'kernel NAME'")
+  uops: list[UOp] = []
+  for n, line in enumerate(lines[1:], 1):
+    m = _LINE.match(line)
+    if m is None or int(m["id"]) != len(uops): raise IRError(f"IR listing line {n} is malformed: {line!r}")
+    dt: DType | PtrDType | None = None
+    if m["dtype"]:
+      base, _, space = m["dtype"].partition("*")
+      dt = PtrDType(dtypes.from_name(base), space) if space else dtypes.from_name(base)
+    arg = None
+    if m["arg"]:
+      arg = float("nan") if m["arg"] == "nan" else float(m["arg"]) if m["arg"] in ("inf", "-inf") else ast.literal_eval(m["arg"])
+    src = tuple(uops[int(i.strip()[1:])] for i in m["src"].split(",")) if m["src"] else ()
+    uops.append(UOp(Ops[m["op"]], dt, src, arg))
+  return verify(Kernel(lines[0][len("kernel "):], tuple(uops)))
+
+
+_LINE = re.compile(r"^%(?P<id>\d+) = (?P<op>[A-Z0-9_]+)(?::(?P<dtype>[a-z0-9]+(?:\*[a-z]+)?))?"
+                   r"(?: (?!\(%)(?P<arg>.+?))?(?: \((?P<src>%\d+(?:, %\d+)*)\))?$")
+
+
 def _fmt_dtype(dt: DType | PtrDType) -> str:
   return f"{dt.base.name}*{dt.addrspace}" if isinstance(dt, PtrDType) else dt.name
 

@@ -68,6 +68,7 @@ class PluginRecord:
   hint: str = ""
   backends: list[BackendSpec] = field(default_factory=list)
   interfaces: list[InterfaceSpec] = field(default_factory=list)
+  declared: list[str] = field(default_factory=list)  # backend names it declared, kept when it is refused after declaring
 
   @property
   def package(self) -> str: return self.dist or self.module_name
@@ -183,11 +184,14 @@ class Registry:
     try:
       if rec.module is None: rec.module = importlib.import_module(rec.module_name)
     except (Exception, SystemExit) as e:  # a plugin must never take plugrt down with it
-      kind = "is not installed" if isinstance(e, ModuleNotFoundError) and e.name and rec.module_name.startswith(e.name) else "failed to import"
+      missing = isinstance(e, ModuleNotFoundError) and e.name and (rec.module_name == e.name or rec.module_name.startswith(e.name + "."))
+      kind = "is not installed" if missing else "failed to import"
       rec.fail(Reason.IMPORT_ERROR, f"module {rec.module_name} {kind}: {_short_error(e)}")
       return
-    try: self.pm.register(rec.module, name=f"{rec.source}:{rec.module_name}")
+    name = f"{rec.source}:{rec.module_name}"
+    try: self.pm.register(rec.module, name=name)
     except Exception as e:
+      if self.pm.has_plugin(name): self.pm.unregister(name=name)  # pluggy keeps the hookimpls it added before the bad one
       rec.fail(Reason.HOOK_ERROR, f"hook validation failed: {e}")
       return
     try:
@@ -197,10 +201,11 @@ class Registry:
         if not isinstance(b, BackendSpec): raise TypeError(f"plugrt_backends returned {type(b).__name__}, not BackendSpec")
       for i in interfaces:
         if not isinstance(i, InterfaceSpec): raise TypeError(f"plugrt_interfaces returned {type(i).__name__}, not InterfaceSpec")
-    except Exception as e:
+    except (Exception, SystemExit) as e:
       self.pm.unregister(rec.module)
       rec.fail(Reason.HOOK_ERROR, f"declaration hook raised {_short_error(e)}")
       return
+    rec.declared = [b.name for b in backends]
     for b in backends:
       if (problem := _api_problem(b.api_version)):
         self.pm.unregister(rec.module)
@@ -225,13 +230,13 @@ class Registry:
         br = self.backends.setdefault(b.name, BackendRecord(b.name))
         br.claimants.append(rec)
         if br.spec is None: br.spec, br.plugin = b, rec
-        if not self._enabled(rec, (b.name,)):  # PLUGRT_DISABLE=cuda also matches a backend by its name
+        if not self._enabled(rec, (rec.entry, rec.dist, rec.module_name, b.name)):  # PLUGRT_DISABLE=cuda also matches a backend by its name
           br.reason, br.detail, br.hint = rec.reason, rec.detail, rec.hint
           rec.reason = None
       for i in rec.interfaces: self.interfaces.setdefault(i.device, []).append((i, rec))
     for br in self.backends.values():
-      for i in br.spec.interfaces if br.spec else ():
-        self.interfaces.setdefault(br.name, []).insert(0, (i, br.plugin))  # type: ignore[arg-type]
+      for k, i in enumerate(br.spec.interfaces if br.spec else ()):  # its own first, in their declared order
+        self.interfaces.setdefault(br.name, []).insert(k, (i, br.plugin))  # type: ignore[arg-type]
       if len(br.claimants) > 1:
         who = " and ".join(f"{p.package} {p.version} ({p.module_name})".replace("  ", " ") for p in br.claimants)
         br.reason, br.detail = Reason.NAME_CONFLICT, f"{br.name} is declared by {who}"
@@ -239,9 +244,9 @@ class Registry:
     # plugins that never declared anything still explain the device they were meant to be
     for rec in self.plugins:
       if rec.reason is None: continue
-      name = rec.entry.upper()
-      if name in self.backends and self.backends[name].reason is None and self.backends[name].spec is not None: continue
-      self.backends[name] = BackendRecord(name, None, rec, rec.reason, rec.detail, rec.hint, [rec])
+      for name in rec.declared or [rec.entry.upper()]:
+        if name in self.backends and self.backends[name].reason is None and self.backends[name].spec is not None: continue
+        self.backends[name] = BackendRecord(name, None, rec, rec.reason, rec.detail, rec.hint, [rec])
     for name, (package, _) in FIRST_PARTY.items():
       if name not in self.backends:
         self.backends[name] = BackendRecord(name, None, None, Reason.NOT_INSTALLED, f"{package} is not installed",
@@ -278,7 +283,7 @@ class Registry:
       try:
         p = fn() if fn is not None else Probe.found()
         if not isinstance(p, Probe): raise TypeError(f"probe returned {type(p).__name__}, not Probe")
-      except Exception as e:
+      except (Exception, SystemExit) as e:
         p = Probe.missing(Reason.HOOK_ERROR, f"probe raised {_short_error(e)}", "report this to the plugin's authors")
       self._probes[key] = p
     return self._probes[key]
@@ -319,7 +324,7 @@ class Registry:
       p = self.compiler_probe(name, req.compiler)
       if not p.ok:
         raise DeviceUnavailable(f"{req.source}: compiler {req.compiler} of {name} cannot be used: {p.detail}",
-                                p.reason or Reason.MISSING_TOOLCHAIN, p.hint, self.available())
+                                p.reason or Reason.MISSING_TOOLCHAIN, p.hint, self._others(name))
       return req.compiler, ""
     skipped = []
     for c in spec.compilers:
@@ -327,7 +332,7 @@ class Registry:
       if p.ok: return c.name, "; ".join(skipped)
       skipped.append(f"{c.name} unavailable ({p.detail})")
     first = self.compiler_probe(name, spec.compilers[0].name)
-    raise DeviceUnavailable(f"{name} has no usable compiler: {'; '.join(skipped)}", Reason.MISSING_TOOLCHAIN, first.hint, self.available())
+    raise DeviceUnavailable(f"{name} has no usable compiler: {'; '.join(skipped)}", Reason.MISSING_TOOLCHAIN, first.hint, self._others(name))
 
   def choose_interface(self, name: str) -> tuple[InterfaceSpec, PluginRecord] | None:
     cands = self.interfaces.get(name, [])
@@ -337,7 +342,7 @@ class Registry:
       spec, rec = next((i, r) for i, r in cands if i.name == req.interface)
       p = self.interface_probe(spec)
       if not p.ok: raise DeviceUnavailable(f"{req.source}: interface {spec.name} of {name} cannot be used: {p.detail}",
-                                           p.reason or Reason.NO_DEVICE, p.hint, self.available())
+                                           p.reason or Reason.NO_DEVICE, p.hint, self._others(name))
       return spec, rec
     why = []
     for spec, rec in cands:
@@ -347,7 +352,7 @@ class Registry:
       if (p := self.interface_probe(spec)).ok: return spec, rec
       why.append(f"{spec.name}: {p.detail}")
     raise DeviceUnavailable(f"{name} has no usable interface: {'; '.join(why)}", Reason.NO_DEVICE,
-                            f"install a driver for {name}, or pick an interface with {name}_IFACE", self.available())
+                            f"install a driver for {name}, or pick an interface with {name}_IFACE", self._others(name))
 
   # ------------------------------------------------------------ opening devices
   def open(self, device: str) -> Any:
@@ -376,7 +381,7 @@ class Registry:
         info.state = self._call(rec, "plugrt_open_device", device=info)
         dev = RuntimeDevice(self, br, info)
       except PlugrtError: raise
-      except Exception as e:
+      except (Exception, SystemExit) as e:
         raise DeviceUnavailable(f"{key} failed to open: {_short_error(e)}", Reason.OPEN_FAILED,
                                 f"see the error above; PLUGRT_DISABLE={rec.entry} hides {name}", self._others(name)) from e
       self._devices[key] = dev
@@ -389,11 +394,11 @@ class Registry:
     assert br.plugin is not None
     try: obj = self._call(br.plugin, hook, device=info, **kwargs)
     except PlugrtError: raise
-    except Exception as e:
+    except (Exception, SystemExit) as e:
       raise DeviceUnavailable(f"{info.canonical}: {hook} raised {_short_error(e)}", Reason.HOOK_ERROR,
-                              f"report this to {br.package}'s authors") from e
+                              f"report this to {br.package}'s authors", self._others(info.name)) from e
     if obj is None: raise DeviceUnavailable(f"{info.canonical}: {hook} returned nothing", Reason.HOOK_ERROR,
-                                            f"report this to {br.package}'s authors")
+                                            f"report this to {br.package}'s authors", self._others(info.name))
     return obj
 
   @property

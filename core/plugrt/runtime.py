@@ -41,7 +41,8 @@ def _cache_limit() -> int:
   v = os.environ.get("PLUGRT_ALLOC_CACHE_MB", "")
   if not v: return 1 << 30
   try: mb = int(v)
-  except ValueError: raise EnvError(f"PLUGRT_ALLOC_CACHE_MB={v!r} is not a whole number of MiB", "e.g. PLUGRT_ALLOC_CACHE_MB=256, 0 disables the cache") from None
+  except ValueError:
+    raise EnvError(f"PLUGRT_ALLOC_CACHE_MB={v!r} is not a whole number of MiB", "e.g. PLUGRT_ALLOC_CACHE_MB=256; 0 disables the cache") from None
   if mb < 0: raise EnvError(f"PLUGRT_ALLOC_CACHE_MB={v!r} is negative", "use 0 to disable the allocation cache")
   return mb << 20
 
@@ -62,7 +63,9 @@ class Allocator(Generic[H]):
   def __init__(self, device: DeviceInfo):
     self.device = device
     self.cache_limit = _cache_limit()
-    self._cache: OrderedDict[tuple[int, Any], list[H]] = OrderedDict()
+    self._lru: OrderedDict[int, tuple[tuple[int, Any], H]] = OrderedDict()  # seq -> ((nbytes, options), handle), oldest first
+    self._by_key: dict[tuple[int, Any], list[int]] = {}  # (nbytes, options) -> seqs of its cached blocks, oldest first
+    self._seq = 0
     self._cached_bytes = 0
     self._lock = threading.Lock()
 
@@ -72,9 +75,8 @@ class Allocator(Generic[H]):
     if nbytes < 0: raise ValueError(f"cannot allocate a negative size ({nbytes} bytes)")
     key = (nbytes, options)
     with self._lock:
-      if (free := self._cache.get(key)):
-        h = free.pop()
-        if not free: del self._cache[key]
+      if (seqs := self._by_key.get(key)):
+        _, h = self._lru.pop(seqs.pop())  # the most recently freed block of this size
         self._cached_bytes -= nbytes
         return h
     try: return self._alloc(max(nbytes, 1), options)
@@ -87,27 +89,30 @@ class Allocator(Generic[H]):
                              "free buffers you no longer need, or allocate less") from None
 
   def free(self, handle: H, nbytes: int, options: Any = None) -> None:
-    if self.cache_limit and nbytes <= self.cache_limit:
-      with self._lock:
-        self._cache.setdefault((nbytes, options), []).append(handle)
-        self._cache.move_to_end((nbytes, options))
-        self._cached_bytes += nbytes
-        evict = []
-        while self._cached_bytes > self.cache_limit and self._cache:
-          (sz, opts), hs = self._cache.popitem(last=False)
-          evict += [(h, sz, opts) for h in hs]
-          self._cached_bytes -= sz * len(hs)
-      for h, sz, opts in evict: self._free(h, max(sz, 1), opts)
-    else: self._free(handle, max(nbytes, 1), options)
+    if not self.cache_limit or nbytes > self.cache_limit:
+      self._free(handle, max(nbytes, 1), options)
+      return
+    evict = []
+    with self._lock:
+      key, self._seq = (nbytes, options), self._seq + 1
+      self._lru[self._seq] = (key, handle)
+      self._by_key.setdefault(key, []).append(self._seq)
+      self._cached_bytes += nbytes
+      while self._cached_bytes > self.cache_limit:  # give back the least recently freed blocks
+        seq, (k, h) = self._lru.popitem(last=False)
+        self._by_key[k].remove(seq)
+        self._cached_bytes -= k[0]
+        evict.append((h, k))
+    for h, (sz, opts) in evict: self._free(h, max(sz, 1), opts)
 
   def free_cache(self) -> int:
     """Give every cached block back to the device; returns the bytes freed."""
     with self._lock:
-      blocks = [(h, sz, opts) for (sz, opts), hs in self._cache.items() for h in hs]
-      self._cache.clear()
+      blocks = list(self._lru.values())
+      self._lru.clear(); self._by_key.clear()
       self._cached_bytes = 0
-    for h, sz, opts in blocks: self._free(h, max(sz, 1), opts)
-    return sum(sz for _, sz, _ in blocks)
+    for (sz, opts), h in blocks: self._free(h, max(sz, 1), opts)
+    return sum(sz for (sz, _), _ in blocks)
 
   def offset(self, handle: H, offset: int, nbytes: int) -> H:
     if not self.supports_offset: raise UnsupportedError(f"{self.device.canonical} cannot make buffer views", "copy the data instead")
@@ -195,18 +200,18 @@ class Program:
       -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """The full argument check, with messages; backends call it when their fast check fails."""
     from plugrt.device import Buffer
-    sig = self.signature
+    sig, name = self.signature, f"program {self.name}"
     if len(bufs) != self.nbufs:
-      raise TypeError(f"program {self.name} takes {self.nbufs} buffer(s) ({', '.join(d.name for d in sig.buffers) or 'none'}), got {len(bufs)}")
+      raise TypeError(f"{name} takes {self.nbufs} buffer(s) ({', '.join(d.name for d in sig.buffers) or 'none'}), got {len(bufs)}")
     for i, (b, dt) in enumerate(zip(bufs, sig.buffers)):
       if not isinstance(b, Buffer): raise TypeError(f"program {self.name}: argument {i} must be a plugrt Buffer, not {type(b).__name__}")
       if b.device is not self.device:
-        raise TypeError(f"program {self.name} runs on {self.device}: argument {i} is a buffer on {b.device}; copy it with buf.to({str(self.device)!r})")
+        raise TypeError(f"{name} runs on {self.device}: argument {i} is a buffer on {b.device}; copy it with buf.to({str(self.device)!r})")
       if b.dtype is not dt:
-        raise TypeError(f"program {self.name}: argument {i} must be a buffer of {dt.name}, got {b.dtype.name}; use buf.view(dtype=...) to reinterpret")
+        raise TypeError(f"{name}: argument {i} must be a buffer of {dt.name}, got {b.dtype.name}; use buf.view(dtype=...) to reinterpret")
     if not isinstance(vals, (tuple, list)): raise TypeError(f"program {self.name}: vals must be a tuple, not {type(vals).__name__}")
     if len(vals) != self.nvals:
-      raise TypeError(f"program {self.name} takes {self.nvals} scalar(s) in vals ({', '.join(d.name for d in sig.scalars) or 'none'}), got {len(vals)}")
+      raise TypeError(f"{name} takes {self.nvals} scalar(s) in vals ({', '.join(d.name for d in sig.scalars) or 'none'}), got {len(vals)}")
     for i, (v, dt) in enumerate(zip(vals, sig.scalars)):
       ok = isinstance(v, (int, float)) if dt.kind == "f" else isinstance(v, bool) if dt.kind == "b" else \
         isinstance(v, int) and not isinstance(v, bool)

@@ -119,7 +119,7 @@ def select(env: Mapping[str, str], backends: Sequence[BackendFacts]) -> Selectio
                                f"{t.device} interfaces: {names}")
     return t
 
-  for b in backends:
+  for b in sorted(backends, key=lambda b: b.name):  # sorted: messages name variables in a stable order
     if _flag(env, b.name): defaults.append(Target(b.name, source=f"{b.name}=1"))
     for alias, text in b.aliases.items():
       if _flag(env, alias):

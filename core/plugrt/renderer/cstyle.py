@@ -57,7 +57,8 @@ class CStyleRenderer:
 
   def literal(self, x: Any, dt: DType) -> str:
     if dt is dtypes.bool: return "1" if x else "0"
-    if dt.kind == "f": return self.float_literal(x, dt) if dt.itemsize > 2 else self.cast_expr(self.float_literal(x, dtypes.float32), dtypes.float32, dt)
+    if dt.kind == "f" and dt.itemsize > 2: return self.float_literal(x, dt)
+    if dt.kind == "f": return self.cast_expr(self.float_literal(x, dtypes.float32), dtypes.float32, dt)  # half types from a float literal
     if dt is dtypes.int64: return "(-9223372036854775807LL-1)" if x == dt.min else f"{x}LL"
     if dt is dtypes.uint64: return f"{x}ULL"
     if dt is dtypes.int32: return "(-2147483647-1)" if x == dt.min else str(x)

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from plugrt.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
-from plugrt.ir import _KINDS, BINARY, COMPARE, FLOAT_UNARY, UNARY, Kernel, KernelBuilder, Ops
+from plugrt.ir import _KINDS, BINARY, COMPARE, UNARY, Kernel, KernelBuilder, Ops
 
 FLOATS = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
 INTS = (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64)

@@ -118,7 +118,7 @@ class CPUCRenderer(CStyleRenderer):
     lines.append(f"void {name}(const unsigned long long *args, unsigned long long g0, unsigned long long g1) {{")
     nb, ns = len(kernel.buffers), len(kernel.scalars)
     names = self.param_names(kernel)
-    for i, (b, p) in enumerate(zip(kernel.buffers, params)):
+    for i, p in enumerate(params[:nb]):
       lines.append(f"  {p} = ({p.rsplit(' ', 1)[0]})args[{i}];")
     for j, s in enumerate(kernel.scalars):
       n, dt, slot = names[s], s.dtype, f"args[{nb + j}]"

@@ -33,7 +33,8 @@ PARALLEL_MIN_THREADS = 1 << 15  # below this many threads a launch runs on the c
 def thread_count() -> int:
   v = os.environ.get("PLUGRT_CPU_THREADS", "")
   if not v: return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-  if not v.isdigit() or int(v) < 1: raise EnvError(f"PLUGRT_CPU_THREADS={v!r} is not a positive whole number", "e.g. PLUGRT_CPU_THREADS=4; 1 runs every kernel on the calling thread")
+  if not v.isdigit() or int(v) < 1:
+    raise EnvError(f"PLUGRT_CPU_THREADS={v!r} is not a positive whole number", "e.g. PLUGRT_CPU_THREADS=4; 1 runs every kernel on the calling thread")
   return int(v)
 
 

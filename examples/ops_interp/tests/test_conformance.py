@@ -1,0 +1,6 @@
+"""Prove the backend: plugrt's conformance suite, run against INTERP."""
+from plugrt.testing.conformance import ConformanceSuite
+
+
+class TestInterp(ConformanceSuite):
+  device = "INTERP"

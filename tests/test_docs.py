@@ -1,0 +1,29 @@
+"""The documentation: its examples run, its links point at files that exist, and CI runs the README's test command."""
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted(REPO.glob("examples/*/README.md"))]
+
+
+def test_readme_examples_run(capsys):
+  blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+  assert blocks
+  for block in blocks: exec(compile(block, "README.md", "exec"), {})
+  assert "[1. 3. 5. 7.]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_links_point_at_files(doc: Path):
+  for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", doc.read_text()):
+    if "://" in target: continue
+    assert (doc.parent / target).exists(), f"{doc.name} links to {target}, which does not exist"
+
+
+def test_ci_runs_the_readme_test_command():
+  readme = (REPO / "README.md").read_text()
+  commands = re.findall(r"```sh\n(.*?)\n```", readme, re.S)
+  assert len(commands) == 2, "the README keeps exactly two set-up commands"
+  assert commands[1] in (REPO / ".ci" / "run").read_text()

@@ -1,0 +1,188 @@
+"""Runtime objects: the disk cache, the caching allocator, compilers' cache keys, buffers."""
+import os
+import stat
+import threading
+
+import numpy as np
+import pytest
+
+from plugrt import Buffer, Device, dtypes
+from plugrt.cache import DiskCache, cache_key
+from plugrt.errors import CompileError, EnvError, OutOfMemoryError
+from plugrt.hookspecs import DeviceInfo
+from plugrt.runtime import Allocator, Compiler, launch_dims
+from plugrt.testing.kernels import tiny_kernel
+
+# ---------------------------------------------------------------- disk cache
+
+def test_cache_dir_is_private_and_entries_roundtrip(tmp_path, monkeypatch):
+  root = tmp_path / "c"
+  monkeypatch.setenv("PLUGRT_CACHE_DIR", str(root))
+  dc = DiskCache("unit")
+  assert dc.get("ab" * 32) is None
+  dc.put("ab" * 32, b"payload")
+  assert dc.get("ab" * 32) == b"payload"
+  assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+  files = [p for p in root.rglob("*") if p.is_file()]
+  assert len(files) == 1 and files[0].read_bytes().startswith(b"plugrt-cache-v1\n")  # our format, not pickle
+  assert not [p for p in root.rglob(".tmp-*")]  # no temporary left behind
+
+
+def test_cache_tightens_a_readable_dir(tmp_path, monkeypatch):
+  root = tmp_path / "loose"
+  root.mkdir(mode=0o755)
+  os.chmod(root, 0o755)
+  monkeypatch.setenv("PLUGRT_CACHE_DIR", str(root))
+  DiskCache("unit").put("cd" * 32, b"x")
+  assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+
+
+def test_corrupt_entry_is_a_miss_and_is_removed(tmp_path, monkeypatch):
+  monkeypatch.setenv("PLUGRT_CACHE_DIR", str(tmp_path))
+  dc = DiskCache("unit")
+  key = "ef" * 32
+  dc.put(key, b"good bytes")
+  path = dc.path(key)
+  data = bytearray(open(path, "rb").read())
+  data[-1] ^= 0xFF
+  open(path, "wb").write(bytes(data))
+  assert dc.get(key) is None and not os.path.exists(path)
+  open(path + "x", "wb").write(b"not even the magic")  # a stray file of another format is ignored too
+  assert dc.get(key) is None
+
+
+def test_key_separates_parts():
+  assert cache_key("ab", "c") != cache_key("a", "bc")
+  assert cache_key("x", "y") == cache_key("x", "y")
+
+
+class CountingCompiler(Compiler):
+  name, cache_namespace = "COUNT", "unit-count"
+  def __init__(self, device, version="1"):
+    super().__init__(device)
+    self.version, self.calls = version, 0
+  def toolchain(self): return (f"count-{self.version}", "target", "arch")
+  def compile_uncached(self, src):
+    self.calls += 1
+    if "bad" in src: raise CompileError("bad source")
+    return src.upper().encode()
+
+
+def test_compiler_cache_keys_include_the_toolchain(tmp_path, monkeypatch):
+  monkeypatch.setenv("PLUGRT_CACHE_DIR", str(tmp_path))
+  info = DeviceInfo("UNIT", 0, "COUNT")
+  a = CountingCompiler(info)
+  assert a.compile("src") == b"SRC" and a.compile("src") == b"SRC" and a.calls == 1
+  assert CountingCompiler(info).compile("src") == b"SRC"  # another instance: a disk hit
+  newer = CountingCompiler(info, "2")
+  newer.compile("src")
+  assert newer.calls == 1  # a new toolchain version never reuses an old binary
+  with pytest.raises(CompileError): a.compile("bad")
+  with pytest.raises(CompileError): a.compile("bad")  # failures are not cached
+  monkeypatch.setenv("PLUGRT_CACHE", "0")
+  c = CountingCompiler(info)
+  c.compile("other"); c.compile("other")
+  assert c.calls == 2
+  monkeypatch.setenv("PLUGRT_CACHE", "maybe")
+  with pytest.raises(EnvError, match="PLUGRT_CACHE"): c.compile("x")
+
+
+def test_cpu_compile_uses_the_cache(tmp_path, monkeypatch):
+  monkeypatch.setenv("PLUGRT_CACHE_DIR", str(tmp_path))
+  comp = Device["CPU"].compiler_for("CLANG")
+  comp._disk = DiskCache(comp.cache_namespace)
+  src = comp.render(tiny_kernel("cache_probe"))
+  lib = comp.compile(src)
+  assert lib[:4] == b"\x7fELF" and list(tmp_path.rglob("*"))
+  assert comp.compile(src) == lib
+
+
+# ---------------------------------------------------------------- allocator
+
+class FakeAllocator(Allocator[int]):
+  def __init__(self, capacity: int):
+    super().__init__(DeviceInfo("FAKE", 0, ""))
+    self.capacity, self.used, self.next, self.freed = capacity, 0, 1, []
+  def _alloc(self, nbytes, options):
+    if self.used + nbytes > self.capacity: raise MemoryError("device full")
+    self.used += nbytes
+    self.next += 1
+    return self.next
+  def _free(self, handle, nbytes, options):
+    self.used -= nbytes
+    self.freed.append(handle)
+
+
+def test_allocator_reuses_freed_blocks():
+  a = FakeAllocator(1000)
+  h = a.alloc(100)
+  a.free(h, 100)
+  assert a.alloc(100) == h and a.freed == []
+  assert a.alloc(50) != h
+
+
+def test_allocator_frees_its_cache_and_retries_once():
+  a = FakeAllocator(1000)
+  blocks = [a.alloc(300) for _ in range(3)]
+  for h in blocks: a.free(h, 300)  # 900 bytes cached
+  big = a.alloc(800)  # only fits once the cache is given back
+  assert big and sorted(a.freed) == sorted(blocks)
+  with pytest.raises(OutOfMemoryError, match=r"FAKE: out of memory allocating 500 B") as e: a.alloc(500)
+  assert isinstance(e.value, MemoryError) and "free buffers" in str(e.value)
+
+
+def test_allocator_cache_is_bounded(monkeypatch):
+  monkeypatch.setenv("PLUGRT_ALLOC_CACHE_MB", "1")
+  a = FakeAllocator(10 << 20)
+  hs = [a.alloc(400 << 10) for _ in range(4)]
+  for h in hs: a.free(h, 400 << 10)
+  assert a._cached_bytes <= 1 << 20 and a.freed == hs[:2]  # least recently freed go first
+  monkeypatch.setenv("PLUGRT_ALLOC_CACHE_MB", "lots")
+  with pytest.raises(EnvError, match="PLUGRT_ALLOC_CACHE_MB"): FakeAllocator(1)
+
+
+def test_allocator_rejects_bad_sizes():
+  a = FakeAllocator(10)
+  with pytest.raises(ValueError, match="negative"): a.alloc(-1)
+  with pytest.raises(TypeError): a.alloc(1.5)  # type: ignore[arg-type]
+
+
+def test_allocator_is_thread_safe():
+  a = FakeAllocator(1 << 30)
+  def churn():
+    for _ in range(500): a.free(a.alloc(64), 64)
+  ts = [threading.Thread(target=churn) for _ in range(4)]
+  for t in ts: t.start()
+  for t in ts: t.join()
+  assert a.used == a._cached_bytes and len(a._lru) == len(set(h for _, h in a._lru.values()))  # no block cached twice
+
+
+# ---------------------------------------------------------------- buffers and launch sizes
+
+def test_launch_dims():
+  assert launch_dims(4, "g") == (4, 1, 1) and launch_dims((2, 3), "g") == (2, 3, 1)
+  for bad in ((1, 2, 3, 4), (1.0,), "x", (True,)):
+    with pytest.raises(TypeError): launch_dims(bad, "g")
+  with pytest.raises(ValueError): launch_dims((0,), "g")
+
+
+def test_buffer_accepts_memoryviews_and_checks_formats():
+  buf = Buffer("CPU", 4, dtypes.int32)
+  buf.copyin(memoryview(np.arange(4, dtype=np.int32)))
+  import array
+  buf.copyin(array.array("i", [5, 6, 7, 8]))
+  assert buf.numpy().tolist() == [5, 6, 7, 8]
+  with pytest.raises(TypeError, match="'f'"): buf.copyin(array.array("f", [1, 2, 3, 4]))
+  with pytest.raises(ValueError, match="not contiguous"): buf.copyin(np.arange(8, dtype=np.int32)[::2])
+  assert repr(buf).startswith("<Buffer CPU 4xint32")
+  assert Buffer.from_numpy(np.array([[1, 2], [3, 4]], np.uint16)).dtype is dtypes.uint16
+
+
+def test_buffers_return_memory_to_the_cache():
+  dev = Device["CPU"]
+  before = dev.allocator._cached_bytes
+  b = Buffer(dev, 1000, dtypes.float64)
+  handle = b.handle
+  del b
+  assert dev.allocator._cached_bytes == before + 8000
+  assert Buffer(dev, 1000, dtypes.float64).handle == handle
