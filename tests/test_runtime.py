@@ -37,6 +37,17 @@ def test_cache_tightens_a_readable_dir(tmp_path, monkeypatch):
   assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
 
 
+def test_cache_refuses_a_dir_of_another_user(tmp_path, monkeypatch):
+  monkeypatch.setenv("PLUGRT_CACHE_DIR", str(tmp_path))
+  real_stat = os.stat
+  class Foreign:  # what os.stat says of a directory another user owns
+    def __init__(self, st): self.st_mode, self.st_uid = st.st_mode, os.getuid() + 1
+  monkeypatch.setattr(os, "stat", lambda p, *a, **k: Foreign(real_stat(p)) if str(p) == str(tmp_path) else real_stat(p, *a, **k))
+  dc = DiskCache("unit")
+  with pytest.warns(UserWarning, match="belongs to another user"): dc.put("12" * 32, b"x")
+  assert dc.get("12" * 32) is None and not any(tmp_path.iterdir())
+
+
 def test_corrupt_entry_is_a_miss_and_is_removed(tmp_path, monkeypatch):
   monkeypatch.setenv("PLUGRT_CACHE_DIR", str(tmp_path))
   dc = DiskCache("unit")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-import tempfile
+import warnings
 
 from plugrt.errors import EnvError
 
@@ -52,17 +52,19 @@ class DiskCache:
     self.namespace, self.root = namespace, root
     self._dir: str | None = None
 
-  def _base(self) -> str:
+  def _base(self) -> str | None:
+    """The namespace's directory, or None when the cache directory cannot be trusted."""
     if self._dir is None:
       root = self.root or cache_dir()
-      _make_private_dir(root)
-      self._dir = os.path.join(root, self.namespace)
-    return self._dir
+      self._dir = os.path.join(root, self.namespace) if _make_private_dir(root) else ""
+    return self._dir or None
 
-  def path(self, key: str) -> str: return os.path.join(self._base(), key[:2], key)
+  def path(self, key: str) -> str:
+    base = self._base()
+    return os.path.join(base, key[:2], key) if base else ""
 
   def get(self, key: str) -> bytes | None:
-    path = self.path(key)
+    if not (path := self.path(key)): return None
     try:
       with open(path, "rb") as f: data = f.read()
     except OSError: return None
@@ -73,7 +75,9 @@ class DiskCache:
     return None
 
   def put(self, key: str, payload: bytes) -> None:
-    d = os.path.dirname(self.path(key))
+    if not (path := self.path(key)): return
+    import tempfile
+    d = os.path.dirname(path)
     try:
       os.makedirs(d, mode=0o700, exist_ok=True)
       fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
@@ -86,8 +90,18 @@ class DiskCache:
     except OSError: pass  # a cache that cannot be written is only slower, never an error
 
 
-def _make_private_dir(path: str) -> None:
-  os.makedirs(path, mode=0o700, exist_ok=True)
-  st = os.stat(path)
-  if hasattr(os, "getuid") and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077:
-    os.chmod(path, 0o700)  # ours but readable by others: tighten it
+def _make_private_dir(path: str) -> bool:
+  """Create the cache root 0700; tighten it if it is ours but open to others. A root owned by
+  someone else is refused: they could plant binaries that pass the hash check."""
+  try:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path)
+  except OSError as e:
+    warnings.warn(f"plugrt: compile cache disabled: cannot create {path}: {e}", stacklevel=3)
+    return False
+  if hasattr(os, "getuid") and st.st_uid != os.getuid():
+    warnings.warn(f"plugrt: compile cache disabled: {path} belongs to another user (set PLUGRT_CACHE_DIR to a directory of yours)",
+                  stacklevel=3)
+    return False
+  if stat.S_IMODE(st.st_mode) & 0o077: os.chmod(path, 0o700)
+  return True

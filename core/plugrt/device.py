@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 from plugrt.dtype import DType, dtypes
 from plugrt.errors import UnknownDeviceError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.ir import Kernel
 
 if TYPE_CHECKING:
+  from plugrt.ir import Kernel
   from plugrt.registry import BackendRecord, Registry
   from plugrt.runtime import Allocator, Compiler, Program
 
@@ -46,7 +46,11 @@ class RuntimeDevice:
     self._programs: dict[tuple[str, str], Program] = {}
     self._kernel_programs: dict[tuple[int, str], tuple[Kernel, Program]] = {}
     self._lock = threading.Lock()
-    self.compiler: Compiler | None = self.compiler_for(info.compiler) if info.compiler else None
+
+  @property
+  def compiler(self) -> Compiler | None:
+    """The device's chosen compiler, built on first use (opening a device to copy memory builds none)."""
+    return self.compiler_for(self.info.compiler) if self.info.compiler else None
 
   def __repr__(self) -> str: return f"<Device {self.canonical} compiler={self.info.compiler or '-'}>"
   def __str__(self) -> str: return self.canonical

@@ -6,7 +6,6 @@ out-of-memory), so code that does not know plugrt still handles them sensibly.
 """
 from __future__ import annotations
 
-import difflib
 import enum
 from collections.abc import Iterable
 
@@ -80,6 +79,7 @@ class PluginError(PlugrtError, RuntimeError):
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
   """' (did you mean X?)' for the closest known name, or ''."""
+  import difflib
   known = list(known)
   close = difflib.get_close_matches(name.upper(), [k.upper() for k in known], n=1, cutoff=0.6)
   if not close: return ""

@@ -12,17 +12,23 @@ flow, as on every GPU).
 
 Semantics (the reference interpreter in plugrt.interpreter is the normative model):
 - integers wrap (two's complement); IDIV truncates toward zero and MOD takes the
-  sign of the dividend, as in C; SHR of a signed value is arithmetic; division by
-  zero and shifts by >= the bit width are undefined.
+  sign of the dividend, as in C (MIN // -1 wraps to MIN); SHR of a signed value is
+  arithmetic; a zero divisor gives an unspecified value (never a trap); shifts by >= the
+  bit width are undefined.
 - floats are IEEE with each op's result rounded to its dtype; EXP2, LOG2, SIN, SQRT
   and RECIP are accurate to a few ulp; MAX/MIN with a NaN operand are unspecified.
 - CAST float->int truncates toward zero (undefined when out of range); any->bool is
-  `!= 0`; bool->number is 0 or 1. BITCAST reinterprets bits of the same size.
+  `!= 0`; bool->number is 0 or 1; casts to float16 round once. BITCAST reinterprets bits
+  of the same size.
+- there are no atomics: two threads writing one location race. Threads of a group that
+  cannot tell themselves apart (a kernel that never reads local_id) may run only once
+  per group on devices that run threads serially; a race-free kernel cannot tell.
 """
 from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import keyword
 import math
 import re
@@ -61,7 +67,7 @@ class Ops(enum.Enum):
   CAST = enum.auto()
   BITCAST = enum.auto()
   # control flow
-  RANGE = enum.auto()     # src=(start, end): loop index from start to end-1
+  RANGE = enum.auto()     # src=(start, end): loop index from start to end-1; arg: None, or a hint (lowering's thread loops)
   ENDRANGE = enum.auto()  # src=(range,)
   IF = enum.auto()        # src=(cond,)
   ELSE = enum.auto()      # src=(if,)
@@ -144,7 +150,7 @@ def parse(text: str) -> Kernel:
   if not lines or not lines[0].startswith("kernel "): raise IRError("an IR listing starts with 'kernel NAME'")
   uops: list[UOp] = []
   for n, line in enumerate(lines[1:], 1):
-    m = _LINE.match(line)
+    m = _line_re().match(line)
     if m is None or int(m["id"]) != len(uops): raise IRError(f"IR listing line {n} is malformed: {line!r}")
     dt: DType | PtrDType | None = None
     if m["dtype"]:
@@ -158,8 +164,10 @@ def parse(text: str) -> Kernel:
   return verify(Kernel(lines[0][len("kernel "):], tuple(uops)))
 
 
-_LINE = re.compile(r"^%(?P<id>\d+) = (?P<op>[A-Z0-9_]+)(?::(?P<dtype>[a-z0-9]+(?:\*[a-z]+)?))?"
-                   r"(?: (?!\(%)(?P<arg>.+?))?(?: \((?P<src>%\d+(?:, %\d+)*)\))?$")
+@functools.cache
+def _line_re() -> re.Pattern[str]:
+  return re.compile(r"^%(?P<id>\d+) = (?P<op>[A-Z0-9_]+)(?::(?P<dtype>[a-z0-9]+(?:\*[a-z]+)?))?"
+                    r"(?: (?!\(%)(?P<arg>.+?))?(?: \((?P<src>%\d+(?:, %\d+)*)\))?$")
 
 
 def _fmt_dtype(dt: DType | PtrDType) -> str:

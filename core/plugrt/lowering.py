@@ -18,6 +18,9 @@ from typing import Union
 from plugrt.dtype import PtrDType, dtypes
 from plugrt.ir import ALU, Kernel, Ops, UOp, verify
 
+#: the arg of the RANGE ops this pass creates: ("threads", axis). Renderers may treat the
+#: outer ones (axes 2 and 1, usually of length 1) as plain counting loops not worth optimising.
+THREAD_LOOP = ("threads",)
 _HOISTED = frozenset({Ops.BUFFER, Ops.SCALAR, Ops.SHARED, Ops.CONST})
 _PURE = ALU | {Ops.CAST, Ops.BITCAST}
 
@@ -147,7 +150,7 @@ class _Emitter:
     ranges = []
     zero = self.const(0)
     for axis in (2, 1, 0):
-      ranges.append(self.emit(Ops.RANGE, dtypes.int32, (zero, self.lsize[axis])))
+      ranges.append(self.emit(Ops.RANGE, dtypes.int32, (zero, self.lsize[axis]), THREAD_LOOP + (axis,)))
     lz, ly, lx = ranges
     self.lids = (lx, ly, lz)
     self.flat = self.emit(Ops.ADD, dtypes.int32, (self.emit(Ops.MUL, dtypes.int32, (

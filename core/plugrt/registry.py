@@ -15,7 +15,6 @@ import fnmatch
 import importlib
 import os
 import threading
-import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -112,6 +111,7 @@ def _names(value: str) -> list[str]: return [p.strip() for p in value.split(",")
 
 
 def _short_error(e: BaseException) -> str:
+  import traceback
   tb = traceback.extract_tb(e.__traceback__)
   where = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
   return f"{type(e).__name__}: {e}{where}"

@@ -13,13 +13,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from plugrt.cache import DiskCache, cache_enabled, cache_key
 from plugrt.errors import EnvError, OutOfMemoryError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.ir import Kernel, Signature
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (the IR and the disk cache load when something compiles, not when a device opens)
   from plugrt.device import Buffer
+  from plugrt.ir import Kernel, Signature
 
 H = TypeVar("H")  # a backend's memory handle
 
@@ -147,6 +146,7 @@ class Compiler:
   def __init__(self, device: DeviceInfo):
     self.device = device
     self._key_prefix: tuple[str, ...] | None = None
+    from plugrt.cache import DiskCache
     self._disk = DiskCache(self.cache_namespace) if self.cache_namespace else None
 
   def render(self, kernel: Kernel) -> str: raise NotImplementedError
@@ -154,10 +154,12 @@ class Compiler:
   def toolchain(self) -> tuple[str, ...]: raise NotImplementedError
 
   def cache_key(self, src: str) -> str:
+    from plugrt.cache import cache_key
     if self._key_prefix is None: self._key_prefix = (self.cache_namespace, *self.toolchain())
     return cache_key(*self._key_prefix, src)
 
   def compile(self, src: str) -> bytes:
+    from plugrt.cache import cache_enabled
     if self._disk is None or not cache_enabled(): return self.compile_uncached(src)
     key = self.cache_key(src)
     if (lib := self._disk.get(key)) is not None: return lib

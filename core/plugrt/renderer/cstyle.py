@@ -98,6 +98,7 @@ class CStyleRenderer:
     raise NotImplementedError
 
   def prelude(self, kernel: Kernel) -> list[str]: return []
+  def loop_prefix(self, rng: UOp) -> str: return ""  # e.g. a pragma before a RANGE's loop
 
   # ------------------------------------------------------------ rendering
   def check(self, kernel: Kernel) -> None:
@@ -151,7 +152,7 @@ class CStyleRenderer:
       elif op is Ops.READ: lines.append(f"{pad}{self.type_name(dt)} {v} = {s[0]};")
       elif op is Ops.WRITE: lines.append(f"{pad}{s[0]} = {s[1]};")
       elif op is Ops.RANGE:
-        lines.append(f"{pad}for ({self.type_name(dt)} {v} = {s[0]}; {v} < {s[1]}; {v}++) {{")
+        lines.append(f"{pad}{self.loop_prefix(u)}for ({self.type_name(dt)} {v} = {s[0]}; {v} < {s[1]}; {v}++) {{")
         depth += 1
       elif op is Ops.IF:
         lines.append(f"{pad}if ({s[0]}) {{")

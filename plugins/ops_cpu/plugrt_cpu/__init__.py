@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import platform
 import shutil
 from typing import Any
 
@@ -43,7 +42,7 @@ def probe_cpu() -> Probe:
     return Probe.missing(Reason.MISSING_TOOLCHAIN, "neither clang nor llvmlite is installed",
                          "apt-get install clang, or pip install llvmlite")
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-  return Probe.found(1, f"{platform.machine()}, {cores} cores", cores=str(cores))
+  return Probe.found(1, f"{os.uname().machine}, {cores} cores", cores=str(cores))
 
 
 @hookimpl

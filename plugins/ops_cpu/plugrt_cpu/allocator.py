@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 
 from plugrt.hookspecs import DeviceInfo
 from plugrt.runtime import Allocator
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # the C library is already in the process: no find_library (it runs ldconfig)
 _libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
 _libc.posix_memalign.restype = ctypes.c_int
 _libc.free.argtypes, _libc.free.restype = [ctypes.c_void_p], None

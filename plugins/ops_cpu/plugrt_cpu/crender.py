@@ -16,7 +16,7 @@ from __future__ import annotations
 from plugrt.dtype import DType, dtypes
 from plugrt.errors import RenderError
 from plugrt.ir import Kernel, Ops
-from plugrt.lowering import serialize_groups
+from plugrt.lowering import THREAD_LOOP, serialize_groups
 from plugrt.renderer.cstyle import CStyleRenderer
 
 HALF_HELPERS = r"""
@@ -41,6 +41,20 @@ static inline unsigned short __plugrt_f2h(float f) {
   return (unsigned short)(s | q);
 }
 static inline float __plugrt_rh(float x) { return __plugrt_h2f(__plugrt_f2h(x)); }
+static inline unsigned short __plugrt_d2h(double d) {  /* one rounding from double (through float would round twice) */
+  unsigned long long u; __builtin_memcpy(&u, &d, 8);
+  unsigned int s = (unsigned int)(u >> 48) & 0x8000u; unsigned long long a = u & 0x7fffffffffffffffULL;
+  if (a > 0x7ff0000000000000ULL) return (unsigned short)(s | 0x7e00u | ((a >> 42) & 0x3ffu));
+  if (a >= 0x40effe0000000000ULL) return (unsigned short)(s | 0x7c00u);
+  if (a >= 0x3f10000000000000ULL) {
+    unsigned long long r = a - 0x3f00000000000000ULL; r += 0x1ffffffffffULL + ((r >> 42) & 1u); return (unsigned short)(s | (r >> 42));
+  }
+  if (a < 0x3e60000000000000ULL) return (unsigned short)s;
+  unsigned long long e = a >> 52, m = (a & 0xfffffffffffffULL) | 0x10000000000000ULL; unsigned int sh = (unsigned int)(1051u - e);
+  unsigned long long q = m >> sh, rem = m & ((1ULL << sh) - 1u), half = 1ULL << (sh - 1u);
+  q += (rem > half) || (rem == half && (q & 1u));
+  return (unsigned short)(s | q);
+}
 """
 
 BF16_HELPERS = r"""
@@ -53,6 +67,8 @@ static inline unsigned short __plugrt_f2bf(float f) {
 static inline float __plugrt_rbf(float x) { return __plugrt_bf2f(__plugrt_f2bf(x)); }
 """
 
+# a loop clang should neither unroll nor vectorise: the group loop and the outer thread loops
+PLAIN_LOOP = '_Pragma("clang loop unroll(disable) vectorize(disable)") '
 _EMULATED = {dtypes.float16: ("__plugrt_h2f", "__plugrt_f2h", "__plugrt_rh"), dtypes.bfloat16: ("__plugrt_bf2f", "__plugrt_f2bf", "__plugrt_rbf")}
 _MATH = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
 
@@ -79,6 +95,7 @@ class CPUCRenderer(CStyleRenderer):
     return super().literal(x, dt)
 
   def cast_expr(self, x: str, src: DType, dt: DType) -> str:
+    if dt is dtypes.float16 and src in (dtypes.float64, dtypes.int64, dtypes.uint64): return f"__plugrt_h2f(__plugrt_d2h((double)({x})))"
     if dt in _EMULATED: return f"((float)({x}))"
     return super().cast_expr(x, src, dt)
 
@@ -89,6 +106,13 @@ class CPUCRenderer(CStyleRenderer):
            f"__builtin_memcpy(&{bits}, &{bits}_in, sizeof({bits}));"]
     return out + [f"{self.type_name(dt)} {name} = {self.from_storage(dt, bits)};"]
 
+  def alu(self, u, s) -> str:
+    if u.op in (Ops.IDIV, Ops.MOD):  # x86 traps on a zero divisor and on MIN / -1: the IR wraps instead, and never traps
+      dt, t, a, b = u.dtype, self.type_name(u.dtype), s[0], s[1]
+      if u.op is Ops.IDIV: return f"({b}==0 ? {a} : " + (f"{b}==-1 ? ({t})(0-{a}) : " if dt.kind == "i" else "") + f"({t})({a}/{b}))"
+      return f"({b}==0" + (f" || {b}==-1" if dt.kind == "i" else "") + f" ? ({t})0 : ({t})({a}%{b}))"
+    return super().alu(u, s)
+
   def math_fn(self, op: Ops, dt: DType, x: str) -> str:
     f = "" if dt is dtypes.float64 else "f"
     if op is Ops.RECIP: return f"(1.0{f}/{x})"
@@ -97,6 +121,10 @@ class CPUCRenderer(CStyleRenderer):
   def max_min(self, op: Ops, dt: DType, a: str, b: str) -> str:
     if dt.kind == "f": return f"__builtin_f{'max' if op is Ops.MAX else 'min'}{'' if dt is dtypes.float64 else 'f'}({a}, {b})"
     return super().max_min(op, dt, a, b)
+
+  def loop_prefix(self, rng) -> str:
+    # the outer thread loops (y, z) rarely run more than once: optimising them only costs compile time
+    return PLAIN_LOOP if rng.arg in (THREAD_LOOP + (1,), THREAD_LOOP + (2,)) else ""
 
   def special(self, kind: str, axis: int) -> str:
     if kind == "local_id": raise RenderError("CPU renderer got a kernel with local_id: lower it with serialize_groups first")
@@ -130,7 +158,7 @@ class CPUCRenderer(CStyleRenderer):
     lines.append(f"  const int ng0 = (int)args[{dims}], ng1 = (int)args[{dims + 1}], ng2 = (int)args[{dims + 2}];")
     lines.append(f"  const int ls0 = (int)args[{dims + 3}], ls1 = (int)args[{dims + 4}], ls2 = (int)args[{dims + 5}];")
     lines.append("  (void)ng2; (void)ls0; (void)ls1; (void)ls2;")
-    lines.append("  for (unsigned long long g = g0; g < g1; g++) {")
+    lines.append(f"  {PLAIN_LOOP}for (unsigned long long g = g0; g < g1; g++) {{")
     lines.append("    const int gid0 = (int)(g % ng0), gid1 = (int)((g / ng0) % ng1), gid2 = (int)(g / ((unsigned long long)ng0 * ng1));")
     lines.append("    (void)gid0; (void)gid1; (void)gid2;")
     lines += ["  " + line for line in body]

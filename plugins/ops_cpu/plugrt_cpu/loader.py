@@ -2,10 +2,12 @@
 from memory, a relocatable object (LLVM) is linked in-process by LLVM's JIT."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plugrt.errors import PluginError
-from plugrt.ir import Signature
+
+if TYPE_CHECKING:
+  from plugrt.ir import Signature
 
 ET_REL, ET_DYN = 1, 3
 

@@ -16,7 +16,6 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from plugrt.device import Buffer
@@ -43,10 +42,11 @@ class _Pool:
   def __init__(self) -> None:
     self.lock, self.executor, self.n = threading.Lock(), None, 0
 
-  def get(self) -> tuple[ThreadPoolExecutor | None, int]:
+  def get(self) -> tuple[Any, int]:
     if self.executor is None and self.n == 0:
       with self.lock:
         if self.n == 0:
+          from concurrent.futures import ThreadPoolExecutor
           self.n = thread_count()
           if self.n > 1: self.executor = ThreadPoolExecutor(self.n - 1, thread_name_prefix="plugrt-cpu")
     return self.executor, self.n
