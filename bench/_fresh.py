@@ -62,7 +62,4 @@ def first_result_row(env: dict[str, str], rounds: int, tinygrad: str) -> Row:
   return Row("first_result", "first result, fresh process", "ms", Side.of([x * 1e3 for x in t["plugrt"]]), tg, 150.0, "520 ms",
              f"whole-process wall time, warm caches, median of {rounds} rounds; not subtracted: bare python {bare:.1f} ms, "
              f"and `import numpy` (both sides' .numpy() needs it) {numpy:.1f} ms beyond bare python; "
-             "tinygrad: Tensor([1,2,3]).add(1).numpy() on its default device (CPU here); "
-             "plugrt: NO TENSOR YET, the same work through the Buffer/kernel API (build the add-one kernel, "
-             "Device.DEFAULT, program it from the disk cache, copy [1,2,3] in, run, .numpy()); "
-             "this row is to be redone with plugrt's Tensor when it lands")
+             "both: Tensor([1,2,3]).add(1).numpy() on the default device (CPU here)")

@@ -52,6 +52,15 @@ def ensure_installed(log: Callable[[str], None] = print) -> str:
   return ""
 
 
+def eager_op(n: int) -> Callable[[], float]:
+  """Seconds per `(t + 1).realize()` on a 16-float CPU tensor (its kernel compiled before timing), over n ops."""
+  from tinygrad import Context, Tensor
+  with Context(DEV="CPU"):
+    t = Tensor([float(i) for i in range(16)], device="CPU").realize()
+    if (t + 1).realize().tolist()[:2] != [1.0, 2.0]: raise RuntimeError("tinygrad eager op gave a wrong result")
+  return lambda: per_call(lambda: (t + 1).realize(), n)
+
+
 class TinygradCPU:
   """The tiny kernel on tinygrad's CPU device, per renderer (CLANG or LLVM)."""
 

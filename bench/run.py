@@ -6,7 +6,7 @@
 
 Rows (a name or a group: import, first, launch, compile, cache, clang, llvm):
   import_discovery, import_default   fresh process: import + find the devices
-  first_result                       fresh process: [1,2,3] + 1 back as numpy (plugrt: Buffer/kernel API, no Tensor yet)
+  first_result                       fresh process: Tensor([1,2,3]).add(1).numpy() on both sides
   launch_clang, launch_llvm          direct Program call of a tiny kernel
   compile_clang, compile_llvm        compile a never-seen tiny kernel, no cache
   cache_clang, cache_llvm            compile a source that is in the disk cache
@@ -35,8 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import NotAvailable, Row, Side, alternate, child_env, ctypes_floor_us, load_note
 
 KEYS = ("import_discovery", "import_default", "first_result", "launch_clang", "launch_llvm", "compile_clang", "compile_llvm",
-        "cache_clang", "cache_llvm")
-GROUPS = {"import": KEYS[0:2], "first": KEYS[2:3], "launch": KEYS[3:5], "compile": KEYS[5:7], "cache": KEYS[7:9],
+        "cache_clang", "cache_llvm", "eager_op")
+GROUPS = {"import": KEYS[0:2], "first": KEYS[2:3], "launch": KEYS[3:5], "compile": KEYS[5:7], "cache": KEYS[7:9], "eager": KEYS[9:10],
           "clang": tuple(k for k in KEYS if k.endswith("clang")), "llvm": tuple(k for k in KEYS if k.endswith("llvm"))}
 CACHE_SWITCHES = ("PLUGRT_CACHE", "CACHELEVEL", "CCACHE")  # a user's "cache off" would make the cache rows meaningless
 
@@ -109,6 +109,28 @@ def inproc_row(key: str, cfg: Config, sides: dict[str, Any]) -> Row:
   return row
 
 
+def eager_row(cfg: Config, tg_missing: str) -> Row:
+  """(t + 1).realize() on a 16-float CPU tensor whose kernel is compiled: plugrt's Tensor against tinygrad's."""
+  import _plugrt
+  n = cfg.launch_n // 10
+  row = Row("eager_op", "eager op on a compiled kernel (t + 1).realize()", "us", Side(), Side(), 30.0, "1.1-1.6 ms",
+            f"median of {cfg.reps} repetitions of {n} ops on a 16-float CPU tensor, the kernel compiled before timing")
+  fns: dict[str, Callable[[], float] | None] = {}
+  for name, make in (("plugrt", _plugrt.eager_op), ("tinygrad", None if tg_missing else __import__("_tinygrad").eager_op)):
+    if make is None:
+      setattr(row, name, Side.missing(tg_missing))
+      continue
+    try:
+      fns[name] = make(n)
+      fns[name]()  # warm-up
+    except Exception as e:
+      setattr(row, name, Side.missing(f"error: {type(e).__name__}: {e}"))
+      row.error = f"{name}: {traceback.format_exc(limit=4)}"
+      fns.pop(name, None)
+  for name, samples in alternate(fns, cfg.reps).items(): setattr(row, name, Side.of([x * 1e6 for x in samples]))
+  return row
+
+
 def versions() -> dict[str, Any]:
   from importlib.metadata import PackageNotFoundError, version
   out: dict[str, Any] = {"python": sys.version.split()[0], "machine": platform.machine(), "cores": len(os.sched_getaffinity(0))}
@@ -162,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       rows += [inproc_row(k, cfg, sides) for k in inproc]
       if any(k.startswith("launch") for k in inproc):
         extra.append(f"ctypes call floor on this machine (libc labs(1) through ctypes): {ctypes_floor_us(cfg.launch_n, cfg.reps):.3f} us")
+    if "eager_op" in keys: rows.append(eager_row(cfg, tg_missing))
     rows.sort(key=lambda r: KEYS.index(r.key))
     meta["load_after"] = load_note(warn=False)
     extra.append(f"before the run: {meta['load_before']}; after it: {meta['load_after']} (the benchmark itself keeps about one core busy)")

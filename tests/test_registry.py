@@ -17,6 +17,12 @@ from plugrt.errors import DeviceUnavailable, EnvError, PlugrtError, Reason, Unkn
 from plugrt.registry import Registry, current, isolated
 
 GOOD = ["CPU", "PYTHON"]
+OTHERS = {"CL", "WEBGPU", "INTERP"}  # first-party or example backends that may also be installed here
+
+
+def ours(names: list[str]) -> list[str]:
+  """The devices these tests care about, in order: other installed backends (OpenCL on PoCL, say) are left out."""
+  return [n for n in names if n not in OTHERS]
 
 
 def load(**kw: Any) -> Registry:
@@ -131,7 +137,7 @@ def test_probe_and_open_calling_sys_exit(fake_plugins):
   assert reg.probe("EXITPROBE").reason is Reason.HOOK_ERROR and "probe raised SystemExit: 4" in reg.probe("EXITPROBE").detail
   assert reg.default == "CPU"
   assert "EXITOPEN failed to open: SystemExit: 5" in str(reg.backends["EXITOPEN"].open_error)
-  assert assert_good_still_work(fake_plugins, reg, "EXITOPEN")["available"] == ["EXITOPEN", "CPU", "PYTHON"]
+  assert ours(assert_good_still_work(fake_plugins, reg, "EXITOPEN")["available"]) == ["EXITOPEN", "CPU", "PYTHON"]
 
 
 def test_declaration_hook_returning_the_wrong_type(fake_plugins):
@@ -156,14 +162,14 @@ def test_allocator_raising_only_when_the_device_opens(fake_plugins):
   assert "report this to plugrt-allocfail's authors" in str(err)
   with pytest.raises(DeviceUnavailable, match="plugrt_allocator raised MemoryError") as ei:
     reg.open("ALLOCFAIL")
-  assert ei.value.reason is Reason.HOOK_ERROR and ei.value.available == ("CPU", "PYTHON")  # a named device lists the others
+  assert ei.value.reason is Reason.HOOK_ERROR and ours(ei.value.available) == ["CPU", "PYTHON"]  # a named device lists the others
   assert ("allocator", None) in fake_plugins.calls(mod)
   out = assert_good_still_work(fake_plugins, reg, "ALLOCFAIL")
   assert out["available"][0] == "ALLOCFAIL" and out["reason"] is None
   named = load(env={"ALLOCFAIL": "1"})
   with pytest.raises(DeviceUnavailable, match="plugrt_allocator raised") as ei:
     _ = named.default
-  assert ei.value.reason is Reason.HOOK_ERROR and "available: CPU, PYTHON" in str(ei.value)
+  assert ei.value.reason is Reason.HOOK_ERROR and ours(ei.value.available) == ["CPU", "PYTHON"] and "; available: CPU, " in str(ei.value)
 
 
 def test_probe_raising(fake_plugins):
@@ -177,9 +183,9 @@ def test_probe_raising(fake_plugins):
   assert "PROBEFAIL" not in reg.available() and reg.default == "CPU"
   with pytest.raises(DeviceUnavailable, match="PROBEFAIL cannot be used: probe raised ZeroDivisionError") as ei:
     reg.open("PROBEFAIL")
-  assert ei.value.reason is Reason.HOOK_ERROR and ei.value.available == ("CPU", "PYTHON")
+  assert ei.value.reason is Reason.HOOK_ERROR and ours(ei.value.available) == ["CPU", "PYTHON"]
   out = assert_good_still_work(fake_plugins, reg, "PROBEFAIL")
-  assert out["available"] == ["CPU", "PYTHON"] and out["reason"] is None
+  assert ours(out["available"]) == ["CPU", "PYTHON"] and out["reason"] is None
 
 
 @pytest.mark.parametrize(("version", "problem"), [("2.0", "the major versions differ"), ("0.9", "the major versions differ"),
@@ -288,7 +294,7 @@ def test_every_unavailable_backend_has_a_typed_reason_and_a_hint(fake_plugins):
   assert ei.value.reason is Reason.MISSING_TOOLCHAIN and ei.value.hint == "install the fake toolchain"
   for name, br in reg.backends.items():
     if br.reason is not None: assert br.hint and br.detail, name
-  assert reg.available() == ["NOCC", "CPU", "PYTHON"] and reg.default == "CPU"
+  assert ours(reg.available()) == ["NOCC", "CPU", "PYTHON"] and reg.default == "CPU"
   assert reg.backends["NOCC"].open_error is not None and reg.backends["NOCC"].open_error.reason is Reason.MISSING_TOOLCHAIN
 
 
@@ -303,7 +309,7 @@ def test_first_party_backends_not_installed(name):
     assert name not in reg.available()
     with pytest.raises(DeviceUnavailable) as ei:
       reg.open(f"{name.lower()}:1")
-    assert ei.value.reason is Reason.NOT_INSTALLED and ei.value.available == ("CPU", "PYTHON")
+    assert ei.value.reason is Reason.NOT_INSTALLED and ours(ei.value.available) == ["CPU", "PYTHON"]
     assert f"fix: pip install plugrt-{name.lower()}" in str(ei.value) and "available: CPU, PYTHON" in str(ei.value)
 
 
@@ -312,7 +318,7 @@ def test_gpu_alias_is_known_before_plugrt_cl_is_installed():
     assert reg.selection.default is not None and reg.selection.default.device == "CL"
     with pytest.raises(DeviceUnavailable) as ei:
       _ = reg.default
-  assert ei.value.reason is Reason.NOT_INSTALLED and ei.value.available == ("CPU", "PYTHON")
+  assert ei.value.reason is Reason.NOT_INSTALLED and ours(ei.value.available) == ["CPU", "PYTHON"]
   assert "CL cannot be used: plugrt-cl is not installed" in str(ei.value) and "pip install plugrt-cl" in str(ei.value)
 
 
@@ -326,10 +332,10 @@ def test_disable_by_entry_name(fake_plugins):
     assert br.reason is Reason.DISABLED and br.detail == "matches PLUGRT_DISABLE=offdev,cpu"
     assert br.hint == "unset PLUGRT_DISABLE, or change it"
   assert mod not in sys.modules  # a disabled plugin is never imported
-  assert reg.available() == ["PYTHON"] and reg.default == "PYTHON"
+  assert ours(reg.available()) == ["PYTHON"] and reg.default == reg.available()[0] != "CPU"
   with pytest.raises(DeviceUnavailable) as ei:
     _ = load(env={"PLUGRT_DISABLE": "CPU", "CPU": "1"}).default  # globs are case-insensitive
-  assert ei.value.reason is Reason.DISABLED and ei.value.available == ("OFFDEV", "PYTHON")
+  assert ei.value.reason is Reason.DISABLED and ours(ei.value.available) == ["OFFDEV", "PYTHON"]
 
 
 def test_disable_by_distribution_glob(fake_plugins):
@@ -338,7 +344,7 @@ def test_disable_by_distribution_glob(fake_plugins):
   reg = load(env={"PLUGRT_DISABLE": "plugrt-c*"})
   assert reg.backends["CPU"].reason is Reason.DISABLED and reg.backends["CFAKE"].reason is Reason.DISABLED
   assert reg.backends["PYTHON"].reason is None and reg.backends["KEEP"].reason is None  # dist "plugrt" does not match
-  assert reg.available() == ["KEEP", "PYTHON"]
+  assert ours(reg.available()) == ["KEEP", "PYTHON"]
 
 
 def test_disable_by_backend_name(fake_plugins):
@@ -356,14 +362,14 @@ def test_allow_list(fake_plugins):
   assert reg.backends["PYTHON"].reason is Reason.DISABLED and reg.backends["PYTHON"].detail == "not in PLUGRT_PLUGINS=cpu"
   assert reg.backends["PYTHON"].hint == "unset PLUGRT_PLUGINS, or change it"
   assert reg.backends["NOTLISTED"].reason is Reason.DISABLED and mod not in sys.modules
-  assert reg.available() == ["CPU"]
+  assert ours(reg.available()) == ["CPU"]
 
 
 @pytest.mark.parametrize("allow", ["plugrt-cpu,plugrt", "PLUGRT*", "plugrt_cpu,plugrt.reference", "cpu,python"])
 def test_allow_list_by_distribution_module_or_entry(allow):
   reg = load(env={"PLUGRT_PLUGINS": allow})
   assert reg.backends["CPU"].reason is None and reg.backends["PYTHON"].reason is None, reg.backends["CPU"].detail
-  assert reg.available() == ["CPU", "PYTHON"]
+  assert ours(reg.available()) == ["CPU", "PYTHON"]
 
 
 def test_autoload_off(fake_plugins):
@@ -372,13 +378,13 @@ def test_autoload_off(fake_plugins):
   reg = load(env={"PLUGRT_AUTOLOAD": "0", "PLUGRT_EXTRA_PLUGINS": extra_mod})
   assert entry_mod not in sys.modules and "VIAENTRY" not in reg.backends
   assert reg.backends["CPU"].reason is Reason.NOT_INSTALLED and "PYTHON" not in reg.backends
-  assert reg.available() == ["VIAEXTRA"] and run_tiny(reg, "VIAEXTRA") == 42.0
+  assert ours(reg.available()) == ["VIAEXTRA"] and run_tiny(reg, "VIAEXTRA") == 42.0
   rec = reg.backends["VIAEXTRA"].plugin
   assert rec is not None and rec.source == "PLUGRT_EXTRA_PLUGINS" and rec.package == extra_mod
   explicit = load(plugins=["plugrt.reference"], env={"PLUGRT_AUTOLOAD": "0"}, autoload=None)
-  assert explicit.available() == ["PYTHON"]
+  assert ours(explicit.available()) == ["PYTHON"]
   on = load(plugins=["plugrt.reference"], env={}, autoload=True)  # an explicit list plus autoload
-  assert on.available() == ["CPU", "VIAENTRY", "PYTHON"] and on.backends["PYTHON"].reason is None  # the same module once: no conflict
+  assert ours(on.available()) == ["CPU", "VIAENTRY", "PYTHON"] and on.backends["PYTHON"].reason is None  # the same module once: no conflict
 
 
 def test_extra_plugins(fake_plugins):
@@ -409,7 +415,7 @@ def test_registry_fixture_and_isolated(fake_plugins, plugrt_registry):
   outer = current()
   with plugrt_registry(["plugrt.reference"], env={"PYTHON": "1"}) as reg:
     assert current() is reg and Device.registry is reg
-    assert Device.DEFAULT == "PYTHON" and reg.available() == ["PYTHON"]
+    assert Device.DEFAULT == "PYTHON" and ours(reg.available()) == ["PYTHON"]
     assert "FIX" not in reg.load().backends and reg.backends["CPU"].reason is Reason.NOT_INSTALLED
   assert current() is outer
   module = __import__(mod)
@@ -425,13 +431,13 @@ def test_automatic_choice_is_priority_then_name(fake_plugins):
   for name, prio in [("ZED", 50), ("MID", 0), ("ACE", 50), ("LOW", -200), ("NONE", 99)]:
     fake_plugins.backend(name, priority=prio, count=0 if name == "NONE" else 1)
   reg = load(env={})
-  assert reg.available() == ["ACE", "ZED", "CPU", "MID", "PYTHON", "LOW"]
+  assert ours(reg.available()) == ["ACE", "ZED", "CPU", "MID", "PYTHON", "LOW"]
   assert reg.default == "ACE" and load(env={}).default == "ACE"
   assert load(env={"PLUGRT_DISABLE": "ace"}).default == "ZED"
   with pytest.raises(DeviceUnavailable, match="no NONE here") as ei:
     _ = load(env={"NONE": "1"}).default
   assert ei.value.reason is Reason.NO_DEVICE and ei.value.hint == "plug a NONE in"
-  assert ei.value.available == ("ACE", "ZED", "CPU", "MID", "PYTHON", "LOW")
+  assert ours(ei.value.available) == ["ACE", "ZED", "CPU", "MID", "PYTHON", "LOW"]
 
 
 def test_a_device_that_fails_to_open_is_skipped_quietly(fake_plugins, capfd, recwarn):
@@ -443,7 +449,7 @@ def test_a_device_that_fails_to_open_is_skipped_quietly(fake_plugins, capfd, rec
   fake_plugins.backend("FLAKY", priority=100, entry="flaky", extra=extra)
   fake_plugins.backend("NEXT", priority=60)
   reg = load(env={})
-  assert reg.available()[:2] == ["FLAKY", "NEXT"]
+  assert ours(reg.available())[:2] == ["FLAKY", "NEXT"]
   assert reg.default == "NEXT"
   err = reg.backends["FLAKY"].open_error
   assert isinstance(err, DeviceUnavailable) and err.reason is Reason.OPEN_FAILED
@@ -452,7 +458,7 @@ def test_a_device_that_fails_to_open_is_skipped_quietly(fake_plugins, capfd, rec
   named = load(env={"FLAKY": "1"})
   with pytest.raises(DeviceUnavailable, match="FLAKY failed to open: OSError") as ei:
     _ = named.default
-  assert ei.value.reason is Reason.OPEN_FAILED and ei.value.available == ("NEXT", "CPU", "PYTHON")
+  assert ei.value.reason is Reason.OPEN_FAILED and ours(ei.value.available) == ["NEXT", "CPU", "PYTHON"]
   assert isinstance(ei.value.__cause__, OSError)
 
 
@@ -587,7 +593,7 @@ def test_device_strings():
     assert cpu is Device["CPU"] is Device["CPU:0"] is Device[" Cpu "] and cpu.canonical == "CPU"
     with pytest.raises(DeviceUnavailable, match="CPU:1 does not exist: CPU has 1 device") as ei:
       Device["CPU:1"]
-    assert ei.value.reason is Reason.NO_DEVICE and ei.value.available == ("PYTHON",)
+    assert ei.value.reason is Reason.NO_DEVICE and ours(ei.value.available) == ["PYTHON"]
     with pytest.raises(UnknownDeviceError, match="'CPU:LLVM' is not a device name") as ui:
       Device["CPU:LLVM"]
     assert "DEV=CPU:LLVM" in ui.value.hint
@@ -641,7 +647,7 @@ def test_import_is_cheap(fake_plugins):
     first = sorted(m for m in ("pluggy", "numpy", "llvmlite", "plugrt.registry") if m in sys.modules)
     names = plugrt.Device.available()
     second = sorted(m for m in ("numpy", "llvmlite") if m in sys.modules)
-    print(first, second, names)
+    print(first, second, [n for n in names if n not in ("CL", "WEBGPU", "INTERP")])
   """)
   assert r.returncode == 0, r.stderr
   assert r.stdout.split() == ["[]", "[]", "['CHEAP',", "'CPU',", "'PYTHON']"]

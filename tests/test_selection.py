@@ -278,5 +278,5 @@ def test_a_named_device_fails_loudly_with_reason_and_available(env, reason, mess
 def test_automatic_choice_is_deterministic():
   defaults = {real({}).default for _ in range(5)}
   assert defaults == {"CPU"}
-  assert real({}).available() == ["CPU", "PYTHON"]
+  assert [n for n in real({}).available() if n in ("CPU", "PYTHON")] == ["CPU", "PYTHON"]
   assert real({"PLUGRT_DISABLE": "cpu"}).default == "PYTHON"

@@ -19,6 +19,7 @@ _LAZY = {
   "dtypes": "plugrt.dtype", "DType": "plugrt.dtype",
   "Kernel": "plugrt.ir", "KernelBuilder": "plugrt.ir", "Ops": "plugrt.ir", "UOp": "plugrt.ir",
   "Registry": "plugrt.registry",
+  "kernel": "plugrt.dsl", "Tensor": "plugrt.tensor",
   "PLUGIN_API_VERSION": "plugrt.hookspecs", "hookimpl": "plugrt.hookspecs",
 }
 
@@ -26,10 +27,12 @@ __all__ = sorted(_LAZY) + ["__version__"]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads them
   from plugrt.device import Buffer, Device, RuntimeDevice  # noqa: F401
+  from plugrt.dsl import kernel  # noqa: F401
   from plugrt.dtype import DType, dtypes  # noqa: F401
   from plugrt.hookspecs import PLUGIN_API_VERSION, hookimpl  # noqa: F401
   from plugrt.ir import Kernel, KernelBuilder, Ops, UOp  # noqa: F401
   from plugrt.registry import Registry  # noqa: F401
+  from plugrt.tensor import Tensor  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

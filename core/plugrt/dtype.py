@@ -46,11 +46,23 @@ class DType:
     if self.kind == "i": return (1 << (self.bits - 1)) - 1
     return math.inf
 
+  def __getitem__(self, s: Any) -> BufType:
+    """`dtypes.float32[:]`: the type of a buffer parameter of a @kernel."""
+    if s != slice(None): raise TypeError(f"write {self!r}[:] for a buffer of {self.name}")
+    return BufType(self)
+
   @property
   def numpy(self) -> Any:
     """The numpy dtype that holds this dtype's bytes (bfloat16: uint16 raw bits)."""
     import numpy as np
     return np.dtype("uint16") if self is dtypes.bfloat16 else np.dtype(self.fmt if self.kind != "b" else "bool")
+
+
+@dataclass(frozen=True)
+class BufType:
+  """The annotation of a @kernel buffer parameter: `dtypes.float32[:]`."""
+  dtype: DType
+  def __repr__(self) -> str: return f"{self.dtype!r}[:]"
 
 
 @dataclass(frozen=True, eq=False, repr=False)

@@ -123,7 +123,14 @@ class Allocator(Generic[H]):
                              "copy the data in with Buffer.copyin, or use a device whose allocator wraps memory")
     return self._wrap(ptr, nbytes)
 
+  def dlpack_device(self) -> tuple[int, int] | None:
+    """(DLPack device type, device id) of this memory, e.g. (1, 0) for host memory, (2, n) for CUDA; None: not exportable."""
+    return None
+
   # ---- what a backend implements
+  def _pointer(self, handle: H) -> int:
+    """The address a DLPack consumer uses for this handle (only with dlpack_device())."""
+    raise NotImplementedError
   def _alloc(self, nbytes: int, options: Any) -> H: raise NotImplementedError
   def _free(self, handle: H, nbytes: int, options: Any) -> None: pass
   def _copyin(self, dest: H, src: memoryview) -> None: raise NotImplementedError

@@ -35,6 +35,8 @@ class PythonAllocator(Allocator[memoryview]):
   def _copyin(self, dest: memoryview, src: memoryview) -> None: dest[:] = src
   def _copyout(self, dest: memoryview, src: memoryview) -> None: dest[:] = src
   def _copy(self, dest: memoryview, src: memoryview, nbytes: int) -> None: dest[:nbytes] = src[:nbytes]
+  def dlpack_device(self) -> tuple[int, int]: return (1, 0)  # kDLCPU: it is host memory
+  def _pointer(self, handle: memoryview) -> int: return ctypes.addressof(ctypes.c_char.from_buffer(handle)) if len(handle) else 0
 
 
 # ---------------------------------------------------------------- what generated code calls

@@ -43,3 +43,5 @@ class CPUAllocator(Allocator[int]):
     if dest.nbytes: dest[:] = _view(src, dest.nbytes)
 
   def _copy(self, dest: int, src: int, nbytes: int) -> None: ctypes.memmove(dest, src, nbytes)
+  def dlpack_device(self) -> tuple[int, int]: return (1, 0)  # kDLCPU
+  def _pointer(self, handle: int) -> int: return handle

@@ -1,0 +1,191 @@
+"""DLPack, both ways: Tensor.__dlpack__ / __dlpack_device__ and Tensor.from_dlpack.
+
+Zero copy in both directions. Export hands out the tensor's own memory (realised
+first, strides and offset kept); the tensor stays alive until the consumer calls the
+deleter. Import wraps the producer's memory with Buffer.from_blob on the matching
+plugrt device and calls the producer's deleter when the last plugrt view of it is
+gone. Only devices whose allocator reports a DLPack device (`dlpack_device()`) and
+addresses (`_pointer`) take part; others raise UnsupportedError.
+
+Both capsule kinds: DLPack 1.0's versioned one ("dltensor_versioned", which carries a
+read-only flag, so consumers such as numpy give writable arrays) when the consumer asks
+with max_version >= (1, 0), else the legacy "dltensor".
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+from typing import TYPE_CHECKING, Any
+
+from plugrt.dtype import DType, dtypes
+from plugrt.errors import UnsupportedError
+
+if TYPE_CHECKING:
+  from plugrt.device import RuntimeDevice
+  from plugrt.tensor import Tensor
+
+KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_OPENCL, KDL_VULKAN, KDL_METAL, KDL_ROCM, KDL_WEBGPU = 1, 2, 3, 4, 7, 8, 10, 15
+_DEVICE_NAMES = {KDL_CPU: "host", KDL_CUDA: "CUDA", KDL_ROCM: "AMD", KDL_METAL: "METAL", KDL_OPENCL: "CL", KDL_WEBGPU: "WEBGPU"}
+_CODES = {"i": 0, "u": 1, "f": 2, "b": 6}  # kDLInt, kDLUInt, kDLFloat, kDLBool; bfloat16 is kDLBfloat (4)
+
+
+class DLDevice(ctypes.Structure): _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+class DLDataType(ctypes.Structure): _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+  _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32), ("dtype", DLDataType),
+              ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class DLManagedTensor(ctypes.Structure): pass
+
+
+DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
+DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
+
+
+class DLPackVersion(ctypes.Structure): _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+class DLManagedTensorVersioned(ctypes.Structure): pass
+
+
+DELETER_V = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensorVersioned))
+DLManagedTensorVersioned._fields_ = [("version", DLPackVersion), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER_V),
+                                     ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+FLAG_READ_ONLY = 1
+# PyCapsule_SetName keeps the pointer it is given: these names must live as long as the process
+_USED = {b"dltensor": b"used_dltensor", b"dltensor_versioned": b"used_dltensor_versioned"}
+
+_api = ctypes.pythonapi
+_api.PyCapsule_New.restype, _api.PyCapsule_New.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_api.PyCapsule_GetPointer.restype, _api.PyCapsule_GetPointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_SetName.restype, _api.PyCapsule_SetName.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_IsValid.restype, _api.PyCapsule_IsValid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+_CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+# the destructor gets a capsule that is being destroyed: it must not become a Python reference again, so these take raw pointers
+_raw_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_IsValid", _api))
+_raw_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_GetPointer", _api))
+
+
+def dtype_code(dt: DType) -> tuple[int, int]:
+  return (4, 16) if dt is dtypes.bfloat16 else (_CODES[dt.kind], dt.bits)
+
+
+def dtype_from_code(code: int, bits: int, lanes: int) -> DType:
+  if lanes != 1: raise UnsupportedError(f"DLPack tensors with {lanes} lanes are not supported", "pass a scalar-typed tensor")
+  if (code, bits) == (4, 16): return dtypes.bfloat16
+  for dt in dtypes.all():
+    if dt is not dtypes.bfloat16 and dtype_code(dt) == (code, bits): return dt
+  raise UnsupportedError(f"DLPack dtype (code {code}, {bits} bits) has no plugrt dtype")
+
+
+def dlpack_device(dev: RuntimeDevice) -> tuple[int, int]:
+  d = dev.allocator.dlpack_device()
+  if d is None: raise UnsupportedError(f"{dev.canonical} memory cannot be shared through DLPack", "copy the tensor to a host device with .to('CPU')")
+  return d
+
+
+# ---------------------------------------------------------------- export
+
+_exported: dict[int, Any] = {}  # manager address -> what must stay alive until the consumer lets go
+_lock = threading.Lock()
+
+
+def _release(managed: Any) -> None:
+  with _lock: _exported.pop(ctypes.addressof(managed.contents), None)
+
+
+_deleter, _deleter_v = DELETER(_release), DELETER_V(_release)
+
+
+@_CAPSULE_DESTRUCTOR
+def _capsule_destructor(capsule: int) -> None:
+  for name in (b"dltensor", b"dltensor_versioned"):
+    if _raw_is_valid(capsule, name):  # never consumed: release it ourselves
+      with _lock: _exported.pop(_raw_get_pointer(capsule, name), None)
+
+
+def to_dlpack(t: Tensor, stream: Any = None, **kwargs: Any) -> Any:
+  """A "dltensor" capsule for t's memory (consumers: np.from_dlpack, torch.from_dlpack, ...)."""
+  t = t.contiguous() if kwargs.get("copy") is True else t.realize()
+  node = t.node
+  dev = node.device
+  dl_dev = dlpack_device(dev)
+  if (want := kwargs.get("dl_device")) is not None and tuple(want) != dl_dev:
+    raise BufferError(f"the tensor lives on {dev.canonical} (DLPack device {dl_dev}), not on {tuple(want)}")
+  ndim = len(node.shape)
+  versioned = tuple(kwargs.get("max_version") or (0, 0)) >= (1, 0)
+  m: Any = DLManagedTensorVersioned() if versioned else DLManagedTensor()
+  shape, strides = (ctypes.c_int64 * max(ndim, 1))(*node.shape), (ctypes.c_int64 * max(ndim, 1))(*node.view.strides)
+  m.dl_tensor.data = dev.allocator._pointer(node.buffer.handle)
+  m.dl_tensor.device = DLDevice(*dl_dev)
+  m.dl_tensor.ndim = ndim
+  code, bits = dtype_code(node.dtype)
+  m.dl_tensor.dtype = DLDataType(code, bits, 1)
+  m.dl_tensor.shape, m.dl_tensor.strides = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)), ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64))
+  m.dl_tensor.byte_offset = node.view.offset * node.dtype.itemsize
+  if versioned:
+    m.version, m.flags, m.deleter = DLPackVersion(1, 0), 0, _deleter_v
+  else: m.deleter = _deleter
+  addr = ctypes.addressof(m)
+  with _lock: _exported[addr] = (m, shape, strides, node.buffer, t)
+  return _api.PyCapsule_New(addr, b"dltensor_versioned" if versioned else b"dltensor", ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+
+
+# ---------------------------------------------------------------- import
+
+class _Producer:
+  """Owns an imported DLManagedTensor: its deleter runs when plugrt no longer holds the memory."""
+  def __init__(self, managed: Any): self.managed = managed
+  def __del__(self) -> None:
+    try:
+      if self.managed.contents.deleter: self.managed.contents.deleter(self.managed)
+    except Exception: pass  # interpreter shutdown
+
+
+def _host_device(requested: Any) -> Any:
+  from plugrt.device import Device, _device
+  if requested is not None: return _device(requested)
+  default = _device(None)
+  if default.allocator.dlpack_device() == (KDL_CPU, 0): return default
+  for name in Device.available():
+    dev = Device[name]
+    if dev.allocator.dlpack_device() == (KDL_CPU, 0) and dev.allocator.supports_wrap: return dev
+  raise UnsupportedError("no plugrt device can wrap host memory", "install plugrt-cpu")
+
+
+def from_dlpack(obj: Any, device: Any = None) -> Tensor:
+  from plugrt.device import Buffer, _device
+  from plugrt.tensor import View, _buf_node, _wrap
+  if not hasattr(obj, "__dlpack__"): raise TypeError(f"{type(obj).__name__} does not implement __dlpack__")
+  dev_type, dev_id = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (KDL_CPU, 0)
+  if dev_type in (KDL_CPU, KDL_CUDA_HOST): dev = _host_device(device)
+  elif dev_type in _DEVICE_NAMES: dev = _device(device or f"{_DEVICE_NAMES[dev_type]}:{dev_id}")
+  else: raise UnsupportedError(f"DLPack device type {dev_type} has no plugrt backend")
+  if dev.allocator.dlpack_device() not in ((dev_type, dev_id), (KDL_CPU, 0) if dev_type == KDL_CUDA_HOST else None):
+    raise UnsupportedError(f"{dev.canonical} cannot address memory of DLPack device ({dev_type}, {dev_id})", "pass a matching device=")
+  try: capsule = obj.__dlpack__(max_version=(1, 0))
+  except TypeError: capsule = obj.__dlpack__()  # a producer from before DLPack 1.0
+  versioned = bool(_api.PyCapsule_IsValid(capsule, b"dltensor_versioned"))
+  name = b"dltensor_versioned" if versioned else b"dltensor"
+  ptr = _api.PyCapsule_GetPointer(capsule, name)
+  managed = ctypes.cast(ptr, ctypes.POINTER(DLManagedTensorVersioned if versioned else DLManagedTensor))
+  _api.PyCapsule_SetName(capsule, _USED[name])  # ours now: the producer's capsule destructor must not free it
+  owner = _Producer(managed)
+  if versioned and managed.contents.flags & FLAG_READ_ONLY:
+    del owner
+    raise UnsupportedError("the DLPack producer marks this memory read-only; plugrt tensors are writable", "import a copy: Tensor(np.array(x))")
+  t = managed.contents.dl_tensor
+  dt = dtype_from_code(t.dtype.code, t.dtype.bits, t.dtype.lanes)
+  shape = tuple(t.shape[i] for i in range(t.ndim))
+  strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else None
+  view = View.contiguous(shape) if strides is None else View(shape, tuple(0 if d == 1 else s for d, s in zip(shape, strides)))
+  if t.byte_offset % dt.itemsize: raise UnsupportedError("a DLPack byte offset that is not a whole number of elements")
+  lo = sum(min(0, (d - 1) * s) for d, s in zip(shape, view.strides)) if math.prod(shape) else 0
+  hi = sum(max(0, (d - 1) * s) for d, s in zip(shape, view.strides)) + 1 if math.prod(shape) else 0
+  base = (t.data or 0) + t.byte_offset + lo * dt.itemsize
+  if base == 0 or hi - lo <= 0:  # empty: nothing to wrap
+    return _wrap(_buf_node(Buffer(dev, 0, dt), shape, View(shape, (0,) * len(shape))))
+  buf = Buffer.from_blob(base, hi - lo, dt, dev, keepalive=owner)
+  return _wrap(_buf_node(buf, shape, View(shape, view.strides, -lo)))

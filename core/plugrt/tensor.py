@@ -1,0 +1,695 @@
+"""Tensor: n-dimensional arrays on any plugrt device, lazily evaluated.
+
+    from plugrt import Tensor
+    t = Tensor([1, 2, 3], device="CPU")
+    ((t + 1) * t.exp()).numpy()
+
+Elementwise operations build a graph; `realize()` (or `.numpy()`, `.tolist()`, `.to()`)
+turns each chain of elementwise operations into ONE kernel, which is compiled once per
+structure (operations, dtypes, shapes and strides) and device: constants and view
+offsets are kernel arguments, so `t + 1` and `t + 2` share a kernel. Reductions (sum,
+max, mean) are kernels of their own, with the elementwise chain that feeds them fused
+in. Views (reshape, permute, expand, slicing) are zero-copy strides over a buffer; a
+view of an unrealised chain is pushed down to the chain's inputs.
+
+Operations follow numpy: broadcasting, type promotion (Python scalars take the tensor's
+kind), `/` is true division, `//` and `%` floor. Integers wrap at their dtype's width.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from plugrt.device import Buffer, RuntimeDevice, _device
+from plugrt.dsl import ir_floordiv, ir_math, promote
+from plugrt.dtype import DType, dtypes
+from plugrt.ir import Kernel, KernelBuilder, Val
+
+Shape = tuple[int, ...]
+
+
+# ---------------------------------------------------------------- views
+
+class View(NamedTuple):
+  """Elements of a buffer: element (i0, i1, ...) is at offset + sum(i_d * strides_d)."""
+  shape: Shape
+  strides: tuple[int, ...]
+  offset: int = 0
+
+  @staticmethod
+  def contiguous(shape: Shape, offset: int = 0) -> View:
+    strides, acc = [], 1
+    for d in reversed(shape):
+      strides.append(acc if d != 1 else 0)
+      acc *= d
+    return View(shape, tuple(reversed(strides)), offset)
+
+  @property
+  def is_contiguous(self) -> bool: return self == View.contiguous(self.shape, self.offset)
+
+  def reshape(self, shape: Shape) -> View | None:
+    """The same elements as `shape`, or None when strides cannot express it (then the data must be copied)."""
+    if self.is_contiguous or _numel(shape) == 0: return View.contiguous(shape, self.offset)
+    old = [(d, s) for d, s in zip(self.shape, self.strides) if d != 1]
+    new = [d for d in shape if d != 1]
+    strides: list[int] = []
+    oi = ni = 0
+    while oi < len(old) and ni < len(new):  # match groups of old and new dims with equal products
+      po, pn, oj, nj = old[oi][0], new[ni], oi + 1, ni + 1
+      while po != pn:
+        if pn < po: pn, nj = pn * new[nj], nj + 1
+        else: po, oj = po * old[oj][0], oj + 1
+      if any(old[k][1] != old[k + 1][0] * old[k + 1][1] for k in range(oi, oj - 1)): return None  # the old group is not one run
+      s, group = old[oj - 1][1], []
+      for k in range(nj - 1, ni - 1, -1):
+        group.append(s)
+        s *= new[k]
+      strides += reversed(group)
+      oi, ni = oj, nj
+    it = iter(strides)
+    return View(shape, tuple(0 if d == 1 else next(it) for d in shape), self.offset)
+
+  def permute(self, order: Sequence[int]) -> View:
+    return View(tuple(self.shape[o] for o in order), tuple(self.strides[o] for o in order), self.offset)
+
+  def expand(self, shape: Shape) -> View:
+    return View(shape, tuple(s if od == d else 0 for od, d, s in zip(self.shape, shape, self.strides)), self.offset)
+
+  def slice(self, parts: Sequence[tuple[int, int, int]]) -> View:
+    """parts: (start, count, step) per dim."""
+    off = self.offset + sum(st * s for (st, _, _), s in zip(parts, self.strides))
+    return View(tuple(c for _, c, _ in parts), tuple(s * step if c != 1 else 0 for (_, c, step), s in zip(parts, self.strides)), off)
+
+
+# ---------------------------------------------------------------- the lazy graph
+
+class Node:
+  """One value of the graph. op: "buf" (a realised buffer and a view of it), "const" (a scalar, broadcast),
+  "ew" (an elementwise op of same-shaped sources), "reduce" (arg: (op, axes), keeps reduced axes as 1)."""
+  __slots__ = ("op", "dtype", "shape", "srcs", "arg", "buffer", "view", "device")
+
+  def __init__(self, op: str, dtype: DType, shape: Shape, device: RuntimeDevice, srcs: tuple[Node, ...] = (), arg: Any = None,
+               buffer: Buffer | None = None, view: View | None = None):
+    self.op, self.dtype, self.shape, self.device, self.srcs, self.arg, self.buffer, self.view = op, dtype, shape, device, srcs, arg, buffer, view
+
+
+def _numel(shape: Shape) -> int: return math.prod(shape)
+
+
+def _buf_node(buf: Buffer, shape: Shape, view: View | None = None) -> Node:
+  return Node("buf", buf.dtype, shape, buf.device, buffer=buf, view=view or View.contiguous(shape))
+
+
+def _movement(node: Node, fn: Any, shape: Shape) -> Node:
+  """Apply a view change (fn: View -> View | None) to node, pushing it through elementwise ops to their inputs."""
+  memo: dict[int, Node] = {}
+
+  def go(n: Node) -> Node:
+    if id(n) in memo: return memo[id(n)]
+    if n.op == "const": out = Node("const", n.dtype, shape, n.device, arg=n.arg)
+    elif n.op == "ew": out = Node("ew", n.dtype, shape, n.device, tuple(go(s) for s in n.srcs), n.arg)
+    else:
+      if n.op == "reduce": _realize_into(n, _realize(n))  # a reduction is a kernel of its own: its result is a buffer
+      v = fn(n.view)
+      if v is None:  # strides cannot express it: copy to a contiguous buffer first
+        n = _realize(n, force_copy=True)
+        v = fn(n.view)
+      out = Node("buf", n.dtype, shape, n.device, buffer=n.buffer, view=v)
+    memo[id(n)] = out
+    return out
+  return go(node)
+
+
+# ---------------------------------------------------------------- kernels for the graph
+
+_EW_RESULT = {"cmplt": dtypes.bool, "cmple": dtypes.bool, "cmpeq": dtypes.bool, "cmpne": dtypes.bool, "not": dtypes.bool}
+_BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "and": operator.and_, "or": operator.or_, "xor": operator.xor}
+
+
+def _apply(op: str, srcs: list[Val], node: Node) -> Val:
+  a = srcs[0]
+  if op in _BINARY: return _BINARY[op](a, srcs[1])
+  if op == "div": return a / srcs[1]
+  if op in ("floordiv", "mod"): return ir_floordiv(a, srcs[1])[op == "mod"]
+  if op == "max": return a.max(srcs[1])
+  if op == "min": return a.min(srcs[1])
+  if op == "cmplt": return a < srcs[1]
+  if op == "cmple": return a <= srcs[1]
+  if op == "cmpeq": return a.eq(srcs[1])
+  if op == "cmpne": return a.ne(srcs[1])
+  if op == "where": return a.where(srcs[1], srcs[2])
+  if op == "neg": return -a
+  if op == "not": return ~a
+  if op == "cast": return a if a.dtype is node.dtype else a.cast(node.dtype)
+  if op == "pow": return (srcs[1] * a.log2()).exp2()
+  return ir_math(a, op)  # exp log exp2 log2 sqrt sin cos abs floor ceil trunc recip
+
+
+class _Ctx:
+  """One realisation: its inputs (buffer views and constants, in kernel-parameter order) and its cache key."""
+
+  def __init__(self) -> None:
+    self.leaves: list[Node] = []
+    self.index: dict[Any, int] = {}
+
+  def leaf(self, n: Node) -> int:
+    k = (id(n.buffer), n.view.shape, n.view.strides, n.view.offset) if n.op == "buf" else id(n)
+    if k not in self.index:
+      self.index[k] = len(self.leaves)
+      self.leaves.append(n)
+    return self.index[k]
+
+  def key(self, n: Node, memo: dict[int, Any]) -> Any:
+    if id(n) in memo: return ("ref", memo[id(n)])
+    if n.op == "buf": out: Any = ("buf", self.leaf(n), n.dtype.name, n.view.strides)
+    elif n.op == "const": out = ("const", self.leaf(n), n.dtype.name)
+    else: out = (n.op, n.dtype.name, n.arg, n.shape, tuple(self.key(s, memo) for s in n.srcs))
+    memo[id(n)] = len(memo)
+    return out
+
+
+_KERNELS: dict[tuple, Kernel] = {}
+
+
+def _kernel(root: Node, ctx: _Ctx, key: tuple, wide: bool, out_strides: tuple[int, ...] | None) -> Kernel:
+  """The fused kernel for a graph of this structure (built once; ctx.leaves are its inputs in parameter order)."""
+  if (k := _KERNELS.get(key)) is not None: return k
+  out_shape = root.shape
+  it = dtypes.int64 if wide else dtypes.int32  # index arithmetic
+  b = KernelBuilder("reduce" if root.op == "reduce" else "fused")
+  out = b.buffer("out", root.dtype)
+  params: list[Any] = []
+  for i, l in enumerate(ctx.leaves):
+    params.append(b.buffer(f"in{i}", l.dtype) if l.op == "buf" else None)
+  for i, l in enumerate(ctx.leaves):
+    if l.op == "buf": params[i] = (params[i], b.scalar(f"off{i}", it))
+    else: params[i] = b.scalar(f"c{i}", l.dtype)
+  out_off = b.scalar("out_off", it) if out_strides is not None else None
+  n_out = _numel(out_shape)
+  gid = b.global_id(0).cast(it) if it is dtypes.int64 else b.global_id(0)
+
+  def unflatten(flat: Val, shape: Shape) -> list[Any]:
+    idx, rest = [], flat
+    for d in reversed(shape):
+      idx.append(0 if d == 1 else rest % d)
+      rest = rest // d if d != 1 else rest
+    return list(reversed(idx))
+
+  def lower(n: Node, idx: Sequence[Any], memo: dict[int, Val]) -> Val:
+    if id(n) in memo: return memo[id(n)]
+    if n.op == "buf":
+      ptr, off = params[ctx.index[(id(n.buffer), n.view.shape, n.view.strides, n.view.offset)]]
+      addr: Val = off
+      for i, s in zip(idx, n.view.strides):
+        if s and not (isinstance(i, int) and i == 0): addr = addr + i * s
+      v = ptr[addr]
+    elif n.op == "const": v = params[ctx.index[id(n)]]
+    elif n.op == "reduce": raise AssertionError("reduce sources are realised first")
+    else: v = _apply(n.arg, [lower(s, idx, memo) for s in n.srcs], n)
+    memo[id(n)] = v
+    return v
+
+  with b.if_(gid < n_out):
+    oidx = unflatten(gid, out_shape)
+    dest: Val = gid
+    if out_off is not None:  # writing into a view (assign): its own strides and offset
+      dest = out_off
+      for i, s in zip(oidx, out_strides):  # type: ignore[arg-type]
+        if s and not (isinstance(i, int) and i == 0): dest = dest + i * s
+    if root.op == "reduce":
+      rop, axes = root.arg
+      src = root.srcs[0]
+      dt = root.dtype
+      if rop == "sum": init: Any = 0
+      elif dt.kind == "f": init = float("-inf") if rop == "max" else float("inf")
+      else: init = dt.min if rop == "max" else dt.max
+      acc = b.var(float(init) if dt.kind == "f" else init, dt)
+      loops: list[Any] = []
+      idx = list(oidx)
+
+      def nest(k: int) -> None:
+        if k == len(axes):
+          v = lower(src, idx, {})
+          v = v if v.dtype is root.dtype else v.cast(root.dtype)
+          acc.value = acc.value + v if rop == "sum" else acc.value.max(v) if rop == "max" else acc.value.min(v)
+          return
+        with b.range(src.shape[axes[k]], dtype=it) as r:
+          idx[axes[k]] = r
+          loops.append(r)
+          nest(k + 1)
+      nest(0)
+      out[dest] = acc.value
+    else:
+      out[dest] = lower(root, oidx, {})
+  k = _KERNELS[key] = b.finish()
+  return k
+
+
+def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> Node:
+  """A "buf" node with node's value: node itself when it already is one (and, with force_copy, a contiguous
+  whole buffer), else a new contiguous buffer computed by one fused kernel; or, with `into` (a "buf" node of
+  the same shape and dtype), node's value written into into's memory."""
+  if into is None and node.op == "buf" and (not force_copy or (node.view.is_contiguous and node.view.offset == 0 and
+                                                               node.buffer.size == _numel(node.shape))):
+    return node
+  stack, seen = list(node.srcs), set()
+  while stack:  # reductions feeding the chain run first, as kernels of their own
+    n = stack.pop()
+    if id(n) in seen: continue
+    seen.add(id(n))
+    if n.op == "reduce": _realize_into(n, _realize(n))
+    elif n.op == "ew": stack.extend(n.srcs)
+  root = node if node.op in ("ew", "reduce") else Node("ew", node.dtype, node.shape, node.device, (node,), "cast")  # a copy
+  ctx = _Ctx()
+  n = _numel(node.shape)
+  key = (root.shape, root.dtype.name, ctx.key(root, {}))  # (collects the leaves too)
+  if into is not None and any(l.op == "buf" and l.buffer is into.buffer and l.view != into.view for l in ctx.leaves):
+    return _realize(_realize(node, force_copy=True), into=into)  # reading the target through another view: compute apart first
+  wide = max([n] + [l.buffer.size for l in ctx.leaves if l.op == "buf"] + ([into.buffer.size] if into else [])) >= 2**31 - 1
+  out_strides = into.view.strides if into is not None else None
+  prg = node.device.program(_kernel(root, ctx, key + (wide, out_strides), wide, out_strides))
+  out = into.buffer if into is not None else Buffer(node.device, n, node.dtype)
+  bufs = [out] + [l.buffer for l in ctx.leaves if l.op == "buf"]
+  vals = tuple(l.view.offset if l.op == "buf" else l.arg for l in ctx.leaves) + ((into.view.offset,) if into is not None else ())
+  prg(*bufs, global_size=(max(1, -(-n // _GROUP)), 1, 1), local_size=(min(_GROUP, max(n, 1)), 1, 1), vals=vals)
+  stats["kernels_run"] += 1
+  return into if into is not None else _buf_node(out, node.shape)
+
+
+def _realize_into(node: Node, done: Node) -> None:
+  """Turn node itself into the realised value (other graphs may hold it)."""
+  node.op, node.srcs, node.arg, node.buffer, node.view = "buf", (), None, done.buffer, done.view
+
+
+_GROUP = 256  # threads per group of the fused kernels
+#: counters for tests and tuning: kernels_run counts fused/reduce kernels launched by tensors
+stats = {"kernels_run": 0}
+
+
+# ---------------------------------------------------------------- the Tensor
+
+def _shape_of(data: Any) -> Shape:
+  if isinstance(data, (list, tuple)): return (len(data),) + (_shape_of(data[0]) if data else ())
+  return ()
+
+
+def _broadcast(a: Shape, b: Shape) -> Shape:
+  n = max(len(a), len(b))
+  a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+  out = []
+  for x, y in zip(a, b):
+    if x != y and 1 not in (x, y): raise ValueError(f"shapes {a} and {b} do not broadcast")
+    out.append(max(x, y) if 0 not in (x, y) else 0)
+  return tuple(out)
+
+
+class Tensor:
+  """An n-dimensional array on a plugrt device (see the module docstring)."""
+  __slots__ = ("node", "__weakref__")
+
+  def __init__(self, data: Any, dtype: DType | str | None = None, device: str | RuntimeDevice | None = None):
+    import numpy as np
+    if isinstance(data, Node):
+      self.node = data
+      return
+    dev = _device(device)
+    if isinstance(data, (bytes, bytearray, memoryview)):
+      dt = dtypes.as_dtype(dtype or dtypes.uint8)
+      raw = bytes(data)
+      if len(raw) % dt.itemsize: raise ValueError(f"{len(raw)} bytes do not divide into {dt.name} elements")
+      buf = Buffer(dev, len(raw) // dt.itemsize, dt).copyin(raw)
+      self.node = _buf_node(buf, (buf.size,))
+      return
+    if isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
+      dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.from_py(data)
+      self.node = Node("const", dt, (), dev, arg=_py(data, dt))
+      return
+    if isinstance(data, (list, tuple)):
+      shape = _shape_of(data)
+      flat = np.array(data).reshape(-1) if shape else np.array(data)
+      default = dtypes.bool if flat.dtype == np.bool_ else dtypes.default_float if flat.dtype.kind == "f" else dtypes.default_int
+      dt = dtypes.as_dtype(dtype) if dtype is not None else default
+      arr = np.asarray(data).reshape(shape)
+    else:
+      arr = np.asarray(data)
+      dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.from_numpy(arr.dtype)
+    from plugrt.dtype import f32_to_bf16
+    host = f32_to_bf16(arr.astype(np.float32)) if dt is dtypes.bfloat16 and arr.dtype.name != "bfloat16" else np.ascontiguousarray(arr, dt.numpy)
+    buf = Buffer(dev, host.size, dt).copyin(host.reshape(-1))
+    self.node = _buf_node(buf, tuple(arr.shape))
+
+  # ---- basic facts
+  @property
+  def shape(self) -> Shape: return self.node.shape
+  @property
+  def dtype(self) -> DType: return self.node.dtype
+  @property
+  def device(self) -> str: return self.node.device.canonical
+  @property
+  def ndim(self) -> int: return len(self.node.shape)
+  def numel(self) -> int: return _numel(self.node.shape)
+  def __len__(self) -> int:
+    if not self.shape: raise TypeError("a 0-d tensor has no len()")
+    return self.shape[0]
+  def __repr__(self) -> str: return f"<Tensor {self.shape} {self.dtype.name} on {self.device}{'' if self.node.op == 'buf' else ' (lazy)'}>"
+
+  # ---- creation
+  @staticmethod
+  def full(shape: int | Sequence[int], value: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.from_py(value)
+    return _wrap(Node("const", dt, shape, _device(device), arg=_py(value, dt)))
+
+  @staticmethod
+  def zeros(shape: int | Sequence[int], dtype: DType | str = dtypes.float32, device: str | None = None) -> Tensor:
+    return Tensor.full(shape, 0, dtype, device)
+
+  @staticmethod
+  def ones(shape: int | Sequence[int], dtype: DType | str = dtypes.float32, device: str | None = None) -> Tensor:
+    return Tensor.full(shape, 1, dtype, device)
+
+  @staticmethod
+  def arange(start: int | float, stop: int | float | None = None, step: int | float = 1, dtype: DType | str | None = None,
+             device: str | None = None) -> Tensor:
+    import numpy as np
+    if stop is None: start, stop = 0, start
+    arr = np.arange(start, stop, step)
+    dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.default_float if arr.dtype.kind == "f" else dtypes.default_int
+    return Tensor(arr, dt, device)
+
+  _rng: Any = None
+
+  @staticmethod
+  def manual_seed(seed: int) -> None:
+    import numpy as np
+    Tensor._rng = np.random.default_rng(seed)
+
+  @staticmethod
+  def rand(*shape: int, dtype: DType | str = dtypes.float32, device: str | None = None) -> Tensor:
+    """Uniform in [0, 1), drawn on the host (Tensor.manual_seed makes it repeatable)."""
+    import numpy as np
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])
+    if Tensor._rng is None: Tensor._rng = np.random.default_rng()
+    return Tensor(Tensor._rng.random(shape).astype(np.float32), dtype, device)
+
+  @staticmethod
+  def from_blob(ptr: int, shape: int | Sequence[int], dtype: DType | str = dtypes.float32, device: str | None = None,
+                keepalive: Any = None) -> Tensor:
+    """Wrap memory plugrt does not own, without copying (see Buffer.from_blob for the lifetime rule)."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    buf = Buffer.from_blob(ptr, _numel(shape), dtypes.as_dtype(dtype), device, keepalive)
+    return _wrap(_buf_node(buf, shape))
+
+  @staticmethod
+  def from_dlpack(obj: Any, device: str | None = None) -> Tensor:
+    """Zero-copy import of any object that implements __dlpack__ (numpy, torch, cupy, ...)."""
+    from plugrt.dlpack import from_dlpack
+    return from_dlpack(obj, device)
+
+  def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+    from plugrt.dlpack import to_dlpack
+    return to_dlpack(self, stream, **kwargs)
+
+  def __dlpack_device__(self) -> tuple[int, int]:
+    from plugrt.dlpack import dlpack_device
+    return dlpack_device(self.node.device)
+
+  # ---- realising and reading
+  def realize(self) -> Tensor:
+    """Compute the value now (fusing the elementwise chain into one kernel)."""
+    if self.node.op != "buf": _realize_into(self.node, _realize(self.node))
+    return self
+
+  def assign(self, value: Any) -> Tensor:
+    """Write value (a tensor or number, broadcast to this shape) into this tensor's own memory, in place:
+    a from_blob tensor then shows the result to its owner (zero copy)."""
+    self.realize()
+    src = value if isinstance(value, Tensor) else Tensor.full(self.shape, value, self.dtype, self.node.device)
+    if src.node.device is not self.node.device: raise ValueError(f"assign from {src.device} into {self.device}: move it with .to()")
+    node = _expand_node(_cast_node(src.node, self.dtype), self.shape)
+    if any(s == 0 and d > 1 for s, d in zip(self.node.view.strides, self.shape)):
+      raise ValueError("cannot assign into an expanded (broadcast) view: its elements share memory")
+    _realize(node if node.op != "buf" else Node("ew", node.dtype, node.shape, node.device, (node,), "cast"), into=self.node)
+    return self
+
+  def contiguous(self) -> Tensor:
+    n = self.realize().node
+    if n.view.is_contiguous and n.view.offset == 0 and n.buffer.size == self.numel(): return self
+    return _wrap(_realize(n, force_copy=True))
+
+  def contiguous_buffer(self) -> Buffer:
+    """The tensor's data as one contiguous Buffer (a copy only when it is a strided view)."""
+    return self.contiguous().node.buffer
+
+  def numpy(self) -> Any:
+    """A numpy copy (bfloat16 comes back as float32)."""
+    from plugrt.dtype import bf16_to_f32
+    arr = self.contiguous_buffer().numpy().reshape(self.shape)
+    return bf16_to_f32(arr) if self.dtype is dtypes.bfloat16 else arr
+
+  def tolist(self) -> Any: return self.numpy().tolist()
+
+  def item(self) -> Any:
+    if self.numel() != 1: raise ValueError(f"item() needs one element, the tensor has {self.numel()}")
+    return self.numpy().reshape(-1)[0].item()
+
+  def to(self, device: str | RuntimeDevice) -> Tensor:
+    dev = _device(device)
+    if dev is self.node.device: return self
+    return _wrap(_buf_node(self.contiguous_buffer().to(dev), self.shape))
+
+  def cast(self, dtype: DType | str) -> Tensor:
+    dt = dtypes.as_dtype(dtype)
+    return self if dt is self.dtype else _wrap(Node("ew", dt, self.shape, self.node.device, (self.node,), "cast"))
+
+  # ---- elementwise
+  def _const(self, x: Any, dt: DType) -> Node: return Node("const", dt, (), self.node.device, arg=_py(x, dt))
+
+  def _operands(self, other: Any, reverse: bool = False) -> tuple[Node, Node]:
+    """Both operands as nodes of one dtype and one (broadcast) shape."""
+    a = self.node
+    if isinstance(other, Tensor):
+      b = other.node
+      if b.device is not a.device: raise ValueError(f"tensors on {a.device} and {b.device}: move one with .to()")
+      dt = promote(a.dtype, b.dtype)
+    elif isinstance(other, (bool, int, float)):
+      dt = a.dtype
+      if isinstance(other, float) and dt.kind != "f": dt = dtypes.default_float
+      elif isinstance(other, int) and not isinstance(other, bool) and dt is dtypes.bool: dt = dtypes.default_int
+      b = self._const(other, dt)
+    else: return NotImplemented  # type: ignore[return-value]
+    a, b = _cast_node(a, dt), _cast_node(b, dt)
+    shape = _broadcast(a.shape, b.shape)
+    a, b = _expand_node(a, shape), _expand_node(b, shape)
+    return (b, a) if reverse else (a, b)
+
+  def _ew(self, op: str, other: Any = None, reverse: bool = False, result: DType | None = None) -> Tensor:
+    if other is None:
+      a = self.node
+      return _wrap(Node("ew", result or a.dtype, a.shape, a.device, (a,), op))
+    ops = self._operands(other, reverse)
+    if ops is NotImplemented: return NotImplemented
+    a, b = ops
+    return _wrap(Node("ew", result or _EW_RESULT.get(op, a.dtype), a.shape, a.device, (a, b), op))
+
+  def __add__(self, o: Any) -> Tensor: return self._ew("add", o)
+  def __radd__(self, o: Any) -> Tensor: return self._ew("add", o, True)
+  def __sub__(self, o: Any) -> Tensor: return self._ew("sub", o)
+  def __rsub__(self, o: Any) -> Tensor: return self._ew("sub", o, True)
+  def __mul__(self, o: Any) -> Tensor: return self._ew("mul", o)
+  def __rmul__(self, o: Any) -> Tensor: return self._ew("mul", o, True)
+  def __truediv__(self, o: Any) -> Tensor: return self._float()._ew("div", o)
+  def __rtruediv__(self, o: Any) -> Tensor: return self._float()._ew("div", o, True)
+  def __floordiv__(self, o: Any) -> Tensor: return self._ew("floordiv", o)
+  def __rfloordiv__(self, o: Any) -> Tensor: return self._ew("floordiv", o, True)
+  def __mod__(self, o: Any) -> Tensor: return self._ew("mod", o)
+  def __rmod__(self, o: Any) -> Tensor: return self._ew("mod", o, True)
+  def __and__(self, o: Any) -> Tensor: return self._ew("and", o)
+  def __or__(self, o: Any) -> Tensor: return self._ew("or", o)
+  def __xor__(self, o: Any) -> Tensor: return self._ew("xor", o)
+  def __lt__(self, o: Any) -> Tensor: return self._ew("cmplt", o)
+  def __le__(self, o: Any) -> Tensor: return self._ew("cmple", o)
+  def __gt__(self, o: Any) -> Tensor: return self._ew("cmplt", o, True)
+  def __ge__(self, o: Any) -> Tensor: return self._ew("cmple", o, True)
+  def __eq__(self, o: Any) -> Tensor: return self._ew("cmpeq", o)  # type: ignore[override]
+  def __ne__(self, o: Any) -> Tensor: return self._ew("cmpne", o)  # type: ignore[override]
+  __hash__ = object.__hash__
+  def __neg__(self) -> Tensor: return self._ew("neg") if self.dtype is not dtypes.bool else self._ew("not")
+  def __invert__(self) -> Tensor: return self._ew("not")
+  def __pow__(self, o: Any) -> Tensor:
+    if isinstance(o, int) and not isinstance(o, bool) and 0 <= o <= 8:
+      out = Tensor.full(self.shape, 1, self.dtype, self.device)
+      for _ in range(o): out = out * self
+      return out
+    return self._float()._ew("pow", o)
+  def __matmul__(self, o: Tensor) -> Tensor: return self.matmul(o)
+
+  def add(self, o: Any) -> Tensor: return self + o
+  def sub(self, o: Any) -> Tensor: return self - o
+  def mul(self, o: Any) -> Tensor: return self * o
+  def div(self, o: Any) -> Tensor: return self / o
+
+  def _float(self) -> Tensor: return self if self.dtype.kind == "f" else self.cast(dtypes.default_float)
+  def maximum(self, o: Any) -> Tensor: return self._ew("max", o)
+  def minimum(self, o: Any) -> Tensor: return self._ew("min", o)
+  def abs(self) -> Tensor: return self._ew("abs")
+  def exp(self) -> Tensor: return self._float()._ew("exp")
+  def exp2(self) -> Tensor: return self._float()._ew("exp2")
+  def log(self) -> Tensor: return self._float()._ew("log")
+  def log2(self) -> Tensor: return self._float()._ew("log2")
+  def sqrt(self) -> Tensor: return self._float()._ew("sqrt")
+  def sin(self) -> Tensor: return self._float()._ew("sin")
+  def cos(self) -> Tensor: return self._float()._ew("cos")
+  def floor(self) -> Tensor: return self if self.dtype.kind != "f" else self._ew("floor")
+  def ceil(self) -> Tensor: return self if self.dtype.kind != "f" else self._ew("ceil")
+  def reciprocal(self) -> Tensor: return self._float()._ew("recip")
+  def relu(self) -> Tensor: return self.maximum(0)
+
+  def where(self, a: Any, b: Any) -> Tensor:
+    """self ? a : b, elementwise (self is the condition; a and b are tensors or numbers)."""
+    cond = self if self.dtype is dtypes.bool else self != 0
+    tensors = [x.dtype for x in (a, b) if isinstance(x, Tensor)]
+    if not tensors: dt = promote(dtypes.from_py(a), dtypes.from_py(b))
+    else:  # numbers take the tensors' dtype, except a float meeting integers
+      dt = tensors[0] if len(tensors) == 1 else promote(*tensors)
+      if any(isinstance(x, float) for x in (a, b)) and dt.kind != "f": dt = dtypes.default_float
+    nodes = [_cast_node(x.node if isinstance(x, Tensor) else cond._const(x, dt), dt) for x in (a, b)]
+    shape = _broadcast(_broadcast(cond.shape, nodes[0].shape), nodes[1].shape)
+    c, an, bn = (_expand_node(x, shape) for x in (cond.node, *nodes))
+    return _wrap(Node("ew", dt, shape, c.device, (c, an, bn), "where"))
+
+  # ---- reductions
+  def _reduce(self, op: str, axis: int | Sequence[int] | None, keepdim: bool, dtype: DType) -> Tensor:
+    nd = self.ndim
+    axes = tuple(range(nd)) if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
+    axes = tuple(sorted({a + nd if a < 0 else a for a in axes}))
+    if any(not 0 <= a < nd for a in axes): raise ValueError(f"axis {axis} is out of range for {nd} dimensions")
+    src = _cast_node(self.node, dtype)
+    kept = tuple(1 if i in axes else d for i, d in enumerate(self.shape))
+    out = _wrap(Node("reduce", dtype, kept, src.device, (src,), (op, axes)))
+    return out if keepdim else out.reshape(tuple(d for i, d in enumerate(self.shape) if i not in axes))
+
+  def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    dt = self.dtype if self.dtype.kind == "f" or self.dtype.bits >= 32 else (dtypes.int32 if self.dtype.kind != "u" else dtypes.uint32)
+    return self._reduce("sum", axis, keepdim, dt)
+
+  def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    return self._reduce("max", axis, keepdim, self.dtype)
+
+  def min(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    return self._reduce("min", axis, keepdim, self.dtype)
+
+  def mean(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    x = self._float()
+    s = x.sum(axis, keepdim)
+    return s / (self.numel() // max(s.numel(), 1) if self.numel() else 1)
+
+  def matmul(self, o: Tensor) -> Tensor:
+    """Matrix product with numpy's rules for 1-D operands and broadcast batch dimensions."""
+    a, b = self, o
+    if a.ndim == 0 or b.ndim == 0: raise ValueError("matmul needs at least 1-D operands")
+    va, vb = a.ndim == 1, b.ndim == 1
+    if va: a = a.reshape(1, a.shape[0])
+    if vb: b = b.reshape(b.shape[0], 1)
+    if a.shape[-1] != b.shape[-2]: raise ValueError(f"matmul: {self.shape} @ {o.shape}: inner dimensions differ")
+    out = (a.reshape(*a.shape, 1) * b.reshape(*b.shape[:-2], 1, *b.shape[-2:])).sum(axis=-2)
+    if va: out = out.reshape(*out.shape[:-2], out.shape[-1])
+    if vb: out = out.reshape(*out.shape[:-1])
+    return out
+
+  # ---- views
+  def reshape(self, *shape: Any) -> Tensor:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])
+    shape = tuple(int(s) for s in shape)
+    if shape.count(-1) > 1: raise ValueError("only one dimension can be -1")
+    if -1 in shape:
+      known = _numel(tuple(s for s in shape if s != -1))
+      if known == 0 or self.numel() % known: raise ValueError(f"cannot reshape {self.shape} to {shape}")
+      shape = tuple(self.numel() // known if s == -1 else s for s in shape)
+    if _numel(shape) != self.numel(): raise ValueError(f"cannot reshape {self.shape} ({self.numel()} elements) to {shape}")
+    if shape == self.shape: return self
+    return _wrap(_movement(self.node, lambda v: v.reshape(shape), shape))
+
+  def permute(self, *order: Any) -> Tensor:
+    if len(order) == 1 and isinstance(order[0], (tuple, list)): order = tuple(order[0])
+    order = tuple(o + self.ndim if o < 0 else o for o in order)
+    if sorted(order) != list(range(self.ndim)): raise ValueError(f"{order} is not a permutation of {self.ndim} dimensions")
+    shape = tuple(self.shape[o] for o in order)
+    return _wrap(_movement(self.node, lambda v: v.permute(order), shape))
+
+  def transpose(self, a: int = -2, b: int = -1) -> Tensor:
+    order = list(range(self.ndim))
+    order[a], order[b] = order[b], order[a]
+    return self.permute(order)
+
+  @property
+  def T(self) -> Tensor: return self.permute(tuple(reversed(range(self.ndim))))
+
+  def expand(self, *shape: Any) -> Tensor:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])
+    return _wrap(_expand_node(self.node, tuple(shape)))
+
+  def __getitem__(self, idx: Any) -> Tensor:
+    """Integers, slices (any step), None and ... ; zero-copy views."""
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    if any(i is Ellipsis for i in idx):
+      k = idx.index(Ellipsis)
+      fill = self.ndim - (len(idx) - 1 - sum(i is None for i in idx))
+      idx = idx[:k] + (slice(None),) * fill + idx[k + 1:]
+    real = [i for i in idx if i is not None]
+    if len(real) > self.ndim: raise IndexError(f"{len(real)} indices for a {self.ndim}-D tensor")
+    real += [slice(None)] * (self.ndim - len(real))
+    parts, keep = [], []
+    for d, (i, size) in enumerate(zip(real, self.shape)):
+      if isinstance(i, Tensor): raise TypeError("indexing with tensors is not supported; use where() or a kernel")
+      if isinstance(i, int) and not isinstance(i, bool):
+        if not -size <= i < size: raise IndexError(f"index {i} is out of range for dimension {d} of size {size}")
+        parts.append((i % size, 1, 1))
+      elif isinstance(i, slice):
+        start, stop, step = i.indices(size)
+        parts.append((start, len(range(start, stop, step)), step))
+        keep.append(d)
+      else: raise TypeError(f"cannot index with {type(i).__name__}")
+    sliced_shape = tuple(c for _, c, _ in parts)
+    t = _wrap(_movement(self.node, lambda v: v.slice(parts), sliced_shape)) if sliced_shape != self.shape or \
+      any(p[0] or p[2] != 1 for p in parts) else self
+    shape: list[int] = []
+    it = iter(range(self.ndim))
+    for i in idx:
+      if i is None: shape.append(1)
+      else:
+        d = next(it)
+        if d in keep: shape.append(sliced_shape[d])
+    for d in it:
+      if d in keep: shape.append(sliced_shape[d])
+    return t.reshape(tuple(shape)) if tuple(shape) != t.shape else t
+
+
+def _wrap(node: Node) -> Tensor:
+  """A Tensor around a node (no device lookup: ops call this on every result)."""
+  t = Tensor.__new__(Tensor)
+  t.node = node
+  return t
+
+
+def _py(x: Any, dt: DType) -> Any:
+  from plugrt.dtype import cast_value
+  return cast_value(x, dt)
+
+
+def _cast_node(n: Node, dt: DType) -> Node:
+  if n.dtype is dt: return n
+  if n.op == "const": return Node("const", dt, n.shape, n.device, arg=_py(n.arg, dt))
+  return Node("ew", dt, n.shape, n.device, (n,), "cast")
+
+
+def _expand_node(n: Node, shape: Shape) -> Node:
+  if n.shape == shape: return n
+  padded = (1,) * (len(shape) - len(n.shape)) + n.shape
+  for x, y in zip(padded, shape):
+    if x != y and x != 1: raise ValueError(f"cannot expand {n.shape} to {shape}")
+  if n.op == "const": return Node("const", n.dtype, shape, n.device, arg=n.arg)
+  if padded != n.shape: n = _movement(n, lambda v: v.reshape(padded), padded)
+  return _movement(n, lambda v: v.expand(shape), shape)

@@ -1,0 +1,123 @@
+"""Zero-copy interop: Tensor.from_blob, DLPack both ways with numpy and torch (CPU here; the same API serves CUDA)."""
+import gc
+
+import numpy as np
+import pytest
+
+from plugrt import Tensor, dtypes
+from plugrt import dlpack as D
+from plugrt.errors import UnsupportedError
+
+HOST = ["CPU", "PYTHON"]  # devices whose memory is host memory
+
+
+@pytest.mark.parametrize("dev", HOST)
+def test_from_blob_wraps_for_real(dev):
+  host = np.arange(6, dtype=np.float32)
+  t = Tensor.from_blob(host.ctypes.data, (2, 3), dtype=dtypes.float32, device=dev, keepalive=host)
+  t.assign(t + 1)  # written through plugrt...
+  assert host.tolist() == [1, 2, 3, 4, 5, 6]  # ...seen by the owner
+  host[0] = 100  # written by the owner...
+  assert t.numpy()[0, 0] == 100  # ...seen through plugrt
+  assert (t * 2).tolist() == [[200, 4, 6], [8, 10, 12]]
+
+
+def test_from_blob_refuses_where_memory_cannot_be_wrapped(plugrt_registry):
+  import types
+
+  from plugrt.hookspecs import BackendSpec, CompilerSpec, Probe, hookimpl
+  from plugrt.reference.backend import PythonAllocator, PythonCompiler, PythonProgram
+
+  class NoWrap(PythonAllocator):  # memory neither wrappable nor exportable (as on a device without host access)
+    supports_wrap = False
+    def dlpack_device(self): return None
+  mod = types.ModuleType("nowrap_backend")
+  mod.plugrt_backends = hookimpl(lambda: [BackendSpec("NOWRAP", "1.0", lambda: Probe.found(1), (CompilerSpec("PY"),))])
+  mod.plugrt_allocator = hookimpl(lambda device: NoWrap(device))
+  mod.plugrt_compiler = hookimpl(lambda device, compiler: PythonCompiler(device))
+  mod.plugrt_program = hookimpl(lambda device: PythonProgram)
+  host = np.zeros(4, np.float32)
+  with plugrt_registry([mod]):
+    with pytest.raises(UnsupportedError, match="cannot wrap external memory"):
+      Tensor.from_blob(host.ctypes.data, 4, dtypes.float32, "NOWRAP")
+    t = Tensor([1.0, 2.0], device="NOWRAP")
+    with pytest.raises(UnsupportedError, match="DLPack"): np.from_dlpack(t)
+
+
+@pytest.mark.parametrize("dev", HOST)
+def test_numpy_both_ways(dev):
+  a = np.arange(12, dtype=np.int64).reshape(3, 4)
+  t = Tensor.from_dlpack(a, dev)
+  assert t.device == dev and t.dtype is dtypes.int64 and t.shape == (3, 4)
+  a[1, 1] = -5
+  assert t.numpy()[1, 1] == -5  # zero copy
+  strided = Tensor.from_dlpack(a[:, ::-2], dev)  # negative, non-unit strides
+  assert strided.tolist() == a[:, ::-2].tolist()
+  back = np.from_dlpack(t * 2)
+  assert back.tolist() == (a * 2).tolist() and back.flags.writeable
+  view = np.from_dlpack(t.T)  # strides travel
+  assert view.tolist() == a.T.tolist()
+  out = Tensor(np.zeros(3, np.float32), device=dev)
+  np.from_dlpack(out)[1] = 7  # writable, and it is the tensor's memory
+  assert out.tolist() == [0, 7, 0]
+
+
+def test_lifetimes():
+  t = Tensor([1.0, 2.0, 3.0]) * 2
+  arr = np.from_dlpack(t)
+  del t
+  gc.collect()
+  assert arr.tolist() == [2.0, 4.0, 6.0] and len(D._exported) >= 1  # the consumer keeps the memory alive
+  n = len(D._exported)
+  del arr
+  gc.collect()
+  assert len(D._exported) == n - 1  # and lets go
+  capsule = Tensor([1.0]).__dlpack__()
+  n = len(D._exported)
+  del capsule  # never consumed: released by the capsule itself
+  gc.collect()
+  assert len(D._exported) == n - 1
+  a = np.ones(4, np.float32)
+  imported = Tensor.from_dlpack(a)
+  del a  # plugrt keeps the producer's memory alive
+  gc.collect()
+  assert imported.tolist() == [1, 1, 1, 1]
+
+
+def test_dlpack_device_and_dtypes():
+  assert Tensor([1]).__dlpack_device__() == (1, 0)
+  for dt in dtypes.all():
+    assert D.dtype_from_code(*D.dtype_code(dt), 1) is dt
+  with pytest.raises(UnsupportedError): D.dtype_from_code(2, 16, 4)
+  with pytest.raises(TypeError): Tensor.from_dlpack([1, 2])
+
+
+torch = pytest.importorskip("torch")
+
+
+def test_torch_both_ways():
+  x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+  t = Tensor.from_dlpack(x)
+  x[0, 0] = 42
+  assert t.numpy()[0, 0] == 42
+  y = torch.from_dlpack((t + 1).realize())
+  assert y.tolist() == [[43, 2, 3], [4, 5, 6]]
+  z = torch.zeros(4)
+  w = Tensor.from_dlpack(z)
+  w.assign(w + 3)
+  assert z.tolist() == [3, 3, 3, 3]
+  for tdt, pdt in ((torch.bfloat16, dtypes.bfloat16), (torch.float16, dtypes.float16), (torch.bool, dtypes.bool), (torch.uint8, dtypes.uint8)):
+    src = torch.ones(3, dtype=tdt)
+    got = Tensor.from_dlpack(src)
+    assert got.dtype is pdt and torch.from_dlpack(got).dtype == tdt
+  tt = Tensor.from_dlpack(torch.arange(12).reshape(3, 4).t())
+  assert tt.tolist() == torch.arange(12).reshape(3, 4).t().tolist()
+
+
+def test_the_seed_example_on_host_memory():
+  """The seeds' usage, with a torch CPU tensor: wrap its memory, compute, write back, see it through torch."""
+  x = torch.ones(8, dtype=torch.float32)
+  t = Tensor.from_blob(x.data_ptr(), x.shape, dtype=dtypes.float32, device="CPU", keepalive=x)
+  (t + 1).realize()
+  t.assign(t + 1).realize()
+  assert x.tolist() == [2.0] * 8 and t.to("CPU").numpy().tolist() == [2.0] * 8

@@ -1,0 +1,170 @@
+"""Tensor: creation, elementwise ops with broadcasting and promotion, fusion, reductions, matmul, views; on every device."""
+import numpy as np
+import pytest
+
+from plugrt import Device, Tensor, dtypes
+from plugrt import tensor as T
+
+
+def devices() -> list[str]:
+  return Device.available()
+
+
+@pytest.fixture(params=devices())
+def dev(request) -> str: return request.param
+
+
+def close(got, want, dtype=np.float32):
+  want = np.asarray(want)
+  if np.issubdtype(want.dtype, np.floating):
+    np.testing.assert_allclose(got, want.astype(dtype) if dtype else want, rtol=2e-6 if dtype != np.float16 else 2e-3, atol=1e-6)
+  else:
+    np.testing.assert_array_equal(got, want)
+
+
+def test_creation(dev):
+  assert Tensor([1, 2, 3], device=dev).dtype is dtypes.int32
+  assert Tensor([1.5, 2], device=dev).dtype is dtypes.float32 and Tensor([True, False], device=dev).dtype is dtypes.bool
+  assert Tensor(np.zeros((2, 3), np.int16), device=dev).shape == (2, 3)
+  assert Tensor([[1, 2], [3, 4]], device=dev).tolist() == [[1, 2], [3, 4]]
+  assert Tensor(b"\x01\x00\x02\x00", dtypes.int16, dev).tolist() == [1, 2]
+  assert Tensor.zeros((2, 2), device=dev).tolist() == [[0, 0], [0, 0]] and Tensor.ones(3, dtypes.int8, dev).tolist() == [1, 1, 1]
+  assert Tensor.full((2,), 7.5, device=dev).tolist() == [7.5, 7.5]
+  assert Tensor.arange(5, device=dev).tolist() == [0, 1, 2, 3, 4] and Tensor.arange(1, 2, 0.5, device=dev).tolist() == [1.0, 1.5]
+  Tensor.manual_seed(3)
+  r = Tensor.rand(4, 5, device=dev).numpy()
+  assert r.shape == (4, 5) and ((r >= 0) & (r < 1)).all()
+  Tensor.manual_seed(3)
+  assert (Tensor.rand(4, 5, device=dev).numpy() == r).all()
+  assert Tensor(3.0, device=dev).item() == 3.0 and Tensor(3.0, device=dev).shape == ()
+  with pytest.raises(ValueError): Tensor(b"\x01\x02\x03", dtypes.int16, dev)
+
+
+def test_elementwise_matches_numpy(dev):
+  a = np.array([[1.5, -2.0, 3.25], [0.5, 4.0, -1.0]], np.float32)
+  b = np.array([2.0, -3.0, 0.5], np.float32)
+  ta, tb = Tensor(a, device=dev), Tensor(b, device=dev)
+  close((ta + tb).numpy(), a + b)
+  close((ta * tb - 1).numpy(), a * b - 1)
+  close((ta / tb).numpy(), a / b)
+  close((2 - ta).numpy(), 2 - a)
+  close((ta // tb).numpy(), a // b)
+  close((ta % tb).numpy(), np.mod(a, b))
+  close((-ta).abs().numpy(), np.abs(a))
+  close(ta.abs().sqrt().numpy(), np.sqrt(np.abs(a)))
+  close(ta.exp().numpy(), np.exp(a))
+  close(ta.abs().log().numpy(), np.log(np.abs(a)))
+  close(ta.sin().numpy(), np.sin(a)); close(ta.cos().numpy(), np.cos(a))
+  close(ta.maximum(tb).numpy(), np.maximum(a, b)); close(ta.minimum(1).numpy(), np.minimum(a, 1))
+  close((ta ** 2).numpy(), a ** 2); close(ta.relu().numpy(), np.maximum(a, 0))
+  close((ta > tb).numpy(), a > b); close((ta == 3.25).numpy(), a == 3.25); close((ta <= 0.5).numpy(), a <= 0.5)
+  close((ta > 0).where(ta, tb).numpy(), np.where(a > 0, a, b))
+  close((ta > 0).where(1.0, 0).numpy(), np.where(a > 0, 1.0, 0.0))
+  close(ta.floor().numpy(), np.floor(a)); close(ta.ceil().numpy(), np.ceil(a))
+
+
+def test_integer_semantics(dev):
+  a = np.array([7, -7, 7, -7, 2**31 - 1], np.int32)
+  b = np.array([2, 2, -2, -2, 1], np.int32)
+  ta, tb = Tensor(a, device=dev), Tensor(b, device=dev)
+  close((ta // tb).numpy(), a // b); close((ta % tb).numpy(), a % b)   # floor, like numpy
+  close((ta + 1).numpy(), a + np.int32(1))                              # wraps at int32
+  assert (ta / tb).dtype is dtypes.float32
+  close((ta & 6).numpy(), a & 6); close((ta ^ tb).numpy(), a ^ b)
+  u = Tensor(np.array([250, 3], np.uint8), device=dev)
+  assert (u + 10).tolist() == [4, 13] and (u + 10).dtype is dtypes.uint8
+
+
+def test_promotion(dev):
+  i, f = Tensor([1, 2], device=dev), Tensor([0.5, 1.5], device=dev)
+  assert (i + f).dtype is dtypes.float32 and (i + 1.5).dtype is dtypes.float32 and (i + 1).dtype is dtypes.int32
+  h = Tensor(np.array([1, 2], np.float16), device=dev)
+  assert (h + 1.5).dtype is dtypes.float16 and (h + f).dtype is dtypes.float32
+  assert (Tensor([True, False], device=dev) + 1).tolist() == [2, 1]
+  assert i.cast(dtypes.float16).dtype is dtypes.float16 and Tensor([1.7, -1.7], device=dev).cast(dtypes.int32).tolist() == [1, -1]
+
+
+def test_chains_fuse_into_one_kernel(dev):
+  a, b = Tensor(np.arange(6, dtype=np.float32), device=dev), Tensor(np.ones(6, np.float32), device=dev)
+  before = T.stats["kernels_run"]
+  out = ((a + b) * 2 + a.exp() / (b + 1)).sqrt()
+  assert T.stats["kernels_run"] == before  # lazy until realised
+  got = out.numpy()
+  assert T.stats["kernels_run"] == before + 1  # the whole chain in one kernel
+  an = np.arange(6, dtype=np.float32)
+  close(got, np.sqrt((an + 1) * 2 + np.exp(an) / 2))
+
+
+def test_same_structure_reuses_the_kernel(dev):
+  t = Tensor(np.arange(4, dtype=np.float32), device=dev)
+  (t + 1).realize()
+  n = len(T._KERNELS)
+  assert (t + 2).tolist() == [2, 3, 4, 5] and (t[1:] + 7).tolist() == [8, 9, 10]
+  assert len(T._KERNELS) <= n + 1  # t + 2 shares t + 1's kernel; the slice has other strides
+
+
+def test_reductions(dev):
+  a = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 7
+  t = Tensor(a, device=dev)
+  close(t.sum().numpy(), a.sum()); close(t.sum(axis=1).numpy(), a.sum(axis=1)); close(t.sum(axis=(0, 2)).numpy(), a.sum(axis=(0, 2)))
+  close(t.max(axis=-1).numpy(), a.max(axis=-1)); close(t.min(axis=0).numpy(), a.min(axis=0))
+  close(t.mean(axis=2, keepdim=True).numpy(), a.mean(axis=2, keepdims=True))
+  close((t - t.max(axis=2, keepdim=True)).exp().sum(axis=2).numpy(), np.exp(a - a.max(axis=2, keepdims=True)).sum(axis=2))  # softmax-like
+  i = Tensor(np.array([[1, 2], [3, 4]], np.int8), device=dev)
+  assert i.sum().item() == 10 and i.sum().dtype is dtypes.int32 and i.max().item() == 4
+  assert Tensor([True, True, False], device=dev).sum().item() == 2
+  with pytest.raises(ValueError): t.sum(axis=3)
+
+
+def test_matmul(dev):
+  rng = np.random.default_rng(0)
+  a, b = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((7, 3)).astype(np.float32)
+  ta, tb = Tensor(a, device=dev), Tensor(b, device=dev)
+  np.testing.assert_allclose((ta @ tb).numpy(), a @ b, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose((ta @ tb[:, 0]).numpy(), a @ b[:, 0], rtol=1e-5, atol=1e-5)
+  batch = rng.standard_normal((2, 5, 7)).astype(np.float32)
+  np.testing.assert_allclose((Tensor(batch, device=dev) @ tb).numpy(), batch @ b, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose((ta.T.T @ tb.T.T).numpy(), a @ b, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError): ta @ ta
+
+
+def test_views(dev):
+  a = np.arange(24, dtype=np.int32).reshape(4, 6)
+  t = Tensor(a, device=dev)
+  close(t.reshape(6, 4).numpy(), a.reshape(6, 4)); close(t.reshape(-1, 3).numpy(), a.reshape(-1, 3))
+  close(t.T.numpy(), a.T); close(t.permute(1, 0).reshape(2, 12).numpy(), a.T.reshape(2, 12))
+  close(t[1].numpy(), a[1]); close(t[:, 2].numpy(), a[:, 2]); close(t[1:3, ::2].numpy(), a[1:3, ::2])
+  close(t[::-1, -2:].numpy(), a[::-1, -2:]); close(t[None, 2, :, None].numpy(), a[None, 2, :, None]); close(t[..., 1].numpy(), a[..., 1])
+  close(t[2, 3].numpy(), a[2, 3])
+  close(Tensor([1, 2, 3], device=dev).reshape(3, 1).expand(3, 4).numpy(), np.broadcast_to([[1], [2], [3]], (3, 4)))
+  close((t.T + t.T[:, :1]).numpy(), a.T + a.T[:, :1])
+  close(((t + 1).T * 2).numpy(), (a + 1).T * 2)  # a view of a lazy chain is pushed to its inputs
+  v = t[1:3]
+  assert v.node.op == "buf" and v.node.buffer is t.node.buffer  # zero copy
+  with pytest.raises(ValueError): t.reshape(5, 5)
+  with pytest.raises(IndexError): t[4]
+  with pytest.raises(ValueError): t.permute(0, 0)
+
+
+def test_to_assign_and_devices(dev):
+  t = Tensor([1.0, 2.0, 3.0], device=dev)
+  for other in devices():
+    assert (t.to(other) * 2).tolist() == [2.0, 4.0, 6.0] and t.to(other).device == Device.canonicalize(other)
+  t.assign(t * 10)
+  assert t.tolist() == [10.0, 20.0, 30.0]
+  t[1:].assign(0)
+  assert t.tolist() == [10.0, 0.0, 0.0]
+  u = Tensor(np.arange(5, dtype=np.float32), device=dev)
+  u.assign(u[::-1])  # reads what it overwrites: computed apart first
+  assert u.tolist() == [4, 3, 2, 1, 0]
+  with pytest.raises(ValueError): Tensor([1, 2], device=dev).expand(3, 2).assign(1)
+  if len(devices()) > 1:
+    other = next(d for d in devices() if d != dev)
+    with pytest.raises(ValueError, match="move one"): t + Tensor([1.0, 2.0, 3.0], device=other)
+
+
+def test_half_types(dev):
+  h = Tensor(np.array([1.5, 2.25, -3.0], np.float16), device=dev)
+  close((h * 2 + 1).numpy(), np.array([4.0, 5.5, -5.0], np.float16), dtype=np.float16)
+  bf = Tensor([1.0, 2.5, 1000.0], dtypes.bfloat16, dev)
+  assert bf.dtype is dtypes.bfloat16 and (bf * 2).numpy().tolist() == [2.0, 5.0, 2000.0]
