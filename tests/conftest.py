@@ -8,6 +8,7 @@ unique name, so sys.modules never mixes two tests' plugins.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import subprocess
@@ -155,3 +156,15 @@ def run_tiny(reg: Any, device: str) -> float:
   out, x = Buffer(dev, 1), Buffer(dev, 1).copyin(np.array([41.0], np.float32))
   prg(out, x, wait=True)
   return float(out.numpy()[0])
+
+
+@contextlib.contextmanager
+def float16_or_skip() -> Iterator[None]:
+  """Skip, not fail, where the device cannot express float16 (a WebGPU adapter without shader-f16 says so
+  with a RenderError); any other error still fails."""
+  from plugrt.errors import RenderError
+  try: yield
+  except RenderError as e:
+    if "float16" not in e.message: raise
+    pytest.skip(e.message)
+

@@ -63,7 +63,7 @@ def test_numpy_both_ways(dev):
 
 
 def test_lifetimes():
-  t = Tensor([1.0, 2.0, 3.0]) * 2
+  t = Tensor([1.0, 2.0, 3.0], device="CPU") * 2
   arr = np.from_dlpack(t)
   del t
   gc.collect()
@@ -72,11 +72,12 @@ def test_lifetimes():
   del arr
   gc.collect()
   assert len(D._exported) == n - 1  # and lets go
-  capsule = Tensor([1.0]).__dlpack__()
+  capsule = Tensor([1.0], device="CPU").__dlpack__()
   n = len(D._exported)
-  del capsule  # never consumed: released by the capsule itself
+  del capsule  # never consumed: its destructor queues the release, the next DLPack call (here: _drain) does it
   gc.collect()
-  assert len(D._exported) == n - 1
+  D._drain()
+  assert len(D._exported) == n - 1 or D._DESTRUCTOR is None
   a = np.ones(4, np.float32)
   imported = Tensor.from_dlpack(a)
   del a  # plugrt keeps the producer's memory alive
@@ -84,8 +85,17 @@ def test_lifetimes():
   assert imported.tolist() == [1, 1, 1, 1]
 
 
+def test_a_refused_capsule_keeps_the_consumers_error(monkeypatch):
+  """numpy refuses memory that is not on the host; its error must survive the capsule's destruction."""
+  from plugrt import Device
+  monkeypatch.setattr(type(Device["CPU"].allocator), "dlpack_device", lambda self: (2, 0))  # pretend it is a GPU's
+  with pytest.raises((RuntimeError, BufferError, ValueError)) as e: np.from_dlpack(Tensor([1.0], device="CPU") * 2)
+  assert not isinstance(e.value, SystemError)
+  gc.collect()
+
+
 def test_dlpack_device_and_dtypes():
-  assert Tensor([1]).__dlpack_device__() == (1, 0)
+  assert Tensor([1], device="CPU").__dlpack_device__() == (1, 0)
   for dt in dtypes.all():
     assert D.dtype_from_code(*D.dtype_code(dt), 1) is dt
   with pytest.raises(UnsupportedError): D.dtype_from_code(2, 16, 4)

@@ -14,6 +14,7 @@ import pytest
 from conftest import FakePlugins, backend_source, run_tiny
 
 from plugrt.errors import DeviceUnavailable, EnvError, PlugrtError, Reason, UnknownDeviceError
+from plugrt.hookspecs import PLUGIN_API_VERSION
 from plugrt.registry import Registry, current, isolated
 
 GOOD = ["CPU", "PYTHON"]
@@ -196,7 +197,7 @@ def test_incompatible_api_version(fake_plugins, version, problem):
   mod = fake_plugins.backend("APIDEV", entry="apientry", dist="plugrt-apidev", version="3.1", api_version=version)
   reg = load(env={})
   br = reg.backends["APIDEV"]
-  assert br.detail == f"APIDEV is written for plugin API {version!r}, plugrt implements 1.0: {problem}"
+  assert br.detail == f"APIDEV is written for plugin API {version!r}, plugrt implements {PLUGIN_API_VERSION[0]}.{PLUGIN_API_VERSION[1]}: {problem}"
   assert br.hint == "install versions of plugrt and plugrt-apidev made for each other"
   assert br.package == "plugrt-apidev" and br.version == "3.1"
   assert fake_plugins.calls(mod) == []  # no factory ran
@@ -282,8 +283,11 @@ def test_every_unavailable_backend_has_a_typed_reason_and_a_hint(fake_plugins):
   fake_plugins.backend("NOCC", missing=("PY",), priority=100)
   fake_plugins.backend("OFF")
   reg = load(env={"PLUGRT_DISABLE": "off"})
+  from plugrt.registry import FIRST_PARTY
+  absent = [n for n in FIRST_PARTY if reg.backends[n].spec is None and reg.backends[n].plugin is None]  # not installed here
+  assert absent
   expected = {"GHOST2": Reason.IMPORT_ERROR, "IMP": Reason.IMPORT_ERROR, "OLDAPI": Reason.INCOMPATIBLE_API, "DUPE": Reason.NAME_CONFLICT,
-              "GONE": Reason.NO_DEVICE, "OFF": Reason.DISABLED, "CUDA": Reason.NOT_INSTALLED}
+              "GONE": Reason.NO_DEVICE, "OFF": Reason.DISABLED, absent[0]: Reason.NOT_INSTALLED}
   for name, reason in expected.items():
     p = reg.probe(name)
     assert not p.ok and p.reason is reason and p.hint, (name, p)
@@ -305,7 +309,8 @@ def test_first_party_backends_not_installed(name):
   with isolated(["plugrt.reference", "plugrt_cpu"]) as reg:
     br = reg.load().backends[name]
     assert br.reason is Reason.NOT_INSTALLED and br.spec is None
-    assert br.detail == f"plugrt-{name.lower()} is not installed" and br.hint == f"pip install plugrt-{name.lower()}"
+    engine = " plugrt-webgpu-wgpu" if name == "WEBGPU" else ""  # a WebGPU device needs an engine package too
+    assert br.detail == f"plugrt-{name.lower()} is not installed" and br.hint == f"pip install plugrt-{name.lower()}{engine}"
     assert name not in reg.available()
     with pytest.raises(DeviceUnavailable) as ei:
       reg.open(f"{name.lower()}:1")

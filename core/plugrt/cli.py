@@ -44,7 +44,8 @@ def device_rows() -> tuple[list[dict[str, Any]], str | None, str | None]:
       compilers = [{"name": c.name, "ok": None, "default": False, "detail": "", "hint": ""} for c in br.spec.compilers]
     for spec, _ in reg.interfaces.get(br.name, []):
       ip = reg.interface_probe(spec)
-      interfaces.append({"name": spec.name, "ok": ip.ok, "auto": spec.auto, "detail": ip.detail, "hint": ip.hint})
+      interfaces.append({"name": spec.name, "ok": ip.ok, "auto": spec.auto, "priority": spec.priority, "detail": ip.detail, "hint": ip.hint,
+                         "info": dict(ip.info)})
     reason = probe.reason.value if probe.reason else None
     detail, hint = probe.detail, probe.hint
     if probe.ok and br.open_error is not None:
@@ -79,6 +80,12 @@ def cmd_devices(args: argparse.Namespace) -> int:
   print()
   if env_error: print(f"environment: {env_error}\n")
   print(f"default device: {default or 'none'}   (* marks the default device and each device's default compiler)")
+  facts = [(r["device"], r["detail"], r["info"]) for r in rows if r["available"] and (r["detail"] or r["info"])]
+  facts += [(f"{r['device']} interface {f['name']}", f["detail"], f["info"]) for r in rows for f in r["interfaces"] if f["ok"]]
+  if facts:
+    print("\nwhat is here:")
+    for what, detail, info in facts:
+      print(f"  {what}: {detail}" + "".join(f"\n      {k}: {v}" for k, v in info.items()))
   notes = [(r["device"], r["detail"], r["hint"]) for r in rows if not r["available"]]
   notes += [(f"{r['device']} compiler {c['name']}", c["detail"], c["hint"]) for r in rows for c in r["compilers"] if c["ok"] is False]
   notes += [(f"{r['device']} interface {f['name']}", f["detail"], f["hint"]) for r in rows for f in r["interfaces"] if not f["ok"]]

@@ -46,6 +46,7 @@ class RuntimeDevice:
     self._programs: dict[tuple[str, str], Program] = {}
     self._kernel_programs: dict[tuple[int, str], tuple[Kernel, Program]] = {}
     self._lock = threading.Lock()
+    self._graph_factory: Any = None
 
   @property
   def compiler(self) -> Compiler | None:
@@ -90,6 +91,29 @@ class RuntimeDevice:
     return self.program_factory(self, name, lib, signature)
 
   def buffer(self, size: int, dtype: DType = dtypes.float32) -> Buffer: return Buffer(self, size, dtype)
+
+  def host_array(self, shape: Any, dtype: DType = dtypes.float32) -> Any:
+    """A numpy array in the host memory this device copies from and to fastest: page-locked on GPUs (copies
+    then run at DMA speed, with no staging), plain memory elsewhere. Freed with the array."""
+    import numpy as np
+    dtype = dtypes.as_dtype(dtype)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
+    got = self.allocator._host_alloc(nbytes)
+    if got is None: return np.empty(shape, dtype.numpy)
+    addr, free = got
+    import ctypes
+    raw = (ctypes.c_uint8 * nbytes).from_address(addr)
+    import weakref
+    weakref.finalize(raw, free)  # the array keeps `raw` alive through its base; when both go, the memory is freed
+    return np.frombuffer(raw, dtype.numpy, int(np.prod(shape))).reshape(shape)
+
+  def graph(self, launches: Any) -> Any:
+    """A Graph replaying `launches` (plugrt.runtime.Launch) as one batch, natively where the backend can."""
+    from plugrt.runtime import Graph
+    if self._graph_factory is None:
+      self._graph_factory = self.registry._call(self.backend.plugin, "plugrt_graph", device=self.info) or Graph
+    return self._graph_factory(self, list(launches))
 
   def synchronize(self) -> None:
     if self.info.state is not None: self.info.state.synchronize()

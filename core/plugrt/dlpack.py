@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
+import struct
 from typing import TYPE_CHECKING, Any
 
 from plugrt.dtype import DType, dtypes
@@ -62,10 +62,46 @@ _api.PyCapsule_New.restype, _api.PyCapsule_New.argtypes = ctypes.py_object, [cty
 _api.PyCapsule_GetPointer.restype, _api.PyCapsule_GetPointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
 _api.PyCapsule_SetName.restype, _api.PyCapsule_SetName.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
 _api.PyCapsule_IsValid.restype, _api.PyCapsule_IsValid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
-_CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-# the destructor gets a capsule that is being destroyed: it must not become a Python reference again, so these take raw pointers
-_raw_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_IsValid", _api))
-_raw_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_GetPointer", _api))
+# The capsule destructor runs while the capsule is being destroyed, often while the consumer's own exception is
+# pending (numpy refusing a GPU tensor). CPython rejects a Python callback returning in that state and the
+# consumer's error is lost, so the destructor is machine code (plugrt._native): if the capsule still carries one
+# of our names (it was never consumed; PyCapsule_New keeps the pointer it is given), it appends the capsule's
+# pointer to a ring that Python drains on the next DLPack call. Without it (not x86-64) capsules get no
+# destructor, and one that is never consumed keeps its tensor alive until the process ends.
+_NAME, _NAME_V = b"dltensor", b"dltensor_versioned"
+_RING_SLOTS = 1024  # unconsumed capsules between two drains (more are not released: kept alive, never a crash)
+_ring = (ctypes.c_uint64 * (1 + _RING_SLOTS))()  # [count, pointers...]
+_drained = 0
+
+
+def _make_destructor() -> int | None:
+  from plugrt import _native
+  name = lambda b: ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value or 0
+  second = bytes.fromhex("48ba") + _native.imm64(name(_NAME_V)) + bytes.fromhex("4839d0")  # mov rdx, _NAME_V; cmp rax, rdx
+  found = b"".join([
+    bytes.fromhex("488b4710"),                                       # mov rax, [rdi+16]  the capsule's pointer
+    bytes.fromhex("48b9") + _native.imm64(ctypes.addressof(_ring)),  # mov rcx, ring
+    bytes.fromhex("ba01000000" "f0480fc111"),                       # mov edx, 1; lock xadd [rcx], rdx
+    bytes.fromhex("4881e2") + struct.pack("<I", _RING_SLOTS - 1),   # and rdx, slots-1
+    bytes.fromhex("488944d108")])                                    # mov [rcx+8+rdx*8], rax
+  asm = b"".join([
+    bytes.fromhex("488b4718"),                                       # mov rax, [rdi+24]  the capsule's name
+    bytes.fromhex("48ba") + _native.imm64(name(_NAME)) + bytes.fromhex("4839d0"),  # mov rdx, _NAME; cmp rax, rdx
+    bytes([0x74, len(second) + 2]),                                  # je found
+    second, bytes([0x75, len(found)]),                               # jne done
+    found, bytes.fromhex("c3")])                                     # done: ret
+  return _native.code(asm)
+
+
+_DESTRUCTOR = _make_destructor()
+
+
+def _drain() -> None:
+  """Release what unconsumed capsules held (their pointers wait in the ring)."""
+  global _drained
+  count = _ring[0]
+  for i in range(max(_drained, count - _RING_SLOTS), count): _exported.pop(_ring[1 + (i & (_RING_SLOTS - 1))], None)
+  _drained = count
 
 
 def dtype_code(dt: DType) -> tuple[int, int]:
@@ -89,21 +125,13 @@ def dlpack_device(dev: RuntimeDevice) -> tuple[int, int]:
 # ---------------------------------------------------------------- export
 
 _exported: dict[int, Any] = {}  # manager address -> what must stay alive until the consumer lets go
-_lock = threading.Lock()
 
 
 def _release(managed: Any) -> None:
-  with _lock: _exported.pop(ctypes.addressof(managed.contents), None)
+  _exported.pop(ctypes.addressof(managed.contents), None)  # dict.pop is atomic under the GIL
 
 
 _deleter, _deleter_v = DELETER(_release), DELETER_V(_release)
-
-
-@_CAPSULE_DESTRUCTOR
-def _capsule_destructor(capsule: int) -> None:
-  for name in (b"dltensor", b"dltensor_versioned"):
-    if _raw_is_valid(capsule, name):  # never consumed: release it ourselves
-      with _lock: _exported.pop(_raw_get_pointer(capsule, name), None)
 
 
 def to_dlpack(t: Tensor, stream: Any = None, **kwargs: Any) -> Any:
@@ -112,6 +140,7 @@ def to_dlpack(t: Tensor, stream: Any = None, **kwargs: Any) -> Any:
   node = t.node
   dev = node.device
   dl_dev = dlpack_device(dev)
+  if dl_dev[0] != KDL_CPU: dev.synchronize()  # the consumer may read on any stream: finish plugrt's work first
   if (want := kwargs.get("dl_device")) is not None and tuple(want) != dl_dev:
     raise BufferError(f"the tensor lives on {dev.canonical} (DLPack device {dl_dev}), not on {tuple(want)}")
   ndim = len(node.shape)
@@ -129,8 +158,9 @@ def to_dlpack(t: Tensor, stream: Any = None, **kwargs: Any) -> Any:
     m.version, m.flags, m.deleter = DLPackVersion(1, 0), 0, _deleter_v
   else: m.deleter = _deleter
   addr = ctypes.addressof(m)
-  with _lock: _exported[addr] = (m, shape, strides, node.buffer, t)
-  return _api.PyCapsule_New(addr, b"dltensor_versioned" if versioned else b"dltensor", ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+  _exported[addr] = (m, shape, strides, node.buffer, t)
+  _drain()
+  return _api.PyCapsule_New(addr, _NAME_V if versioned else _NAME, _DESTRUCTOR)
 
 
 # ---------------------------------------------------------------- import
@@ -165,8 +195,10 @@ def from_dlpack(obj: Any, device: Any = None) -> Tensor:
   else: raise UnsupportedError(f"DLPack device type {dev_type} has no plugrt backend")
   if dev.allocator.dlpack_device() not in ((dev_type, dev_id), (KDL_CPU, 0) if dev_type == KDL_CUDA_HOST else None):
     raise UnsupportedError(f"{dev.canonical} cannot address memory of DLPack device ({dev_type}, {dev_id})", "pass a matching device=")
-  try: capsule = obj.__dlpack__(max_version=(1, 0))
-  except TypeError: capsule = obj.__dlpack__()  # a producer from before DLPack 1.0
+  # a GPU producer makes its data ready for the stream we name: 1, CUDA's legacy default stream, which plugrt uses
+  stream = {"stream": 1} if dev_type in (KDL_CUDA, KDL_ROCM) else {}
+  try: capsule = obj.__dlpack__(max_version=(1, 0), **stream)
+  except TypeError: capsule = obj.__dlpack__(**stream)  # a producer from before DLPack 1.0
   versioned = bool(_api.PyCapsule_IsValid(capsule, b"dltensor_versioned"))
   name = b"dltensor_versioned" if versioned else b"dltensor"
   ptr = _api.PyCapsule_GetPointer(capsule, name)

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 PROJECT = "plugrt"
 #: The plugin API this core implements. A backend declaring another major version is
 #: refused; one declaring a newer minor version than this is refused too.
-PLUGIN_API_VERSION = (1, 0)
+PLUGIN_API_VERSION = (1, 1)  # 1.1: plugrt_graph
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
@@ -97,6 +97,7 @@ class InterfaceSpec:
   probe: Callable[[], Probe]
   auto: bool = True
   description: str = ""
+  priority: int = 0   # automatic choice among a device's interfaces: highest first, then declaration order
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,13 @@ def plugrt_compiler(device: DeviceInfo, compiler: str) -> Compiler:
 @hookspec
 def plugrt_program(device: DeviceInfo) -> ProgramFactory:
   """Return the factory that loads compiled binaries as Programs. Called once per device."""
+
+
+@hookspec
+def plugrt_graph(device: DeviceInfo) -> Callable[[Any, Sequence[Any]], Any] | None:
+  """Optional: return a factory(device, launches) -> plugrt.runtime.Graph that replays a batch of
+  launches more cheaply than one call each (CUDA graphs, a command buffer). Called once per device;
+  without it plugrt replays graphs launch by launch."""
 
 
 #: hooks every backend plugin must implement (the rest are optional)

@@ -40,7 +40,7 @@ FIRST_PARTY: dict[str, tuple[str, dict[str, str]]] = {
   "QCOM": ("plugrt-qcom", {}),
   "METAL": ("plugrt-metal", {}),
   "CL": ("plugrt-cl", {"GPU": "CL"}),
-  "WEBGPU": ("plugrt-webgpu", {}),
+  "WEBGPU": ("plugrt-webgpu plugrt-webgpu-wgpu", {}),  # the device package and an engine
 }
 
 DEFAULT_HINTS = {
@@ -237,6 +237,7 @@ class Registry:
     for br in self.backends.values():
       for k, i in enumerate(br.spec.interfaces if br.spec else ()):  # its own first, in their declared order
         self.interfaces.setdefault(br.name, []).insert(k, (i, br.plugin))  # type: ignore[arg-type]
+      self.interfaces[br.name] = sorted(self.interfaces.get(br.name, []), key=lambda ir: -ir[0].priority)  # stable
       if len(br.claimants) > 1:
         who = " and ".join(f"{p.package} {p.version} ({p.module_name})".replace("  ", " ") for p in br.claimants)
         br.reason, br.detail = Reason.NAME_CONFLICT, f"{br.name} is declared by {who}"
@@ -249,7 +250,7 @@ class Registry:
         self.backends[name] = BackendRecord(name, None, rec, rec.reason, rec.detail, rec.hint, [rec])
     for name, (package, _) in FIRST_PARTY.items():
       if name not in self.backends:
-        self.backends[name] = BackendRecord(name, None, None, Reason.NOT_INSTALLED, f"{package} is not installed",
+        self.backends[name] = BackendRecord(name, None, None, Reason.NOT_INSTALLED, f"{package.split()[0]} is not installed",
                                             DEFAULT_HINTS[Reason.NOT_INSTALLED].format(package=package))
 
   # ------------------------------------------------------------ calling one plugin's hooks

@@ -128,6 +128,11 @@ class Allocator(Generic[H]):
     return None
 
   # ---- what a backend implements
+  def _host_alloc(self, nbytes: int) -> tuple[int, Any] | None:
+    """Optional: host memory this device copies from and to fastest (page-locked on a GPU): (address, a
+    function that frees it). None: plain host memory is as good."""
+    return None
+
   def _pointer(self, handle: H) -> int:
     """The address a DLPack consumer uses for this handle (only with dlpack_device())."""
     raise NotImplementedError
@@ -232,3 +237,44 @@ class Program:
 
 
 __all__ = ["Allocator", "Compiler", "DeviceState", "Program", "launch_dims", "size_str"]
+
+
+class Launch:
+  """One launch of a program, with its arguments: a step of a Graph."""
+  __slots__ = ("bufs", "global_size", "local_size", "program", "vals")
+
+  def __init__(self, program: Program, bufs: Sequence[Buffer], global_size: LaunchSize = (1, 1, 1), local_size: LaunchSize = (1, 1, 1),
+               vals: Sequence[Any] = ()):
+    self.program, self.bufs, self.vals = program, tuple(bufs), tuple(vals)
+    self.global_size, self.local_size = program.check_args(self.bufs, self.vals, global_size, local_size)
+
+
+class Graph:
+  """A fixed batch of launches replayed as one: `graph(wait=False) -> seconds | None`.
+
+  This base replays the launches one by one; a backend with a cheaper way to replay a
+  batch (CUDA graphs) builds its own through the plugrt_graph hook. The arguments are
+  checked once, when the graph is made.
+  """
+
+  def __init__(self, device: Any, launches: Sequence[Launch]):
+    self.device, self.launches = device, list(launches)
+    for ln in self.launches:
+      if ln.program.device is not device: raise TypeError(f"a graph of {device} got a program of {ln.program.device}")
+
+  def __call__(self, wait: bool = False) -> float | None:
+    import time
+    st = time.perf_counter()
+    for ln in self.launches: ln.program(*ln.bufs, global_size=ln.global_size, local_size=ln.local_size, vals=ln.vals)
+    if not wait: return None
+    self.device.synchronize()
+    return time.perf_counter() - st
+
+
+def buffer_address(mv: memoryview) -> int:
+  """The address of a contiguous host buffer (for drivers that copy from or to it)."""
+  import ctypes
+  if not mv.nbytes: return 0
+  if not mv.readonly: return ctypes.addressof(ctypes.c_char.from_buffer(mv))
+  import numpy as np  # ctypes cannot take the address of read-only memory (bytes); numpy can
+  return int(np.frombuffer(mv, np.uint8).ctypes.data)

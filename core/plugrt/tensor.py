@@ -192,9 +192,14 @@ def _kernel(root: Node, ctx: _Ctx, key: tuple, wide: bool, out_strides: tuple[in
 
   def unflatten(flat: Val, shape: Shape) -> list[Any]:
     idx, rest = [], flat
-    for d in reversed(shape):
-      idx.append(0 if d == 1 else rest % d)
-      rest = rest // d if d != 1 else rest
+    outer = next((i for i, d in enumerate(shape) if d != 1), len(shape))
+    for i in range(len(shape) - 1, -1, -1):
+      d = shape[i]
+      if d == 1: idx.append(0)
+      elif i == outer: idx.append(rest)  # flat < numel, so the outermost index needs no modulo
+      else:
+        idx.append(rest % d)
+        rest = rest // d
     return list(reversed(idx))
 
   def lower(n: Node, idx: Sequence[Any], memo: dict[int, Val]) -> Val:
@@ -211,38 +216,44 @@ def _kernel(root: Node, ctx: _Ctx, key: tuple, wide: bool, out_strides: tuple[in
     memo[id(n)] = v
     return v
 
-  with b.if_(gid < n_out):
-    oidx = unflatten(gid, out_shape)
-    dest: Val = gid
-    if out_off is not None:  # writing into a view (assign): its own strides and offset
-      dest = out_off
-      for i, s in zip(oidx, out_strides):  # type: ignore[arg-type]
-        if s and not (isinstance(i, int) and i == 0): dest = dest + i * s
-    if root.op == "reduce":
-      rop, axes = root.arg
-      src = root.srcs[0]
-      dt = root.dtype
-      if rop == "sum": init: Any = 0
-      elif dt.kind == "f": init = float("-inf") if rop == "max" else float("inf")
-      else: init = dt.min if rop == "max" else dt.max
-      acc = b.var(float(init) if dt.kind == "f" else init, dt)
-      loops: list[Any] = []
-      idx = list(oidx)
+  # a grid-stride loop: at most _MAX_GROUPS groups, each thread taking every total-th element (GPUs stream memory
+  # better with a few thousand resident groups than with one thread per element: 3.66 against 3.10 TB/s on an H200)
+  total = b.num_groups(0).cast(it) * b.local_size(0).cast(it) if it is dtypes.int64 else b.num_groups(0) * b.local_size(0)
+  first = gid
+  with b.range((n_out + total - 1) // total, dtype=it) as step:
+    gid = step * total + first
+    with b.if_(gid < n_out):
+      oidx = unflatten(gid, out_shape)
+      dest: Val = gid
+      if out_off is not None:  # writing into a view (assign): its own strides and offset
+        dest = out_off
+        for i, s in zip(oidx, out_strides):  # type: ignore[arg-type]
+          if s and not (isinstance(i, int) and i == 0): dest = dest + i * s
+      if root.op == "reduce":
+        rop, axes = root.arg
+        src = root.srcs[0]
+        dt = root.dtype
+        if rop == "sum": init: Any = 0
+        elif dt.kind == "f": init = float("-inf") if rop == "max" else float("inf")
+        else: init = dt.min if rop == "max" else dt.max
+        acc = b.var(float(init) if dt.kind == "f" else init, dt)
+        loops: list[Any] = []
+        idx = list(oidx)
 
-      def nest(k: int) -> None:
-        if k == len(axes):
-          v = lower(src, idx, {})
-          v = v if v.dtype is root.dtype else v.cast(root.dtype)
-          acc.value = acc.value + v if rop == "sum" else acc.value.max(v) if rop == "max" else acc.value.min(v)
-          return
-        with b.range(src.shape[axes[k]], dtype=it) as r:
-          idx[axes[k]] = r
-          loops.append(r)
-          nest(k + 1)
-      nest(0)
-      out[dest] = acc.value
-    else:
-      out[dest] = lower(root, oidx, {})
+        def nest(k: int) -> None:
+          if k == len(axes):
+            v = lower(src, idx, {})
+            v = v if v.dtype is root.dtype else v.cast(root.dtype)
+            acc.value = acc.value + v if rop == "sum" else acc.value.max(v) if rop == "max" else acc.value.min(v)
+            return
+          with b.range(src.shape[axes[k]], dtype=it) as r:
+            idx[axes[k]] = r
+            loops.append(r)
+            nest(k + 1)
+        nest(0)
+        out[dest] = acc.value
+      else:
+        out[dest] = lower(root, oidx, {})
   k = _KERNELS[key] = b.finish()
   return k
 
@@ -273,7 +284,7 @@ def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> 
   out = into.buffer if into is not None else Buffer(node.device, n, node.dtype)
   bufs = [out] + [l.buffer for l in ctx.leaves if l.op == "buf"]
   vals = tuple(l.view.offset if l.op == "buf" else l.arg for l in ctx.leaves) + ((into.view.offset,) if into is not None else ())
-  prg(*bufs, global_size=(max(1, -(-n // _GROUP)), 1, 1), local_size=(min(_GROUP, max(n, 1)), 1, 1), vals=vals)
+  prg(*bufs, global_size=(min(_MAX_GROUPS, max(1, -(-n // _GROUP))), 1, 1), local_size=(min(_GROUP, max(n, 1)), 1, 1), vals=vals)
   stats["kernels_run"] += 1
   return into if into is not None else _buf_node(out, node.shape)
 
@@ -283,7 +294,7 @@ def _realize_into(node: Node, done: Node) -> None:
   node.op, node.srcs, node.arg, node.buffer, node.view = "buf", (), None, done.buffer, done.view
 
 
-_GROUP = 256  # threads per group of the fused kernels
+_GROUP, _MAX_GROUPS = 256, 4096  # threads per group of the fused kernels, and groups at most (the rest is the grid-stride loop)
 #: counters for tests and tuning: kernels_run counts fused/reduce kernels launched by tensors
 stats = {"kernels_run": 0}
 

@@ -31,23 +31,31 @@ class CStyleRenderer:
   reserved: frozenset[str] = frozenset()
   #: dtypes this language cannot express at all
   unsupported: frozenset[DType] = frozenset()
+  #: dtypes the language cannot compute with, held as float and stored as 16 raw bits:
+  #: dtype -> (helper: bits -> float, helper: float -> bits, helper: round a float to dtype). The
+  #: language's prelude defines the helpers (exact, round-to-nearest-even conversions).
+  emulated: dict[DType, tuple[str, str, str]] = {}
   device_name = "?"
 
   # ------------------------------------------------------------ spelling (override)
   def type_name(self, dt: DType) -> str:
     """The type of a value of `dt` held in a local variable."""
+    if dt in self.emulated: return "float"
     return {dtypes.bool: self.bool_type, dtypes.int8: "signed char", dtypes.int16: "short", dtypes.int32: "int",
             dtypes.int64: "long long", dtypes.uint8: "unsigned char", dtypes.uint16: "unsigned short",
             dtypes.uint32: "unsigned int", dtypes.uint64: "unsigned long long", dtypes.float16: "half",
             dtypes.bfloat16: "bfloat16", dtypes.float32: "float", dtypes.float64: "double"}[dt]
 
   def storage_type(self, dt: DType) -> str:
-    """The element type of a buffer of `dt` (differs where values are emulated)."""
-    return self.type_name(dt)
+    """The element type of a buffer of `dt` (16 raw bits where values are emulated)."""
+    return "unsigned short" if dt in self.emulated else self.type_name(dt)
 
-  def to_storage(self, dt: DType, expr: str) -> str: return expr     # value -> what a store writes
-  def from_storage(self, dt: DType, expr: str) -> str: return expr   # what a load reads -> value
-  def round_to(self, dt: DType, expr: str) -> str: return expr       # round a computed value to dt
+  def from_storage(self, dt: DType, expr: str) -> str:  # what a load reads -> value
+    return f"{self.emulated[dt][0]}({expr})" if dt in self.emulated else expr
+  def to_storage(self, dt: DType, expr: str) -> str:  # value -> what a store writes
+    return f"{self.emulated[dt][1]}({expr})" if dt in self.emulated else expr
+  def round_to(self, dt: DType, expr: str) -> str:  # round a computed value to dt
+    return f"{self.emulated[dt][2]}({expr})" if dt in self.emulated else expr
 
   def float_literal(self, x: float, dt: DType) -> str:
     if math.isnan(x): return "NAN" if dt is not dtypes.float64 else "(double)NAN"
@@ -56,6 +64,7 @@ class CStyleRenderer:
     return s if dt is dtypes.float64 else s + "f"
 
   def literal(self, x: Any, dt: DType) -> str:
+    if dt in self.emulated: return self.float_literal(x, dtypes.float32)  # the value is exact in float
     if dt is dtypes.bool: return "1" if x else "0"
     if dt.kind == "f" and dt.itemsize > 2: return self.float_literal(x, dt)
     if dt.kind == "f": return self.cast_expr(self.float_literal(x, dtypes.float32), dtypes.float32, dt)  # half types from a float literal
@@ -82,11 +91,19 @@ class CStyleRenderer:
 
   def cast_expr(self, x: str, src: DType, dt: DType) -> str:
     if dt is dtypes.bool: return f"({x}!=0)"
+    if dt in self.emulated: return f"((float)({x}))"  # round_to then rounds it to dt
     return f"(({self.type_name(dt)})({x}))"
 
+  def reinterpret(self, name: str, x: str, src_type: str, dst_type: str) -> list[str]:
+    """Statements defining `name` (of dst_type) as the bits of x (of src_type, the same size)."""
+    return [f"{dst_type} {name};", f"__builtin_memcpy(&{name}, &{x}, sizeof({name}));"]
+
   def bitcast_stmt(self, name: str, x: str, src: DType, dt: DType) -> list[str]:
-    """Statements defining `name` as x's bits read as dt."""
-    return [f"{self.type_name(dt)} {name};", f"__builtin_memcpy(&{name}, &{x}, sizeof({name}));"]
+    """Statements defining `name` as x's bits read as dt (emulated dtypes go through their raw bits)."""
+    if src not in self.emulated and dt not in self.emulated: return self.reinterpret(name, x, self.type_name(src), self.type_name(dt))
+    out = [f"{self.storage_type(src)} {name}_in = {self.to_storage(src, x)};"]
+    out += self.reinterpret(f"{name}_bits", f"{name}_in", self.storage_type(src), self.storage_type(dt))
+    return out + [f"{self.type_name(dt)} {name} = {self.from_storage(dt, f'{name}_bits')};"]
 
   def buffer_param(self, name: str, dt: DType, written: bool) -> str:
     return f"{'' if written else 'const '}{self.storage_type(dt)}* {name}"

@@ -14,6 +14,7 @@ interpreter: integers exactly, floats to a few ulps where the IR allows it.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 
 import numpy as np
@@ -32,6 +33,13 @@ def _available() -> list[str]:
   return Device.available()
 
 
+def _loosen(case: K.Case, atol: dict[DType, float]) -> K.Case:
+  """`case` with its transcendental ranges (those compared with an absolute tolerance) allowed `atol[dtype]`."""
+  sig = case.kernel.signature
+  ulps = {i: [(a, b, n, max(t, atol.get(sig.buffers[i], t)) if t else t) for a, b, n, t in ranges] for i, ranges in case.ulps.items()}
+  return dataclasses.replace(case, ulps=ulps)
+
+
 class ConformanceSuite:
   """Subclass with `device = "NAME"`; see the module docstring."""
   device: str = ""
@@ -44,7 +52,12 @@ class ConformanceSuite:
     from plugrt.device import Device
     return Device[self.device]
 
+  #: per float dtype, the absolute error this device's SIN, EXP2 and LOG2 may have when that is more than the
+  #: suite's default (for shading languages that allow approximate transcendentals; say where the figure comes from)
+  transcendental_atol: dict[DType, float] = {}
+
   def run(self, dev: RuntimeDevice, case: K.Case, compiler: str) -> None:
+    if self.transcendental_atol: case = _loosen(case, self.transcendental_atol)
     try: K.run_case(dev, case, compiler)
     except RenderError as e: pytest.skip(f"{self.device}:{compiler} cannot express {case.name}: {e.message}")
 
@@ -112,12 +125,21 @@ class ConformanceSuite:
     Buffer(dev, 16, dtypes.uint8)  # the device still works
 
   def test_from_blob(self, dev: RuntimeDevice, compiler: str) -> None:
+    """External memory is wrapped for real (a write through one side shows through the other) or refused; never copied."""
     host = np.arange(8, dtype=np.float32)
     if not dev.allocator.supports_wrap:
       with pytest.raises(UnsupportedError): Buffer.from_blob(host.ctypes.data, 8, dtypes.float32, dev)
       return
-    ext = Buffer.from_blob(host.ctypes.data, 8, dtypes.float32, dev, keepalive=host)
+    with pytest.raises(TypeError): Buffer.from_blob(0, 8, dtypes.float32, dev)
     src = Buffer(dev, 1, dtypes.float32).copyin(np.array([41], np.float32))
+    try: ext = Buffer.from_blob(host.ctypes.data, 8, dtypes.float32, dev, keepalive=host)
+    except UnsupportedError:  # host memory this device cannot address (a GPU): wrap another library's device memory instead
+      if dev.allocator.dlpack_device() is None: raise
+      owner = Buffer(dev, 8, dtypes.float32).copyin(host)
+      ext = Buffer.from_blob(dev.allocator._pointer(owner.handle), 8, dtypes.float32, dev, keepalive=owner)
+      dev.program(K.tiny_kernel(), compiler)(ext, src, wait=True)
+      assert owner.numpy()[0] == 42.0, "from_blob must wrap the memory itself, not a copy"
+      return
     dev.program(K.tiny_kernel(), compiler)(ext, src, wait=True)
     dev.synchronize()
     assert host[0] == 42.0, "from_blob must wrap the memory itself, not a copy"
@@ -126,7 +148,6 @@ class ConformanceSuite:
     del ext
     gc.collect()
     assert host[1] == 7  # the wrapped memory was not freed by plugrt
-    with pytest.raises(TypeError): Buffer.from_blob(0, 8, dtypes.float32, dev)
 
   # ------------------------------------------------------------ kernels against the interpreter
   @pytest.mark.parametrize("dt", ALL, ids=lambda d: d.name)

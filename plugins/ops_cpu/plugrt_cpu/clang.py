@@ -1,7 +1,7 @@
 """The CLANG compiler: C source -> shared object, loaded from memory.
 
-clang compiles to an object on its stdout (no driver link step: that alone costs
-~25 ms), `ld -shared` links it into a memfd, and the library is dlopen'ed from
+clang compiles to an object in a memfd (no driver link step: that alone costs
+~25 ms), `ld -shared` links it into another memfd, and the library is dlopen'ed from
 /proc/self/fd: no temporary file is ever written by plugrt. `CC` names another
 compiler (it must accept clang's flags: clang or gcc).
 """
@@ -72,14 +72,14 @@ class ClangCompiler(Compiler):
     return (_tool_identity(self.cc), _tool_identity(self.ld), " ".join(CFLAGS), " ".join(LDFLAGS), cpu_identity())
 
   def compile_uncached(self, src: str) -> bytes:
-    obj = subprocess.run([self.cc, *CFLAGS, "-x", "c", "-", "-c", "-o", "-"], input=src.encode(), capture_output=True)
-    if obj.returncode != 0:
-      raise CompileError(f"{os.path.basename(self.cc)} failed to compile a CPU kernel", obj.stderr.decode(errors="replace"),
-                         "this is a renderer bug if the kernel came from plugrt's IR; please report it")
+    # the object goes into a memfd, not stdout: GNU as (behind gcc) cannot write an object to a pipe
     fd_in, fd_out = os.memfd_create("plugrt-obj", 0), os.memfd_create("plugrt-so", 0)
     try:
-      os.write(fd_in, obj.stdout)
       pid = os.getpid()
+      obj = subprocess.run([self.cc, *CFLAGS, "-x", "c", "-", "-c", "-o", f"/proc/{pid}/fd/{fd_in}"], input=src.encode(), capture_output=True)
+      if obj.returncode != 0:
+        raise CompileError(f"{os.path.basename(self.cc)} failed to compile a CPU kernel", obj.stderr.decode(errors="replace"),
+                           "this is a renderer bug if the kernel came from plugrt's IR; please report it")
       link = subprocess.run([self.ld, *LDFLAGS, "-o", f"/proc/{pid}/fd/{fd_out}", f"/proc/{pid}/fd/{fd_in}"],
                             capture_output=True)
       if link.returncode != 0: raise CompileError("ld failed to link a CPU kernel", link.stderr.decode(errors="replace"))

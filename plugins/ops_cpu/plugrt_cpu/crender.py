@@ -75,14 +75,9 @@ _MATH = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", O
 
 class CPUCRenderer(CStyleRenderer):
   language = "C"
+  emulated = _EMULATED
   device_name = "CPU"
   reserved = frozenset({"args", "g", "g0", "g1"})
-
-  def type_name(self, dt: DType) -> str: return "float" if dt in _EMULATED else super().type_name(dt)
-  def storage_type(self, dt: DType) -> str: return "unsigned short" if dt in _EMULATED else self.type_name(dt)
-  def from_storage(self, dt: DType, expr: str) -> str: return f"{_EMULATED[dt][0]}({expr})" if dt in _EMULATED else expr
-  def to_storage(self, dt: DType, expr: str) -> str: return f"{_EMULATED[dt][1]}({expr})" if dt in _EMULATED else expr
-  def round_to(self, dt: DType, expr: str) -> str: return f"{_EMULATED[dt][2]}({expr})" if dt in _EMULATED else expr
 
   def float_literal(self, x: float, dt: DType) -> str:
     f = "" if dt is dtypes.float64 else "f"
@@ -90,21 +85,9 @@ class CPUCRenderer(CStyleRenderer):
     if x in (float("inf"), float("-inf")): return ("-" if x < 0 else "") + f"__builtin_inf{f}()"
     return repr(float(x)) + f
 
-  def literal(self, x, dt: DType) -> str:
-    if dt in _EMULATED: return self.float_literal(x, dtypes.float32)  # the value is exact in float
-    return super().literal(x, dt)
-
   def cast_expr(self, x: str, src: DType, dt: DType) -> str:
     if dt is dtypes.float16 and src in (dtypes.float64, dtypes.int64, dtypes.uint64): return f"__plugrt_h2f(__plugrt_d2h((double)({x})))"
-    if dt in _EMULATED: return f"((float)({x}))"
     return super().cast_expr(x, src, dt)
-
-  def bitcast_stmt(self, name: str, x: str, src: DType, dt: DType) -> list[str]:
-    if src not in _EMULATED and dt not in _EMULATED: return super().bitcast_stmt(name, x, src, dt)
-    bits = f"{name}_bits"
-    out = [f"{self.storage_type(src)} {bits}_in = {self.to_storage(src, x)};", f"{self.storage_type(dt)} {bits};",
-           f"__builtin_memcpy(&{bits}, &{bits}_in, sizeof({bits}));"]
-    return out + [f"{self.type_name(dt)} {name} = {self.from_storage(dt, bits)};"]
 
   def alu(self, u, s) -> str:
     if u.op in (Ops.IDIV, Ops.MOD):  # x86 traps on a zero divisor and on MIN / -1: the IR wraps instead, and never traps
@@ -151,7 +134,7 @@ class CPUCRenderer(CStyleRenderer):
     for j, s in enumerate(kernel.scalars):
       n, dt, slot = names[s], s.dtype, f"args[{nb + j}]"
       if dt is dtypes.bool: lines.append(f"  _Bool {n} = {slot} != 0;")
-      elif dt in _EMULATED: lines.append(f"  float {n} = {_EMULATED[dt][0]}((unsigned short){slot});")
+      elif dt in self.emulated: lines.append(f"  float {n} = {self.from_storage(dt, f'(unsigned short){slot}')};")
       elif dt.kind == "f": lines.append(f"  {self.type_name(dt)} {n}; __builtin_memcpy(&{n}, &{slot}, sizeof({n}));")
       else: lines.append(f"  {self.type_name(dt)} {n} = ({self.type_name(dt)}){slot};")
     dims = nb + ns
