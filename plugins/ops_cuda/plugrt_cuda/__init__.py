@@ -1,0 +1,81 @@
+"""plugrt-cuda: NVIDIA GPUs through the CUDA driver API. Kernels compile as CUDA C through NVRTC
+(default) or as PTX rendered directly (CUDA_PTX=1).
+
+This entry module imports only the standard library and plugrt. The probe counts the
+kernel driver's device nodes and looks for the driver and NVRTC libraries on disk: it
+loads nothing and creates no context.
+"""
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+from plugrt.errors import Reason
+from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
+
+__version__ = "0.1.0"
+_DRIVER_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/wsl/lib")
+
+
+def _has_driver() -> bool:
+  paths = os.environ.get("LD_LIBRARY_PATH", "").split(":") + list(_DRIVER_DIRS)
+  return any(glob.glob(os.path.join(p, "libcuda.so*")) for p in paths if p)
+
+
+def probe_cuda() -> Probe:
+  nodes = [p for p in glob.glob("/dev/nvidia[0-9]*") if p[len("/dev/nvidia"):].isdigit()]
+  if not nodes:
+    return Probe.missing(Reason.NO_DEVICE, "no NVIDIA GPU (/dev/nvidia0 does not exist)", "run on a machine with an NVIDIA GPU and its driver")
+  if not _has_driver():
+    return Probe.missing(Reason.NO_DEVICE, "the NVIDIA driver library libcuda.so.1 is not installed", "install the NVIDIA driver")
+  visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+  count = len(nodes) if visible is None else min(len(nodes), len([v for v in visible.split(",") if v.strip()]))
+  if count == 0: return Probe.missing(Reason.NO_DEVICE, f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU", "unset CUDA_VISIBLE_DEVICES")
+  return Probe.found(count, f"{count} GPU{'s' if count != 1 else ''}")
+
+
+def probe_nvrtc() -> Probe:
+  from plugrt_cuda.driver import nvrtc_candidates  # only looks at paths: no library is loaded here
+  if not any(os.path.exists(p) for p in nvrtc_candidates()):
+    return Probe.missing(Reason.MISSING_TOOLCHAIN, "NVRTC (libnvrtc.so) is not installed",
+                         "install the CUDA toolkit, or pip install nvidia-cuda-nvrtc")
+  return Probe.found(1, "nvrtc")
+
+
+@hookimpl
+def plugrt_backends() -> list[BackendSpec]:
+  return [BackendSpec(name="CUDA", api_version="1.1", probe=probe_cuda, priority=50,
+                      compilers=(CompilerSpec("CUDA", "CUDA C through NVRTC to a cubin", probe_nvrtc),
+                                 CompilerSpec("PTX", "PTX rendered by plugrt, compiled by the driver's JIT")),
+                      description="NVIDIA GPUs through the CUDA driver API")]
+
+
+@hookimpl
+def plugrt_open_device(device: DeviceInfo) -> Any:
+  from plugrt_cuda.device import CUDAState
+  return CUDAState(device)
+
+
+@hookimpl
+def plugrt_allocator(device: DeviceInfo) -> Any:
+  from plugrt_cuda.device import CUDAAllocator
+  return CUDAAllocator(device)
+
+
+@hookimpl
+def plugrt_compiler(device: DeviceInfo, compiler: str) -> Any:
+  from plugrt_cuda.compiler import make
+  return make(device, compiler)
+
+
+@hookimpl
+def plugrt_program(device: DeviceInfo) -> Any:
+  from plugrt_cuda.device import load_program
+  return load_program
+
+
+@hookimpl
+def plugrt_graph(device: DeviceInfo) -> Any:
+  from plugrt_cuda.device import CUDAGraph
+  return CUDAGraph

@@ -1,0 +1,334 @@
+"""CUDA's runtime objects: the device state (primary context), allocator, programs and graphs.
+
+Everything runs on the context's legacy default stream, which orders plugrt's work
+after work other libraries (torch, cupy) put on their blocking streams. A launch is
+one cuLaunchKernel through ctypes with every argument prepared: the kernelParams
+array points at one ctypes value per kernel parameter, and a call only rewrites the
+values that changed since the previous call.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from plugrt.device import Buffer
+from plugrt.dtype import DType, dtypes, f32_to_bf16
+from plugrt.errors import UnsupportedError
+from plugrt.hookspecs import DeviceInfo
+from plugrt.ir import Signature
+from plugrt.runtime import Allocator, DeviceState, Graph, Launch, Program, buffer_address
+from plugrt_cuda import driver as D
+from plugrt_cuda import trampoline
+
+_tls = threading.local()  # the context current on this thread (cuCtxSetCurrent is per thread)
+
+
+class CUDAState(DeviceState):
+  """One GPU: its primary context (shared with torch and cupy), attributes and timing events."""
+
+  def __init__(self, info: DeviceInfo):
+    lib = D.libcuda()
+    if lib is None: raise UnsupportedError("libcuda.so.1 (the NVIDIA driver) is not installed")
+    self.lib, self.index = lib, info.index
+    D.call("cuInit", 0)
+    self.dev, self.ctx = ctypes.c_int(), ctypes.c_void_p()
+    D.call("cuDeviceGet", ctypes.byref(self.dev), info.index)
+    D.call("cuDevicePrimaryCtxRetain", ctypes.byref(self.ctx), self.dev)
+    self.make_current()
+    self.cc = (self.attr(D.CU_DEVICE_ATTRIBUTE_CC_MAJOR), self.attr(D.CU_DEVICE_ATTRIBUTE_CC_MINOR))
+    self.arch = f"sm_{self.cc[0]}{self.cc[1]}"
+    self.max_threads = self.attr(D.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
+    name = ctypes.create_string_buffer(256)
+    D.call("cuDeviceGetName", name, 256, self.dev)
+    self.name = name.value.decode()
+    self.start, self.end = ctypes.c_void_p(), ctypes.c_void_p()
+    D.call("cuEventCreate", ctypes.byref(self.start), 0)
+    D.call("cuEventCreate", ctypes.byref(self.end), 0)
+    self.stream = ctypes.c_void_p(0)  # the legacy default stream
+
+  def attr(self, which: int) -> int:
+    v = ctypes.c_int()
+    D.call("cuDeviceGetAttribute", ctypes.byref(v), which, self.dev)
+    return v.value
+
+  def make_current(self) -> None:
+    if getattr(_tls, "ctx", None) != self.ctx.value:
+      D.call("cuCtxSetCurrent", self.ctx)
+      _tls.ctx = self.ctx.value
+
+  def synchronize(self) -> None:
+    self.make_current()
+    D.call("cuCtxSynchronize")
+
+  def timed(self, run: Any) -> float:
+    """Seconds the GPU spent on what run() enqueues, measured with events."""
+    D.check(self.lib.cuEventRecord(self.start, self.stream), "cuEventRecord")
+    run()
+    D.check(self.lib.cuEventRecord(self.end, self.stream), "cuEventRecord")
+    D.check(self.lib.cuEventSynchronize(self.end), "cuEventSynchronize")
+    ms = ctypes.c_float()
+    D.call("cuEventElapsedTime", ctypes.byref(ms), self.start, self.end)
+    return ms.value / 1e3
+
+
+class Staging:
+  """Host <-> device copies of pageable memory through pinned buffers (memory from host_array skips this).
+
+  A copy is cut into chunks; each goes through one of a ring of pinned buffers. The host
+  side (memcpy between the user's memory and a pinned buffer) is split across threads,
+  which run in parallel because ctypes releases the GIL; the DMA of one chunk overlaps
+  the memcpy of the next. Everything is on the device's stream, so copies stay ordered
+  with kernels.
+  """
+  CHUNK, RING = 64 << 20, 2  # best of 8-64 MiB x 2-4 buffers x 4-16 threads on the H200 machine (bench/cuda_copy.py)
+
+  def __init__(self, state: CUDAState):
+    import os
+    self.state, self.lib = state, state.lib
+    self.threads = max(1, min(16, os.cpu_count() or 2))  # host memcpy scales with threads: 8.5 GB/s on one, 36 on 16
+    self.bufs: list[int] = []
+    self.events: list[ctypes.c_void_p] = []
+    self.pool: Any = None
+    self.lock = threading.Lock()
+
+  def _ready(self) -> None:
+    if self.bufs: return
+    from concurrent.futures import ThreadPoolExecutor
+    for _ in range(self.RING):
+      p, ev = ctypes.c_void_p(), ctypes.c_void_p()
+      D.call("cuMemHostAlloc", ctypes.byref(p), ctypes.c_size_t(self.CHUNK), D.CU_MEMHOSTALLOC_PORTABLE)
+      D.call("cuEventCreate", ctypes.byref(ev), 2)  # CU_EVENT_DISABLE_TIMING
+      self.bufs.append(p.value)  # type: ignore[arg-type]
+      self.events.append(ev)
+    self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="plugrt-cuda-copy") if self.threads > 1 else None
+
+  def _memcpy(self, dst: int, src: int, n: int) -> None:
+    """A host memcpy split across the pool's threads."""
+    if self.pool is None or n < (1 << 20): return ctypes.memmove(dst, src, n)
+    step = -(-n // self.threads)
+    futures = [self.pool.submit(ctypes.memmove, dst + o, src + o, min(step, n - o)) for o in range(0, n, step)]
+    for f in futures: f.result()
+
+  def copyin(self, dest: int, host: int, n: int) -> None:
+    with self.lock:
+      self._ready()
+      st, lib = self.state, self.lib
+      for i, off in enumerate(range(0, n, self.CHUNK)):
+        k, size = i % self.RING, min(self.CHUNK, n - off)
+        D.check(lib.cuEventSynchronize(self.events[k]), "cuEventSynchronize")  # the DMA that last used this buffer is done
+        self._memcpy(self.bufs[k], host + off, size)
+        D.check(lib.cuMemcpyHtoDAsync_v2(ctypes.c_uint64(dest + off), ctypes.c_void_p(self.bufs[k]), ctypes.c_size_t(size), st.stream),
+                "cuMemcpyHtoDAsync")
+        D.check(lib.cuEventRecord(self.events[k], st.stream), "cuEventRecord")
+      for ev in self.events: D.check(lib.cuEventSynchronize(ev), "cuEventSynchronize")  # the caller may reuse its memory now
+
+  def copyout(self, host: int, src: int, n: int) -> None:
+    with self.lock:
+      self._ready()
+      st, lib = self.state, self.lib
+      chunks = list(enumerate(range(0, n, self.CHUNK)))
+
+      def start(i: int, off: int) -> None:
+        k, size = i % self.RING, min(self.CHUNK, n - off)
+        D.check(lib.cuMemcpyDtoHAsync_v2(ctypes.c_void_p(self.bufs[k]), ctypes.c_uint64(src + off), ctypes.c_size_t(size), st.stream),
+                "cuMemcpyDtoHAsync")
+        D.check(lib.cuEventRecord(self.events[k], st.stream), "cuEventRecord")
+      for i, off in chunks[:self.RING - 1]: start(i, off)  # keep DMAs ahead of the host copies
+      for i, off in chunks:
+        if i + self.RING - 1 < len(chunks): start(*chunks[i + self.RING - 1])
+        k, size = i % self.RING, min(self.CHUNK, n - off)
+        D.check(lib.cuEventSynchronize(self.events[k]), "cuEventSynchronize")
+        self._memcpy(host + off, self.bufs[k], size)
+
+
+class CUDAAllocator(Allocator[int]):
+  """Plain device allocations (cuMemAlloc, never managed memory); a handle is the device address.
+  Copies of 4 MiB and more go through pinned staging buffers (Staging); smaller ones straight through the driver."""
+  STAGED = 4 << 20
+  supports_transfer = True
+  supports_wrap = True
+
+  def __init__(self, device: DeviceInfo):
+    super().__init__(device)
+    self.state: CUDAState = device.state  # type: ignore[assignment]
+    self.lib = self.state.lib
+    self.staging = Staging(self.state)
+
+  def _alloc(self, nbytes: int, options: Any) -> int:
+    self.state.make_current()
+    ptr = ctypes.c_uint64()
+    D.check(self.lib.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(nbytes)), f"cuMemAlloc of {nbytes} bytes")
+    return ptr.value
+
+  def _free(self, handle: int, nbytes: int, options: Any) -> None:
+    self.state.make_current()
+    D.check(self.lib.cuMemFree_v2(ctypes.c_uint64(handle)), "cuMemFree")
+
+  def _offset(self, handle: int, offset: int, nbytes: int) -> int: return handle + offset
+
+  def _host_alloc(self, nbytes: int) -> tuple[int, Any]:
+    self.state.make_current()
+    p = ctypes.c_void_p()
+    D.check(self.lib.cuMemHostAlloc(ctypes.byref(p), ctypes.c_size_t(nbytes), D.CU_MEMHOSTALLOC_PORTABLE), f"cuMemHostAlloc of {nbytes} bytes")
+    lib = self.lib
+    return p.value, lambda: lib.cuMemFreeHost(p)  # type: ignore[return-value]
+
+  def _pinned(self, addr: int) -> bool:
+    """Whether host memory is page-locked (from host_array or registered): then the DMA can read it directly."""
+    mtype = ctypes.c_uint()
+    return self.lib.cuPointerGetAttribute(ctypes.byref(mtype), D.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ctypes.c_uint64(addr)) == 0 and mtype.value == 1
+
+  def _copyin(self, dest: int, src: memoryview) -> None:
+    self.state.make_current()
+    if src.nbytes >= self.STAGED and not self._pinned(addr := buffer_address(src)): return self.staging.copyin(dest, addr, src.nbytes)
+    D.check(self.lib.cuMemcpyHtoD_v2(ctypes.c_uint64(dest), ctypes.c_void_p(buffer_address(src)), ctypes.c_size_t(src.nbytes)),
+            "cuMemcpyHtoD")
+
+  def _copyout(self, dest: memoryview, src: int) -> None:
+    self.state.make_current()
+    if dest.nbytes >= self.STAGED and not self._pinned(addr := buffer_address(dest)): return self.staging.copyout(addr, src, dest.nbytes)
+    D.check(self.lib.cuMemcpyDtoH_v2(ctypes.c_void_p(buffer_address(dest)), ctypes.c_uint64(src), ctypes.c_size_t(dest.nbytes)),
+            "cuMemcpyDtoH")
+
+  def _copy(self, dest: int, src: int, nbytes: int) -> None:
+    self.state.make_current()
+    D.check(self.lib.cuMemcpyDtoD_v2(ctypes.c_uint64(dest), ctypes.c_uint64(src), ctypes.c_size_t(nbytes)), "cuMemcpyDtoD")
+
+  def _transfer(self, dest: int, src: int, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
+    if src_dev is dest_dev: return self._copy(dest, src, nbytes)
+    self.state.make_current()  # between two GPUs: peer to peer where they can, else staged by the driver
+    D.check(self.lib.cuMemcpyPeer(ctypes.c_uint64(dest), dest_dev.info.state.ctx, ctypes.c_uint64(src), src_dev.info.state.ctx,
+                                  ctypes.c_size_t(nbytes)), "cuMemcpyPeer")
+
+  def _wrap(self, ptr: int, nbytes: int) -> int:
+    """A device pointer from another library (torch, cupy): checked to be device memory of this GPU, then used as is."""
+    self.state.make_current()
+    mtype, ordinal = ctypes.c_uint(), ctypes.c_int()
+    r = self.lib.cuPointerGetAttribute(ctypes.byref(mtype), D.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ctypes.c_uint64(ptr))
+    if r != 0 or mtype.value not in (D.CU_MEMORYTYPE_DEVICE, D.CU_MEMORYTYPE_UNIFIED):
+      raise UnsupportedError(f"{ptr:#x} is not CUDA device memory, so CUDA:{self.state.index} cannot wrap it",
+                             "pass a device pointer (tensor.data_ptr() of a CUDA tensor), or copy host data in with copyin")
+    D.check(self.lib.cuPointerGetAttribute(ctypes.byref(ordinal), D.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ctypes.c_uint64(ptr)),
+            "cuPointerGetAttribute")
+    if mtype.value == D.CU_MEMORYTYPE_DEVICE and ordinal.value != self.state.index:
+      raise UnsupportedError(f"{ptr:#x} is memory of CUDA:{ordinal.value}, not CUDA:{self.state.index}", f"wrap it on CUDA:{ordinal.value}")
+    return ptr
+
+  def dlpack_device(self) -> tuple[int, int]: return (2, self.state.index)  # kDLCUDA
+  def _pointer(self, handle: int) -> int: return handle
+
+
+_CTYPES = {dtypes.bool: ctypes.c_uint8, dtypes.int8: ctypes.c_int8, dtypes.int16: ctypes.c_int16, dtypes.int32: ctypes.c_int32,
+           dtypes.int64: ctypes.c_int64, dtypes.uint8: ctypes.c_uint8, dtypes.uint16: ctypes.c_uint16, dtypes.uint32: ctypes.c_uint32,
+           dtypes.uint64: ctypes.c_uint64, dtypes.float16: ctypes.c_uint16, dtypes.bfloat16: ctypes.c_uint16,
+           dtypes.float32: ctypes.c_float, dtypes.float64: ctypes.c_double}
+
+
+def _scalar_setter(dt: DType) -> Any:
+  """value -> what the parameter's ctypes object holds (16-bit floats as their raw bits)."""
+  if dt is dtypes.float16: return lambda v: struct.unpack("<H", struct.pack("<e", v))[0]
+  if dt is dtypes.bfloat16: return lambda v: int(f32_to_bf16(v))
+  if dt is dtypes.bool: return lambda v: 1 if v else 0
+  if dt.kind in "iu": return lambda v: v
+  return float
+
+
+class CUDAProgram(Program):
+  def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
+    super().__init__(device, name, lib, signature)
+    self.state: CUDAState = device.info.state
+    self.state.make_current()
+    self.module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    image = lib if lib[:4] == b"\x7fELF" else lib + b"\0"  # a cubin is an ELF image; PTX text must end in NUL
+    D.call("cuModuleLoadData", ctypes.byref(self.module), ctypes.c_char_p(image))
+    D.call("cuModuleGetFunction", ctypes.byref(fn), self.module, name.encode())
+    self.fn = fn
+    self._values = [ctypes.c_uint64() for _ in signature.buffers] + [_CTYPES[dt]() for dt in signature.scalars]
+    self._set = [_scalar_setter(dt) for dt in signature.scalars]
+    self._params = (ctypes.c_void_p * max(len(self._values), 1))(*[ctypes.addressof(v) for v in self._values])
+    self._launch = self.state.lib.cuLaunchKernel
+    # the launch's eleven arguments as 8-byte slots, for the one-argument trampoline (see trampoline.py)
+    self._tramp = trampoline.make()
+    self._slots = (ctypes.c_uint64 * trampoline.SLOTS)(ctypes.cast(self._launch, ctypes.c_void_p).value, fn.value)
+    self._slots_ptr = ctypes.c_void_p(ctypes.addressof(self._slots))
+    self._last_bufs: tuple = ()
+    self._last_vals: Any = None
+    self._last_dims: Any = (None, None)
+    self._args: tuple = ()
+
+  def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
+               wait: bool = False) -> float | None:
+    if bufs != self._last_bufs or vals != self._last_vals or (global_size, local_size) != self._last_dims:
+      self._prepare(bufs, vals, global_size, local_size)
+    if getattr(_tls, "ctx", None) != self.state.ctx.value: self.state.make_current()
+    if wait: return self.state.timed(self._enqueue)
+    if (r := self._tramp(self._slots_ptr) if self._tramp else self._launch(*self._args)) != 0: D.check(r, f"cuLaunchKernel({self.name})")
+    return None
+
+  def _enqueue(self) -> None:
+    if (r := self._tramp(self._slots_ptr) if self._tramp else self._launch(*self._args)) != 0: D.check(r, f"cuLaunchKernel({self.name})")
+
+  def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
+    gs, ls = self.check_args(bufs, vals, global_size, local_size)
+    if math.prod(ls) > self.state.max_threads:
+      raise ValueError(f"program {self.name}: {math.prod(ls)} threads per group, {self.state.name} allows {self.state.max_threads}")
+    for v, b in zip(self._values, bufs): v.value = b.handle
+    for v, set_, x in zip(self._values[self.nbufs:], self._set, vals): v.value = set_(x)
+    u = ctypes.c_uint
+    self._args = (self.fn, u(gs[0]), u(gs[1]), u(gs[2]), u(ls[0]), u(ls[1]), u(ls[2]), u(0), self.state.stream, self._params, None)
+    self._slots[2:12] = [*gs, *ls, 0, self.state.stream.value or 0, ctypes.addressof(self._params), 0]
+    self._last_bufs, self._last_vals, self._last_dims = tuple(bufs), tuple(vals), (global_size, local_size)
+
+  def __del__(self) -> None:
+    try:
+      self.state.make_current()
+      self.state.lib.cuModuleUnload(self.module)
+    except Exception: pass  # interpreter shutdown
+
+
+class CUDAGraph(Graph):
+  """The launches captured once into a CUDA graph; a call replays the whole batch with one cuGraphLaunch."""
+
+  def __init__(self, device: Any, launches: Sequence[Launch]):
+    super().__init__(device, launches)
+    self.state: CUDAState = device.info.state
+    st = self.state
+    st.make_current()
+    stream, graph = ctypes.c_void_p(), ctypes.c_void_p()
+    D.call("cuStreamCreate", ctypes.byref(stream), D.CU_STREAM_NON_BLOCKING)
+    try:
+      D.call("cuStreamBeginCapture_v2", stream, D.CU_STREAM_CAPTURE_MODE_RELAXED)
+      try:
+        for ln in self.launches:
+          prg = ln.program
+          prg._prepare(ln.bufs, ln.vals, ln.global_size, ln.local_size)  # the graph copies the parameter values now
+          args = list(prg._args)
+          args[8] = stream
+          D.check(prg._launch(*args), f"cuLaunchKernel({prg.name}) while capturing")
+      finally:
+        D.call("cuStreamEndCapture", stream, ctypes.byref(graph))
+      self.exec = ctypes.c_void_p()
+      D.call("cuGraphInstantiateWithFlags", ctypes.byref(self.exec), graph, ctypes.c_ulonglong(0))
+    finally:
+      if graph.value: st.lib.cuGraphDestroy(graph)
+      st.lib.cuStreamDestroy_v2(stream)
+    self._replay = st.lib.cuGraphLaunch
+
+  def __call__(self, wait: bool = False) -> float | None:
+    st = self.state
+    if getattr(_tls, "ctx", None) != st.ctx.value: st.make_current()
+    if wait: return st.timed(lambda: D.check(self._replay(self.exec, st.stream), "cuGraphLaunch"))
+    if (r := self._replay(self.exec, st.stream)) != 0: D.check(r, "cuGraphLaunch")
+    return None
+
+  def __del__(self) -> None:
+    try: self.state.lib.cuGraphExecDestroy(self.exec)
+    except Exception: pass
+
+
+def load_program(device: Any, name: str, lib: bytes, signature: Signature) -> CUDAProgram:
+  return CUDAProgram(device, name, lib, signature)
