@@ -1,0 +1,78 @@
+"""The CL compiler: OpenCL C -> the device's program binary, built once.
+
+compile_uncached builds the source with the platform's compiler and returns the binary
+the device reports (CL_PROGRAM_BINARIES); the built program is handed to the loader
+as it is (CLState.fresh), so a new kernel is built exactly once. The core's disk cache
+keeps the binary under a key of platform name and version, device name and version,
+driver version and build options; a hit is loaded with clCreateProgramWithBinary,
+which on PoCL takes about 1 ms.
+
+PoCL parses OpenCL's 900 KB builtin header (opencl-c.h) for every build: ~100 of the
+~120 ms a tiny kernel takes here. plugrt's kernels use a dozen builtins, so on PoCL the
+compiler defines the header's include guard and the renderer declares those builtins
+itself (renderer.BARE_PRELUDE): a build takes ~16 ms. Should a PoCL release ever
+reject that, the first failure switches this compiler back to the full header for good.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pyopencl as cl
+
+from plugrt.errors import CompileError
+from plugrt.hookspecs import DeviceInfo
+from plugrt.ir import Kernel
+from plugrt.runtime import Compiler
+from plugrt_cl.device import CLState, state_of
+from plugrt_cl.renderer import OpenCLRenderer
+
+BARE_OPTIONS = "-D_OPENCL_H_ -DPLUGRT_BARE_BUILTINS"  # _OPENCL_H_: the builtin header's include guard, so it is skipped
+FRESH_KEEP = 16  # built programs kept for the loader; more are only made by callers that never load them (benchmarks)
+
+
+def is_pocl(platform: Any) -> bool: return "portable computing language" in platform.name.lower() or "pocl" in platform.version.lower()
+
+
+def build(state: CLState, src: str | None, binary: bytes | None, options: str, name: str = "") -> Any:
+  """A built cl.Program from source or from a binary; CompileError with the build log on failure."""
+  prg = cl._cl._Program(state.context, src) if binary is None else cl._cl._Program(state.context, [state.device], [binary])
+  try: prg._build(options.encode(), [state.device])  # the raw build: pyopencl's Program.build adds its own caching and options
+  except cl.Error as e:
+    try: log = prg.get_build_info(state.device, cl.program_build_info.LOG)
+    except cl.Error: log = ""
+    what = f"kernel {name}" if name else "a kernel"
+    raise CompileError(f"{state.label}: the OpenCL compiler rejected {what}: {e.what if hasattr(e, 'what') else e}", log or str(e),
+                       "this is a renderer bug if the kernel came from plugrt's IR; please report it") from None
+  return prg
+
+
+class CLCompiler(Compiler):
+  name = "CL"
+  cache_namespace = "cl"
+
+  def __init__(self, device: DeviceInfo):
+    super().__init__(device)
+    self.state = state_of(device)
+    self.renderer = OpenCLRenderer(self.state.label, self.state.fp64)
+    self.bare = is_pocl(self.state.platform)
+
+  @property
+  def options(self) -> str: return BARE_OPTIONS if self.bare else ""
+
+  def render(self, kernel: Kernel) -> str: return self.renderer.render(kernel)
+
+  def toolchain(self) -> tuple[str, ...]:
+    p, d = self.state.platform, self.state.device
+    return (p.name, p.version, d.name, d.version, d.driver_version, self.options)
+
+  def compile_uncached(self, src: str) -> bytes:
+    try: prg = build(self.state, src, None, self.options)
+    except CompileError:
+      if not self.bare: raise
+      prg = build(self.state, src, None, "")  # the full header builds it: this PoCL does not take the fast path
+      self.bare, self._key_prefix = False, None  # from now on, and under its own cache key
+    binary = prg.get_info(cl.program_info.BINARIES)[0]
+    fresh = self.state.fresh
+    fresh[binary] = (prg, self.options)
+    while len(fresh) > FRESH_KEEP: fresh.pop(next(iter(fresh)))
+    return binary

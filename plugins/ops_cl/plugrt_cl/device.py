@@ -1,0 +1,164 @@
+"""Opening an OpenCL device (platform choice, context, queue) and its memory.
+
+One context and one in-order queue per device, the queue created with profiling on so
+that `wait=True` launches are timed by the device's own events. A buffer handle is a
+`CLMem`: the cl.Buffer of the allocation plus a byte offset, so that views at any
+offset work on every platform (sub-buffers must start at CL_DEVICE_MEM_BASE_ADDR_ALIGN,
+512 bytes on NVIDIA); kernels take each buffer as (base pointer, byte offset).
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyopencl as cl
+
+from plugrt.errors import DeviceUnavailable, Reason
+from plugrt.hookspecs import DeviceInfo
+from plugrt.runtime import Allocator, DeviceState, size_str
+from plugrt_cl import NO_PLATFORM_HINT, icd
+
+_OOM = {cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE, cl.status_code.OUT_OF_RESOURCES, cl.status_code.OUT_OF_HOST_MEMORY,
+        cl.status_code.INVALID_BUFFER_SIZE}
+
+
+def describe(platforms: list[Any]) -> str:
+  out = []
+  for i, p in enumerate(platforms):
+    try: n = len(p.get_devices())
+    except cl.Error: n = 0
+    out.append(f"{i}: {p.name} ({p.version.strip()}, {n} device{'s' if n != 1 else ''})")
+  return "; ".join(out)
+
+
+def choose_platform(platforms: list[Any], arch: str) -> Any:
+  """The platform DEV=CL::<arch> or CL_PLATFORM names, else the first that has a device."""
+  selector, source = icd.requested_platform(arch)
+  if selector:
+    for i, p in enumerate(platforms):
+      if icd.matches(selector, i, p.name, p.vendor, p.version): return p
+    raise DeviceUnavailable(f"{source}: no OpenCL platform matches {selector!r}; platforms here: {describe(platforms)}", Reason.NO_DEVICE,
+                            "name a platform by its index or a part of its name, vendor or version, e.g. CL_PLATFORM=pocl")
+  for p in platforms:
+    try:
+      if p.get_devices(): return p
+    except cl.Error: continue
+  raise DeviceUnavailable(f"no OpenCL platform has a device: {describe(platforms)}", Reason.NO_DEVICE, NO_PLATFORM_HINT)
+
+
+@dataclass
+class CLState(DeviceState):
+  """What a CL device's allocator, compiler and programs share."""
+  platform: Any
+  device: Any
+  context: Any
+  queue: Any
+  label: str                      # "CL:1 (pthread-skylake on Portable Computing Language)"
+  fp64: bool
+  host_memory: bool               # the device computes on host memory: from_blob can wrap
+  max_group: int                  # CL_DEVICE_MAX_WORK_GROUP_SIZE
+  max_items: tuple[int, ...]      # CL_DEVICE_MAX_WORK_ITEM_SIZES
+  max_alloc: int                  # CL_DEVICE_MAX_MEM_ALLOC_SIZE
+  fresh: dict[bytes, Any] = field(default_factory=dict)  # binary -> its program as just built (so loading it builds nothing again)
+
+  def synchronize(self) -> None: self.queue.finish()
+
+  def close(self) -> None:
+    self.queue.finish()
+    self.fresh.clear()
+
+
+def open_device(info: DeviceInfo) -> CLState:
+  try: platforms = cl.get_platforms()
+  except cl.Error as e:
+    raise DeviceUnavailable(f"{info.canonical}: the OpenCL ICD loader found no platform ({e})", Reason.NO_DEVICE, NO_PLATFORM_HINT) from None
+  plat = choose_platform(platforms, info.arch)
+  devs = plat.get_devices()
+  if info.index >= len(devs):
+    raise DeviceUnavailable(f"{info.canonical} does not exist: platform {plat.name} has {len(devs)} device{'s' if len(devs) != 1 else ''}",
+                            Reason.NO_DEVICE, f"use an index below {len(devs)}, or pick another platform with CL_PLATFORM")
+  dev = devs[info.index]
+  try:
+    ctx = cl.Context([dev])
+    queue = cl.CommandQueue(ctx, dev, cl.command_queue_properties.PROFILING_ENABLE)
+  except cl.Error as e:
+    raise DeviceUnavailable(f"{info.canonical}: cannot open {dev.name.strip()}: {e}", Reason.OPEN_FAILED,
+                            "check the OpenCL driver with `clinfo`") from None
+  exts = dev.extensions.split()
+  fp64 = "cl_khr_fp64" in exts or bool(_get(dev, "double_fp_config", 0))
+  unified = bool(_get(dev, "host_unified_memory", False)) and dev.type & cl.device_type.CPU != 0
+  return CLState(plat, dev, ctx, queue, f"{info.canonical} ({dev.name.strip()} on {plat.name.strip()})", fp64, unified,
+                 dev.max_work_group_size, tuple(dev.max_work_item_sizes), dev.max_mem_alloc_size)
+
+
+def _get(dev: Any, attr: str, default: Any) -> Any:
+  try: return getattr(dev, attr)
+  except (cl.Error, AttributeError): return default  # an attribute a platform does not report (deprecated, optional)
+
+
+def state_of(info: DeviceInfo) -> CLState:
+  if not isinstance(info.state, CLState): raise DeviceUnavailable(f"{info.canonical} was not opened by plugrt-cl", Reason.HOOK_ERROR)
+  return info.state
+
+
+# ---------------------------------------------------------------- memory
+
+class CLMem:
+  """A buffer handle: the allocation and a byte offset into it."""
+  __slots__ = ("buf", "host", "offset")
+
+  def __init__(self, buf: Any, offset: int = 0, host: Any = None):
+    self.buf, self.offset, self.host = buf, offset, host  # host: the wrapped memory's owner view (from_blob), kept alive
+
+  def __repr__(self) -> str: return f"<CLMem {self.buf.int_ptr:#x}+{self.offset}>"
+
+
+class CLAllocator(Allocator[CLMem]):
+  supports_transfer = True
+
+  def __init__(self, device: DeviceInfo):
+    super().__init__(device)
+    self.state = state_of(device)
+    # from_blob wraps for real only where kernels run on host memory (CL_MEM_USE_HOST_PTR on a CPU device);
+    # a GPU driver would copy it behind plugrt's back, so there it refuses
+    self.supports_wrap = self.state.host_memory
+
+  def _alloc(self, nbytes: int, options: Any) -> CLMem:
+    if nbytes > self.state.max_alloc:
+      raise MemoryError(f"{size_str(nbytes)} is over the device's largest allocation ({size_str(self.state.max_alloc)})")
+    try: return CLMem(cl.Buffer(self.state.context, cl.mem_flags.READ_WRITE, nbytes))
+    except cl.Error as e:
+      if e.code in _OOM: raise MemoryError(str(e)) from None
+      raise
+
+  def _free(self, handle: CLMem, nbytes: int, options: Any) -> None:
+    try: handle.buf.release()
+    except cl.Error: pass  # already released (interpreter shutdown)
+
+  def _offset(self, handle: CLMem, offset: int, nbytes: int) -> CLMem: return CLMem(handle.buf, handle.offset + offset, handle.host)
+
+  def _copyin(self, dest: CLMem, src: memoryview) -> None:
+    cl.enqueue_copy(self.state.queue, dest.buf, src, dst_offset=dest.offset, is_blocking=True)
+
+  def _copyout(self, dest: memoryview, src: CLMem) -> None:
+    cl.enqueue_copy(self.state.queue, dest, src.buf, src_offset=src.offset, is_blocking=True)
+
+  def _transfer(self, dest: CLMem, src: CLMem, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
+    s, d = src_dev.allocator.state, dest_dev.allocator.state
+    overlap = src.buf.int_ptr == dest.buf.int_ptr and src.offset < dest.offset + nbytes and dest.offset < src.offset + nbytes
+    if s.context is d.context and not overlap:
+      # same context: the device copies; in order on its queue, so later launches and reads see it
+      cl.enqueue_copy(s.queue, dest.buf, src.buf, byte_count=nbytes, src_offset=src.offset, dst_offset=dest.offset)
+      return
+    # another device has its own context (OpenCL cannot copy between contexts), or the ranges overlap: through the host
+    host = bytearray(nbytes)
+    src_dev.allocator._copyout(memoryview(host), src)
+    dest_dev.allocator._copyin(dest, memoryview(host))
+
+  def _wrap(self, ptr: int, nbytes: int) -> CLMem:
+    host = (ctypes.c_char * nbytes).from_address(ptr)
+    try: buf = cl.Buffer(self.state.context, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, hostbuf=host)
+    except cl.Error as e:
+      raise MemoryError(f"{self.state.label} cannot wrap {size_str(nbytes)} at {ptr:#x}: {e}") from None
+    return CLMem(buf, 0, host)
