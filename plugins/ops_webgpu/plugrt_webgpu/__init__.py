@@ -1,0 +1,84 @@
+"""plugrt-webgpu: the WEBGPU device. Kernels are rendered to WGSL and run through a
+WebGPU engine: wgpu-native (interface WGPU, package plugrt-webgpu-wgpu) or Google's
+Dawn (interface DAWN, package plugrt-webgpu-dawn), each an interface plugin that
+can be installed on its own. `WEBGPU_IFACE=DAWN` or `DEV=DAWN+WEBGPU` picks one.
+
+This entry module imports only the standard library and plugrt; the renderer,
+allocator, compiler and program load when a device opens.
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from plugrt.errors import Reason
+from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
+
+__version__ = "0.1.0"
+
+#: first-party engines: (interface, its package's module, the library it drives, distribution to install)
+ENGINES = (("WGPU", "plugrt_webgpu_wgpu", "wgpu", "plugrt-webgpu-wgpu"), ("DAWN", "plugrt_webgpu_dawn", "pydawn", "plugrt-webgpu-dawn"))
+#: entry points named webgpu-<engine> in group plugrt are engines too (third parties follow this convention)
+ENGINE_ENTRY_PREFIX = "webgpu-"
+
+
+def _has(module: str) -> bool:
+  try: return importlib.util.find_spec(module) is not None
+  except (ImportError, ValueError): return False
+
+
+def _third_party_engines() -> list[str]:
+  """Entry points in group plugrt named webgpu-*, other than the first-party ones (no import happens)."""
+  try:
+    from plugrt._entrypoints import entry_points  # the core's cached reader: free after discovery
+  except ImportError: return []
+  known = {m for _, m, _, _ in ENGINES}
+  return [ep.name for ep in entry_points("plugrt") if ep.name.startswith(ENGINE_ENTRY_PREFIX) and ep.module not in known]
+
+
+def probe_webgpu() -> Probe:
+  """Is some engine installed? (Whether it finds an adapter is known only once it opens: that
+  loads the native library and the Vulkan/OpenGL drivers, which a probe must not do.)"""
+  found = [name for name, pkg, lib, _ in ENGINES if _has(pkg) and _has(lib)]
+  third = _third_party_engines()
+  if found and not third:
+    from plugrt_webgpu.drivers import DRIVER_HINT, drivers
+    ok, seen = drivers(opengl="WGPU" in found)
+    if not ok: return Probe.missing(Reason.NO_DEVICE, f"engines installed ({', '.join(found)}), but this machine has {seen}", DRIVER_HINT)
+    return Probe.found(1, f"engines installed: {', '.join(found)}; drivers: {seen}", engines=",".join(found), drivers=seen)
+  if found or third: return Probe.found(1, f"engines installed: {', '.join(found + third)}", engines=",".join(found + third))
+  return Probe.missing(Reason.NO_DEVICE,
+                       "no WebGPU engine is installed (neither plugrt-webgpu-wgpu with wgpu nor plugrt-webgpu-dawn with dawn-python)",
+                       "pip install plugrt-webgpu-wgpu (wgpu-native) or plugrt-webgpu-dawn (Dawn)")
+
+
+@hookimpl
+def plugrt_backends() -> list[BackendSpec]:
+  return [BackendSpec(
+    name="WEBGPU", api_version="1.0", probe=probe_webgpu, priority=4,
+    compilers=(CompilerSpec("WGSL", "WGSL text; the engine compiles it when a pipeline is created"),),
+    description="WebGPU compute through a pluggable engine (WGPU: wgpu-native, DAWN: Dawn)")]
+
+
+@hookimpl
+def plugrt_open_device(device: DeviceInfo) -> Any:
+  from plugrt_webgpu.device import WebGPUState, engine_of
+  return WebGPUState(engine_of(device))
+
+
+@hookimpl
+def plugrt_allocator(device: DeviceInfo) -> Any:
+  from plugrt_webgpu.device import WebGPUAllocator
+  return WebGPUAllocator(device)
+
+
+@hookimpl
+def plugrt_compiler(device: DeviceInfo, compiler: str) -> Any:
+  from plugrt_webgpu.device import WGSLCompiler
+  return WGSLCompiler(device)
+
+
+@hookimpl
+def plugrt_program(device: DeviceInfo) -> Any:
+  from plugrt_webgpu.device import load_program
+  return load_program
