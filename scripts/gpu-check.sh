@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Everything plugrt checks on the lent GPU machine, in one call: install, list devices, run the tests marked `gpu`
+# (and the suites that run on every available device), then the benchmarks. Logs go to $OUT (the device tool
+# brings them back). Usage (from the repo root): bash scripts/gpu-check.sh [--quick] [--only=tests|bench|webgpu]
+# (--only=webgpu: install, then the WebGPU section alone). Each step has its own time limit, so one hang costs one step.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/plugrt-gpu}; mkdir -p "$OUT"
+# the device tool brings back at most 8 files: every log and JSON goes into one archive at the end
+pack() { (cd "$OUT" && ls ./*.txt ./*.json >/dev/null 2>&1 && tar czf gpu-check.tgz ./*.txt ./*.json && rm -f ./*.txt ./*.json); }
+trap pack EXIT; trap 'exit 143' TERM INT
+QUICK=""; ONLY=""
+for a in "$@"; do case "$a" in --quick) QUICK="--quick";; --only=*) ONLY="${a#--only=}";; esac; done
+export PYTHONUNBUFFERED=1 PLUGRT_CACHE_DIR=/tmp/plugrt-cache
+PY=${PY:-python3}
+echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+$PY -c "import sys, numpy, pluggy; print(sys.version.split()[0], 'numpy', numpy.__version__, 'pluggy', pluggy.__version__)"
+echo "== install (no network: --no-deps, no build isolation)"
+PKGS="./core ./plugins/ops_cpu ./plugins/ops_cuda"
+for p in ./plugins/ops_cl ./plugins/ops_webgpu ./plugins/ops_webgpu/iface_wgpu ./plugins/ops_webgpu/iface_dawn; do [ -f "$p/pyproject.toml" ] && PKGS="$PKGS $p"; done
+$PY -m pip install -q --no-deps --no-build-isolation --no-compile --target /tmp/site $PKGS 2>&1 | tail -3
+[ -d .whl ] && $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -3
+export PYTHONPATH=/tmp/site
+$PY -m plugrt devices 2>&1 | tee "$OUT/devices.txt" | head -20
+if [ "$ONLY" != "bench" ] && [ "$ONLY" != "webgpu" ]; then
+  echo "== tests"
+  timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=short -rfE plugins/ops_cuda tests/test_dsl.py tests/test_tensor.py tests/test_interop.py \
+    tests/test_conformance.py 2>&1 | tee "$OUT/tests.txt" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -40
+fi
+if [ "$ONLY" != "tests" ] && [ "$ONLY" != "webgpu" ]; then
+  echo "== bench"
+  timeout 360 $PY bench/gpu_cuda.py $QUICK --json "$OUT/bench_cuda.json" 2>&1 | tee "$OUT/bench_cuda.txt"
+  timeout 90 $PY bench/cuda_launch.py 2>&1 | tee "$OUT/cuda_launch.txt"
+fi
+if [ "$ONLY" != "webgpu" ]; then
+echo "== OpenCL on this machine"
+ls -l /etc/OpenCL/vendors 2>/dev/null && for f in /etc/OpenCL/vendors/*.icd; do echo "  $f -> $(cat "$f")"; done || echo "  no /etc/OpenCL/vendors"
+ldconfig -p | grep -i opencl || echo "  no OpenCL library in the linker cache"
+if grep -qsil nvidia /etc/OpenCL/vendors/*.icd || [ "$(ldconfig -p | grep -c libnvidia-opencl)" -gt 0 ]; then
+  if ! grep -qsil nvidia /etc/OpenCL/vendors/*.icd; then  # containers often mount the library without its manifest
+    d=$(mktemp -d); echo libnvidia-opencl.so.1 > "$d/nvidia.icd"; export OCL_ICD_VENDORS="$d"; fi
+  CL_PLATFORM=nvidia $PY -m plugrt devices --json > "$OUT/cl_devices.json" 2>&1
+  CL_PLATFORM=nvidia timeout 150 $PY -m pytest -q -p no:cacheprovider --tb=short plugins/ops_cl/tests 2>&1 | tee "$OUT/cl_tests.txt" | tail -8
+  [ "$ONLY" != "tests" ] && CL_PLATFORM=nvidia timeout 150 $PY bench/cl.py --quick --json "$OUT/bench_cl.json" 2>&1 | tee "$OUT/bench_cl.txt"
+else echo "no NVIDIA OpenCL driver here: the CL suite is not run on the GPU"; fi
+fi
+echo "== WebGPU through the NVIDIA Vulkan driver"
+# The machine has the driver's Vulkan ICD but no loader: the loader debs travel in .gl (see docs/hardware.md).
+if [ -d .gl ] && command -v nvidia-smi >/dev/null; then for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
+icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[ -f "$icd" ] && export VK_DRIVER_FILES="$icd"
+if ldconfig -p | grep -q libvulkan.so.1; then
+  for iface in WGPU DAWN; do
+    echo "-- WEBGPU_IFACE=$iface"
+    WEBGPU_IFACE=$iface timeout 60 $PY -m plugrt devices 2>&1 | grep -i webgpu
+    [ "$ONLY" != "bench" ] && WEBGPU_IFACE=$iface timeout 200 $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=40 --tb=short -rfE plugins/ops_webgpu/tests \
+      tests/test_dsl.py tests/test_tensor.py -k "WEBGPU or webgpu" 2>&1 | tee "$OUT/webgpu_tests_$iface.txt" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -20
+  done
+  [ "$ONLY" != "tests" ] && timeout 240 $PY bench/webgpu.py --quick --json "$OUT/bench_webgpu.json" 2>&1 | tee "$OUT/bench_webgpu.txt"
+else echo "no Vulkan loader here: WebGPU is not run on the GPU"; fi
