@@ -26,6 +26,7 @@ import it from its entry module.
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -159,6 +160,14 @@ class Engine(abc.ABC):
   @abc.abstractmethod
   def timed_launcher(self, pipeline: Pipeline, bind_group: Any, groups: tuple[int, int, int]) -> TimedLauncher:
     """Like launcher, but waits and returns the run time in seconds (see `timer`)."""
+  def wall_timed(self, launch: Launcher) -> TimedLauncher:
+    """A timed launcher by the wall clock, for an engine that has no timestamp queries."""
+    def timed() -> float:
+      t = time.perf_counter()
+      launch()
+      self.synchronize()
+      return time.perf_counter() - t
+    return timed
   def release(self, obj: Any) -> None:  # noqa: B027 (optional: engines whose handles are not garbage-collected override it)
     """Give back a bind group, Pipeline or shader module the device no longer uses."""
 

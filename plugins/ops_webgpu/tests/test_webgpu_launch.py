@@ -212,6 +212,15 @@ def test_scalar_edge_values(dev: Any, dt: DType, value: Any) -> None:
   _check(dev, b.finish(), [np.zeros(2, dt.numpy)], (2, 1, 1), (value,))
 
 
+def test_wall_clock_timing(dev: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+  """Engines without timestamp queries time a launch by the wall clock, up to the queue being drained."""
+  eng, calls = dev.info.iface_object, []
+  real_sync = eng.synchronize
+  monkeypatch.setattr(eng, "synchronize", lambda: (calls.append("sync"), real_sync())[1])
+  t = eng.wall_timed(lambda: calls.append("launch"))()
+  assert calls == ["launch", "sync"] and isinstance(t, float) and 0 < t < 10
+
+
 def test_timing_and_limits(dev: Any) -> None:
   eng = dev.info.iface_object
   assert eng.timer in ("timestamp-query", "wall") and (eng.timer == "timestamp-query") == ("timestamp-query" in eng.features)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import struct
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -381,14 +380,7 @@ class DawnEngine(Engine):
     return launch
 
   def timed_launcher(self, pipeline: Pipeline, bind_group: Any, groups: tuple[int, int, int]) -> Any:
-    if self.timer != "timestamp-query":
-      launch = self.launcher(pipeline, bind_group, groups)
-      def wall() -> float:
-        t = time.perf_counter()
-        launch()
-        self.synchronize()
-        return time.perf_counter() - t
-      return wall
+    if self.timer != "timestamp-query": return self.wall_timed(self.launcher(pipeline, bind_group, groups))
     W = self.W
     x, y, z = groups
 

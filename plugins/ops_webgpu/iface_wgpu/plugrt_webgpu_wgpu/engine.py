@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import struct
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -185,14 +184,7 @@ class WgpuEngine(Engine):
     return launch
 
   def timed_launcher(self, pipeline: Pipeline, bind_group: Any, groups: tuple[int, int, int]) -> Any:
-    if self.timer != "timestamp-query":
-      launch = self.launcher(pipeline, bind_group, groups)
-      def wall() -> float:
-        t = time.perf_counter()
-        launch()
-        self.synchronize()
-        return time.perf_counter() - t
-      return wall
+    if self.timer != "timestamp-query": return self.wall_timed(self.launcher(pipeline, bind_group, groups))
     x, y, z = groups
     writes = {"query_set": self._qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}
 
