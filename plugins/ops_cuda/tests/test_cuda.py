@@ -1,11 +1,11 @@
 """The CUDA backend. Without a GPU: the CUDA C renderer's output compiles with nvcc, and plugrt explains why CUDA
 is unavailable. With one (marker `gpu`, run on the lent H100/H200 by scripts/gpu-check.sh): the conformance
 suite on both compilers, launches, events, graphs, peer-free copies, and zero-copy interop with torch and cupy."""
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
+from cuda_tools import toolkit_program
 
 from plugrt import Buffer, Device, Tensor, dtypes
 from plugrt.errors import DeviceUnavailable, Reason, UnsupportedError
@@ -24,7 +24,7 @@ needs_gpu = pytest.mark.skipif(not has_gpu(), reason="no NVIDIA GPU here (run sc
 
 # ---------------------------------------------------------------- without a GPU
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.skipif(toolkit_program("nvcc") is None, reason="nvcc is not installed (pip install nvidia-cuda-nvcc, see requirements-test.txt)")
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_rendered_cuda_c_compiles_with_nvcc(tmp_path, arch):
   """Every conformance kernel, as CUDA C, in one translation unit (one nvcc run)."""
@@ -36,7 +36,7 @@ def test_rendered_cuda_c_compiles_with_nvcc(tmp_path, arch):
     bodies.append(src.split(PRELUDE, 1)[1].replace(f"void {case.kernel.name}(", f"void k{i}_{case.kernel.name}(", 1))
   path = tmp_path / "all.cu"
   path.write_text(PRELUDE + "\n".join(bodies))
-  cmd = ["nvcc", f"-arch={arch}", "-c", str(path), "-o", str(tmp_path / "all.o"), "-diag-suppress", "177"]
+  cmd = [toolkit_program("nvcc"), f"-arch={arch}", "-c", str(path), "-o", str(tmp_path / "all.o"), "-diag-suppress", "177"]
   p = subprocess.run(cmd, capture_output=True, text=True)
   assert p.returncode == 0, p.stderr[-3000:]
 

@@ -16,7 +16,6 @@ import functools
 import math
 import random
 import re
-import shutil
 import struct
 import subprocess
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cuda_tools import toolkit_program
 
 from plugrt.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
 from plugrt.errors import RenderError
@@ -136,8 +136,8 @@ def _all_kernels() -> tuple[Kernel, ...]:
 # ---------------------------------------------------------------- assembling with ptxas
 
 def _ptxas() -> str:
-  exe = shutil.which("ptxas")
-  if exe is None: pytest.skip("ptxas is not on PATH")
+  exe = toolkit_program("ptxas")
+  if exe is None: pytest.skip("ptxas is not installed (pip install nvidia-cuda-nvcc, see requirements-test.txt)")
   return exe
 
 
