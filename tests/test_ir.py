@@ -1,8 +1,10 @@
 """The kernel IR: builder, verifier, listing, interpreter semantics, lowering."""
+import dataclasses
+
 import numpy as np
 import pytest
 
-from plugrt import interpreter
+from plugrt import Buffer, Device, interpreter
 from plugrt.dtype import PtrDType, bf16_to_f32, cast_value, dtypes, f32_to_bf16
 from plugrt.errors import IRError
 from plugrt.interpreter import InterpreterError
@@ -124,3 +126,83 @@ def test_lowering_spills_only_what_crosses_a_barrier():
   # crossing barriers: `mine` (a load), the `stride` variable, and `s` (read before the loop's barrier, used after it);
   # thread ids, group ids and constants are recomputed in each segment instead
   assert len(spills) == 3 and {u.dtype.base for u in spills} == {dtypes.int32}
+
+
+# ---------------------------------------------------------------- regressions, on the serial devices too
+
+#: the devices that run kernels lowered by serialize_groups, with each of their compilers
+SERIAL_TARGETS = [("PYTHON", "PY"), ("CPU", "CLANG"), ("CPU", "LLVM")]
+
+
+def _device(name: str, compiler: str):
+  if name not in Device.available() or not Device.registry.compiler_probe(name, compiler).ok:
+    pytest.skip(f"{name}:{compiler} is not available here")
+  return Device[name]
+
+
+def clone_scope_case(block: str, use_first: bool = False) -> K.Case:
+  """A thread id computed before a barrier and used in the next segment inside an IF, IF/ELSE or RANGE, and after it
+  (or before it, `use_first`): the lowering recomputes it there, and the copy made inside the block is out of scope
+  after it (and in the else branch)."""
+  b = KernelBuilder(f"clone_scope_{block}")
+  out, flag, n = b.buffer("out", dtypes.int32), b.scalar("flag", dtypes.bool), b.scalar("n", dtypes.int32)
+  i = b.global_id(0)
+  out[i] = 0
+  b.barrier()
+  if use_first: out[i + 64] = 2
+  if block == "range":
+    with b.range(n) as j: out[i] = out[i] + j
+  else:
+    with b.if_(flag): out[i] = 1
+    if block == "else":
+      with b.else_(): out[i] = 3
+  if not use_first: out[i + 64] = 2
+  return K.Case(f"clone_scope_{block}", b.finish(), [np.full(128, 7, np.int32)], (True, 3), (2, 1, 1), (32, 1, 1))
+
+
+@pytest.mark.parametrize("block", ["if", "else", "range"])
+@pytest.mark.parametrize("device, compiler", SERIAL_TARGETS)
+def test_lowering_recomputes_values_in_scope(device: str, compiler: str, block: str):
+  dev = _device(device, compiler)
+  for use_first in (False, True):
+    K.run_case(dev, clone_scope_case(block, use_first), compiler)
+  if block == "else":  # the else branch runs too
+    K.run_case(dev, dataclasses.replace(clone_scope_case(block), vals=(False, 3)), compiler)
+
+
+def test_lowering_reuses_a_recomputed_value_inside_later_blocks():
+  low = serialize_groups(clone_scope_case("if", use_first=True).kernel).uops
+  start = next(n for n, u in enumerate(low) if u.op is Ops.IF)
+  assert [u.op for u in low[start:]][:3] == [Ops.IF, Ops.STORE, Ops.ENDIF]  # the thread id from before the IF, not a copy
+
+
+#: (source, target, value, its correctly rounded result); bfloat16 from an integer rounds to float32 first, as the
+#: interpreter (the IR's reference) and the CPU backend do
+INT_TO_FLOAT = {
+  (dtypes.int64, dtypes.float32): [(2**62 + 2**38 + 1, 2**62 + 2**39),  # through float64: onto the midpoint, then even: 2**62
+                                   (2**60 + 2**36 + 1, 2**60 + 2**37), (-(2**62 + 2**38 + 1), -(2**62 + 2**39)),
+                                   (2**62 + 2**38, 2**62), (2**62 + 3 * 2**38, 2**62 + 2**40), (2**63 - 1, 2**63), (2**24 + 1, 2**24)],
+  (dtypes.uint64, dtypes.float32): [(2**63 + 2**39 + 1, 2**63 + 2**40), (2**64 - 1, 2**64), (2**63 + 2**39, 2**63)],
+  (dtypes.int64, dtypes.bfloat16): [(2**62 + 2**54 + 2**38 + 1, 2**62 + 2**55),  # float32: 2**62 + 2**54 + 2**39, past the midpoint
+                                    (2**40 + 2**32 + 1, 2**40)],  # float32: 2**40 + 2**32, the midpoint: even
+  (dtypes.int64, dtypes.float16): [(65519, 65504), (65520, np.inf), (-2049, -2048), (-2051, -2052), (2**62 + 2**38 + 1, np.inf)],
+}
+
+
+@pytest.mark.parametrize("src, dst", list(INT_TO_FLOAT), ids=lambda d: d.name)
+@pytest.mark.parametrize("device, compiler", SERIAL_TARGETS)
+def test_integer_to_float_rounds_once(device: str, compiler: str, src, dst):
+  xs, want = zip(*INT_TO_FLOAT[(src, dst)])
+  b = KernelBuilder(f"{src.name}_to_{dst.name}")
+  out, x = b.buffer("out", dst), b.buffer("x", src)
+  i = b.global_id(0)
+  out[i] = x[i].cast(dst)
+  k = b.finish()
+  xa = np.array(xs, src.numpy)
+  ref = np.zeros(len(xs), dst.numpy)
+  interpreter.run(k, [ref, xa], (), (len(xs), 1, 1))
+  assert K.as_float(ref, dst).tolist() == list(want)
+  dev = _device(device, compiler)
+  got = Buffer(dev, len(xs), dst)
+  dev.program(k, compiler)(got, Buffer.from_numpy(xa, dev), global_size=(len(xs), 1, 1), wait=True)
+  assert K.as_float(got.numpy(), dst).tolist() == list(want)

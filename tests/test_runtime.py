@@ -197,3 +197,23 @@ def test_buffers_return_memory_to_the_cache():
   del b
   assert dev.allocator._cached_bytes == before + 8000
   assert Buffer(dev, 1000, dtypes.float64).handle == handle
+
+
+def test_a_free_while_the_allocator_is_busy_is_queued():
+  """The collector runs Buffer finalizers wherever it likes, also inside the allocator's own code on this thread with
+  its lock held: such a free must neither wait for that lock (a deadlock) nor touch the cache half-updated."""
+  a = Device["CPU"].allocator
+  h = a.alloc(4096)
+  done = threading.Event()
+
+  def free_while_locked():
+    a._lock.acquire()  # as if this thread were inside alloc() when a finalizer ran
+    try: a.free(h, 4096)
+    finally: a._release()
+    done.set()
+  t = threading.Thread(target=free_while_locked, daemon=True)
+  t.start()
+  t.join(10)
+  assert done.is_set(), "free() waited for the allocator lock its own thread holds"
+  assert not a._pending  # taken once the lock was let go
+  if a.cache_limit: assert a.alloc(4096) == h  # and in the cache

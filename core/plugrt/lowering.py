@@ -94,7 +94,9 @@ class _Emitter:
     self.uniform_sites: set[int] = {self.TOP}
     self.needs_spill: set[UOp] = set()
     self.spill_arr: dict[UOp, UOp] = {}
-    self.clones: dict[tuple[int, UOp], UOp] = {}
+    # recomputed values of the current site, one dict per open block (innermost last): a clone emitted inside an
+    # IF or RANGE is out of scope once it closes, one emitted before it is reused inside
+    self.clones: list[dict[UOp, UOp]] = [{}]
     self.nsite = 0
     self.cur_site, self.lids, self.flat = self.TOP, (None, None, None), None
 
@@ -145,8 +147,8 @@ class _Emitter:
   def segment(self, run: list[Item]) -> None:
     body = [it for it in run if isinstance(it, _Block) or it not in self.new]
     if not body: return
-    outer = self.cur_site
-    self.cur_site = self.new_site(uniform=False)
+    outer, outer_clones = self.cur_site, self.clones
+    self.cur_site, self.clones = self.new_site(uniform=False), [{}]
     ranges = []
     zero = self.const(0)
     for axis in (2, 1, 0):
@@ -157,11 +159,11 @@ class _Emitter:
       self.emit(Ops.ADD, dtypes.int32, (self.emit(Ops.MUL, dtypes.int32, (lz, self.lsize[1])), ly)), self.lsize[0])), lx))
     for it in body: self.item(it)
     for r in reversed(ranges): self.emit(Ops.ENDRANGE, None, (r,))
-    self.cur_site, self.lids, self.flat = outer, (None, None, None), None
+    self.cur_site, self.clones, self.lids, self.flat = outer, outer_clones, (None, None, None), None
 
   def uniform_block(self, blk: _Block) -> None:
-    outer = self.cur_site
-    self.cur_site = self.new_site(uniform=True)
+    outer, outer_clones = self.cur_site, self.clones
+    self.cur_site, self.clones = self.new_site(uniform=True), [{}]
     head = self.emit(blk.head.op, blk.head.dtype, [self.use(s) for s in blk.head.src], blk.head.arg)
     self.new[blk.head], self.site[blk.head] = head, self.cur_site
     self.items(blk.body, uniform_context=True)
@@ -169,16 +171,19 @@ class _Emitter:
       self.emit(Ops.ELSE, None, (head,))
       self.items(blk.orelse, uniform_context=True)
     self.emit(Ops.ENDRANGE if blk.head.op is Ops.RANGE else Ops.ENDIF, None, (head,))
-    self.cur_site = outer
+    self.cur_site, self.clones = outer, outer_clones
 
   # ---- one item inside a segment
   def item(self, it: Item) -> None:
     if isinstance(it, _Block):
       head = self.plain(it.head)
+      self.clones.append({})
       for sub in it.body: self.item(sub)
       if it.orelse is not None:
         self.emit(Ops.ELSE, None, (head,))
+        self.clones[-1] = {}  # the then branch's clones are not defined in the else branch
         for sub in it.orelse: self.item(sub)
+      self.clones.pop()
       self.emit(Ops.ENDRANGE if it.head.op is Ops.RANGE else Ops.ENDIF, None, (head,))
     elif it not in self.new: self.plain(it)
 
@@ -221,6 +226,7 @@ class _Emitter:
     if site is not None and site in self.uniform_sites: return self.new[v]
     if v.op is Ops.SPECIAL:  # local_id; in a uniform header (undefined behaviour) thread 0's view
       return self.lids[v.arg[1]] if self.flat is not None else self.const(0)
-    if (key := (self.cur_site, v)) in self.clones: return self.clones[key]
-    n = self.clones[key] = self.emit(v.op, v.dtype, [self.clone(s) for s in v.src], v.arg)
+    for scope in reversed(self.clones):
+      if v in scope: return scope[v]
+    n = self.clones[-1][v] = self.emit(v.op, v.dtype, [self.clone(s) for s in v.src], v.arg)
     return n

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -66,18 +66,22 @@ class Allocator(Generic[H]):
     self._by_key: dict[tuple[int, Any], list[int]] = {}  # (nbytes, options) -> seqs of its cached blocks, oldest first
     self._seq = 0
     self._cached_bytes = 0
-    self._lock = threading.Lock()
+    self._lock = threading.Lock()  # guards the cache; never held while calling the backend
+    self._pending: deque[tuple[H, int, Any]] = deque()  # frees not yet taken into the cache (see free)
 
   # ---- the core's API
   def alloc(self, nbytes: int, options: Any = None) -> H:
     if not isinstance(nbytes, int) or isinstance(nbytes, bool): raise TypeError(f"size must be an int, not {type(nbytes).__name__}")
     if nbytes < 0: raise ValueError(f"cannot allocate a negative size ({nbytes} bytes)")
     key = (nbytes, options)
-    with self._lock:
+    self._drain()
+    self._lock.acquire()
+    try:
       if (seqs := self._by_key.get(key)):
         _, h = self._lru.pop(seqs.pop())  # the most recently freed block of this size
         self._cached_bytes -= nbytes
         return h
+    finally: self._release()
     try: return self._alloc(max(nbytes, 1), options)
     except MemoryError: pass
     freed = self.free_cache()
@@ -88,28 +92,46 @@ class Allocator(Generic[H]):
                              "free buffers you no longer need, or allocate less") from None
 
   def free(self, handle: H, nbytes: int, options: Any = None) -> None:
-    if not self.cache_limit or nbytes > self.cache_limit:
-      self._free(handle, max(nbytes, 1), options)
-      return
-    evict = []
-    with self._lock:
-      key, self._seq = (nbytes, options), self._seq + 1
-      self._lru[self._seq] = (key, handle)
-      self._by_key.setdefault(key, []).append(self._seq)
-      self._cached_bytes += nbytes
-      while self._cached_bytes > self.cache_limit:  # give back the least recently freed blocks
-        seq, (k, h) = self._lru.popitem(last=False)
-        self._by_key[k].remove(seq)
-        self._cached_bytes -= k[0]
-        evict.append((h, k))
-    for h, (sz, opts) in evict: self._free(h, max(sz, 1), opts)
+    # Buffers are freed from finalizers, which the garbage collector may run in the middle of this allocator's own
+    # code on this thread, lock held: so a free is queued, and whoever holds the lock next takes the queue.
+    self._pending.append((handle, nbytes, options))
+    self._drain()
+
+  def _drain(self) -> None:
+    while self._pending:
+      if not self._lock.acquire(blocking=False): return  # the holder drains once it lets go (see _release)
+      give_back = []
+      try:
+        while self._pending:
+          handle, nbytes, options = self._pending.popleft()
+          if not self.cache_limit or nbytes > self.cache_limit:
+            give_back.append((handle, (nbytes, options)))
+            continue
+          key, self._seq = (nbytes, options), self._seq + 1
+          self._lru[self._seq] = (key, handle)
+          self._by_key.setdefault(key, []).append(self._seq)
+          self._cached_bytes += nbytes
+          while self._cached_bytes > self.cache_limit:  # give back the least recently freed blocks
+            seq, (k, h) = self._lru.popitem(last=False)
+            self._by_key[k].remove(seq)
+            self._cached_bytes -= k[0]
+            give_back.append((h, k))
+      finally: self._lock.release()
+      for h, (sz, opts) in give_back: self._free(h, max(sz, 1), opts)
+
+  def _release(self) -> None:
+    self._lock.release()
+    if self._pending: self._drain()
 
   def free_cache(self) -> int:
     """Give every cached block back to the device; returns the bytes freed."""
-    with self._lock:
+    self._drain()
+    self._lock.acquire()
+    try:
       blocks = list(self._lru.values())
       self._lru.clear(); self._by_key.clear()
       self._cached_bytes = 0
+    finally: self._release()
     for (sz, opts), h in blocks: self._free(h, max(sz, 1), opts)
     return sum(sz for (sz, _), _ in blocks)
 

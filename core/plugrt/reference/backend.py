@@ -117,7 +117,20 @@ class ops:
       if isinstance(x, float): x = math.trunc(x) if math.isfinite(x) else 0
       return cast_value(int(x), dst)
     f = getattr(ops, f"round_{dst.name}", None)
-    return f(float(x)) if f else float(x)
+    if f is None: return float(x)
+    # float(x) rounds an integer past 2**53 once already: round it to the target's precision first, so that there is
+    # one rounding (bfloat16 from an integer goes through float32, as in the interpreter and the CPU backend)
+    if isinstance(x, int) and abs(x) >> 53: x = ops.round_int(x, 11 if dst is dtypes.float16 else 24)
+    return f(float(x))
+
+  @staticmethod
+  def round_int(x: int, bits: int) -> int:
+    """`x` rounded to `bits` significant bits, to nearest even."""
+    n = abs(x).bit_length() - bits
+    if n <= 0: return x
+    q, r = divmod(abs(x), 1 << n)
+    q += r > (half := 1 << (n - 1)) or (r == half and q & 1)
+    return q << n if x > 0 else -(q << n)
 
   @staticmethod
   def bitcast(x: Any, src: DType, dst: DType) -> Any:

@@ -153,8 +153,9 @@ class CStyleRenderer:
       v = f"v{i}"
       pad = self.indent * depth
       if op in (Ops.BUFFER, Ops.SCALAR): continue
-      if op is Ops.CONST:
-        r[u] = self.literal(u.arg, dt)
+      if op is Ops.CONST:  # inlined where used: a negative one in parentheses, or `a - -3` would print as `a--3`
+        lit = self.literal(u.arg, dt)
+        r[u] = f"({lit})" if lit.startswith("-") else lit
         continue
       if op is Ops.SPECIAL:
         r[u] = self.special(*u.arg)
@@ -179,7 +180,12 @@ class CStyleRenderer:
         depth -= 1
         lines.append(self.indent * depth + "}")
       elif op is Ops.BARRIER: lines.append(pad + self.barrier())
-      elif op is Ops.BITCAST: lines += [pad + x for x in self.bitcast_stmt(v, s[0], u.src[0].dtype, dt)]
+      elif op is Ops.BITCAST:
+        x = s[0]
+        if u.src[0].op is Ops.CONST:  # reinterpreting may take the value's address, and a literal has none
+          lines.append(f"{pad}{self.type_name(u.src[0].dtype)} {v}_c = {x};")
+          x = f"{v}_c"
+        lines += [pad + ln for ln in self.bitcast_stmt(v, x, u.src[0].dtype, dt)]
       else: lines.append(f"{pad}{self.type_name(dt)} {v} = {self.alu(u, s)};")
       if op not in (Ops.SHARED, Ops.SPILL): r[u] = v
     return lines

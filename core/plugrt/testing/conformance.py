@@ -170,6 +170,16 @@ class ConformanceSuite:
     self.skip_dtype(dt)
     self.run(dev, K.scalar_case(dt), compiler)
 
+  @pytest.mark.parametrize("dt", [d for d in ALL if d.kind in "if"], ids=lambda d: d.name)
+  def test_negative_literals(self, dev: RuntimeDevice, compiler: str, dt: DType) -> None:
+    self.skip_dtype(dt)
+    self.run(dev, K.literal_case(dt), compiler)
+
+  @pytest.mark.parametrize("pair", K.BITCAST_LITERAL_PAIRS, ids=lambda p: f"{p[0].name}-{p[1].name}")
+  def test_bitcast_of_literals(self, dev: RuntimeDevice, compiler: str, pair: tuple[DType, DType]) -> None:
+    for dt in pair: self.skip_dtype(dt)
+    self.run(dev, K.bitcast_literal_case(*pair), compiler)
+
   def test_control_flow(self, dev: RuntimeDevice, compiler: str) -> None: self.run(dev, K.control_case(), compiler)
   def test_shared_and_barrier(self, dev: RuntimeDevice, compiler: str) -> None: self.run(dev, K.reverse_case(), compiler)
   def test_loop_with_barriers(self, dev: RuntimeDevice, compiler: str) -> None: self.run(dev, K.reduce_case(), compiler)

@@ -201,6 +201,38 @@ def scalar_case(dt: DType, seed: int = 3) -> Case:
   return Case(k.name, k, [np.zeros(4, dt.numpy)], (py,), (4, 1, 1))
 
 
+def literal_case(dt: DType) -> Case:
+  """Negative literals beside operators (`x - -3`, `-(-3)`, `-2 * x`) and dt's extreme values: renderers inline
+  constants, where `x - -3` must not print as `x--3`. dt: a signed integer or a float."""
+  b = KernelBuilder(f"literals_{dt.name}")
+  out, x = b.buffer("out", dt), b.buffer("x", dt)
+  i = b.global_id(0)
+  lits = [-3, -1] if dt.kind == "i" else [-2.5, -0.0]
+  exprs = [e for c in lits for e in (b.alu(Ops.SUB, x[i], b.const(c, dt)), b.alu(Ops.NEG, b.const(c, dt)),
+                                     b.alu(Ops.MUL, b.const(c, dt), x[i]), b.alu(Ops.SUB, b.const(c, dt), x[i]))]
+  exprs += [b.alu(Ops.MAX, x[i], b.const(dt.min if dt.kind == "i" else -math.inf, dt)),
+            b.alu(Ops.MIN, x[i], b.const(dt.max if dt.kind == "i" else math.inf, dt))]
+  for k, e in enumerate(exprs): out[i + 4 * k] = e
+  k = b.finish()
+  xs = np.array([1, 2, -5, 7], np.float32)
+  x_in = f32_to_bf16(xs) if dt is dtypes.bfloat16 else xs.astype(dt.numpy)
+  return Case(k.name, k, [np.zeros(4 * len(exprs), dt.numpy), x_in], (), (4, 1, 1))
+
+
+def bitcast_literal_case(src: DType, dt: DType) -> Case:
+  """The bits of constants of src read as dt (same size): renderers that reinterpret through memory need a variable."""
+  b = KernelBuilder(f"bitcast_literal_{src.name}_{dt.name}")
+  out = b.buffer("out", dt)
+  consts = [0.3, -2.5, 1e-3] if src.kind == "f" else [-7, 12345, 1]
+  for k, c in enumerate(consts): out[k] = b.const(c, src).bitcast(dt)
+  k = b.finish()
+  return Case(k.name, k, [np.zeros(len(consts), dt.numpy)], (), (1, 1, 1))
+
+
+BITCAST_LITERAL_PAIRS = ((dtypes.float32, dtypes.int32), (dtypes.int32, dtypes.float32), (dtypes.float16, dtypes.int16),
+                         (dtypes.bfloat16, dtypes.uint16), (dtypes.float64, dtypes.int64))
+
+
 def control_case(n: int = 40) -> Case:
   """Nested loops, if/else and a register variable."""
   b = KernelBuilder("control")
@@ -296,4 +328,6 @@ def tiny_kernel(name: str = "tiny") -> Kernel:
 
 def all_cases() -> list[Case]:
   return [*(ops_case(dt) for dt in ALL), *(cast_case(dt) for dt in ALL), *(bitcast_case(g) for g in BITCAST_GROUPS),
-          *(scalar_case(dt) for dt in ALL), control_case(), reverse_case(), reduce_case(), grid3d_case()]
+          *(scalar_case(dt) for dt in ALL), *(literal_case(dt) for dt in ALL if dt.kind in "if"),
+          *(bitcast_literal_case(a, b) for a, b in BITCAST_LITERAL_PAIRS), control_case(), reverse_case(),
+          reduce_case(), grid3d_case()]
