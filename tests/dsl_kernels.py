@@ -61,3 +61,13 @@ def casts(out: dtypes.float16[:], i8: dtypes.int8[:], x: dtypes.float32[:]):
   h = dtypes.float16(x[i])
   small = i8[i] + 100  # int8 arithmetic wraps
   out[i] = h * 2 + dtypes.float16(small) + float(int(x[i]))
+
+
+@kernel
+def floor_div_mod(q, r, qc, rc, a, b):
+  """Unannotated: float32 or float64, from the call. With constant operands too (inlined by the C renderers)."""
+  i = global_id(0)
+  q[i] = a[i] // b[i]
+  r[i] = a[i] % b[i]
+  qc[i] = a[i] // 0.1
+  rc[i] = -1.0 % b[i]

@@ -9,7 +9,7 @@ import pytest
 from conftest import float16_or_skip
 
 from plugrt import Buffer, Device, Tensor, dtypes, kernel
-from plugrt.dsl import KernelSyntaxError
+from plugrt.dsl import KernelSyntaxError, global_id
 
 
 @pytest.fixture(params=Device.available())
@@ -61,6 +61,72 @@ def test_loops_types_and_math(dev):
   assert any(u.dtype is dtypes.float32 for u in ir.uops if u.op.name == "VAR")  # acc widened to float
 
 
+def test_a_variable_has_its_widest_type(dev):
+  """dsl-infer-narrow: every use of a variable sees the widest type assigned to it anywhere, not the type of the
+  assignment that came last in the source (w = v + 1 was an int32; u ** 2 of a bool failed to build)."""
+  @kernel
+  def widest(out: dtypes.float32[:], x: dtypes.int32[:], a: dtypes.float32[:], c: dtypes.bool[:]):
+    i = global_id(0)
+    if x[i] < 0:
+      v = a[i]
+    else:
+      v = x[i]
+    w = v + 1
+    out[i * 2] = w
+    u = a[i]
+    u = c[i]
+    out[i * 2 + 1] = u ** 2 + 0.25
+
+  x, a, c = np.array([-1, 2, -5], np.int32), np.array([2.5, -7.25, 0.5], np.float32), np.array([True, False, True])
+  out = Buffer(dev, 6, dtypes.float32)
+  widest[1, 3](out, Buffer.from_numpy(x, dev), Buffer.from_numpy(a, dev), Buffer.from_numpy(c, dev))
+  assert out.numpy().tolist() == [3.5, 1.25, 3.0, 0.25, 1.5, 1.25]
+  assert {u.dtype for u in widest.ir().uops if u.op.name == "VAR"} == {dtypes.int32, dtypes.float32}  # i; u, v, w
+
+
+def test_an_annotation_declares_the_type(dev):
+  """An annotated variable keeps its declared type; wider values assigned to it are converted (truncated)."""
+  @kernel
+  def declared(out: dtypes.int32[:], a: dtypes.float32[:]):
+    i = global_id(0)
+    d: dtypes.int32 = 0
+    d += a[i]
+    d = d * 2 + a[i]
+    out[i] = d
+
+  out = Buffer(dev, 2, dtypes.int32)
+  declared[1, 2](out, Buffer.from_numpy(np.array([2.75, -1.5], np.float32), dev))
+  assert out.numpy().tolist() == [6, -3]  # int(2.75) = 2, int(2 * 2 + 2.75); int(-1.5) = -1, int(-2 - 1.5)
+
+
+def _same_bits(got: np.ndarray, want: np.ndarray) -> bool:
+  """Equal values, zeros with equal signs, NaN where NaN."""
+  return bool((((got == want) & (np.signbit(got) == np.signbit(want))) | (np.isnan(got) & np.isnan(want))).all())
+
+
+#: float // and % operands: Python's answers need an exact remainder (1.0 % 0.1 is 0.09999999999999995, 1.0 // 0.1 is 9.0),
+#: both signs, huge quotients, signed zeros, infinities, and zero divisors (numpy: a / b and NaN; Python raises)
+FLOORDIV_CASES = [(1.0, 0.1), (-1.0, 0.1), (1.0, -0.1), (-1.0, -0.1), (-91.8053, 1.2513379), (7.5, 2.0), (-7.5, 2.0), (7.5, -2.0),
+                  (6.0, 3.0), (-6.0, 3.0), (0.0, -2.0), (-0.0, 2.0), (3e30, 0.7), (-1e-30, 3.0), (5.0, 1e-30), (2.0, float("inf")),
+                  (-2.0, float("inf")), (float("inf"), 2.0), (1.0, 0.0), (-1.0, 0.0), (0.0, 0.0), (0.3, 0.1), (1e16, 3.3)]
+
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64])
+def test_float_floordiv_and_mod_are_pythons(dev, dt):
+  """float-floordiv: exactly Python's (and numpy's) results, not floor(a / b) with a rounded quotient."""
+  if dt is dtypes.float64 and dev == "WEBGPU": pytest.skip("WEBGPU has no float64")
+  a, b = (np.array(v, dt.numpy) for v in zip(*FLOORDIV_CASES))
+  q, r, qc, rc = (Buffer(dev, len(a), dt) for _ in range(4))
+  K.floor_div_mod[1, len(a)](q, r, qc, rc, Buffer.from_numpy(a, dev), Buffer.from_numpy(b, dev))
+  with np.errstate(all="ignore"):
+    want_q, want_r, want_qc, want_rc = np.floor_divide(a, b), np.remainder(a, b), a // dt.numpy.type(0.1), dt.numpy.type(-1.0) % b
+  assert _same_bits(q.numpy(), want_q), list(zip(a, b, q.numpy(), want_q))
+  assert _same_bits(r.numpy(), want_r), list(zip(a, b, r.numpy(), want_r))
+  assert _same_bits(qc.numpy(), want_qc) and _same_bits(rc.numpy(), want_rc)
+  if dt is dtypes.float64:
+    assert q.numpy()[:2].tolist() == [1.0 // 0.1, -1.0 // 0.1] and r.numpy()[:2].tolist() == [1.0 % 0.1, -1.0 % 0.1]
+
+
 def test_shared_memory_and_barrier(dev):
   x = np.arange(32, dtype=np.int32)
   out = Buffer(dev, 32, dtypes.int32)
@@ -106,6 +172,7 @@ BAD = {
   "unbound": ("out[0] = y\n  y = 1.0", 2, "used before it is assigned"),
   "return value": ("return 1", 2, "returns nothing"),
   "assign param": ("out = 1.0", 2, "cannot assign to out"),
+  "redeclared": ("x: dtypes.int32 = 0\n  x: dtypes.float32 = 1.0", 3, "x is declared as both int32 and float32"),
   "range step": ("for i in range(0, 4, global_id(0)):\n    pass", 2, "step must be a nonzero integer constant"),
 }
 

@@ -76,6 +76,50 @@ def test_integer_semantics(dev):
   assert (u + 10).tolist() == [4, 13] and (u + 10).dtype is dtypes.uint8
 
 
+def _same_bits(got: np.ndarray, want: np.ndarray) -> bool:
+  """Equal values, zeros with equal signs, NaN where NaN."""
+  return bool((((got == want) & (np.signbit(got) == np.signbit(want))) | (np.isnan(got) & np.isnan(want))).all())
+
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64, dtypes.float16])
+def test_float_floordiv_and_mod_match_numpy(dev, dt):
+  """float-floordiv: numpy's floor_divide and remainder exactly (an exact remainder, the quotient rounded from it),
+  with both signs, huge quotients, signed zeros, infinities, NaN and zero divisors (a / b and NaN, as numpy)."""
+  if dt is dtypes.float64 and dev == "WEBGPU": pytest.skip("WEBGPU has no float64")
+  rng = np.random.default_rng(5)
+  special = [0.0, -0.0, 0.1, -0.1, 1.0, -1.0, 2.5, -7.0, 1e4, -3e-3, np.inf, -np.inf, np.nan]
+  x, y = (np.array(v) for v in zip(*[(p, q) for p in special for q in special]))
+  a = np.concatenate([x, [1.0, -91.8053, 60000.0], rng.standard_normal(200) * 10.0 ** rng.uniform(-2, 4, 200)]).astype(dt.numpy)
+  b = np.concatenate([y, [0.1, 1.2513379, 1e-3], rng.standard_normal(200) * 10.0 ** rng.uniform(-2, 2, 200)]).astype(dt.numpy)
+  ta, tb = Tensor(a, device=dev), Tensor(b, device=dev)
+  with float16_or_skip(): q, r = (ta // tb).numpy(), (ta % tb).numpy()
+  with np.errstate(all="ignore"):
+    want_q, want_r, want_c = np.floor_divide(a, b), np.remainder(a, b), np.remainder(a, dt.numpy.type(0.1))
+  assert q.dtype == r.dtype == dt.numpy
+  assert _same_bits(q, want_q), [(p, s, g, w) for p, s, g, w in zip(a, b, q, want_q) if not _same_bits(g, w)][:5]
+  assert _same_bits(r, want_r), [(p, s, g, w) for p, s, g, w in zip(a, b, r, want_r) if not _same_bits(g, w)][:5]
+  assert _same_bits((ta % 0.1).numpy(), want_c)  # a Python number as the divisor
+
+
+def test_bool_arithmetic_is_logic(dev):
+  """tensor-bool-arith: as numpy, + and maximum of bools are or, * and minimum and, max() any and min() all, all bool;
+  // and % give int8; - is refused with a TypeError naming the fix."""
+  a, b = np.array([True, False, True, False]), np.array([True, True, False, False])
+  ta, tb = Tensor(a, device=dev), Tensor(b, device=dev)
+  for got, want in ((ta + tb, a + b), (ta * tb, a * b), (ta.maximum(tb), np.maximum(a, b)), (ta.minimum(tb), np.minimum(a, b)),
+                    (ta + True, a + True), (ta * True, a * True), ((ta + tb) * ~tb, (a + b) * ~b)):
+    assert want.dtype == np.bool_ and got.dtype is dtypes.bool and got.tolist() == want.tolist(), (got, want)
+  m = np.array([[True, False, False], [False, False, False]])
+  tm = Tensor(m, device=dev)
+  assert tm.max().item() is True and tm.min().item() is False and tm.max().dtype is tm.min().dtype is dtypes.bool
+  assert tm.max(axis=1).tolist() == m.max(axis=1).tolist() and (~tm).min(axis=0).tolist() == (~m).min(axis=0).tolist()
+  ones = Tensor([True] * 4, device=dev)
+  assert (ta // ones).dtype is (ta % ones).dtype is dtypes.int8 and (ta // ones).tolist() == [1, 0, 1, 0] and (ta % ones).tolist() == [0] * 4
+  assert (ta ** 2).tolist() == [1, 0, 1, 0] and (ta + 1).tolist() == [2, 1, 2, 1] and ta.relu().tolist() == [1, 0, 1, 0]  # with ints: numbers
+  with pytest.raises(TypeError, match=r"\^"): ta - tb
+  with pytest.raises(TypeError, match="subtract"): True - ta
+
+
 def test_promotion(dev):
   i, f = Tensor([1, 2], device=dev), Tensor([0.5, 1.5], device=dev)
   assert (i + f).dtype is dtypes.float32 and (i + 1.5).dtype is dtypes.float32 and (i + 1).dtype is dtypes.int32

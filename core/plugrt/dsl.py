@@ -20,11 +20,17 @@ arrays and `barrier()`, math functions (`math.sqrt`, `exp`, `log`, `sin`, `cos`,
 `abs`, `min`, `max`) and casts (`dtypes.float16(x)`, `int(x)`, `float(x)`).
 
 Arithmetic follows Python: `/` is true division, `//` and `%` floor toward minus
-infinity (the IR's IDIV/MOD truncate, like C), `and`/`or`/`not` act on truth values
-(both sides are evaluated). Integers wrap at their dtype's width. A variable takes
-the widest type assigned to it anywhere in the function (`acc = 0` then
-`acc += x[i]` with float x makes acc a float). Anything else (while, break, calls to
-other Python functions, ...) is a KernelSyntaxError pointing at the offending line.
+infinity (the IR's IDIV/MOD truncate, like C; float `%` is exact and `//` is rounded
+from it, as Python's divmod), `and`/`or`/`not` act on truth values (both sides are
+evaluated). Integers wrap at their dtype's width. Division by zero cannot raise in a
+kernel: a float one gives numpy's inf or NaN (`%`: NaN), an integer one an unspecified
+value. A variable takes the widest type assigned to it anywhere in the function,
+decided before code is generated, so every read sees that type, even one before the
+wider assignment or after a narrower one (`acc = 0` then `acc += x[i]` with float x
+makes acc a float; `v = x[i]` in one branch and `v = i` in the other makes v a float
+in both). An annotation declares the type instead (`acc: dtypes.int32 = 0`): values
+assigned to it are converted. Anything else (while, break, calls to other Python
+functions, ...) is a KernelSyntaxError pointing at the offending line.
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ import builtins
 import inspect
 import math
 import operator
+import struct
 import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -80,14 +87,65 @@ def _py_dtype(x: Any) -> DType:
 
 
 def ir_floordiv(a: Val, b: Val) -> tuple[Val, Val]:
-  """Python's a // b and a % b on IR values: round toward minus infinity, remainder with the divisor's sign."""
+  """Python's a // b and a % b on IR values: round toward minus infinity, remainder with the divisor's sign.
+  Floats follow Python's float divmod (and numpy's floor_divide/remainder): the remainder is exact, the quotient
+  (a - remainder) / b rounded to an integer; a zero divisor gives a / b and NaN, as numpy (Python raises)."""
   if a.dtype.kind == "f":
-    q = ir_math(a / b, "floor")
-    return q, a - q * b
+    if a.dtype not in _FLOAT_BITS:  # float16, bfloat16: in float32 (exact for the remainder), then rounded, as numpy does
+      q, r = ir_floordiv(a.cast(dtypes.float32), b.cast(dtypes.float32))
+      return q.cast(a.dtype), r.cast(a.dtype)
+    sign = 1 << (a.dtype.bits - 1)
+    def zero_as(x: Val) -> Val: return (_bits(x) & sign).bitcast(x.dtype)  # copysign(0, x)
+    mod, ab = ir_fmod(a, b), a / b
+    div = (a - mod) / b  # an integer but for rounding
+    zero = mod.eq(0.0)  # (eq, not ne: a NaN stays out of the zero branch even where a compiler folds x != x)
+    fix = ~zero & (b < 0).ne(mod < 0)  # fmod has a's sign: move it to b's
+    mod, div = zero.where(zero_as(b), fix.where(mod + b, mod)), fix.where(div - 1.0, div)
+    q = ir_math(div, "floor")
+    q = div.eq(0.0).where(zero_as(ab), (div - q > 0.5).where(q + 1.0, q))  # the nearest integer to div
+    return b.eq(0.0).where(ab, q), mod
   q, r = a // b, a % b  # the IR truncates, like C
   if a.dtype.kind == "u": return q, r
   fix = r.ne(0) & ((r < 0).ne(b < 0))
   return fix.where(q - 1, q), fix.where(r + b, r)
+
+
+# the float types with IEEE arithmetic of their own: (the unsigned integer of their size, significand bits with the implicit 1)
+_FLOAT_BITS = {dtypes.float32: (dtypes.uint32, 24), dtypes.float64: (dtypes.uint64, 53)}
+
+
+def _bits(x: Val) -> Val:
+  """A float32/float64 value's bits as the unsigned integer of its size; a constant's are folded here (the C renderers
+  inline constants, and a BITCAST of one would take the address of a literal)."""
+  U = _FLOAT_BITS[x.dtype][0]
+  if x.u.op is not Ops.CONST: return x.bitcast(U)
+  return x.b.const(struct.unpack(f"<{U.fmt}", struct.pack(f"<{x.dtype.fmt}", x.u.arg))[0], U)
+
+
+def ir_fmod(a: Val, b: Val) -> Val:
+  """C's fmod(a, b) of float32/float64 values, exactly (as IEEE's is; a - trunc(a / b) * b rounds twice). Binary long
+  division of the significands, one quotient bit per step, as many steps as the exponents differ: every step
+  subtracts numbers within a factor of two of each other, so it is exact. NaN for b = 0, an infinite a or a NaN."""
+  bld, F = a.b, a.dtype
+  U, p = _FLOAT_BITS[F]
+  sign, inf, one = 1 << (U.bits - 1), ((1 << (U.bits - p)) - 1) << (p - 1), ((1 << (U.bits - p - 1)) - 1) << (p - 1)
+
+  def split(bits: Val) -> tuple[Val, Val, Val, Val]:
+    """|x|'s bits -> its significand in [1, 2), exponent, whether it is subnormal, its bits (a subnormal's scaled by 2^p)."""
+    sub = bits < (1 << (p - 1))
+    bits = sub.where(bits.bitcast(F) * float(2 ** p), bits.bitcast(F)).bitcast(U)
+    return ((bits & ((1 << (p - 1)) - 1)) | one).bitcast(F), (bits >> (p - 1)).cast(dtypes.int32) - sub.where(p, 0), sub, bits
+
+  xa, ya = _bits(a) & (sign - 1), _bits(b) & (sign - 1)  # |a|, |b| as bits: ordered as the values are (NaN aside)
+  (mx, ex, _, _), (my, ey, ysub, yb) = split(xa), split(ya)
+  r = bld.var((mx >= my).where(mx - my, mx), name="fmod")
+  with bld.range(0, (ex - ey).max(0)):
+    t = r.value * 2.0
+    r.value = (t >= my).where(t - my, t)
+  m = r.value * (yb & inf).bitcast(F)  # scaled back by b's exponent: exact, the result is representable
+  m = (xa < ya).where(xa.bitcast(F), ysub.where(m * float(2.0 ** -p), m))  # |a| < |b|: a itself (also for an infinite b)
+  m = (m.bitcast(U) | (_bits(a) & sign)).bitcast(F)  # a's sign
+  return ((xa >= inf) | (ya > inf) | ya.eq(0)).where(float("nan"), m)  # integer tests: NaN-proof where compilers fold x != x
 
 
 def ir_math(x: Val, name: str) -> Val:
@@ -120,6 +178,12 @@ class _Translator:
     self.b = KernelBuilder(kf.__name__)
     self.env: dict[str, Any] = {}
     self.node: ast.AST = kf.tree
+    self.declared: dict[str, DType] = {}  # annotated variables: their type is the annotation's, whatever is assigned
+    for n in ast.walk(kf.tree):
+      if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+        dt = self.dtype_of(n.annotation, scalar_only=True)
+        if self.declared.setdefault(n.target.id, dt) is not dt:
+          raise self.error(f"{n.target.id} is declared as both {self.declared[n.target.id].name} and {dt.name}", n)
 
   # ---- errors point at the user's line
   def error(self, msg: str, node: ast.AST | None = None) -> KernelSyntaxError:
@@ -191,13 +255,10 @@ class _Translator:
       return
     if isinstance(self.env.get(name), Ptr) or name in {n for n, _ in self.kf.param_names}:
       raise self.error(f"cannot assign to {name}: it is a parameter or a buffer (copy it into a new variable)", target)
-    dt = value.dtype if isinstance(value, Val) else _py_dtype(value)
-    if isinstance(s, ast.AnnAssign): dt = self.dtype_of(s.annotation, scalar_only=True)
-    if self.infer:
-      prev = self.vartypes.get(name)
-      self.vartypes[name] = dt if prev is None else promote(prev, dt)
-      if isinstance(s, ast.AnnAssign): self.vartypes[name] = dt
-      self.env[name] = self.convert(value, dt)
+    if self.infer:  # the variable's type so far (declared, or the widest yet): later reads must see it, not this value's type
+      dt, prev = value.dtype if isinstance(value, Val) else _py_dtype(value), self.vartypes.get(name)
+      self.vartypes[name] = self.declared.get(name) or (dt if prev is None else promote(prev, dt))
+      self.env[name] = self.convert(value, self.vartypes[name])
     else:
       self.env[name].value = self.convert(value, self.vartypes[name])
 

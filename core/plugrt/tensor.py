@@ -13,7 +13,10 @@ in. Views (reshape, permute, expand, slicing) are zero-copy strides over a buffe
 view of an unrealised chain is pushed down to the chain's inputs.
 
 Operations follow numpy: broadcasting, type promotion (Python scalars take the tensor's
-kind), `/` is true division, `//` and `%` floor. Integers wrap at their dtype's width.
+kind), `/` is true division, `//` and `%` floor (numpy's floor_divide and remainder, for
+floats exactly: a zero divisor gives inf or NaN). Integers wrap at their dtype's width.
+Bools: `+` and maximum are or, `*` and minimum and, max() any, min() all; `//` and `%`
+give int8; `-` is a TypeError (use `^`).
 """
 from __future__ import annotations
 
@@ -125,11 +128,13 @@ def _movement(node: Node, fn: Any, shape: Shape) -> Node:
 # ---------------------------------------------------------------- kernels for the graph
 
 _EW_RESULT = {"cmplt": dtypes.bool, "cmple": dtypes.bool, "cmpeq": dtypes.bool, "cmpne": dtypes.bool, "not": dtypes.bool}
+_BOOL_LOGIC = {"add": "or", "max": "or", "mul": "and", "min": "and"}
 _BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "and": operator.and_, "or": operator.or_, "xor": operator.xor}
 
 
 def _apply(op: str, srcs: list[Val], node: Node) -> Val:
   a = srcs[0]
+  if a.dtype is dtypes.bool and op in _BOOL_LOGIC: op = _BOOL_LOGIC[op]  # numpy's bool arithmetic is logic (ADD/MUL/MAX/MIN take no bool)
   if op in _BINARY: return _BINARY[op](a, srcs[1])
   if op == "div": return a / srcs[1]
   if op in ("floordiv", "mod"): return ir_floordiv(a, srcs[1])[op == "mod"]
@@ -234,6 +239,7 @@ def _kernel(root: Node, ctx: _Ctx, key: tuple, wide: bool, out_strides: tuple[in
         src = root.srcs[0]
         dt = root.dtype
         if rop == "sum": init: Any = 0
+        elif dt is dtypes.bool: init = rop == "min"
         elif dt.kind == "f": init = float("-inf") if rop == "max" else float("inf")
         else: init = dt.min if rop == "max" else dt.max
         acc = b.var(float(init) if dt.kind == "f" else init, dt)
@@ -244,7 +250,8 @@ def _kernel(root: Node, ctx: _Ctx, key: tuple, wide: bool, out_strides: tuple[in
           if k == len(axes):
             v = lower(src, idx, {})
             v = v if v.dtype is root.dtype else v.cast(root.dtype)
-            acc.value = acc.value + v if rop == "sum" else acc.value.max(v) if rop == "max" else acc.value.min(v)
+            if dt is dtypes.bool: acc.value = acc.value | v if rop == "max" else acc.value & v  # any / all, as numpy
+            else: acc.value = acc.value + v if rop == "sum" else acc.value.max(v) if rop == "max" else acc.value.min(v)
             return
           with b.range(src.shape[axes[k]], dtype=it) as r:
             idx[axes[k]] = r
@@ -503,6 +510,9 @@ class Tensor:
     ops = self._operands(other, reverse)
     if ops is NotImplemented: return NotImplemented
     a, b = ops
+    if a.dtype is dtypes.bool:  # numpy: + * maximum minimum are logic (see _apply), - is refused, // % work in int8
+      if op == "sub": raise TypeError("bool tensors do not subtract (as in numpy): use ^ (logical xor), or cast to an integer dtype first")
+      if op in ("floordiv", "mod"): a, b = _cast_node(a, dtypes.int8), _cast_node(b, dtypes.int8)
     return _wrap(Node("ew", result or _EW_RESULT.get(op, a.dtype), a.shape, a.device, (a, b), op))
 
   def __add__(self, o: Any) -> Tensor: return self._ew("add", o)
@@ -530,6 +540,7 @@ class Tensor:
   def __neg__(self) -> Tensor: return self._ew("neg") if self.dtype is not dtypes.bool else self._ew("not")
   def __invert__(self) -> Tensor: return self._ew("not")
   def __pow__(self, o: Any) -> Tensor:
+    if self.dtype is dtypes.bool: return self.cast(dtypes.default_int) ** o  # a number, as bool * 1 is (numpy: int8)
     if isinstance(o, int) and not isinstance(o, bool) and 0 <= o <= 8:
       out = Tensor.full(self.shape, 1, self.dtype, self.device)
       for _ in range(o): out = out * self
