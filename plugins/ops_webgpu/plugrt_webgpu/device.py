@@ -69,15 +69,23 @@ class WebGPUAllocator(Allocator[Mem]):
   def __init__(self, device: DeviceInfo):
     super().__init__(device)
     self.engine = engine_of(device)
-    self._lock = threading.Lock()
+    self._rmw_lock = threading.Lock()
+    # Every engine buffer stays reachable from here until _free. Engines' buffer objects may have finalizers (wgpu-py's
+    # release the native buffer): without this, a Buffer dropped in a reference cycle takes its engine buffer into the
+    # same garbage, the collector finalizes both, and the allocator's cache would keep a released handle.
+    self._live: dict[int, Any] = {}
 
   def _alloc(self, nbytes: int, options: Any) -> Mem:
     size = _round4(nbytes)
     if size > self.engine.limits.max_buffer_size:
       raise MemoryError(f"{size} bytes is more than the adapter's largest buffer ({self.engine.limits.max_buffer_size} bytes)")
-    return Mem(self.engine.alloc(size), 0, nbytes, size)
+    buf = self.engine.alloc(size)
+    self._live[id(buf)] = buf
+    return Mem(buf, 0, nbytes, size)
 
-  def _free(self, handle: Mem, nbytes: int, options: Any) -> None: self.engine.free(handle.buf)
+  def _free(self, handle: Mem, nbytes: int, options: Any) -> None:
+    self._live.pop(id(handle.buf), None)
+    self.engine.free(handle.buf)
   def _offset(self, handle: Mem, offset: int, nbytes: int) -> Mem: return Mem(handle.buf, offset, nbytes, handle.size)
 
   def _copyin(self, dest: Mem, src: memoryview) -> None:
@@ -86,7 +94,7 @@ class WebGPUAllocator(Allocator[Mem]):
       self.engine.write(dest.buf, off, src)
       return
     lo, hi = off & ~3, _round4(off + n)
-    with self._lock:  # read-modify-write of the partial words at the edges
+    with self._rmw_lock:  # read-modify-write of the partial words at the edges
       tmp = bytearray(hi - lo)
       self.engine.read(dest.buf, lo, memoryview(tmp))
       tmp[off - lo:off - lo + n] = src

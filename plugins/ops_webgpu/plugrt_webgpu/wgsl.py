@@ -21,6 +21,13 @@ threads writing neighbouring bytes of one word never lose each other's stores).
 Small integers wrap after every op (sign- or zero-extension), bfloat16 rounds to
 nearest even after every op, so results match the IR's per-op rounding.
 
+Floats: WGSL lets compilers assume finite math. On lavapipe (both engines) a float `!=`
+is false when a side is NaN and `x != x` folds to false, so CMPNE on floats and casts of
+floats to bool test NaN through the bits (`pr_nan`). SIN is a routine of its own
+(`pr_sin`, see `_sin_wgsl`): WGSL's sin is accurate only near [-pi, pi]. Drivers also
+fold `x - x` and `x * 0` to 0 and reassociate additions ((a + b) - a becomes b; lavapipe
+and NVIDIA), so no helper relies on compensated arithmetic.
+
 Buffers are reached through accessor functions (`ldK`/`stK`) that add the view's
 offset, read from the uniform buffer. They sit between two marker comments, so a
 program can re-emit that section when two arguments are views of one allocation:
@@ -48,7 +55,131 @@ WIDE = frozenset({dtypes.int64, dtypes.uint64, dtypes.float64})
 _AXES = "xyz"
 _INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.DIV: "/", Ops.IDIV: "/", Ops.MOD: "%", Ops.AND: "&", Ops.OR: "|",
           Ops.XOR: "^", Ops.CMPLT: "<", Ops.CMPLE: "<=", Ops.CMPEQ: "==", Ops.CMPNE: "!="}
-_MATH = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
+_MATH = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
+
+
+def _pi_bits(bits: int) -> int:
+  """floor(pi * 2**bits), give or take one unit: Machin's formula in integers, 32 guard bits."""
+  g = bits + 32
+  def atan_inv(n: int) -> int:  # atan(1/n) * 2**g
+    term, total, k = (1 << g) // n, 0, 0
+    while term:
+      total += (-1) ** k * (term // (2 * k + 1))
+      term //= n * n
+      k += 1
+    return total
+  return (16 * atan_inv(5) - 4 * atan_inv(239)) >> 32
+
+
+def _f32(x: float) -> str:
+  """An exact float32 as a WGSL literal (the shortest double repr rounds back to the same float32)."""
+  assert struct.unpack("<f", struct.pack("<f", x))[0] == x, x
+  return f"{x!r}f"
+
+
+def _sin_wgsl() -> str:
+  """pr_sin: float32 sine over the whole range. WGSL's sin promises 2^-11 absolute inside [-pi, pi] and nothing
+  outside (lavapipe: sin(2.1e9) = -1.0, not 0.044), so the argument is reduced here modulo pi/2, to r and quadrant q:
+  - |x| <= pi/4: no reduction, the sin polynomial alone (the cheap path); below 2^-12 sin x rounds to x itself
+    (which keeps -0 and subnormals);
+  - |x| < 4096, Cody-Waite: k = rint(|x| * 2/pi) < 2^12 and pi/2 in 12-bit parts p1..p4 and a rounded p5, so every
+    k * p_i (i <= 4) is exact and r2 = |x| - k p1 - k p2 is too. The rest is subtracted in three ways, and the one
+    whose rounding is harmless for the size of r is taken: all at once (|r| >= 2^-12), p3 first then p4 + p5
+    (|r| >= 2^-24: r - k p3 is exact below 2^-11), or part by part (each exact while r is that small; the float32
+    worst case below 4096 is |r| = 2^-27.8, at 252.8982). No fma (WGSL's may be unfused) and no two-sum (folded);
+  - larger |x|, Payne-Hanek in integers: |x| = m 2^E, |x| * 2/pi mod 4 is m times 96 bits of 2/pi from bit E - 1,
+    mod 2^96, in 16-bit limbs (WGSL has no 64-bit integers). The fraction keeps 94 bits (the float32 worst case
+    is 2^-29.86 of a quadrant, at 16367173 * 2^72); its top 48 times pi/2, in integers too, give r = rh + rl.
+  Then minimax polynomials on [-0.7856, 0.7856] (Remez fits of the relative error, 6.5e-9 for sin and 2.6e-10 for
+  cos, coefficients rounded to float32; cos with 1 - a^2/2 exact), the quadrant and the sign through the bits; inf
+  and NaN give NaN from the bits (x - x folds to 0). Against float64 sin, every positive float32 on lavapipe: at
+  most 0.76 ulp up to pi/4, 1.59 ulp below 4096, 1.03 ulp above (NVIDIA, sampled: the same figures). On an H200,
+  16 sins per element cost 2x WGSL's sin up to pi/4, 7x below 4096, 35x above (one per element: 1.0x, 1.1x, 3x)."""
+  pi = _pi_bits(400)
+  pio2 = pi >> 1  # pi/2 * 2^400
+  parts = [math.ldexp(pio2 >> (389 - 12 * i) & 0xfff, -11 - 12 * i) for i in range(4)]  # bits 2^0..2^-11, 2^-12..2^-23, ...
+  rest = struct.unpack("<f", struct.pack("<f", math.ldexp(pio2 & ((1 << 353) - 1), -400)))[0]  # pi/2 below 2^-47, rounded
+  c1, c2, c3, c4, c5 = (_f32(c) for c in (*parts, rest))
+  pad, words = 16, 7  # the table: 16 zero bits, then the bits of 2/pi; b_(E-1) of the largest float32 is at bit 118
+  tbl = (1 << (32 * words - pad + 401)) // pi  # floor(2/pi * 2^(32 * words - pad))
+  table = ", ".join(f"{(tbl >> (32 * (words - 1 - i))) & 0xffffffff:#010x}u" for i in range(words))
+  p = round(math.ldexp(pio2, 31 - 400))  # pi/2 * 2^31
+  s1, s2, s3 = -0.16666655242443085, 0.00833209976553917, -0.00019503790827002376
+  sin_poly = f"({_f32(s1)} + z * ({_f32(s2)} + z * {_f32(s3)}))"
+  k1, k2, k3 = 0.041666653007268906, -0.0013887652894482017, 2.4463664885843173e-05
+  return "\n".join([
+    f"const pr_2opi = array<u32, {words}>({table});",
+    "fn pr_sin(x: f32) -> f32 {",
+    "  let u = bitcast<u32>(x);",
+    "  let au = u & 0x7fffffffu;",
+    "  if (au <= 0x3f490fdbu) {",
+    "    let z = x * x;",
+    f"    return select(x + x * z * {sin_poly}, x, au < 0x39800000u);",
+    "  }",
+    "  if (au >= 0x7f800000u) { return bitcast<f32>(u | 0x7fc00000u); }",
+    "  let ax = bitcast<f32>(au);",
+    "  var rh: f32;",
+    "  var rl = 0.0f;",
+    "  var q: u32;",
+    "  if (au >= 0x45800000u) {",
+    "    let m = (au & 0x7fffffu) | 0x800000u;",
+    f"    let g = (au >> 23u) - {150 - pad + 2}u;",  # table bit of b_(E-1), E = exponent - 150
+    "    let j = g >> 5u; let sh = g & 31u; let rs = 31u - sh;",
+    "    let t0 = pr_2opi[j]; let t1 = pr_2opi[j + 1u]; let t2 = pr_2opi[j + 2u]; let t3 = pr_2opi[j + 3u];",
+    # 96 bits from b_(E-1): earlier bits add multiples of 4, later ones less than 2^-70; `>> 32u` would shift by 0
+    "    let w0 = (t0 << sh) | ((t1 >> 1u) >> rs); let w1 = (t1 << sh) | ((t2 >> 1u) >> rs); let w2 = (t2 << sh) | ((t3 >> 1u) >> rs);",
+    "    let ml = m & 0xffffu; let mh = m >> 16u;",  # m * w mod 2^96, column by column in 16-bit limbs
+    "    let a0 = ml * (w2 & 0xffffu); let a1 = ml * (w2 >> 16u); let a2 = ml * (w1 & 0xffffu);",
+    "    let a3 = ml * (w1 >> 16u); let a4 = ml * (w0 & 0xffffu); let a5 = ml * (w0 >> 16u);",
+    "    let b0 = mh * (w2 & 0xffffu); let b1 = mh * (w2 >> 16u); let b2 = mh * (w1 & 0xffffu);",
+    "    let b3 = mh * (w1 >> 16u); let b4 = mh * (w0 & 0xffffu);",
+    "    var c = (a0 >> 16u) + (a1 & 0xffffu) + (b0 & 0xffffu);",
+    "    let r1 = c & 0xffffu;",
+    "    c = (c >> 16u) + (a1 >> 16u) + (a2 & 0xffffu) + (b0 >> 16u) + (b1 & 0xffffu);",
+    "    let r2 = c & 0xffffu;",
+    "    c = (c >> 16u) + (a2 >> 16u) + (a3 & 0xffffu) + (b1 >> 16u) + (b2 & 0xffffu);",
+    "    let r3 = c & 0xffffu;",
+    "    c = (c >> 16u) + (a3 >> 16u) + (a4 & 0xffffu) + (b2 >> 16u) + (b3 & 0xffffu);",
+    "    let r4 = c & 0xffffu;",
+    "    c = (c >> 16u) + (a4 >> 16u) + (a5 & 0xffffu) + (b3 >> 16u) + (b4 & 0xffffu) + 0x2000u;",  # + half a quadrant
+    "    q = (c >> 14u) & 3u;",
+    "    let neg = (c & 0x2000u) == 0u;",
+    "    let fl = select(0u, 0xffffffffu, neg);",  # |fraction|: a negative one complemented (off by 2^-93 quadrant)
+    "    var hi = (((c & 0x1fffu) << 16u) | r4) ^ (fl & 0x1fffffffu);",
+    "    var mid = ((r3 << 16u) | r2) ^ fl;",
+    "    var lo = ((r1 << 16u) | (a0 & 0xffffu)) ^ fl;",
+    "    var sc = -62;",
+    "    if (hi == 0u) { hi = mid; mid = lo; lo = 0u; sc = -94; }",  # normalise: the fraction is at least 2^-30
+    "    let n = countLeadingZeros(hi); let ns = 31u - n;",
+    "    let xh = (hi << n) | ((mid >> 1u) >> ns);",
+    "    let x0 = ((mid << n) | ((lo >> 1u) >> ns)) >> 16u; let x1 = xh & 0xffffu; let x2 = xh >> 16u;",
+    # its top 48 bits times pi/2 * 2^31, 16-bit limbs again: r = rh + rl, both exact
+    f"    let d = x0 * {p & 0xffff}u; let e = x0 * {p >> 16}u; let f = x1 * {p & 0xffff}u;",
+    f"    let g1 = x1 * {p >> 16}u; let h = x2 * {p & 0xffff}u; let i = x2 * {p >> 16}u;",
+    "    c = (d >> 16u) + (e & 0xffffu) + (f & 0xffffu);",
+    "    c = (c >> 16u) + (e >> 16u) + (f >> 16u) + (g1 & 0xffffu) + (h & 0xffffu);",
+    "    let p2 = c & 0xffffu;",
+    "    c = (c >> 16u) + (g1 >> 16u) + (h >> 16u) + (i & 0xffffu);",
+    "    let p4 = (c >> 16u) + (i >> 16u);",
+    "    let sn = sc - i32(n);",
+    "    rh = ldexp(f32((p4 << 8u) | ((c & 0xffffu) >> 8u)), sn + 41);",
+    "    rl = ldexp(f32(((c & 0xffu) << 16u) | p2), sn + 17);",
+    "    if (neg) { rh = -rh; rl = -rl; }",
+    "  } else {",
+    "    let k = round(ax * 0.63661975f);",
+    f"    let r2 = (ax - k * {c1}) - k * {c2}; let p3 = k * {c3}; let t45 = k * {c4} + k * {c5};",
+    f"    let r3 = r2 - p3; let ra = r2 - (p3 + t45); let rb = r3 - t45; let rc = (r3 - k * {c4}) - k * {c5};",
+    "    rh = select(select(rc, rb, abs(rb) >= 5.9604645e-8f), ra, abs(ra) >= 0.000244140625f);",
+    "    q = u32(k);",
+    "  }",
+    "  let z = rh * rh;",
+    f"  let s = rh + (rl + rh * z * {sin_poly});",
+    # cos r = 1 - a^2/2 - b (a + b/2) + ... with a = rh cut to a multiple of 2^-11: 1 - a^2/2 is then exact
+    "  let a = floor(rh * 2048.0f) * 0.00048828125f; let b = rh - a;",
+    f"  let co = (1.0f - 0.5f * a * a) + (((z * z * ({_f32(k1)} + z * ({_f32(k2)} + z * {_f32(k3)}))) - b * (a + 0.5f * b)) - rh * rl);",
+    "  return bitcast<f32>(bitcast<u32>(select(s, co, (q & 1u) != 0u)) ^ ((u ^ (q << 30u)) & 0x80000000u));",
+    "}"])
+
 
 #: helper functions, emitted only when a kernel uses them
 _HELPERS = {
@@ -61,6 +192,9 @@ _HELPERS = {
   # f16 <-> its 16 bits, through f32 (exact both ways for every f16 value)
   "pr_f16bits": "fn pr_f16bits(x: f16) -> u32 { return pack2x16float(vec2<f32>(f32(x), 0.0)) & 0xffffu; }",
   "pr_f16from": "fn pr_f16from(b: u32) -> f16 { return f16(unpack2x16float(b & 0xffffu).x); }",
+  # NaN from the bits: a float != is false with a NaN on lavapipe, and x != x may fold to false (finite math)
+  "pr_nan": "fn pr_nan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }",
+  "pr_sin": _sin_wgsl(),
 }
 
 
@@ -150,6 +284,7 @@ def held(dt: DType) -> str:
   return "f16" if dt is dtypes.float16 else "f32"
 
 
+def _finite_const(u: UOp) -> bool: return u.op is Ops.CONST and not math.isnan(float(u.arg))
 def _zero(dt: DType) -> str: return {"bool": "false", "i32": "0i", "u32": "0u", "f32": "0.0f", "f16": "0.0h"}[held(dt)]
 def _one(dt: DType) -> str: return {"bool": "true", "i32": "1i", "u32": "1u", "f32": "1.0f", "f16": "1.0h"}[held(dt)]
 
@@ -341,12 +476,17 @@ class WGSLRenderer:
       return self._wrap(dt, f"(~{s[0]})")
     if op is Ops.RECIP: return self._wrap(dt, f"({_one(dt)} / {s[0]})")
     if op in _MATH: return self._wrap(dt, f"{_MATH[op]}({s[0]})")
+    if op is Ops.SIN:  # own routine (see _sin_wgsl); float16 through float32, rounded once
+      return f"f16({self._use('pr_sin', f'f32({s[0]})')})" if dt is dtypes.float16 else self._wrap(dt, self._use("pr_sin", s[0]))
     if op in (Ops.MAX, Ops.MIN): return f"{'max' if op is Ops.MAX else 'min'}({s[0]}, {s[1]})"
     if op in (Ops.SHL, Ops.SHR):  # WGSL shifts by a u32; the IR leaves shifts >= the width undefined: mask like the interpreter
       amount = f"(bitcast<u32>({s[1]}) & {sdt.bits - 1}u)" if sdt.kind == "i" else f"({s[1]} & {sdt.bits - 1}u)"
       return self._wrap(dt, f"({s[0]} {'<<' if op is Ops.SHL else '>>'} {amount})")
     if op is Ops.MOD and sdt.kind == "i":  # from WGSL's truncating `/`: naga's GLSL output leaves `%` of negative values undefined
       return self._wrap(dt, f"({s[0]} - ({s[0]} / {s[1]}) * {s[1]})")
+    if op is Ops.CMPNE and sdt.kind == "f":  # unordered: true when either side is NaN, which a bit test must see
+      if u.src[0] is u.src[1]: return self._nan(u.src[0], s[0])
+      return f"(({s[0]} != {s[1]}){''.join(f' | {self._nan(x, e)}' for x, e in zip(u.src, s) if not _finite_const(x))})"
     if sdt is dtypes.bool:
       if op is Ops.XOR: return f"({s[0]} != {s[1]})"
       if op in (Ops.CMPLT, Ops.CMPLE):
@@ -356,7 +496,9 @@ class WGSLRenderer:
 
   def cast(self, x: str, src: DType, dt: DType) -> str:
     if src is dt: return x
-    if dt is dtypes.bool: return f"({x} != {_zero(src)})"
+    if dt is dtypes.bool:  # != 0, so NaN is true: a float's bits other than the sign (a compare would miss NaN)
+      if src.kind == "f": return f"((bitcast<u32>({x if held(src) == 'f32' else f'f32({x})'}) & 0x7fffffffu) != 0u)"
+      return f"({x} != {_zero(src)})"
     if src is dtypes.bool: return f"select({_zero(dt)}, {_one(dt)}, {x})"
     sh = held(src)
     if dt.kind == "i":
@@ -369,11 +511,17 @@ class WGSLRenderer:
     if dt is dtypes.float16: return f"f16({x})"  # one rounding, from the source itself
     return x if sh == "f32" else f"f32({x})"
 
+  def _nan(self, u: UOp, x: str) -> str:
+    """Whether the float value x (of u) is NaN, from its bits (float16 through float32, which keeps NaN)."""
+    return self._use("pr_nan", x if held(u.dtype) == "f32" else f"f32({x})")
+
   def bitcast(self, x: str, src: DType, dt: DType) -> str:
+    if src is dt: return x
     if src.itemsize == 4: return x if held(src) == held(dt) else f"bitcast<{held(dt)}>({x})"
     mask = "0xffu" if src.itemsize == 1 else "0xffffu"
     if src is dtypes.float16: bits = self._use("pr_f16bits", x)
     elif src is dtypes.bfloat16: bits = f"(bitcast<u32>({x}) >> 16u)"
     elif src.kind == "i": bits = f"(bitcast<u32>({x}) & {mask})"
+    elif src is dtypes.bool: bits = f"select(0u, 1u, {x})"  # the bool's byte, 0 or 1
     else: bits = x
     return self._from_bits(dt, bits)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -262,3 +264,42 @@ def test_from_blob_refuses(dev: Any) -> None:
 def test_out_of_memory_names_the_limit(dev: Any) -> None:
   limit = dev.info.iface_object.limits.max_buffer_size  # Dawn on NVIDIA reports more than 1 TiB
   with pytest.raises(MemoryError, match="largest buffer"): Buffer(dev, limit + 1, dtypes.uint8)
+
+
+def test_buffers_dropped_in_reference_cycles(dev: Any) -> None:
+  """A Buffer the cycle collector frees must not leave a released engine buffer in the allocator's cache (wgpu-py's
+  buffers finalize themselves: the next allocation of that size would get a dead handle, or abort in wgpu-native)."""
+  class Holder:
+    pass
+  for k in range(3):
+    h = Holder()
+    h.me, h.buf = h, Buffer(dev, 8, dtypes.int32).copyin(np.arange(8, dtype=np.int32))
+    del h
+    gc.collect()
+    b = Buffer(dev, 8, dtypes.int32).copyin(np.arange(8, dtype=np.int32) * k)
+    assert b.numpy().tolist() == [i * k for i in range(8)]
+
+
+def test_a_finalizer_freeing_during_an_unaligned_copy(dev: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+  """An unaligned copy reads and rewrites edge words under a lock; a buffer freed meanwhile (by a finalizer the
+  collector runs on this thread) must not wait for that lock."""
+  eng, alloc = dev.info.iface_object, dev.allocator
+  victim = alloc.alloc(64)
+  real_read, freed = eng.read, []
+
+  def read_and_collect(*a: Any) -> None:
+    if not freed: freed.append(alloc.free(victim, 64))  # what Buffer.__del__ does
+    real_read(*a)
+  monkeypatch.setattr(eng, "read", read_and_collect)
+  buf, done = Buffer(dev, 7, dtypes.int8), threading.Event()
+
+  def copy() -> None:
+    buf.copyin(np.arange(7, dtype=np.int8))  # 7 bytes: the last word is read, patched and written back
+    done.set()
+  t = threading.Thread(target=copy, daemon=True)
+  t.start()
+  t.join(30)
+  assert done.is_set() and freed, "an unaligned copy deadlocked with a free"
+  monkeypatch.undo()
+  assert buf.numpy().tolist() == list(range(7))
+

@@ -29,7 +29,7 @@ def one_op(op: Ops, dt: DType) -> str:
 
 SPELLING = {Ops.ADD: " + ", Ops.SUB: " - ", Ops.MUL: " * ", Ops.DIV: " / ", Ops.IDIV: " / ", Ops.MOD: " % ", Ops.MAX: "max(", Ops.MIN: "min(",
             Ops.SHL: " << ", Ops.SHR: " >> ", Ops.CMPLT: " < ", Ops.CMPLE: " <= ", Ops.CMPEQ: " == ", Ops.CMPNE: " != ",
-            Ops.EXP2: "exp2(", Ops.LOG2: "log2(", Ops.SIN: "sin(", Ops.SQRT: "sqrt(", Ops.TRUNC: "trunc(", Ops.RECIP: " / ", Ops.NEG: "(-"}
+            Ops.EXP2: "exp2(", Ops.LOG2: "log2(", Ops.SIN: "pr_sin(", Ops.SQRT: "sqrt(", Ops.TRUNC: "trunc(", Ops.RECIP: " / ", Ops.NEG: "(-"}
 
 
 @pytest.mark.parametrize("dt", NARROW, ids=lambda d: d.name)
@@ -162,11 +162,47 @@ def test_casts_and_bitcasts_spell_wgsl_conversions() -> None:
   assert r.cast("x", dtypes.int32, dtypes.uint8) == "(bitcast<u32>(x) & 0xffu)"
   assert r.cast("x", dtypes.int32, dtypes.bfloat16) == "pr_bf16(f32(x))"  # through float32, as the IR's interpreter does
   assert r.cast("x", dtypes.int32, dtypes.float16) == "f16(x)"           # one rounding
-  assert r.cast("x", dtypes.float32, dtypes.bool) == "(x != 0.0f)" and r.cast("b", dtypes.bool, dtypes.float16) == "select(0.0h, 1.0h, b)"
+  assert r.cast("x", dtypes.float32, dtypes.bool) == "((bitcast<u32>(x) & 0x7fffffffu) != 0u)"  # NaN is true: the bits, not a compare
+  assert r.cast("h", dtypes.float16, dtypes.bool) == "((bitcast<u32>(f32(h)) & 0x7fffffffu) != 0u)"
+  assert r.cast("i", dtypes.int8, dtypes.bool) == "(i != 0i)" and r.cast("b", dtypes.bool, dtypes.float16) == "select(0.0h, 1.0h, b)"
   assert r.bitcast("x", dtypes.float32, dtypes.uint32) == "bitcast<u32>(x)" and r.bitcast("x", dtypes.int32, dtypes.int32) == "x"
   assert r.bitcast("x", dtypes.bfloat16, dtypes.int16) == "pr_sx16(bitcast<i32>((bitcast<u32>(x) >> 16u)))"
   assert r.bitcast("x", dtypes.int16, dtypes.float16) == "pr_f16from((bitcast<u32>(x) & 0xffffu))"
   assert r.bitcast("x", dtypes.uint8, dtypes.int8) == "pr_sx8(bitcast<i32>(x))"
+  # bool -> 8-bit integer: the bool's byte, 0 or 1 (WGSL has no bitcast of a bool); 8-bit integer -> bool: != 0
+  assert r.bitcast("b", dtypes.bool, dtypes.int8) == "pr_sx8(bitcast<i32>(select(0u, 1u, b)))"
+  assert r.bitcast("b", dtypes.bool, dtypes.uint8) == "select(0u, 1u, b)" and r.bitcast("b", dtypes.bool, dtypes.bool) == "b"
+  assert r.bitcast("x", dtypes.int8, dtypes.bool) == "((bitcast<u32>(x) & 0xffu) != 0u)" and r.bitcast("x", dtypes.uint8, dtypes.bool) == "(x != 0u)"
+
+
+def test_nan_is_tested_through_the_bits_only_where_it_changes_a_result() -> None:
+  """WGSL compilers assume finite math (x != x folds to false): CMPNE on floats adds a bit test per operand that may
+  be NaN (not for a finite constant), x != x is the bit test alone; ordered compares and integers stay as they are."""
+  for dt, nan in ((dtypes.float32, "pr_nan(v)"), (dtypes.bfloat16, "pr_nan(v)"), (dtypes.float16, "pr_nan(f32(v))")):
+    b = KernelBuilder(f"ne_{dt.name}")
+    out, x, y = b.buffer("out", dtypes.bool), b.buffer("x", dt), b.buffer("y", dt)
+    i = b.global_id(0)
+    a, c = x[i], y[i]
+    for k, r in enumerate([a.ne(c), a.ne(a), a.ne(b.const(1.5, dt)), a.ne(b.const(float("nan"), dt)), a.eq(c), a < c]): out[i * 6 + k] = r
+    body = R.render(b.finish()).split("fn k_", 1)[1]
+    lines = [re.sub(r"v\d+", "v", ln.split(" = ", 1)[1]) for ln in body.splitlines() if ": bool = " in ln]  # the compares, in order
+    assert lines == [f"((v != v) | {nan} | {nan});", f"{nan};", f"((v != v) | {nan});", f"((v != v) | {nan} | {nan});",
+                     "(v == v);", "(v < v);"], lines  # 1.5 is never NaN; the NaN constant is tested like any value
+  assert "pr_nan" not in one_op(Ops.CMPNE, dtypes.int32) and "fn pr_nan" in one_op(Ops.CMPNE, dtypes.float32)
+  assert "fn pr_nan" not in one_op(Ops.CMPLT, dtypes.float32) and "fn pr_nan" not in one_op(Ops.ADD, dtypes.float32)
+
+
+def test_sin_is_an_own_routine_rendered_only_where_used() -> None:
+  """SIN calls pr_sin (argument reduction, then polynomials; float16 through float32): WGSL's sin is accurate only
+  near [-pi, pi]. The helper and its table of 2/pi come with kernels that use SIN, and only with those."""
+  from plugrt_webgpu import wgsl
+  src = one_op(Ops.SIN, dtypes.float32)
+  assert "fn pr_sin(x: f32) -> f32" in src and "const pr_2opi = array<u32, 7>(" in src and " sin(" not in src
+  assert "f16(pr_sin(f32(v" in one_op(Ops.SIN, dtypes.float16) and "pr_bf16(pr_sin(v" in one_op(Ops.SIN, dtypes.bfloat16)
+  assert "pr_sin" not in one_op(Ops.EXP2, dtypes.float32) and "pr_2opi" not in one_op(Ops.MUL, dtypes.float32)
+  # the constants: pi from Machin's formula against its known hex digits, the table is 16 zero bits then 2/pi's bits
+  assert abs(wgsl._pi_bits(128) - 0x3243F6A8885A308D313198A2E03707344) <= 1
+  assert "0x0000a2f9u, 0x836e4e44u, 0x1529fc27u, 0x57d1f534u, 0xddc0db62u, 0x95993c43u, 0x9041fe51u" in src
 
 
 def test_reserved_looking_names_are_prefixed() -> None:
