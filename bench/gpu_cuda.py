@@ -104,6 +104,17 @@ def plugrt_side(quick: bool) -> dict[str, Any]:
     dev.synchronize()
     return 3 * 4 * count / (time.perf_counter() - t) / 1e9
   out["tensor_elementwise_gbs"] = median_of(tensor_gbs, 10)
+  # the Tensor kernel's own time (events around realize: includes the ~30 us of Python before the launch), for its
+  # elements per thread and step and its most groups (the rest of the work is the grid-stride loop)
+  from plugrt import tensor as T
+  saved = T._UNROLL, T._MAX_GROUPS
+  for unroll, groups in ((1, 4096), (1, 65535), (4, 4096), (2, 65535), (4, 65535), (8, 65535), (4, 1 << 20)):
+    T._UNROLL, T._MAX_GROUPS = unroll, groups
+    T._KERNELS.clear()
+    (tx * 2.0 + ty).realize()
+    out[f"tensor_u{unroll}_g{groups}_gbs"] = median_of(lambda: 3 * 4 * count / st.timed(lambda: (tx * 2.0 + ty).realize()) / 1e9, 10)
+  T._UNROLL, T._MAX_GROUPS = saved
+  T._KERNELS.clear()
   # what the elementwise figure is made of: the group size, and whether the compiler may assume no aliasing
   kern = saxpy_kernel()
   comp = dev.compiler_for("CUDA")
@@ -117,8 +128,16 @@ def plugrt_side(quick: bool) -> dict[str, Any]:
           '  float4 xv = *(const float4*)(x + i), yv = *(const float4*)(y + i);\n'
           '  *(float4*)(out + i) = make_float4(a * xv.x + yv.x, a * xv.y + yv.y, a * xv.z + yv.z, a * xv.w + yv.w);\n}\n')
   variants["float4_ls256"] = (dev.load(kern.name, comp.compile(vec4), kern.signature), 256)
+  # four scalar elements per thread, a whole grid apart (coalesced, four loads of each input in flight): whether
+  # unrolling alone, without vector types, reaches the copy
+  x4 = ('extern "C" __global__ void saxpy(float* out, const float* x, const float* y, float a, int n) {\n'
+        '  int t = gridDim.x * blockDim.x, i = blockIdx.x * blockDim.x + threadIdx.x;\n  if (i + 3 * t >= n) return;\n'
+        '  float x0 = x[i], x1 = x[i + t], x2 = x[i + 2 * t], x3 = x[i + 3 * t];\n'
+        '  float y0 = y[i], y1 = y[i + t], y2 = y[i + 2 * t], y3 = y[i + 3 * t];\n'
+        '  out[i] = a * x0 + y0; out[i + t] = a * x1 + y1; out[i + 2 * t] = a * x2 + y2; out[i + 3 * t] = a * x3 + y3;\n}\n')
+  variants["scalar4_ls256"] = (dev.load(kern.name, comp.compile(x4), kern.signature), 256)
   for label, (prg, ls) in variants.items():
-    def gbs(prg: Any = prg, ls: int = ls, per: int = 4 if label.startswith("float4") else 1) -> float:
+    def gbs(prg: Any = prg, ls: int = ls, per: int = 4 if label.startswith(("float4", "scalar4")) else 1) -> float:
       return 3 * 4 * count / prg(res, x, y, global_size=(count // ls // per, 1, 1), local_size=(ls, 1, 1), vals=(2.0, count), wait=True) / 1e9
     out[f"elementwise_{label}_gbs"] = median_of(gbs, 10)
   return out
@@ -247,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
   print(f"CUDA bench on {p.get('device', '?')}{' (quick)' if args.quick else ''}: plugrt | cupy (or the reference) | tinygrad | ratio | target")
   for label, a, b, tg, r, target in rows: print(f"  {label:<32} {f(a):>10} {f(b):>10} {f(tg):>10} {r:>8}  {target}")
   for k, v in sorted(p.items()):
-    if k.startswith("elementwise_") and k != "elementwise_gbs": print(f"    {k:<32} {f(v):>10}")
+    if k.startswith(("elementwise_", "tensor_u")) and k != "elementwise_gbs": print(f"    {k:<32} {f(v):>10}")
   if args.json:
     with open(args.json, "w") as fh: json.dump(res, fh, indent=2)
   return 0

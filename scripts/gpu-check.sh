@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything plugrt checks on the lent GPU machine, in one call: install, list devices, run the tests marked `gpu`
 # (and the suites that run on every available device), then the benchmarks. Logs go to $OUT (the device tool
-# brings them back). Usage (from the repo root): bash scripts/gpu-check.sh [--quick] [--only=tests|bench|webgpu]
-# (--only=webgpu: install, then the WebGPU section alone). Each step has its own time limit, so one hang costs one step.
+# brings them back). Usage (from the repo root): bash scripts/gpu-check.sh [--quick] [--only=tests|bench|cuda|webgpu|nv]
+# (--only=cuda: the CUDA tests and benches alone; --only=webgpu or nv: install, then that section alone). Each step has its own time limit, so one hang costs one step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/plugrt-gpu}; mkdir -p "$OUT"
@@ -17,22 +17,23 @@ echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --for
 $PY -c "import sys, numpy, pluggy; print(sys.version.split()[0], 'numpy', numpy.__version__, 'pluggy', pluggy.__version__)"
 echo "== install (no network: --no-deps, no build isolation)"
 PKGS="./core ./plugins/ops_cpu ./plugins/ops_cuda"
-for p in ./plugins/ops_cl ./plugins/ops_webgpu ./plugins/ops_webgpu/iface_wgpu ./plugins/ops_webgpu/iface_dawn; do [ -f "$p/pyproject.toml" ] && PKGS="$PKGS $p"; done
-$PY -m pip install -q --no-deps --no-build-isolation --no-compile --target /tmp/site $PKGS 2>&1 | tail -3
-[ -d .whl ] && $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -3
+for p in ./plugins/ops_cl ./plugins/ops_webgpu ./plugins/ops_webgpu/iface_wgpu ./plugins/ops_webgpu/iface_dawn \
+         ./plugins/ops_nv ./plugins/ops_nv/iface_nvk ./plugins/ops_nv/iface_pci; do [ -f "$p/pyproject.toml" ] && PKGS="$PKGS $p"; done
+$PY -m pip install -q --upgrade --no-deps --no-build-isolation --no-compile --target /tmp/site $PKGS 2>&1 | tail -3
+[ -d .whl ] && $PY -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -3
 export PYTHONPATH=/tmp/site
 $PY -m plugrt devices 2>&1 | tee "$OUT/devices.txt" | head -20
-if [ "$ONLY" != "bench" ] && [ "$ONLY" != "webgpu" ]; then
+if [ "$ONLY" != "bench" ] && [ "$ONLY" != "webgpu" ] && [ "$ONLY" != "nv" ]; then
   echo "== tests"
   timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=short -rfE plugins/ops_cuda tests/test_dsl.py tests/test_tensor.py tests/test_interop.py \
     tests/test_conformance.py 2>&1 | tee "$OUT/tests.txt" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -40
 fi
-if [ "$ONLY" != "tests" ] && [ "$ONLY" != "webgpu" ]; then
+if [ "$ONLY" != "tests" ] && [ "$ONLY" != "webgpu" ] && [ "$ONLY" != "nv" ]; then
   echo "== bench"
   timeout 360 $PY bench/gpu_cuda.py $QUICK --json "$OUT/bench_cuda.json" 2>&1 | tee "$OUT/bench_cuda.txt"
   timeout 90 $PY bench/cuda_launch.py 2>&1 | tee "$OUT/cuda_launch.txt"
 fi
-if [ "$ONLY" != "webgpu" ]; then
+if [ "$ONLY" != "webgpu" ] && [ "$ONLY" != "nv" ] && [ "$ONLY" != "cuda" ]; then
 echo "== OpenCL on this machine"
 ls -l /etc/OpenCL/vendors 2>/dev/null && for f in /etc/OpenCL/vendors/*.icd; do echo "  $f -> $(cat "$f")"; done || echo "  no /etc/OpenCL/vendors"
 ldconfig -p | grep -i opencl || echo "  no OpenCL library in the linker cache"
@@ -44,6 +45,7 @@ if grep -qsil nvidia /etc/OpenCL/vendors/*.icd || [ "$(ldconfig -p | grep -c lib
   [ "$ONLY" != "tests" ] && CL_PLATFORM=nvidia timeout 150 $PY bench/cl.py --quick --json "$OUT/bench_cl.json" 2>&1 | tee "$OUT/bench_cl.txt"
 else echo "no NVIDIA OpenCL driver here: the CL suite is not run on the GPU"; fi
 fi
+if [ "$ONLY" != "nv" ] && [ "$ONLY" != "cuda" ]; then
 echo "== WebGPU through the NVIDIA Vulkan driver"
 # The machine has the driver's Vulkan ICD but no loader: the loader debs travel in .gl (see docs/hardware.md).
 if [ -d .gl ] && command -v nvidia-smi >/dev/null; then for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
@@ -58,3 +60,30 @@ if ldconfig -p | grep -q libvulkan.so.1; then
   done
   [ "$ONLY" != "tests" ] && timeout 240 $PY bench/webgpu.py --quick --json "$OUT/bench_webgpu.json" 2>&1 | tee "$OUT/bench_webgpu.txt"
 else echo "no Vulkan loader here: WebGPU is not run on the GPU"; fi
+fi
+if [ -z "$ONLY" ] || [ "$ONLY" = "nv" ]; then
+  # NV: the GPU through the kernel driver with user-space submission (no libcuda). Layer by layer first, so a failure
+  # says where; then its tests, the conformance suite, the DSL and Tensor tests on NV alone. Every wait is bounded
+  # (PLUGRT_NV_TIMEOUT), and every step has its own time limit.
+  echo "== NV (plugrt-nv through the kernel driver)"
+  head -1 /proc/driver/nvidia/version; ls /dev/nvidia*
+  PLUGRT_NV_TIMEOUT=10 timeout 100 $PY -m plugrt_nv --out "$OUT" 2>&1 | tee "$OUT/nv_selftest.txt"
+  nv_ok=${PIPESTATUS[0]}
+  [ -f "$OUT/tiny.cubin" ] && command -v cuobjdump >/dev/null && cuobjdump -sass "$OUT/tiny.cubin" > "$OUT/nv_tiny_sass.txt" 2>&1
+  if [ "$nv_ok" -eq 0 ]; then
+    NVENV="PLUGRT_PLUGINS=nv,nv-nvk,nv-pci,cpu,python PLUGRT_NV_TIMEOUT=10"
+    env $NVENV timeout ${NV_TEST_S:-150} $PY -m pytest -v -p no:cacheprovider -o faulthandler_timeout=120 --tb=short -rfEsP \
+      plugins/ops_nv/tests tests/test_dsl.py tests/test_tensor.py > "$OUT/nv_tests.txt" 2>&1
+    grep -E "^(FAILED|ERROR)|NVError|passed|failed" "$OUT/nv_tests.txt" | tail -30
+    echo "NV-parametrized tests passed: $(grep -E '\[.*NV.*\] PASSED|::TestNV::.* PASSED' "$OUT/nv_tests.txt" | wc -l), failed: $(grep -E '\[.*NV.*\] FAILED|::TestNV::.* FAILED' "$OUT/nv_tests.txt" | wc -l)"
+    echo "-- selection: NV=1, NV_PTX=1, DEV=NVK+NV, DEV=NV:PTX (the PCI interface is never named on this machine)"
+    for e in "NV=1" "NV=1 NV_PTX=1" "DEV=NVK+NV" "DEV=NV:PTX"; do
+      env $e timeout 60 $PY -c "from plugrt import Device, Tensor; d = Device[Device.DEFAULT]; t = (Tensor([1.0, 2.0], device=d.info.canonical) * 3).numpy(); print('  $e ->', d.info.canonical, d.info.interface, d.info.compiler, t)" 2>&1 | tail -1
+    done
+    echo "-- the same DSL and Tensor tests with NV_PTX=1 (PTX through ptxas)"
+    env $NVENV NV_PTX=1 timeout ${NV_TEST_S:-150} $PY -m pytest -v -p no:cacheprovider -o faulthandler_timeout=120 --tb=short -rfE \
+      tests/test_dsl.py tests/test_tensor.py -k NV > "$OUT/nv_tests_ptx.txt" 2>&1
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/nv_tests_ptx.txt" | tail -20
+    [ "$ONLY" = "nv" ] && [ -f bench/nv.py ] && timeout ${NV_BENCH_S:-240} $PY bench/nv.py $QUICK --json "$OUT/bench_nv.json" 2>&1 | tee "$OUT/bench_nv.txt"
+  else echo "NV self-check failed (above): tests not run"; fi
+fi

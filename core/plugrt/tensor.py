@@ -221,46 +221,60 @@ def _kernel(root: Node, ctx: _Ctx, key: tuple, wide: bool, out_strides: tuple[in
     memo[id(n)] = v
     return v
 
-  # a grid-stride loop: at most _MAX_GROUPS groups, each thread taking every total-th element (GPUs stream memory
-  # better with a few thousand resident groups than with one thread per element: 3.66 against 3.10 TB/s on an H200)
+  def destination(g: Val, oidx: list[Any]) -> Val:
+    if out_off is None: return g
+    dest = out_off  # writing into a view (assign): its own strides and offset
+    for i, s in zip(oidx, out_strides):  # type: ignore[arg-type]
+      if s and not (isinstance(i, int) and i == 0): dest = dest + i * s
+    return dest
+
+  # a grid-stride loop: at most _MAX_GROUPS groups, each thread taking every total-th element (an elementwise kernel
+  # _UNROLL of them per step), so any size runs within the backends' limits on groups
   total = b.num_groups(0).cast(it) * b.local_size(0).cast(it) if it is dtypes.int64 else b.num_groups(0) * b.local_size(0)
   first = gid
-  with b.range((n_out + total - 1) // total, dtype=it) as step:
+  if root.op != "reduce":
+    # _UNROLL elements per step, a grid apart: all their loads first (at an index clamped into range, so every load
+    # is valid), then the guarded stores, so a thread has that many independent loads in flight (a store between
+    # them would order them: the output may alias an input)
+    span = total * _UNROLL
+    with b.range((n_out + span - 1) // span, dtype=it) as step:
+      results = []
+      for j in range(_UNROLL):
+        g = step * span + first + (total * j if j else 0)
+        oidx = unflatten(g.min(n_out - 1), out_shape)
+        results.append((g, oidx, lower(root, oidx, {})))
+      for g, oidx, v in results:
+        with b.if_(g < n_out): out[destination(g, oidx)] = v
+    k = _KERNELS[key] = b.finish()
+    return k
+  with b.range((n_out + total - 1) // total, dtype=it) as step:  # a reduction: one output element per thread and step
     gid = step * total + first
     with b.if_(gid < n_out):
       oidx = unflatten(gid, out_shape)
-      dest: Val = gid
-      if out_off is not None:  # writing into a view (assign): its own strides and offset
-        dest = out_off
-        for i, s in zip(oidx, out_strides):  # type: ignore[arg-type]
-          if s and not (isinstance(i, int) and i == 0): dest = dest + i * s
-      if root.op == "reduce":
-        rop, axes = root.arg
-        src = root.srcs[0]
-        dt = root.dtype
-        if rop == "sum": init: Any = 0
-        elif dt is dtypes.bool: init = rop == "min"
-        elif dt.kind == "f": init = float("-inf") if rop == "max" else float("inf")
-        else: init = dt.min if rop == "max" else dt.max
-        acc = b.var(float(init) if dt.kind == "f" else init, dt)
-        loops: list[Any] = []
-        idx = list(oidx)
+      rop, axes = root.arg
+      src = root.srcs[0]
+      dt = root.dtype
+      if rop == "sum": init: Any = 0
+      elif dt is dtypes.bool: init = rop == "min"
+      elif dt.kind == "f": init = float("-inf") if rop == "max" else float("inf")
+      else: init = dt.min if rop == "max" else dt.max
+      acc = b.var(float(init) if dt.kind == "f" else init, dt)
+      loops: list[Any] = []
+      idx = list(oidx)
 
-        def nest(k: int) -> None:
-          if k == len(axes):
-            v = lower(src, idx, {})
-            v = v if v.dtype is root.dtype else v.cast(root.dtype)
-            if dt is dtypes.bool: acc.value = acc.value | v if rop == "max" else acc.value & v  # any / all, as numpy
-            else: acc.value = acc.value + v if rop == "sum" else acc.value.max(v) if rop == "max" else acc.value.min(v)
-            return
-          with b.range(src.shape[axes[k]], dtype=it) as r:
-            idx[axes[k]] = r
-            loops.append(r)
-            nest(k + 1)
-        nest(0)
-        out[dest] = acc.value
-      else:
-        out[dest] = lower(root, oidx, {})
+      def nest(k: int) -> None:
+        if k == len(axes):
+          v = lower(src, idx, {})
+          v = v if v.dtype is root.dtype else v.cast(root.dtype)
+          if dt is dtypes.bool: acc.value = acc.value | v if rop == "max" else acc.value & v  # any / all, as numpy
+          else: acc.value = acc.value + v if rop == "sum" else acc.value.max(v) if rop == "max" else acc.value.min(v)
+          return
+        with b.range(src.shape[axes[k]], dtype=it) as r:
+          idx[axes[k]] = r
+          loops.append(r)
+          nest(k + 1)
+      nest(0)
+      out[destination(gid, oidx)] = acc.value
   k = _KERNELS[key] = b.finish()
   return k
 
@@ -291,7 +305,8 @@ def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> 
   out = into.buffer if into is not None else Buffer(node.device, n, node.dtype)
   bufs = [out] + [l.buffer for l in ctx.leaves if l.op == "buf"]
   vals = tuple(l.view.offset if l.op == "buf" else l.arg for l in ctx.leaves) + ((into.view.offset,) if into is not None else ())
-  prg(*bufs, global_size=(min(_MAX_GROUPS, max(1, -(-n // _GROUP))), 1, 1), local_size=(min(_GROUP, max(n, 1)), 1, 1), vals=vals)
+  per_group = _GROUP * (1 if root.op == "reduce" else _UNROLL)  # elements a group takes in one step
+  prg(*bufs, global_size=(min(_MAX_GROUPS, max(1, -(-n // per_group))), 1, 1), local_size=(min(_GROUP, max(n, 1)), 1, 1), vals=vals)
   stats["kernels_run"] += 1
   return into if into is not None else _buf_node(out, node.shape)
 
@@ -301,7 +316,12 @@ def _realize_into(node: Node, done: Node) -> None:
   node.op, node.srcs, node.arg, node.buffer, node.view = "buf", (), None, done.buffer, done.view
 
 
-_GROUP, _MAX_GROUPS = 256, 4096  # threads per group of the fused kernels, and groups at most (the rest is the grid-stride loop)
+#: threads per group of the fused kernels, and groups at most (the rest is the grid-stride loop): 65535, the least
+#: per-axis limit of the backends (WebGPU's maxComputeWorkgroupsPerDimension)
+_GROUP, _MAX_GROUPS = 256, 65535
+#: elements per thread and step of an elementwise kernel (H200, x*2+y over 2^28 floats, as a share of a device copy:
+#: 0.81 with one, 0.96 with four and a single pass; bench/gpu_cuda.py's tensor_u* rows)
+_UNROLL = 4
 #: counters for tests and tuning: kernels_run counts fused/reduce kernels launched by tensors
 stats = {"kernels_run": 0}
 
