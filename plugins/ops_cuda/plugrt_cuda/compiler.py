@@ -9,10 +9,10 @@ from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import Kernel
 from plugrt.runtime import Compiler
 from plugrt_cuda import driver as D
+from plugrt_cuda import nvrtc
 from plugrt_cuda.renderer import CUDARenderer
 
-# no contraction into FMA (the IR rounds every op), IEEE division and square root, no flush to zero
-NVRTC_OPTIONS = ("--fmad=false", "--prec-div=true", "--prec-sqrt=true", "--ftz=false", "-default-device")
+NVRTC_OPTIONS = nvrtc.OPTIONS  # (kept under this name for existing users)
 
 
 def device_arch(device: DeviceInfo) -> str:
@@ -44,12 +44,7 @@ class NVRTCCompiler(Compiler):
   def render(self, kernel: Kernel) -> str: return self.renderer.render(kernel)
   def toolchain(self) -> tuple[str, ...]: return (f"nvrtc {D.nvrtc_version()}", self.arch, " ".join(NVRTC_OPTIONS))
 
-  def compile_uncached(self, src: str) -> bytes:
-    name = src.split('__global__ void ', 1)[-1].split("(", 1)[0] if "__global__" in src else "kernel"
-    binary, log = D.nvrtc_compile(src, name, [f"--gpu-architecture={self.arch}", *NVRTC_OPTIONS], cubin=True)
-    if binary is None:
-      raise CompileError(f"NVRTC failed to compile {name} for {self.arch}", log, "a renderer bug if the kernel came from plugrt's IR")
-    return binary
+  def compile_uncached(self, src: str) -> bytes: return nvrtc.compile_cubin(src, self.arch)
 
 
 class PTXCompiler(Compiler):
