@@ -80,10 +80,13 @@ if [ -z "$ONLY" ] || [ "$ONLY" = "nv" ]; then
     for e in "NV=1" "NV=1 NV_PTX=1" "DEV=NVK+NV" "DEV=NV:PTX"; do
       env $e timeout 60 $PY -c "from plugrt import Device, Tensor; d = Device[Device.DEFAULT]; t = (Tensor([1.0, 2.0], device=d.info.canonical) * 3).numpy(); print('  $e ->', d.info.canonical, d.info.interface, d.info.compiler, t)" 2>&1 | tail -1
     done
-    echo "-- the same DSL and Tensor tests with NV_PTX=1 (PTX through ptxas)"
-    env $NVENV NV_PTX=1 timeout ${NV_TEST_S:-150} $PY -m pytest -v -p no:cacheprovider -o faulthandler_timeout=120 --tb=short -rfE \
-      tests/test_dsl.py tests/test_tensor.py -k NV > "$OUT/nv_tests_ptx.txt" 2>&1
-    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/nv_tests_ptx.txt" | tail -20
+    for asm in ptxas nvjitlink; do
+      echo "-- the DSL and Tensor tests with NV_PTX=1, and the conformance suite's PTX half, PTX assembled by $asm"
+      env $NVENV NV_PTX=1 PLUGRT_NV_ASSEMBLER=$asm PLUGRT_CACHE_DIR=/tmp/plugrt-cache-$asm timeout ${NV_TEST_S:-150} $PY -m pytest -v \
+        -p no:cacheprovider -o faulthandler_timeout=120 --tb=short -rfE tests/test_dsl.py tests/test_tensor.py plugins/ops_nv/tests/test_nv_gpu.py \
+        plugins/ops_nv/tests/test_nv_encoding.py -k "(NV or PTX or nvjitlink) and not CUDA and not CPU and not PYTHON" > "$OUT/nv_tests_$asm.txt" 2>&1
+      grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/nv_tests_$asm.txt" | tail -20
+    done
     [ "$ONLY" = "nv" ] && [ -f bench/nv.py ] && timeout ${NV_BENCH_S:-240} $PY bench/nv.py $QUICK --json "$OUT/bench_nv.json" 2>&1 | tee "$OUT/bench_nv.txt"
   else echo "NV self-check failed (above): tests not run"; fi
 fi

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install plugrt with the backends that run on a machine without a GPU, on a fresh Debian/Ubuntu machine.
 #   bash scripts/setup.sh          the runtime: clang, binutils, PoCL and Mesa (apt); plugrt, plugrt-cpu, plugrt-cl,
-#                                  plugrt-webgpu with both engines, and plugrt-cuda (pip; CUDA stays "no device"
-#                                  without a GPU, but its compilers are tested)
+#                                  plugrt-webgpu with both engines, plugrt-cuda and plugrt-nv with its interfaces
+#                                  (pip; CUDA and NV stay "no device" without a GPU, but their compilers are tested)
 #   bash scripts/setup.sh --test   the same, plus what the test suite needs
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,8 @@ if ! command -v clang >/dev/null || ! command -v ld >/dev/null || ! [ -e /etc/Op
 fi
 PIP="python3 -m pip install -q --disable-pip-version-check"
 $PIP ./core ./plugins/ops_cpu ./plugins/ops_cl ./plugins/ops_cuda \
-  ./plugins/ops_webgpu ./plugins/ops_webgpu/iface_wgpu ./plugins/ops_webgpu/iface_dawn
+  ./plugins/ops_webgpu ./plugins/ops_webgpu/iface_wgpu ./plugins/ops_webgpu/iface_dawn \
+  ./plugins/ops_nv ./plugins/ops_nv/iface_nvk ./plugins/ops_nv/iface_pci
 if [ "${1:-}" = "--test" ]; then
   $PIP -r requirements-test.txt
 fi

@@ -1,0 +1,118 @@
+"""plugrt-nv: NVIDIA GPUs driven from user space, without CUDA's user-space driver.
+
+The device `NV` reaches the GPU through an interface plugin: NVK (package plugrt-nv-nvk: the kernel driver's
+device files /dev/nvidiactl, /dev/nvidia<N>, /dev/nvidia-uvm) or PCI (plugrt-nv-pci, driverless; never chosen
+automatically). It allocates memory and channels once, then writes launch descriptors (QMDs) and copy commands
+into its own ring in GPU-visible memory and rings the doorbell: a launch makes no system call. Kernels are CUDA
+C through NVRTC (default) or PTX assembled by ptxas or nvJitLink (NV_PTX=1), built for the GPU's own architecture.
+
+This entry module imports only the standard library and plugrt. The probe reads file names and
+/proc/driver/nvidia/version; it opens no device and makes no ioctl.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+from typing import Any
+
+from plugrt.errors import Reason
+from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
+
+__version__ = "0.1.0"
+#: first-party interfaces: (name, module, distribution)
+INTERFACES = (("NVK", "plugrt_nv_nvk", "plugrt-nv-nvk"), ("PCI", "plugrt_nv_pci", "plugrt-nv-pci"))
+DRIVER_HINT = "install the NVIDIA driver (open or proprietary kernel modules) and load nvidia and nvidia-uvm, or run on a machine with an NVIDIA GPU"
+
+
+def gpu_nodes() -> list[str]:
+  """The kernel driver's per-GPU nodes, /dev/nvidia0, /dev/nvidia1, ..."""
+  return sorted(p for p in glob.glob("/dev/nvidia[0-9]*") if p[len("/dev/nvidia"):].isdigit())
+
+
+def driver_version(path: str = "/proc/driver/nvidia/version") -> str | None:
+  """The loaded kernel driver's version ("580.159.04"), from its proc file; None when it cannot be read."""
+  try:
+    with open(path, encoding="utf-8", errors="replace") as f: first = f.readline()
+  except OSError: return None
+  return next((w for w in first.split() if w.count(".") >= 1 and w.replace(".", "").isdigit()), None)
+
+
+def _has(module: str) -> bool:
+  try: return importlib.util.find_spec(module) is not None
+  except (ImportError, ValueError): return False
+
+
+def probe_nv() -> Probe:
+  if not os.path.exists("/dev/nvidiactl"):
+    return Probe.missing(Reason.NO_DEVICE, "no NVIDIA kernel driver: /dev/nvidiactl does not exist", DRIVER_HINT)
+  nodes = gpu_nodes()
+  if not nodes: return Probe.missing(Reason.NO_DEVICE, "the NVIDIA driver is loaded but lists no GPU (/dev/nvidia0 does not exist)", DRIVER_HINT)
+  if (machine := os.uname().machine).lower() not in ("x86_64", "amd64"):  # (os.uname: `platform` costs an import)
+    return Probe.missing(Reason.NO_DEVICE, f"plugrt-nv runs on x86-64 only for now (this is {machine})",
+                         "use the CUDA device (plugrt-cuda)")
+  if not any(_has(m) for _, m, _ in INTERFACES):
+    return Probe.missing(Reason.NOT_INSTALLED, "no NV interface is installed", "pip install plugrt-nv-nvk (the kernel-driver interface)")
+  ver = driver_version()
+  return Probe.found(len(nodes), f"{len(nodes)} GPU{'s' if len(nodes) != 1 else ''}, driver {ver or 'version unknown'}", driver=ver or "")
+
+
+def probe_nvrtc() -> Probe:
+  from plugrt_cuda import nvrtc  # looks at paths only
+  if not nvrtc.available(): return Probe.missing(Reason.MISSING_TOOLCHAIN, "NVRTC (libnvrtc.so) is not installed", nvrtc.HINT)
+  return Probe.found(1, "nvrtc")
+
+
+PTXAS_HINT = "install the CUDA toolkit (ptxas), or pip install nvidia-cuda-nvcc"
+
+
+def ptxas_path() -> str | None:
+  """ptxas from PLUGRT_PTXAS, PATH, CUDA_HOME, /usr/local/cuda, or the nvidia-cuda-nvcc wheel (looks at files only)."""
+  import shutil
+  import sys
+  if (p := os.environ.get("PLUGRT_PTXAS")) and os.access(p, os.X_OK): return p
+  if found := shutil.which("ptxas"): return found
+  dirs = [os.path.join(os.environ[v], "bin") for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)] + ["/usr/local/cuda/bin"]
+  dirs += sorted({d for p in sys.path for d in glob.glob(os.path.join(p or ".", "nvidia", "cu*", "bin"))}, reverse=True)
+  return next((os.path.join(d, "ptxas") for d in dirs if os.access(os.path.join(d, "ptxas"), os.X_OK)), None)
+
+
+def probe_ptxas() -> Probe:
+  """ptxas, else nvJitLink (paths only)."""
+  if (p := ptxas_path()) is not None: return Probe.found(1, p)
+  from plugrt_nv import jitlink
+  if (p := jitlink.path()) is not None: return Probe.found(1, f"nvJitLink {p}")
+  return Probe.missing(Reason.MISSING_TOOLCHAIN, "neither ptxas nor nvJitLink is installed", f"{PTXAS_HINT}; or {jitlink.HINT}")
+
+
+@hookimpl
+def plugrt_backends() -> list[BackendSpec]:
+  # below CUDA (50): where both run, the CUDA driver stays the default and NV=1 picks this one
+  return [BackendSpec(name="NV", api_version="1.1", probe=probe_nv, priority=45,
+                      compilers=(CompilerSpec("CUDA", "CUDA C through NVRTC to a cubin", probe_nvrtc),
+                                 CompilerSpec("PTX", "PTX rendered by plugrt, assembled to a cubin by ptxas or nvJitLink", probe_ptxas)),
+                      description="NVIDIA GPUs from user space through the kernel driver (no libcuda)")]
+
+
+@hookimpl
+def plugrt_open_device(device: DeviceInfo) -> Any:
+  from plugrt_nv.device import NVState
+  return NVState(device)
+
+
+@hookimpl
+def plugrt_allocator(device: DeviceInfo) -> Any:
+  from plugrt_nv.device import NVAllocator
+  return NVAllocator(device)
+
+
+@hookimpl
+def plugrt_compiler(device: DeviceInfo, compiler: str) -> Any:
+  from plugrt_nv.compiler import make
+  return make(device, compiler)
+
+
+@hookimpl
+def plugrt_program(device: DeviceInfo) -> Any:
+  from plugrt_nv.device import NVProgram
+  return NVProgram

@@ -1,0 +1,464 @@
+"""NV's runtime objects: the device state (channels, timeline, command slots), the allocator, programs.
+
+Everything the GPU runs goes through one timeline: every submission, on the compute or the copy channel, ends by
+writing the next value of a 32-bit counter in host memory (with the GPU's timestamp beside it), and a submission
+that follows one on the other channel first makes that channel wait for the previous value. Waiting is reading
+that counter; it is bounded (PLUGRT_NV_TIMEOUT seconds, 30 by default) and checks the driver's error notifiers,
+so a faulting or hung kernel becomes an NVError with the driver's reason, never a hang.
+
+Commands live in a ring of fixed slots in GPU memory that the CPU writes (write-combined). A program keeps its
+launch descriptors (QMD + constant bank 0 with the arguments) in a few resident entries of its own, one per set of
+arguments; a launch whose arguments an entry holds writes 12 words into a slot (invalidate the SMs' data caches,
+start the grid, release the timeline), appends one GPFIFO entry, fences (sfence), moves GP_PUT and writes the
+channel's token to the doorbell: no system call, about 1.4 us of Python on the H200 machine. A launch after new code
+or constants were written, after work on the copy channel, or with wait=True (timing) takes the general path
+(full cache invalidation, a wait for the copy channel, timestamps).
+
+Host copies go through two pinned staging buffers and the copy engine, the CPU side in parallel pieces; device
+copies from 1 MiB run as a kernel (the copy engine moves about 43 GB/s device to device on the H200, the SMs ~1.8 TB/s).
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import struct
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from plugrt.device import Buffer
+from plugrt.dtype import DType, dtypes, f32_to_bf16
+from plugrt.errors import CompileError, UnsupportedError
+from plugrt.hookspecs import DeviceInfo
+from plugrt.ir import Signature
+from plugrt.runtime import Allocator, DeviceState, Program, buffer_address
+from plugrt_nv import cmd, cubin, hw
+from plugrt_nv.iface import Channel, GPUInterface, Mem, NVError
+
+M32 = 0xFFFFFFFF
+SLOT, SLOTS, ENTRIES = 4096, 512, 0x4000   # command slots (one per submission in flight), GPFIFO entries per channel
+CBUF_OFF = 512                             # in a launch slot: QMD at 0 (256-aligned), constant bank 0 at 512 (64-aligned), commands after it
+SHARED_WINDOW, LOCAL_WINDOW = 0x7E00_0000_0000, 0x7F00_0000_0000  # generic-address windows, 4 GiB aligned, far from every buffer
+FENCE = bytes.fromhex("0faef8c3")         # sfence; ret: write-combined stores reach the GPU before the doorbell does
+MAX_SHARED = 227 << 10
+KERNEL_COPY_MIN = 1 << 20                  # device-to-device copies from this size run as a kernel
+COPY_KERNEL = r"""extern "C" __global__ void plugrt_nv_copy(unsigned long long d, unsigned long long s, unsigned long long n) {
+  unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x, step = (unsigned long long)gridDim.x * blockDim.x, k;
+  if (((d | s) & 15) == 0) {
+    unsigned long long n16 = n >> 4;
+    const uint4* S = (const uint4*)s;
+    uint4* D = (uint4*)d;
+    for (k = i; k + 3 * step < n16; k += 4 * step) {  /* four loads in flight per thread */
+      uint4 a = S[k], b = S[k + step], c = S[k + 2 * step], e = S[k + 3 * step];
+      D[k] = a; D[k + step] = b; D[k + 2 * step] = c; D[k + 3 * step] = e;
+    }
+    for (; k < n16; k += step) D[k] = S[k];
+    for (k = (n16 << 4) + i; k < n; k += step) ((unsigned char*)d)[k] = ((const unsigned char*)s)[k];
+  } else {
+    for (k = i; k < n; k += step) ((unsigned char*)d)[k] = ((const unsigned char*)s)[k];
+  }
+}"""
+FAST_WORDS, FAST_PAYLOAD = 12, 36          # a fast-path launch: invalidate data (2 words), start a QMD (4), release (6; payload at byte 36)
+FAST_ENTRY = 1 << 41 | FAST_WORDS << 42    # its GPFIFO entry's flags and length
+_PAYLOAD = struct.Struct("<I").pack_into
+
+
+def round_up(x: int, a: int) -> int: return (x + a - 1) // a * a
+
+
+def _timeout() -> float:
+  v = os.environ.get("PLUGRT_NV_TIMEOUT", "")
+  try: return float(v) if v else 30.0
+  except ValueError: raise NVError(f"PLUGRT_NV_TIMEOUT={v!r} is not a number of seconds", "e.g. PLUGRT_NV_TIMEOUT=60") from None
+
+
+class NVState(DeviceState):
+  """One GPU opened through an interface: its channels, the timeline, the command slots, local memory."""
+
+  def __init__(self, info: DeviceInfo):
+    iface: GPUInterface | None = info.iface_object
+    if iface is None: raise UnsupportedError("NV needs an interface to reach the GPU, and none was opened", "pip install plugrt-nv-nvk")
+    self.iface, self.index, self.broken = iface, info.index, ""
+    fam = iface.classes.family
+    if fam.cbuf0 is None:
+      raise UnsupportedError(f"NV:{info.index} is a {fam.name} GPU: plugrt-nv does not know its constant-bank layout yet, so it cannot launch there",
+                             "use the CUDA device (plugrt-cuda) on this GPU")
+    self.family, self.layout, self.arch = fam, hw.QMD[fam.qmd], iface.arch
+    from plugrt import _native
+    addr = _native.code(FENCE)
+    if addr is None: raise UnsupportedError("NV needs an executable page for its store fence (x86-64, no W^X policy)", "use the CUDA device")
+    self._fence = ctypes.CFUNCTYPE(None)(addr)
+    self.timeout = _timeout()
+    self.compute, self.copy = iface.channels(ENTRIES)
+    for ch in (self.compute, self.copy):
+      ch.put = 0  # type: ignore[attr-defined]
+      ch.ring_arr = (ctypes.c_uint64 * ch.entries).from_address(ch.ring)  # type: ignore[attr-defined]
+      ch.gp_put = ctypes.c_uint32.from_address(ch.userd + hw.USERD_GP_PUT)  # type: ignore[attr-defined]
+    self._doorbell = ctypes.c_uint32.from_address(iface.doorbell)
+    self.signals = iface.alloc(0x1000, "host")
+    self.sem, self.ts = self.signals.va, self.signals.va + 16  # the timeline (value, pad, timestamp) and a start-timestamp slot
+    self._sem = ctypes.c_uint32.from_address(self.sem)
+    self.value = self.done = 0
+    self.last: Channel | None = None
+    kind = os.environ.get("PLUGRT_NV_SLOTS", "mapped")  # where the command slots live: GPU memory the CPU writes, or host memory
+    if kind not in ("mapped", "host"): raise NVError(f"PLUGRT_NV_SLOTS={kind!r}: use mapped (GPU memory, the default) or host")
+    self.slots = iface.alloc(SLOT * SLOTS, kind)
+    self.slots_mv = memoryview((ctypes.c_char * (SLOT * SLOTS)).from_address(self.slots.va)).cast("B")
+    self.slots_va = self.slots.va
+    self.slot_value, self.next_slot = [0] * SLOTS, 0
+    self.slm, self.local_mem = 0, None
+    # may the next launch take the fast path? Not after work on the copy channel (the launch must wait for it), nor after new
+    # code or constants were written where the GPU may have cached old ones (the launch invalidates those caches first)
+    self.fast = False
+    self.submit(self.compute, cmd.compute_setup(iface.classes.compute, SHARED_WINDOW, LOCAL_WINDOW))
+    self.submit(self.copy, cmd.copy_setup(iface.classes.copy))
+    try: self.wait(self.value, timeout=min(self.timeout, 10.0))
+    except NVError as e:
+      raise NVError(f"NV:{info.index} opened, but the GPU did not run its first commands: {e.message}",
+                    "the channel, doorbell or semaphore path does not work with this GPU and driver; use the CUDA device") from None
+    self.ensure_local(hw.LOCAL_ABI)
+
+  # ------------------------------------------------------------ submission
+  def _slot(self) -> tuple[int, int]:
+    i = self.next_slot
+    self.next_slot = (i + 1) % SLOTS
+    if self.slot_value[i] > self.done: self.wait(self.slot_value[i])
+    return self.slots.va + i * SLOT, i
+
+  def _kick(self, ch: Any, va: int, nwords: int, value: int, slot: int) -> None:
+    ch.ring_arr[ch.put % ch.entries] = va | 1 << 41 | nwords << 42
+    ch.put += 1
+    # The fence comes before GP_PUT: a busy channel reads GP_PUT on its own, without waiting for the doorbell, and
+    # write-combined stores reach the GPU in any order, so it could fetch the new entry, or run the slot's words of
+    # an earlier launch, before they arrive (on the H200, 2 of 5000 dependent launches read stale data that way).
+    # The doorbell is an uncached store, which drains the write-combining buffers (GP_PUT) before it.
+    self._fence()
+    ch.gp_put.value = ch.put % ch.entries
+    self._doorbell.value = ch.token
+    self.value, self.slot_value[slot], self.last = value, value, ch
+    if ch is not self.compute: self.fast = False
+
+  def submit(self, ch: Channel, body: list[int]) -> int:
+    """Run `body` (command words) on channel `ch` after everything submitted before; returns its timeline value."""
+    if self.broken: raise NVError(f"NV:{self.index} cannot run more work: {self.broken}", "restart the process")
+    va, slot = self._slot()
+    value = self.value + 1
+    words = (cmd.sem_acquire(self.sem, self.value) if self.last is not ch else []) + body
+    words += cmd.copy_release(self.sem, value) if ch is self.copy else cmd.sem_release(self.sem, value)
+    if len(words) * 4 > SLOT: raise NVError(f"internal: {len(words)} command words do not fit a {SLOT}-byte slot")
+    data = cmd.words(words)
+    ctypes.memmove(va, data, len(data))
+    self._kick(ch, va, len(words), value, slot)
+    return value
+
+  # ------------------------------------------------------------ waiting
+  def completed(self) -> int:
+    done = self.value - ((self.value - self._sem.value) & M32)  # the counter is 32 bits; at most 2^31 submissions are in flight
+    if done > self.done: self.done = done
+    return self.done
+
+  def wait(self, value: int, timeout: float | None = None) -> None:
+    if self.done >= value: return
+    for _ in range(1000):
+      if self.completed() >= value: return
+    limit = self.timeout if timeout is None else timeout
+    deadline, check = time.monotonic() + limit, 0.0
+    while self.completed() < value:
+      now = time.monotonic()
+      if now >= check:  # the error notifiers: plain memory reads
+        if self.iface.fault(): self._fail(f"the GPU reported an error while running submission {value}")
+        check = now + 0.02
+      if now > deadline: self._fail(f"the GPU did not finish submission {value} within {limit:g} s (timeline at {self.completed()})")
+      time.sleep(0)
+
+  def _fail(self, what: str) -> None:
+    rings = ", ".join(f"{c.name} ring GP_GET {ctypes.c_uint32.from_address(c.userd + hw.USERD_GP_GET).value} / GP_PUT {c.put % c.entries}"  # type: ignore[attr-defined]
+                      for c in (self.compute, self.copy))
+    why = self.iface.fault(deep=True) or "the driver reports no channel error"
+    self.broken, self.fast = f"{what}; {why} ({rings})", False
+    raise NVError(f"NV:{self.index}: {self.broken}",
+                  "a kernel that faults or never ends leaves this device unusable in this process: fix it and restart; "
+                  "PLUGRT_NV_TIMEOUT=<seconds> allows longer work")
+
+  def synchronize(self) -> None: self.wait(self.value)
+
+  def ensure_local(self, need: int) -> None:
+    """Enough local memory (stacks) for `need` bytes per thread on every thread the GPU can hold at once."""
+    if need <= self.slm: return
+    g, slm = self.iface.gr, round_up(need, 32)
+    per_tpc = round_up(round_up(slm * 32, 0x200) * g["warps_per_sm"] * g["sm_per_tpc"], 0x8000)
+    mem = self.iface.alloc(round_up(per_tpc * g["tpc_per_gpc"] * g["gpcs"], 0x20000), "device")
+    self.submit(self.compute, cmd.local_memory(mem.va, per_tpc))
+    self.synchronize()
+    if self.local_mem is not None: self.iface.free(self.local_mem)
+    self.local_mem, self.slm = mem, slm
+
+  def close(self) -> None:
+    try:
+      if not self.broken: self.synchronize()
+    finally: self.iface.close()
+
+
+class NVAllocator(Allocator[int]):
+  """GPU memory in the device's VA space; a handle is its GPU address. Host copies go through two pinned staging
+  buffers and the copy engine; device-to-device copies are one copy-engine command."""
+  STAGE, PIECE = 64 << 20, 4 << 20  # two staging buffers of 64 MiB, CPU copies in up to 16 pieces: what the CUDA backend found best here
+  supports_transfer = True
+  pool: Any = None
+  workers = 1
+  kcopy: Any = None  # the device-to-device copy kernel (None: not built yet, False: not available)
+
+  def __init__(self, device: DeviceInfo):
+    super().__init__(device)
+    self.state: NVState = device.state  # type: ignore[assignment]
+    self.mems: dict[int, Mem] = {}
+    self.stage: list[Mem] = []
+    self.stage_value = [0, 0]
+    self.k = 0
+
+  def _alloc(self, nbytes: int, options: Any) -> int:
+    mem = self.state.iface.alloc(nbytes, "device")
+    self.mems[mem.va] = mem
+    return mem.va
+
+  def _free(self, handle: int, nbytes: int, options: Any) -> None:
+    mem = self.mems.pop(handle)
+    st = self.state
+    if st.broken: return  # the GPU may still hold it; the process is going to exit anyway
+    st.synchronize()
+    st.iface.free(mem)
+
+  def _offset(self, handle: int, offset: int, nbytes: int) -> int: return handle + offset
+
+  def _memmove(self, dst: int, src: int, n: int) -> None:
+    """CPU copy between host memory and a staging buffer, in parallel pieces for large ones (ctypes.memmove lets
+    the GIL go, so the pieces run at once): one core's copy is well below what the copy engine moves."""
+    if n < self.PIECE * 2:
+      ctypes.memmove(dst, src, n)
+      return
+    if self.pool is None:
+      from concurrent.futures import ThreadPoolExecutor
+      self.workers = max(1, min(16, os.cpu_count() or 2))
+      self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="plugrt-nv-copy")
+    step = round_up(-(-n // self.workers), 4096)
+    list(self.pool.map(lambda o: ctypes.memmove(dst + o, src + o, min(step, n - o)), range(0, n, step)))
+
+  def _staging(self, k: int) -> Mem:
+    while len(self.stage) <= k: self.stage.append(self.state.iface.alloc(self.STAGE, "host"))
+    return self.stage[k]
+
+  def _copyin(self, dest: int, src: memoryview) -> None:
+    st, n = self.state, src.nbytes
+    addr = buffer_address(src)
+    for off in range(0, n, self.STAGE):
+      k, m = self.k, min(self.STAGE, n - off)
+      self.k ^= 1
+      buf = self._staging(k)
+      st.wait(self.stage_value[k])
+      self._memmove(buf.va, addr + off, m)
+      self.stage_value[k] = st.submit(st.copy, cmd.copy(dest + off, buf.va, m))
+
+  def _copyout(self, dest: memoryview, src: int) -> None:
+    st, n = self.state, dest.nbytes
+    addr = buffer_address(dest)
+    chunks = [(off, min(self.STAGE, n - off)) for off in range(0, n, self.STAGE)]
+    # the GPU runs everything in submission order, so a staging buffer a copy-in still reads is safe to copy into
+    start = lambda i: st.submit(st.copy, cmd.copy(self._staging(i % 2).va, src + chunks[i][0], chunks[i][1]))
+    nxt = start(0) if chunks else 0
+    for i, (off, m) in enumerate(chunks):
+      v = nxt
+      if i + 1 < len(chunks): nxt = start(i + 1)  # the next chunk's DMA runs while the CPU copies this one out
+      st.wait(v)
+      self._memmove(addr + off, self._staging(i % 2).va, m)
+
+  def _copy(self, dest: int, src: int, nbytes: int) -> None:
+    """Device to device: large copies between ranges that do not overlap run as a kernel (the SMs move memory far
+    faster than one copy engine: on the H200, about 40 GB/s through the copy engine against terabytes a second);
+    the rest, and everything when no kernel compiler is here, go through the copy engine."""
+    st = self.state
+    if nbytes >= KERNEL_COPY_MIN and (dest + nbytes <= src or src + nbytes <= dest) and (prg := self._copy_kernel()) is not None:
+      blocks = max(1, min(-(-nbytes // (256 * 16)), st.iface.gr.get("sms", 1) * 8))
+      prg(global_size=(blocks, 1, 1), local_size=(256, 1, 1), vals=(dest, src, nbytes))
+      return
+    st.submit(st.copy, cmd.copy(dest, src, nbytes))
+
+  def _copy_kernel(self) -> Any:
+    if self.kcopy is None:
+      self.kcopy = False
+      try:
+        from types import SimpleNamespace
+
+        from plugrt_cuda import nvrtc
+        if nvrtc.available():
+          lib = nvrtc.compile_cubin(COPY_KERNEL, self.state.arch)
+          shim = SimpleNamespace(info=SimpleNamespace(state=self.state), allocator=self)
+          self.kcopy = NVProgram(shim, "plugrt_nv_copy", lib, Signature((), (dtypes.uint64,) * 3))
+      except Exception: self.kcopy = False  # no NVRTC, or it failed: the copy engine does it
+    return self.kcopy or None
+
+  def _transfer(self, dest: int, src: int, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
+    if src_dev is dest_dev: return self._copy(dest, src, nbytes)
+    host = bytearray(nbytes)  # between two GPUs: through the host (no peer mappings yet)
+    src_dev.allocator._copyout(memoryview(host), src)
+    dest_dev.allocator._copyin(dest, memoryview(host))
+
+
+_PACK = {dtypes.bool: "<B", dtypes.int8: "<b", dtypes.uint8: "<B", dtypes.int16: "<h", dtypes.uint16: "<H", dtypes.int32: "<i", dtypes.uint32: "<I",
+         dtypes.int64: "<q", dtypes.uint64: "<Q", dtypes.float16: "<e", dtypes.bfloat16: "<H", dtypes.float32: "<f", dtypes.float64: "<d"}
+
+
+def _scalar(dt: DType) -> Any:
+  if dt is dtypes.bfloat16: return lambda v: int(f32_to_bf16(v))
+  if dt is dtypes.bool: return lambda v: 1 if v else 0
+  return (lambda v: v) if dt.kind in "iu" else float
+
+
+def _release_program(state: NVState, *mems: Mem) -> None:
+  try:
+    if not state.broken:
+      state.synchronize()
+      for mem in mems: state.iface.free(mem)
+  except Exception: pass  # interpreter shutdown, or a device that failed meanwhile
+
+
+class NVProgram(Program):
+  """A cubin loaded into GPU memory, with prepared launches. A launch descriptor (QMD) and its constant bank 0 (the
+  arguments) are written once per set of arguments into one of the program's own resident entries in GPU memory that
+  the CPU writes; a launch with arguments an entry already holds then writes only its 12 command words (start that
+  QMD, release the timeline) into a command slot and rings the doorbell. Up to ENTRIES argument sets stay resident
+  (alternating buffers, as in a chain of dependent launches, stay on that path); an entry is rewritten only once the
+  GPU has finished every launch that used it, and when none is free the launch carries its QMD and constant bank in
+  its command slot instead."""
+  ENTRIES = 4
+
+  def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
+    super().__init__(device, name, lib, signature)
+    st: NVState = device.info.state
+    self.state = st
+    k = cubin.parse(lib, name)
+    want = [8] * self.nbufs + [struct.calcsize(_PACK[dt]) for dt in signature.scalars]
+    if [s for _, s in k.params] != want:
+      raise CompileError(f"cubin for {name} takes parameters of sizes {[s for _, s in k.params]}, its signature needs {want}")
+    self.mem = st.iface.alloc(len(k.image) + 0x1000, "device")  # room after the code: the SMs prefetch instructions past its end
+    device.allocator._copyin(self.mem.va, memoryview(k.relocated(self.mem.va)))
+    st.fast = False
+    st.ensure_local(k.stack + hw.LOCAL_ABI)
+    shared = round_up(hw.SHARED_RESERVE + k.shared, 256)
+    if shared > MAX_SHARED: raise UnsupportedError(f"kernel {name} needs {shared} bytes of shared memory; a block may have {MAX_SHARED}")
+    L, fam = st.layout, st.family
+    q = cmd.Qmd(L).set("major", L.version).set("call_limit", 1).set("cwd_membar", hw.CWD_MEMBAR_SYSMEMBAR)
+    for f in ("inv_texture_header", "inv_texture_sampler", "inv_texture_data", "inv_shader_data"): q.set(f, 1)
+    if "type" in L.fields: q.set("type", hw.QMD_TYPE_GRID_CTA)
+    if "sm_global_caching" in L.fields: q.set("sm_global_caching", 1)
+    if L.version != 4:  # what the drivers that run v3 and v5 write; Hopper's v4 runs with these left zero
+      q.set("group_id", 0x3F).set("sampler_index", 1).set("sass_version", (st.iface.sm_version >> 4 & 0xF0) | (st.iface.sm_version & 0xF))
+    q.set_program(self.mem.va + k.entry).set("regs", k.regs).set("barriers", max(1, k.barriers)).set_shared(shared)
+    carve = next(c for c in fam.carveouts_kb if c << 10 >= shared)
+    q.set("smem_min", carve // 4 + 1).set("smem_target", carve // 4 + 1).set("smem_max", fam.carveouts_kb[-1] // 4 + 1)
+    q.set_local_high(st.slm)
+    for bank, (off, size) in k.banks.items(): q.set_cbuf(bank, self.mem.va + off, round_up(size, 16))
+    cb0 = round_up(len(k.cbuf0), 16)
+    q.set_cbuf(0, 0, cb0)
+    self.qmd, self.cbuf_patch = q, q.cbuf_patch(0)
+    self.cmd_off = CBUF_OFF + cb0  # QMD + constant bank 0: what an entry holds; in a slot, the command words follow
+    if self.cmd_off + 24 * 4 > SLOT:
+      raise UnsupportedError(f"kernel {name} has {k.params[-1][0] + k.params[-1][1] if k.params else 0} bytes of parameters; NV takes up to "
+                             f"{SLOT - 24 * 4 - CBUF_OFF - k.param_base}")
+    self.blob = bytearray(self.cmd_off)
+    self.blob[CBUF_OFF:CBUF_OFF + len(k.cbuf0)] = k.cbuf0
+    dims, windows, stack = fam.cbuf0
+    struct.pack_into("<QQ", self.blob, CBUF_OFF + windows, SHARED_WINDOW, LOCAL_WINDOW)
+    struct.pack_into("<I", self.blob, CBUF_OFF + stack, hw.STACK_TOP)
+    self.dims_off = CBUF_OFF + dims
+    self.arg_offs = [CBUF_OFF + k.param_base + off for off, _ in k.params]
+    self.fmts = [_PACK[dt] for dt in signature.scalars]
+    self.setters = [_scalar(dt) for dt in signature.scalars]
+    self.blob_buf = (ctypes.c_char * len(self.blob)).from_buffer(self.blob)
+    self.blob_addr = ctypes.addressof(self.blob_buf)
+    self.max_threads = min(1024, 65536 // round_up(max(1, k.regs) * 32, 256) // 4 * 4 * 32)
+    self.kernel = k
+    # resident entries: [arguments key, QMD address, last timeline value that used it, words 0..8 of the fast path]
+    self.entry_size = round_up(self.cmd_off, 256)
+    self.res = st.iface.alloc(self.entry_size * self.ENTRIES, "mapped")
+    self.entries: list[list[Any]] = []
+    weakref.finalize(self, _release_program, st, self.mem, self.res)
+
+  def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
+               wait: bool = False) -> float | None:
+    st = self.state
+    key = (bufs, vals, global_size, local_size)
+    for e in self.entries:
+      if e[0] == key: break
+    else: e = self._entry(key, bufs, vals, global_size, local_size)
+    if e is not None and st.fast and not wait:  # the fast path: 12 words into a slot, a ring entry, GP_PUT, the doorbell
+      i = st.next_slot
+      if st.slot_value[i] > st.done: st.wait(st.slot_value[i])
+      st.next_slot = (i + 1) % SLOTS
+      o, value, ch, words = i * SLOT, st.value + 1, st.compute, e[3]
+      _PAYLOAD(words, FAST_PAYLOAD, value & M32)
+      st.slots_mv[o:o + FAST_WORDS * 4] = words
+      put = ch.put  # type: ignore[attr-defined]
+      ch.ring_arr[put % ch.entries] = st.slots_va + o | FAST_ENTRY  # type: ignore[attr-defined]
+      ch.put = put = put + 1  # type: ignore[attr-defined]
+      st._fence()  # the slot and the ring entry first: see _kick
+      ch.gp_put.value = put % ch.entries  # type: ignore[attr-defined]
+      st._doorbell.value = ch.token
+      st.value = st.slot_value[i] = e[2] = value
+      return None
+    if st.broken: raise NVError(f"NV:{st.index} cannot run {self.name}: {st.broken}", "restart the process")
+    va, slot = st._slot()
+    value = st.value + 1
+    if e is None:  # no resident entry free: QMD and constant bank travel in the slot
+      off, shift, hi = self.cbuf_patch
+      cb = (va + CBUF_OFF) >> shift
+      struct.pack_into("<II", self.blob, off, cb & M32, hi | cb >> 32)
+      ctypes.memmove(va, self.blob_addr, self.cmd_off)
+      qmd, c = va, self.cmd_off
+    else: qmd, c, e[2] = e[1], 0, value
+    words = (cmd.sem_acquire(st.sem, st.value) if st.last is not st.compute else []) + (cmd.sem_release(st.ts, value) if wait else [])
+    words += cmd.launch(qmd) + cmd.sem_release(st.sem, value)  # with the cache invalidation
+    struct.pack_into(f"<{len(words)}I", st.slots_mv, va - st.slots.va + c, *words)
+    st._kick(st.compute, va + c, len(words), value, slot)
+    st.fast = True
+    if not wait: return None
+    t = time.perf_counter()
+    st.wait(value)
+    t = time.perf_counter() - t
+    t0, t1 = ctypes.c_uint64.from_address(st.ts + 8).value, ctypes.c_uint64.from_address(st.sem + 8).value
+    return (t1 - t0) / 1e9 if 0 < t1 - t0 < 10 ** 12 else t  # the GPU's own timestamps (ns), else the host's clock
+
+  def _entry(self, key: Any, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> list[Any] | None:
+    """A resident entry holding these arguments: a free one (its launches done) rewritten, a new one, or None (all busy)."""
+    self._prepare(bufs, vals, global_size, local_size)  # checks the arguments before anything changes
+    st, done = self.state, self.state.completed()
+    if len(self.entries) < self.ENTRIES:  # a new entry first: rewriting one that the next call may want again would thrash
+      va = self.res.va + len(self.entries) * self.entry_size
+      e = [None, va, 0, b""]
+      self.entries.append(e)
+    elif free := [e for e in self.entries if e[2] <= done]: e = min(free, key=lambda e: e[2])  # the least recently launched
+    else: return None
+    e[0] = None
+    off, shift, hi = self.cbuf_patch
+    cb = (e[1] + CBUF_OFF) >> shift
+    struct.pack_into("<II", self.blob, off, cb & M32, hi | cb >> 32)
+    ctypes.memmove(e[1], self.blob_addr, self.cmd_off)
+    e[0] = (tuple(bufs), tuple(vals) if not isinstance(vals, tuple) else vals, global_size, local_size)
+    st.fast = False  # the GPU may hold the entry's old constants in its caches
+    # the fast path's words: invalidate the data caches only, start the grid, release the timeline (no timestamp); the
+    # release's payload is patched per launch
+    e[3] = bytearray(cmd.words(cmd.launch(e[1], hw.Compute.INVALIDATE_GLOBAL_DATA) + cmd.sem_release(st.sem, 0, timestamp=False)))
+    assert len(e[3]) == FAST_WORDS * 4 and e[3][FAST_PAYLOAD:FAST_PAYLOAD + 4] == bytes(4)
+    return e if e[0] == key else None  # a key that does not compare equal to itself (a NaN value) never matches: slot path
+
+  def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
+    gs, ls = self.check_args(bufs, vals, global_size, local_size)
+    if math.prod(ls) > self.max_threads or ls[2] > 64:
+      raise ValueError(f"program {self.name}: {ls} threads per group; this kernel allows {self.max_threads} (and at most 64 along z)")
+    if gs[0] >= 1 << 31 or gs[1] > 65535 or gs[2] > 65535: raise ValueError(f"program {self.name}: grid {gs} is larger than the GPU takes")
+    self.qmd.set_dims(gs, ls)
+    self.blob[:len(self.qmd.buf)] = self.qmd.buf
+    struct.pack_into("<6I", self.blob, self.dims_off, *ls, *gs)
+    for o, b in zip(self.arg_offs, bufs): struct.pack_into("<Q", self.blob, o, b.handle)
+    for o, f, set_, v in zip(self.arg_offs[self.nbufs:], self.fmts, self.setters, vals): struct.pack_into(f, self.blob, o, set_(v))

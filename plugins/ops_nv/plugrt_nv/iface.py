@@ -1,0 +1,67 @@
+"""What an NV interface plugin provides: the contract between plugrt-nv's device code and a way of reaching the GPU.
+
+An interface plugin (plugrt-nv-nvk through the kernel driver; plugrt-nv-pci, which would drive the GPU without
+one) returns a `GPUInterface` from `plugrt_open_interface`. The device code (device.py) needs only what is here:
+memory at one address for the CPU and the GPU, a compute and a copy channel with a doorbell, the GPU's classes
+and sizes, and the driver's account of a fault. Everything per launch then happens in user space.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from plugrt.errors import PlugrtError
+from plugrt_nv import hw
+
+
+class NVError(PlugrtError, RuntimeError):
+  """The GPU or its driver reported an error: a refused call, a channel fault, work that did not finish in time."""
+
+
+@dataclass
+class Mem:
+  """GPU memory at virtual address `va`; for kinds "mapped" and "host" the CPU sees it at the same address."""
+  va: int
+  size: int
+  kind: str                 # "device" (GPU only), "mapped" (GPU memory the CPU writes, write-combined), "host" (CPU memory the GPU reads and writes)
+  private: Any = field(default=None, repr=False)  # the interface's own bookkeeping
+
+
+@dataclass
+class Channel:
+  """A GPFIFO channel: its ring of entries and control area (USERD), both CPU-mapped, and the doorbell token."""
+  name: str
+  ring: int        # CPU (= GPU) address of the ring: `entries` 8-byte GPFIFO entries
+  entries: int
+  userd: int       # CPU address of the control area: GP_PUT at +0x8C, GP_GET at +0x88
+  token: int       # written to the doorbell after GP_PUT moves
+
+
+class GPUInterface:
+  """A GPU opened through some interface. Subclasses fill these in when they open."""
+  name = "?"
+  classes: hw.Classes
+  sm_version = 0
+  gr: dict[str, int]      # gpcs, tpc_per_gpc, sm_per_tpc, warps_per_sm, sms
+  doorbell = 0            # CPU address of the 32-bit doorbell register
+  description = ""
+
+  @property
+  def arch(self) -> str: return hw.arch_of(self.sm_version)
+
+  def alloc(self, size: int, kind: str = "device") -> Mem:
+    """Memory of `kind` (see Mem), at a GPU address below 2^40; raises MemoryError when the device is full."""
+    raise NotImplementedError
+
+  def free(self, mem: Mem) -> None: raise NotImplementedError
+
+  def channels(self, entries: int) -> tuple[Channel, Channel]:
+    """A compute and a copy channel of `entries` ring entries each, scheduled and ready for commands."""
+    raise NotImplementedError
+
+  def fault(self, deep: bool = False) -> str:
+    """What the driver says went wrong on the channels ("" when it reports nothing). Cheap unless `deep`, which
+    also asks the driver for the SMs' and the MMU's error state (for the report after a fault or a timeout)."""
+    return ""
+
+  def close(self) -> None: pass

@@ -1,0 +1,129 @@
+"""NV's device layer against a fake GPU (fake_gpu.py): the real plugrt-nv code opens the device, fills command slots,
+rings, semaphores, QMDs and constant banks; threads standing in for the channels decode all of it. Kernels are
+real cubins (ptxas, from the PTX renderer) whose effect a Python stand-in applies from the arguments it reads back
+out of constant bank 0. Runs on any machine with ptxas."""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import struct
+import types
+
+import numpy as np
+import pytest
+from fake_gpu import FakeGPU, Launch
+
+import plugrt_nv
+from plugrt import Buffer, dtypes
+from plugrt.errors import UnsupportedError
+from plugrt.hookspecs import InterfaceSpec, Probe, hookimpl
+from plugrt.testing import kernels as K
+from plugrt_nv import hw
+from plugrt_nv.iface import NVError
+
+pytestmark = pytest.mark.skipif(plugrt_nv.ptxas_path() is None, reason="ptxas is not installed (pip install nvidia-cuda-nvcc)")
+
+
+def fake_plugins(gpu: FakeGPU) -> list[types.ModuleType]:
+  """plugrt-nv with its probe forced true (there is no driver here), and an interface plugin that opens `gpu`."""
+  nv = types.ModuleType("fake_plugrt_nv")
+  spec = dataclasses.replace(plugrt_nv.plugrt_backends()[0], probe=lambda: Probe.found(1, "fake"))
+  nv.plugrt_backends = hookimpl(lambda: [spec])  # type: ignore[attr-defined]
+  for hook in ("plugrt_open_device", "plugrt_allocator", "plugrt_compiler", "plugrt_program"): setattr(nv, hook, getattr(plugrt_nv, hook))
+  iface = types.ModuleType("fake_nv_iface")
+  iface.plugrt_interfaces = hookimpl(lambda: [InterfaceSpec("NV", "FAKE", lambda: Probe.found(1, "fake"))])  # type: ignore[attr-defined]
+  iface.plugrt_open_interface = hookimpl(lambda device, interface: gpu)  # type: ignore[attr-defined]
+  return [nv, iface]
+
+
+@pytest.fixture
+def fake(plugrt_registry, monkeypatch):
+  monkeypatch.setenv("PLUGRT_NV_TIMEOUT", "5")
+  gpu = FakeGPU()
+  with plugrt_registry(fake_plugins(gpu), env={"NV": "1", "NV_PTX": "1", "PLUGRT_CACHE": "0"}) as reg:
+    dev = reg.open("NV")
+    assert dev.compiler.name == "PTX"  # the kernels are real cubins from ptxas (NVRTC may be missing)
+    yield gpu, dev
+  gpu.close()
+
+
+def test_open_sets_up_both_channels(fake):
+  gpu, dev = fake
+  st = dev.info.state
+  seen = {(ch, m & 0xFFFF, m >> 16): v for ch, m, v in gpu.log}
+  assert seen[("compute", hw.Compute.SET_OBJECT, hw.SUBCH_COMPUTE)] == 0xCBC0 and seen[("copy", 0, hw.SUBCH_COPY)] == 0xC8B5
+  assert ("compute", hw.Compute.SET_SHADER_LOCAL_MEMORY_A, hw.SUBCH_COMPUTE) in seen  # local memory for CUDA stacks
+  assert st.completed() == st.value >= 3 and st.slm >= hw.LOCAL_ABI
+
+
+def test_copies_through_the_copy_engine(fake):
+  _, dev = fake
+  x = np.random.default_rng(1).integers(0, 1 << 30, 3 << 20, dtype=np.int32)  # 12 MiB: several staging rounds with a small stage
+  dev.allocator.STAGE = 1 << 20
+  dev.allocator.kcopy = False  # large device-to-device copies would run as a kernel, which the fake cannot run: the copy engine here
+  b = Buffer(dev, x.size, dtypes.int32).copyin(x)
+  assert np.array_equal(b.numpy(), x)
+  c = Buffer(dev, x.size, dtypes.int32)
+  b.copy_to(c)
+  assert np.array_equal(c.numpy(), x) and np.array_equal(c.view(16, offset=64).numpy(), x[16:32])
+
+
+def test_launch_writes_qmd_and_arguments(fake):
+  gpu, dev = fake
+  n = 1000
+  x = np.arange(n, dtype=np.float32)
+  out, xb, yb = Buffer(dev, n, dtypes.float32), Buffer.from_numpy(x, dev), Buffer.from_numpy(2 * x, dev)
+  prg = dev.program(K.saxpy_kernel())
+  k = prg.kernel
+
+  def saxpy(ln: Launch) -> None:  # what the kernel would do, from what the launch put in constant bank 0
+    o, xa, ya, a, cnt = ln.args(k.param_base, "<QQQfi")
+    dims = ln.args(0, "<6I")
+    assert dims == (*ln.block, *ln.grid) and ln.cbuf0 % 64 == 0 and ln.valid == 1 and ln.major == 4
+    assert struct.unpack("<QQI", ctypes.string_at(ln.cbuf0 + 0x18, 20)) == (0x7E00_0000_0000, 0x7F00_0000_0000, hw.STACK_TOP)
+    xs = np.frombuffer(ctypes.string_at(xa, cnt * 4), np.float32)
+    ys = np.frombuffer(ctypes.string_at(ya, cnt * 4), np.float32)
+    ctypes.memmove(o, (a * xs + ys).astype(np.float32).tobytes(), cnt * 4)
+
+  gpu.kernels[prg.mem.va + k.entry] = saxpy
+  t = prg(out, xb, yb, global_size=(4, 1, 1), local_size=(256, 1, 1), vals=(3.0, n), wait=True)
+  assert np.array_equal(out.numpy(), 5 * x) and isinstance(t, float) and t >= 0
+  ln = gpu.launches[-1]
+  assert ln.grid == (4, 1, 1) and ln.block == (256, 1, 1) and ln.regs == k.regs and ln.shared >= hw.SHARED_RESERVE
+  for i in range(600):  # more launches than command slots: the ring wraps and waits for finished slots
+    prg(out, xb, yb, global_size=(4, 1, 1), local_size=(256, 1, 1), vals=(float(i), n))
+  dev.synchronize()
+  assert np.array_equal(out.numpy(), 599 * x + 2 * x) and len(gpu.launches) == 601
+
+
+def test_launch_checks(fake):
+  _, dev = fake
+  prg = dev.program(K.saxpy_kernel())
+  out = Buffer(dev, 4, dtypes.float32)
+  with pytest.raises(ValueError, match="threads per group"): prg(out, out, out, local_size=(2048, 1, 1), vals=(1.0, 4))
+  with pytest.raises(ValueError, match="grid"): prg(out, out, out, global_size=(1, 70000, 1), vals=(1.0, 4))
+
+
+def test_fault_and_timeout_become_errors(fake):
+  gpu, dev = fake
+  a = Buffer(dev, 1, dtypes.float32)
+  prg = dev.program(K.tiny_kernel())
+  gpu.error = "compute channel: Xid 31: GPU memory page fault"
+  gpu.hang = True
+  with pytest.raises(NVError, match="Xid 31"): prg(a, a, wait=True)
+  with pytest.raises(NVError, match="cannot run"): prg(a, a)  # the device stays failed, loudly
+
+
+def test_timeout(fake, monkeypatch):
+  gpu, dev = fake
+  dev.info.state.timeout = 0.3
+  gpu.hang = True
+  a = Buffer(dev, 1, dtypes.float32)
+  with pytest.raises(NVError, match=r"did not finish .* within 0.3 s"): a.numpy()
+
+
+def test_blackwell_is_refused_not_guessed(plugrt_registry):
+  gpu = FakeGPU({0xCEC0, 0xCAB5, 0xCA6F, 0xC761})
+  with plugrt_registry(fake_plugins(gpu), env={"NV": "1"}) as reg, pytest.raises(UnsupportedError, match="Blackwell"):
+    reg.open("NV")
+  gpu.close()
