@@ -69,6 +69,17 @@ class Row:
     return d
 
 
+def pick_rows(spec: str | None, keys: Sequence[str], groups: dict[str, Sequence[str]]) -> list[str]:
+  """The rows a `--rows` value names (row keys or group names, comma-separated), in the bench's order; all when empty."""
+  if not spec: return list(keys)
+  want: set[str] = set()
+  for name in (s.strip() for s in spec.split(",") if s.strip()):
+    if name in groups: want.update(groups[name])
+    elif name in keys: want.add(name)
+    else: raise ValueError(f"unknown row {name!r}; rows: {', '.join(keys)}; groups: {', '.join(groups)}")
+  return [k for k in keys if k in want]
+
+
 def per_call(fn: Callable[[], Any], n: int) -> float:
   """Seconds per call of fn over n calls."""
   t = time.perf_counter()

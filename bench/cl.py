@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import NotAvailable, Side, alternate, load_note
+from _common import NotAvailable, Side, alternate, load_note, pick_rows
 
 SIDES = ("plugrt", "tinygrad", "pyopencl")
 KEYS = ("launch", "launch_sync", "compile", "first_result", "cache_hit")
@@ -72,16 +72,6 @@ class Row3:
   def ratio(self, other: str) -> float | None:
     p, o = self.sides.get("plugrt"), self.sides.get(other)
     return o.value / p.value if p and o and p.value and o.value is not None else None
-
-
-def pick_rows(spec: str | None) -> list[str]:
-  if not spec: return list(KEYS)
-  want: set[str] = set()
-  for name in (s.strip() for s in spec.split(",") if s.strip()):
-    if name in GROUPS: want.update(GROUPS[name])
-    elif name in KEYS: want.add(name)
-    else: raise ValueError(f"unknown row {name!r}; rows: {', '.join(KEYS)}; groups: {', '.join(GROUPS)}")
-  return [k for k in KEYS if k in want]
 
 
 def measure(key: str, cfg: Config, sides: dict[str, Any]) -> Row3:
@@ -140,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--json", metavar="PATH", help="also write every sample and note as JSON")
   ap.add_argument("--sides", default=",".join(SIDES), help=f"which of {', '.join(SIDES)} to measure (default: all)")
   args = ap.parse_args(argv)
-  try: keys = pick_rows(args.rows)
+  try: keys = pick_rows(args.rows, KEYS, GROUPS)
   except ValueError as e: ap.error(str(e))
   cfg = QUICK if args.quick else FULL
   workdir = tempfile.mkdtemp(prefix="plugrt-bench-cl-")

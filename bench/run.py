@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import NotAvailable, Row, Side, alternate, child_env, ctypes_floor_us, load_note
+from _common import NotAvailable, Row, Side, alternate, child_env, ctypes_floor_us, load_note, pick_rows
 
 KEYS = ("import_discovery", "import_default", "first_result", "launch_clang", "launch_llvm", "compile_clang", "compile_llvm",
         "cache_clang", "cache_llvm", "eager_op")
@@ -61,16 +61,6 @@ INPROC = {
   "cache": ("disk-cache hit", "ms", 0.3, {"CLANG": "-", "LLVM": "-"}),
 }
 COMPILE_TARGET = {"CLANG": 25.0, "LLVM": 2.0}
-
-
-def pick_rows(spec: str | None) -> list[str]:
-  if not spec: return list(KEYS)
-  want: set[str] = set()
-  for name in (s.strip() for s in spec.split(",") if s.strip()):
-    if name in GROUPS: want.update(GROUPS[name])
-    elif name in KEYS: want.add(name)
-    else: raise ValueError(f"unknown row {name!r}; rows: {', '.join(KEYS)}; groups: {', '.join(GROUPS)}")
-  return [k for k in KEYS if k in want]
 
 
 def inproc_row(key: str, cfg: Config, sides: dict[str, Any]) -> Row:
@@ -148,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--rows", help=f"comma-separated rows or groups ({', '.join(GROUPS)}); default: all")
   ap.add_argument("--json", metavar="PATH", help="also write the figures, samples and notes as JSON")
   args = ap.parse_args(argv)
-  try: keys = pick_rows(args.rows)
+  try: keys = pick_rows(args.rows, KEYS, GROUPS)
   except ValueError as e: ap.error(str(e))
   cfg = QUICK if args.quick else FULL
   base_env = {k: v for k, v in os.environ.items() if k not in CACHE_SWITCHES}
