@@ -22,6 +22,10 @@ _INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.DIV: "/", Ops.IDIV: "/",
 _UNSIGNED = {dtypes.int8: dtypes.uint8, dtypes.int16: dtypes.uint16, dtypes.int32: dtypes.uint32, dtypes.int64: dtypes.uint64}
 
 
+#: the IR's one-argument math ops by their C names (C's math library adds `f` for float)
+MATH_NAMES = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
+
+
 class CStyleRenderer:
   """Subclass and override the spelling methods; render() does the rest."""
   language = "C"
@@ -35,6 +39,9 @@ class CStyleRenderer:
   #: dtype -> (helper: bits -> float, helper: float -> bits, helper: round a float to dtype). The
   #: language's prelude defines the helpers (exact, round-to-nearest-even conversions).
   emulated: dict[DType, tuple[str, str, str]] = {}
+  #: None: math functions are overloaded on the argument's type (OpenCL C), and float MAX/MIN are compares; a string:
+  #: C's math library (`sinf` for float, `sin` for double, `fmaxf`/`fmax`), each name with this prefix
+  c_math: str | None = None
   device_name = "?"
 
   # ------------------------------------------------------------ spelling (override)
@@ -82,11 +89,14 @@ class CStyleRenderer:
 
   def math_fn(self, op: Ops, dt: DType, x: str) -> str:
     """EXP2/LOG2/SIN/SQRT/TRUNC/RECIP of x (already a value of dt, or of float for emulated dtypes)."""
-    if op is Ops.RECIP: return f"(1.0{'f' if dt is not dtypes.float64 else ''}/{x})"
-    base = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}[op]
-    return f"{base}({x})"
+    f = "" if dt is dtypes.float64 else "f"
+    if op is Ops.RECIP: return f"(1.0{f}/{x})"
+    if self.c_math is None: return f"{MATH_NAMES[op]}({x})"
+    return f"{self.c_math}{MATH_NAMES[op]}{f}({x})"
 
   def max_min(self, op: Ops, dt: DType, a: str, b: str) -> str:
+    if self.c_math is not None and dt.kind == "f":
+      return f"{self.c_math}f{'max' if op is Ops.MAX else 'min'}{'' if dt is dtypes.float64 else 'f'}({a}, {b})"
     return f"({a}{'>' if op is Ops.MAX else '<'}{b}?{a}:{b})"
 
   def cast_expr(self, x: str, src: DType, dt: DType) -> str:

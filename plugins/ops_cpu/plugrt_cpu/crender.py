@@ -70,12 +70,12 @@ static inline float __plugrt_rbf(float x) { return __plugrt_bf2f(__plugrt_f2bf(x
 # a loop clang should neither unroll nor vectorise: the group loop and the outer thread loops
 PLAIN_LOOP = '_Pragma("clang loop unroll(disable) vectorize(disable)") '
 _EMULATED = {dtypes.float16: ("__plugrt_h2f", "__plugrt_f2h", "__plugrt_rh"), dtypes.bfloat16: ("__plugrt_bf2f", "__plugrt_f2bf", "__plugrt_rbf")}
-_MATH = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
 
 
 class CPUCRenderer(CStyleRenderer):
   language = "C"
   emulated = _EMULATED
+  c_math = "__builtin_"  # clang's builtin spellings of C's math library (__builtin_sinf, __builtin_fmaxf, ...)
   device_name = "CPU"
   reserved = frozenset({"args", "g", "g0", "g1"})
 
@@ -95,15 +95,6 @@ class CPUCRenderer(CStyleRenderer):
       if u.op is Ops.IDIV: return f"({b}==0 ? {a} : " + (f"{b}==-1 ? ({t})(0-{a}) : " if dt.kind == "i" else "") + f"({t})({a}/{b}))"
       return f"({b}==0" + (f" || {b}==-1" if dt.kind == "i" else "") + f" ? ({t})0 : ({t})({a}%{b}))"
     return super().alu(u, s)
-
-  def math_fn(self, op: Ops, dt: DType, x: str) -> str:
-    f = "" if dt is dtypes.float64 else "f"
-    if op is Ops.RECIP: return f"(1.0{f}/{x})"
-    return f"__builtin_{_MATH[op]}{f}({x})"
-
-  def max_min(self, op: Ops, dt: DType, a: str, b: str) -> str:
-    if dt.kind == "f": return f"__builtin_f{'max' if op is Ops.MAX else 'min'}{'' if dt is dtypes.float64 else 'f'}({a}, {b})"
-    return super().max_min(op, dt, a, b)
 
   def loop_prefix(self, rng) -> str:
     # the outer thread loops (y, z) rarely run more than once: optimising them only costs compile time

@@ -13,7 +13,7 @@ import struct
 from typing import Any
 
 from plugrt.dtype import DType, dtypes
-from plugrt.ir import Kernel, Ops
+from plugrt.ir import Kernel
 from plugrt.renderer.cstyle import CStyleRenderer
 
 PRELUDE = r"""
@@ -27,7 +27,6 @@ __device__ __forceinline__ unsigned short __plugrt_f2bf(float f) { unsigned shor
 __device__ __forceinline__ float __plugrt_rbf(float f) { return __plugrt_bf2f(__plugrt_f2bf(f)); }
 """
 
-_MATH = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
 _AXES = "xyz"
 
 
@@ -36,6 +35,7 @@ class CUDARenderer(CStyleRenderer):
   device_name = "CUDA"
   bool_type = "bool"
   emulated = {dtypes.float16: ("__plugrt_h2f", "__plugrt_f2h", "__plugrt_rh"), dtypes.bfloat16: ("__plugrt_bf2f", "__plugrt_f2bf", "__plugrt_rbf")}
+  c_math = ""  # CUDA's math library: sinf, fmaxf, ...
 
   def float_literal(self, x: float, dt: DType) -> str:
     if dt is dtypes.float64:
@@ -53,15 +53,6 @@ class CUDARenderer(CStyleRenderer):
 
   def barrier(self) -> str: return "__syncthreads();"
   def shared_decl(self, name: str, dt: DType, count: int) -> str: return f"__shared__ {self.storage_type(dt)} {name}[{count}];"
-
-  def math_fn(self, op: Ops, dt: DType, x: str) -> str:
-    f = "" if dt is dtypes.float64 else "f"
-    if op is Ops.RECIP: return f"(1.0{f}/{x})"
-    return f"{_MATH[op]}{f}({x})"
-
-  def max_min(self, op: Ops, dt: DType, a: str, b: str) -> str:
-    if dt.kind == "f": return f"f{'max' if op is Ops.MAX else 'min'}{'' if dt is dtypes.float64 else 'f'}({a}, {b})"
-    return super().max_min(op, dt, a, b)
 
   def cast_expr(self, x: str, src: DType, dt: DType) -> str:
     if dt is dtypes.float16 and src in (dtypes.float64, dtypes.int64, dtypes.uint64): return f"__plugrt_h2f(__plugrt_d2h((double)({x})))"
