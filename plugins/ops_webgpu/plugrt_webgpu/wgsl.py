@@ -518,10 +518,6 @@ class WGSLRenderer:
   def bitcast(self, x: str, src: DType, dt: DType) -> str:
     if src is dt: return x
     if src.itemsize == 4: return x if held(src) == held(dt) else f"bitcast<{held(dt)}>({x})"
-    mask = "0xffu" if src.itemsize == 1 else "0xffffu"
-    if src is dtypes.float16: bits = self._use("pr_f16bits", x)
-    elif src is dtypes.bfloat16: bits = f"(bitcast<u32>({x}) >> 16u)"
-    elif src.kind == "i": bits = f"(bitcast<u32>({x}) & {mask})"
-    elif src is dtypes.bool: bits = f"select(0u, 1u, {x})"  # the bool's byte, 0 or 1
-    else: bits = x
+    bits = self._to_bits(src, x)  # zero-extended: a signed source's sign bits masked off
+    if src.kind == "i": bits = f"({bits} & {'0xffu' if src.itemsize == 1 else '0xffffu'})"
     return self._from_bits(dt, bits)
