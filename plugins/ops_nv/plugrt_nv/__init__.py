@@ -67,14 +67,10 @@ PTXAS_HINT = "install the CUDA toolkit (ptxas), or pip install nvidia-cuda-nvcc"
 
 
 def ptxas_path() -> str | None:
-  """ptxas from PLUGRT_PTXAS, PATH, CUDA_HOME, /usr/local/cuda, or the nvidia-cuda-nvcc wheel (looks at files only)."""
-  import shutil
-  import sys
+  """ptxas from PLUGRT_PTXAS, else where plugrt-cuda finds the toolkit's programs (looks at files only)."""
   if (p := os.environ.get("PLUGRT_PTXAS")) and os.access(p, os.X_OK): return p
-  if found := shutil.which("ptxas"): return found
-  dirs = [os.path.join(os.environ[v], "bin") for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)] + ["/usr/local/cuda/bin"]
-  dirs += sorted({d for p in sys.path for d in glob.glob(os.path.join(p or ".", "nvidia", "cu*", "bin"))}, reverse=True)
-  return next((os.path.join(d, "ptxas") for d in dirs if os.access(os.path.join(d, "ptxas"), os.X_OK)), None)
+  from plugrt_cuda import toolkit
+  return toolkit.program("ptxas")
 
 
 def probe_ptxas() -> Probe:
