@@ -574,7 +574,7 @@ def ir_repro(seed: int, case: K.Case, exact_div: bool, avoid: frozenset[str] = A
 def _nonfinite(a: np.ndarray, dt: DType) -> np.ndarray:
   """Which elements of a float buffer (bfloat16 as its bits) are infinite or NaN."""
   if dt.kind != "f": return np.zeros(len(a), bool)
-  return ~np.isfinite(bf16_to_f32(a) if dt is dtypes.bfloat16 else a.astype(np.float64))
+  return ~np.isfinite(K.as_float(a, dt))
 
 
 def _run_ir_case(dev: Any, case: K.Case, compiler: str | None, want: list[np.ndarray], fast_math: bool = False) -> None:
