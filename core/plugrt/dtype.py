@@ -8,17 +8,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
+# The classes here are written out rather than made with @dataclass: a frozen dataclass compiles its
+# methods with exec when the module is imported (~1 ms a class), and `import plugrt` loads this module.
 
-@dataclass(frozen=True, eq=False, repr=False)
+
 class DType:
+  """A data type; immutable, compared by identity (each exists once, in `dtypes`)."""
+  __slots__ = ("name", "itemsize", "kind", "fmt")
   name: str
   itemsize: int
   kind: str  # "b" bool, "i" signed int, "u" unsigned int, "f" float
   fmt: str   # struct format of one element (bfloat16: its raw 16 bits, "H")
 
+  def __init__(self, name: str, itemsize: int, kind: str, fmt: str):
+    for k, v in (("name", name), ("itemsize", itemsize), ("kind", kind), ("fmt", fmt)): object.__setattr__(self, k, v)
+
+  def __setattr__(self, name: str, value: Any) -> None: raise AttributeError(f"DType is immutable: cannot set {name}")
+  def __delattr__(self, name: str) -> None: raise AttributeError(f"DType is immutable: cannot delete {name}")
   def __repr__(self) -> str: return f"dtypes.{self.name}"
   def __reduce__(self) -> Any: return (getattr, (dtypes, self.name))
   @property
@@ -58,19 +66,31 @@ class DType:
     return np.dtype("uint16") if self is dtypes.bfloat16 else np.dtype(self.fmt if self.kind != "b" else "bool")
 
 
-@dataclass(frozen=True)
 class BufType:
   """The annotation of a @kernel buffer parameter: `dtypes.float32[:]`."""
+  __slots__ = ("dtype",)
   dtype: DType
+
+  def __init__(self, dtype: DType): object.__setattr__(self, "dtype", dtype)
+  def __setattr__(self, name: str, value: Any) -> None: raise AttributeError(f"BufType is immutable: cannot set {name}")
   def __repr__(self) -> str: return f"{self.dtype!r}[:]"
+  def __eq__(self, other: object) -> bool: return isinstance(other, BufType) and other.dtype is self.dtype
+  def __hash__(self) -> int: return hash(("BufType", self.dtype.name))
+  def __reduce__(self) -> Any: return (BufType, (self.dtype,))
 
 
-@dataclass(frozen=True, eq=False, repr=False)
 class PtrDType:
   """The type of a buffer parameter or shared array: a pointer to `base` elements."""
+  __slots__ = ("base", "addrspace")
   base: DType
-  addrspace: str = "global"  # "global", "shared" or "private"
+  addrspace: str  # "global", "shared" or "private"
 
+  def __init__(self, base: DType, addrspace: str = "global"):
+    object.__setattr__(self, "base", base)
+    object.__setattr__(self, "addrspace", addrspace)
+
+  def __setattr__(self, name: str, value: Any) -> None: raise AttributeError(f"PtrDType is immutable: cannot set {name}")
+  def __reduce__(self) -> Any: return (PtrDType, (self.base, self.addrspace))
   def __repr__(self) -> str: return f"{self.base!r}.ptr({self.addrspace!r})"
   def __eq__(self, other: object) -> bool:
     return isinstance(other, PtrDType) and other.base is self.base and other.addrspace == self.addrspace

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from plugrt.errors import ConflictError, EnvError, UnknownDeviceError, did_you_mean
 
+# Records here are NamedTuples and a plain class, not dataclasses: `import plugrt` loads this module, and a
+# dataclass compiles its methods with exec at import (~1 ms a class; a NamedTuple ~0.2 ms).
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
   """One request: ``[IFACE[:INDICES]+]DEVICE[:COMPILER[:ARCH]]`` (tinygrad 0.14's grammar).
 
   plugrt also reads ``DEVICE:N[:COMPILER[:ARCH]]`` with N a number as a device index
@@ -35,6 +36,7 @@ class Target:
   interface: str = ""
   iface_indices: str = ""
   source: str = ""  # the variable that said it, for messages: "DEV=CPU:LLVM"
+  # (`index` hides tuple.index, which nothing here uses)
 
   @property
   def device_string(self) -> str: return self.device if self.index == 0 else f"{self.device}:{self.index}"
@@ -73,22 +75,31 @@ def parse_dev(value: str) -> list[Target]:
   return [parse_target(part, f"DEV={value}") for part in value.split(";") if part.strip()]
 
 
-@dataclass(frozen=True)
-class BackendFacts:
+class BackendFacts(NamedTuple):
   """What selection needs to know of one backend (installed or only known by name)."""
   name: str
   compilers: tuple[str, ...] = ()
   interfaces: tuple[str, ...] = ()
-  aliases: Mapping[str, str] = field(default_factory=dict)  # env name -> target text
+  aliases: Mapping[str, str] = {}  # env name -> target text (read only)
   installed: bool = True
 
 
-@dataclass
 class Selection:
-  default: Target | None = None                             # None: choose automatically
-  compiler: dict[str, Target] = field(default_factory=dict)  # device name -> the request naming its compiler
-  interface: dict[str, Target] = field(default_factory=dict)
-  arch: dict[str, Target] = field(default_factory=dict)
+  """What the environment asks for: the default device, and compilers, interfaces and archs by device name."""
+  __slots__ = ("default", "compiler", "interface", "arch")
+
+  def __init__(self) -> None:
+    self.default: Target | None = None      # None: choose automatically
+    self.compiler: dict[str, Target] = {}   # device name -> the request naming its compiler
+    self.interface: dict[str, Target] = {}
+    self.arch: dict[str, Target] = {}
+
+  def _fields(self) -> tuple: return (self.default, self.compiler, self.interface, self.arch)
+  def __eq__(self, other: object) -> bool: return isinstance(other, Selection) and self._fields() == other._fields()
+  __hash__ = None  # type: ignore[assignment]  # mutable
+
+  def __repr__(self) -> str:
+    return f"Selection(default={self.default!r}, compiler={self.compiler!r}, interface={self.interface!r}, arch={self.arch!r})"
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -155,6 +166,6 @@ def select(env: Mapping[str, str], backends: Sequence[BackendFacts]) -> Selectio
                             f"({getattr(prev, attr)} and {getattr(t, attr)})", "set only one of them")
       table.setdefault(t.device, t)
   if sel.default is not None:  # the default carries its own settings
-    sel.default = replace(sel.default, compiler=sel.compiler.get(sel.default.device, sel.default).compiler,
+    sel.default = sel.default._replace(compiler=sel.compiler.get(sel.default.device, sel.default).compiler,
                           interface=sel.interface.get(sel.default.device, sel.default).interface)
   return sel

@@ -64,19 +64,21 @@ class ICDProbe(Probe):
   reads only `ok`); `count` is read when a device is opened by index (the open loads the
   drivers anyway) and by `plugrt devices`, and asks the loader then, once."""
 
-  def __init__(self, detail: str, found: Mapping[str, str]):
-    object.__setattr__(self, "_facts", None)
-    super().__init__(True, 0, None, detail, "", _Listing(self))
-    object.__setattr__(self, "_manifests", dict(found))
+  def __new__(cls, detail: str, found: Mapping[str, str]) -> ICDProbe:
+    self = super().__new__(cls, True, 0, None, detail)
+    self._manifests, self._facts = dict(found), None
+    return self
 
   def facts(self) -> tuple[int, dict[str, str]]:
     if self._facts is None:
       count, info = enumerate_platforms()
-      object.__setattr__(self, "_facts", (count, {**self._manifests, **info}))
-    return self._facts  # type: ignore[return-value]
+      self._facts = (count, {**self._manifests, **info})
+    return self._facts
 
-  # a property over the dataclass field: the inherited __init__ "sets" it through the no-op setter
-  count = property(lambda self: self.facts()[0], lambda self, value: None)  # type: ignore[assignment]
+  # properties over Probe's fields, so that they are worked out when first read
+  count = property(lambda self: self.facts()[0])  # type: ignore[assignment]
+  info = property(lambda self: _Listing(self))  # type: ignore[assignment]
+  def __repr__(self) -> str: return f"ICDProbe(ok=True, detail={self.detail!r}; count and info are looked up when first read)"
 
 
 def probe_cl() -> Probe:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 DEFAULT_VENDORS = "/etc/OpenCL/vendors"
 #: where a library named without a path in a manifest usually lives (the dynamic loader's own list can be longer)
@@ -21,8 +21,7 @@ LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib/aarc
             "/usr/lib64", "/lib64", "/usr/lib", "/lib", "/usr/local/lib")
 
 
-@dataclass(frozen=True)
-class Manifest:
+class Manifest(NamedTuple):  # not a dataclass: discovery imports this module, and a dataclass execs its methods (~1 ms)
   path: str      # the .icd file (or the library, when OCL_ICD_VENDORS names one)
   library: str   # what it names
   found: bool    # whether that library file was located (a bare soname may still load through ld.so.conf paths)

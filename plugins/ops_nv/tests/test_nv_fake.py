@@ -5,7 +5,6 @@ out of constant bank 0. Runs on any machine with ptxas."""
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import struct
 import types
 
@@ -27,7 +26,7 @@ pytestmark = pytest.mark.skipif(plugrt_nv.ptxas_path() is None, reason="ptxas is
 def fake_plugins(gpu: FakeGPU) -> list[types.ModuleType]:
   """plugrt-nv with its probe forced true (there is no driver here), and an interface plugin that opens `gpu`."""
   nv = types.ModuleType("fake_plugrt_nv")
-  spec = dataclasses.replace(plugrt_nv.plugrt_backends()[0], probe=lambda: Probe.found(1, "fake"))
+  spec = plugrt_nv.plugrt_backends()[0]._replace(probe=lambda: Probe.found(1, "fake"))
   nv.plugrt_backends = hookimpl(lambda: [spec])  # type: ignore[attr-defined]
   for hook in ("plugrt_open_device", "plugrt_allocator", "plugrt_compiler", "plugrt_program"): setattr(nv, hook, getattr(plugrt_nv, hook))
   iface = types.ModuleType("fake_nv_iface")

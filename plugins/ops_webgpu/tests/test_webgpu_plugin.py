@@ -3,7 +3,6 @@ chosen, and that a third party's engine plugs in through the Engine protocol alo
 None of these tests needs an adapter."""
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -73,7 +72,7 @@ def test_interfaces_and_their_selection() -> None:
 
 def test_wgpu_is_the_default_engine() -> None:
   if len(ENGINE_MODULES) < 2: pytest.skip("both engine packages are needed")
-  if "priority" not in {f.name for f in dataclasses.fields(InterfaceSpec)}:
+  if "priority" not in InterfaceSpec.__annotations__:
     pytest.skip("this core orders a device's interfaces by discovery (DAWN's distribution sorts first); "
                 "WGPU becomes the default once InterfaceSpec has `priority`")
   for order in (["plugrt_webgpu_dawn", "plugrt_webgpu_wgpu"], ["plugrt_webgpu_wgpu", "plugrt_webgpu_dawn"]):

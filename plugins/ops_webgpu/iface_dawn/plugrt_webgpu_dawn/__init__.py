@@ -9,7 +9,6 @@ when the device opens.
 """
 from __future__ import annotations
 
-import dataclasses
 import glob
 import importlib.util
 import os
@@ -63,7 +62,7 @@ def probe() -> Probe:
 
 
 def _spec(**kw: Any) -> InterfaceSpec:
-  names = {f.name for f in dataclasses.fields(InterfaceSpec)}  # `priority` only where the core has it
+  names = InterfaceSpec.__annotations__  # `priority` only where the core has it
   return InterfaceSpec(**{k: v for k, v in kw.items() if k in names})
 
 

@@ -7,7 +7,6 @@ standard library and plugrt; wgpu loads when the device opens.
 """
 from __future__ import annotations
 
-import dataclasses
 import glob
 import importlib.util
 import os
@@ -50,7 +49,7 @@ def probe() -> Probe:
 
 def _spec(**kw: Any) -> InterfaceSpec:
   # ask to be the default engine where the core orders interfaces by priority (a field newer cores have)
-  names = {f.name for f in dataclasses.fields(InterfaceSpec)}
+  names = InterfaceSpec.__annotations__
   return InterfaceSpec(**{k: v for k, v in kw.items() if k in names})
 
 
