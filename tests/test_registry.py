@@ -658,6 +658,47 @@ def test_import_is_cheap(fake_plugins):
   assert r.stdout.split() == ["[]", "[]", "['CHEAP',", "'CPU',", "'PYTHON']"]
 
 
+def test_discovery_leaves_out_the_slow_stdlib(fake_plugins):
+  """Discovery's own budget: no dataclasses (exec per method), shutil (zlib, bz2, lzma), threading,
+  importlib.metadata or ctypes, in a process that has not imported them before."""
+  fake_plugins.backend("CHEAP", priority=20)
+  r = fake_plugins.run_python("""
+    import sys
+    slow = ("dataclasses", "shutil", "threading", "importlib.metadata", "ctypes")
+    before = [m for m in slow if m in sys.modules]
+    import plugrt
+    plugrt.Device.available()
+    print([m for m in slow if m in sys.modules and m not in before])
+  """)
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.strip() == "[]"
+
+
+def test_pluggy_registers_only_the_hook_functions():
+  """What pluggy scans is the plugin's hooks, not every import and helper of its module; a plugin given
+  as an object has its hooks as methods."""
+  from plugrt.hookspecs import BackendSpec, Probe, hookimpl
+  from plugrt.reference import backend as ref_backend
+
+  class ObjectPlugin:
+    helper = "not a hook"
+
+    @hookimpl
+    def plugrt_backends(self) -> list[BackendSpec]: return [BackendSpec("OBJ", "1.0", lambda: Probe.found(1, "object"))]
+    @hookimpl
+    def plugrt_allocator(self, device): return ref_backend.PythonAllocator(device)
+    @hookimpl
+    def plugrt_compiler(self, device, compiler): return ref_backend.PythonCompiler(device)
+    @hookimpl
+    def plugrt_program(self, device): return ref_backend.PythonProgram
+
+  with isolated([ObjectPlugin(), "plugrt.reference"]) as reg:
+    assert reg.available() == ["OBJ", "PYTHON"]
+    for rec in reg.plugins:
+      registered = {n for n in vars(rec.hooks) if not n.startswith("__")}
+      assert registered and all(n.startswith("plugrt_") for n in registered), (rec.module_name, registered)
+
+
 def test_entry_modules_import_only_stdlib_and_plugrt():
   from plugrt._entrypoints import entry_points
   mods = sorted({ep.module for ep in entry_points("plugrt")})

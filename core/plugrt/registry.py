@@ -14,9 +14,8 @@ import contextlib
 import fnmatch
 import importlib
 import os
-import threading
+from _thread import RLock, allocate_lock  # threading's locks, without importing threading (~1 ms of discovery)
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -53,21 +52,22 @@ DEFAULT_HINTS = {
 }
 
 
-@dataclass
 class PluginRecord:
   """One plugin module, found through an entry point, PLUGRT_EXTRA_PLUGINS, or given explicitly."""
-  entry: str
-  module_name: str
-  dist: str = ""
-  version: str = ""
-  source: str = "entry point"
-  module: ModuleType | None = None
-  reason: Reason | None = None
-  detail: str = ""
-  hint: str = ""
-  backends: list[BackendSpec] = field(default_factory=list)
-  interfaces: list[InterfaceSpec] = field(default_factory=list)
-  declared: list[str] = field(default_factory=list)  # backend names it declared, kept when it is refused after declaring
+  # plain classes, not dataclasses, for this module's records: `import plugrt` loads it, and a dataclass
+  # compiles its methods with exec at import (~1 ms a class)
+
+  def __init__(self, entry: str, module_name: str, dist: str = "", version: str = "", source: str = "entry point",
+               module: ModuleType | None = None):
+    self.entry, self.module_name, self.dist, self.version, self.source, self.module = entry, module_name, dist, version, source, module
+    self.hooks: ModuleType | None = None  # what pluggy registered: the module's hook functions (see _hook_functions)
+    self.reason: Reason | None = None
+    self.detail = self.hint = ""
+    self.backends: list[BackendSpec] = []
+    self.interfaces: list[InterfaceSpec] = []
+    self.declared: list[str] = []  # backend names it declared, kept when it is refused after declaring
+
+  def __repr__(self) -> str: return f"<PluginRecord {self.entry} ({self.module_name}){f' {self.reason.value}' if self.reason else ''}>"
 
   @property
   def package(self) -> str: return self.dist or self.module_name
@@ -77,17 +77,17 @@ class PluginRecord:
     self.hint = hint or DEFAULT_HINTS.get(reason, "").format(package=self.package, entry=self.entry, **fmt)
 
 
-@dataclass
 class BackendRecord:
   """One device kind: declared by a plugin, or known by name but not installed."""
-  name: str
-  spec: BackendSpec | None = None
-  plugin: PluginRecord | None = None
-  reason: Reason | None = None
-  detail: str = ""
-  hint: str = ""
-  claimants: list[PluginRecord] = field(default_factory=list)
-  open_error: PlugrtError | None = None  # set when an automatic choice tried it and failed
+
+  def __init__(self, name: str, plugin: PluginRecord | None = None, reason: Reason | None = None, detail: str = "",
+               hint: str = "", claimants: list[PluginRecord] | None = None):
+    self.name, self.plugin, self.reason, self.detail, self.hint = name, plugin, reason, detail, hint
+    self.spec: BackendSpec | None = None
+    self.claimants: list[PluginRecord] = claimants if claimants is not None else []
+    self.open_error: PlugrtError | None = None  # set when an automatic choice tried it and failed
+
+  def __repr__(self) -> str: return f"<BackendRecord {self.name}{f' {self.reason.value}' if self.reason else ''}>"
 
   @property
   def package(self) -> str:
@@ -128,7 +128,7 @@ class Registry:
     self.env = dict(os.environ if env is None else env)
     self._explicit = list(plugins or [])
     self._autoload = autoload if autoload is not None else (None if plugins is None else False)
-    self._lock = threading.RLock()
+    self._lock = RLock()
     self._loaded = False
     self.plugins: list[PluginRecord] = []
     self.backends: dict[str, BackendRecord] = {}
@@ -156,7 +156,7 @@ class Registry:
       records += [PluginRecord(ep.name, ep.module, ep.dist, ep.version) for ep in entry_points(GROUP)]
     records += [PluginRecord(m, m, source="PLUGRT_EXTRA_PLUGINS") for m in _names(env.get("PLUGRT_EXTRA_PLUGINS", ""))]
     for p in self._explicit:
-      name = p if isinstance(p, str) else p.__name__
+      name = p if isinstance(p, str) else getattr(p, "__name__", type(p).__name__)  # a module, or an object with hook methods
       records.append(PluginRecord(name.rsplit(".", 1)[-1], name, source="explicit", module=None if isinstance(p, str) else p))
     seen: set[str] = set()
     for rec in records:
@@ -189,7 +189,9 @@ class Registry:
       rec.fail(Reason.IMPORT_ERROR, f"module {rec.module_name} {kind}: {_short_error(e)}")
       return
     name = f"{rec.source}:{rec.module_name}"
-    try: self.pm.register(rec.module, name=name)
+    try:
+      rec.hooks = _hook_functions(rec.module)
+      self.pm.register(rec.hooks, name=name)
     except Exception as e:
       if self.pm.has_plugin(name): self.pm.unregister(name=name)  # pluggy keeps the hookimpls it added before the bad one
       rec.fail(Reason.HOOK_ERROR, f"hook validation failed: {e}")
@@ -202,24 +204,24 @@ class Registry:
       for i in interfaces:
         if not isinstance(i, InterfaceSpec): raise TypeError(f"plugrt_interfaces returned {type(i).__name__}, not InterfaceSpec")
     except (Exception, SystemExit) as e:
-      self.pm.unregister(rec.module)
+      self.pm.unregister(rec.hooks)
       rec.fail(Reason.HOOK_ERROR, f"declaration hook raised {_short_error(e)}")
       return
     rec.declared = [b.name for b in backends]
     for b in backends:
       if (problem := _api_problem(b.api_version)):
-        self.pm.unregister(rec.module)
+        self.pm.unregister(rec.hooks)
         rec.fail(Reason.INCOMPATIBLE_API, f"{b.name} is written for plugin API {b.api_version!r}, plugrt implements "
                  f"{PLUGIN_API_VERSION[0]}.{PLUGIN_API_VERSION[1]}: {problem}")
         return
     try: self.pm.check_pending()  # a hookimpl without a spec: a typo, or a newer API
     except pluggy.PluginValidationError as e:
-      self.pm.unregister(rec.module)
+      self.pm.unregister(rec.hooks)
       rec.fail(Reason.HOOK_ERROR, f"implements a hook plugrt does not define: {e}")
       return
     missing = [h for h in hookspecs.REQUIRED_DEVICE_HOOKS if backends and self._impl(rec, h) is None]
     if missing:
-      self.pm.unregister(rec.module)
+      self.pm.unregister(rec.hooks)
       rec.fail(Reason.HOOK_ERROR, f"declares {', '.join(b.name for b in backends)} but does not implement {', '.join(missing)}")
       return
     rec.backends, rec.interfaces = list(backends), list(interfaces)
@@ -247,16 +249,16 @@ class Registry:
       if rec.reason is None: continue
       for name in rec.declared or [rec.entry.upper()]:
         if name in self.backends and self.backends[name].reason is None and self.backends[name].spec is not None: continue
-        self.backends[name] = BackendRecord(name, None, rec, rec.reason, rec.detail, rec.hint, [rec])
+        self.backends[name] = BackendRecord(name, rec, rec.reason, rec.detail, rec.hint, [rec])
     for name, (package, _) in FIRST_PARTY.items():
       if name not in self.backends:
-        self.backends[name] = BackendRecord(name, None, None, Reason.NOT_INSTALLED, f"{package.split()[0]} is not installed",
+        self.backends[name] = BackendRecord(name, None, Reason.NOT_INSTALLED, f"{package.split()[0]} is not installed",
                                             DEFAULT_HINTS[Reason.NOT_INSTALLED].format(package=package))
 
   # ------------------------------------------------------------ calling one plugin's hooks
   def _impl(self, rec: PluginRecord, hook: str) -> Any:
     for impl in getattr(self.pm.hook, hook).get_hookimpls():
-      if impl.plugin is rec.module: return impl
+      if impl.plugin is rec.hooks: return impl
     return None
 
   def _call(self, rec: PluginRecord, hook: str, **kwargs: Any) -> Any:
@@ -427,6 +429,23 @@ class Registry:
     self._devices.clear()
 
 
+def _hook_functions(module: ModuleType) -> ModuleType:
+  """A stand-in module holding only `module`'s functions marked @hookimpl, for pluggy to register.
+
+  pluggy inspects every attribute of what it registers (getattr_static on each); a plugin module
+  also holds its imports and helpers, and scanning those was a few ms of every discovery.
+  """
+  marker = f"{hookspecs.PROJECT}_impl"  # the attribute pluggy's HookimplMarker sets on a function
+  hooks = ModuleType(getattr(module, "__name__", type(module).__name__), getattr(module, "__doc__", None))
+  for name in dir(module):  # dir, not vars: a plugin given as an object has its hooks as methods
+    try:
+      value = getattr(module, name)
+      marked = callable(value) and getattr(value, marker, None) is not None
+    except Exception: marked = False  # an attribute whose lookup raises is not a hook
+    if marked: setattr(hooks, name, value)
+  return hooks
+
+
 def _api_problem(version: Any) -> str:
   try: major, minor = (int(x) for x in str(version).split(".")[:2])
   except ValueError: return f"{version!r} is not MAJOR.MINOR"
@@ -437,7 +456,7 @@ def _api_problem(version: Any) -> str:
 
 # ------------------------------------------------------------ the process-wide registry
 _current: Registry | None = None
-_current_lock = threading.Lock()
+_current_lock = allocate_lock()
 
 
 def current() -> Registry:
