@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 from typing import Any
 
 from plugrt.errors import Reason
 from plugrt.hookspecs import Alias, BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
+from plugrt.probing import which
 
 __version__ = "0.1.0"
 
 
 def _which_cc() -> tuple[str | None, str]:
   cc = os.environ.get("CC", "").strip()
-  return (shutil.which(cc), f"CC={cc}") if cc else (shutil.which("clang"), "clang")
+  return (which(cc), f"CC={cc}") if cc else (which("clang"), "clang")
 
 
 def probe_clang() -> Probe:
@@ -27,7 +27,7 @@ def probe_clang() -> Probe:
   if cc is None:
     hint = "install it or unset CC" if what.startswith("CC=") else "apt-get install clang (or set CC to a C compiler)"
     return Probe.missing(Reason.MISSING_TOOLCHAIN, f"{what} is not on PATH", hint)
-  if shutil.which("ld") is None: return Probe.missing(Reason.MISSING_TOOLCHAIN, "the linker ld is not on PATH", "apt-get install binutils")
+  if which("ld") is None: return Probe.missing(Reason.MISSING_TOOLCHAIN, "the linker ld is not on PATH", "apt-get install binutils")
   return Probe.found(1, cc)
 
 
