@@ -24,9 +24,11 @@ def _rounds(cmds: dict[str, tuple[str, str | None]], env: dict[str, str], rounds
 
 
 def import_rows(env: dict[str, str], rounds: int, tinygrad: str) -> list[Row]:
-  """plugrt import + default device + available() vs `import tinygrad` and tinygrad's Device.DEFAULT,
-  each as wall time beyond a bare `python -c pass` of the same round. `tinygrad` is "" or why it is missing."""
-  cmds: dict[str, tuple[str, str | None]] = {"bare": (BARE, ""), "plugrt": (ps.IMPORT_DISCOVERY, "")}
+  """plugrt's import + discovery vs `import tinygrad`, and the same plus opening the default device vs tinygrad's
+  Device.DEFAULT, each as wall time beyond a bare `python -c pass` of the same round; `import pluggy` alone is
+  measured too (plugrt's hooks need it; the note gives it). `tinygrad` is "" or why it is missing."""
+  cmds: dict[str, tuple[str, str | None]] = {"bare": (BARE, ""), "plugrt": (ps.IMPORT_DISCOVERY, ""),
+                                             "plugrt_default": (ps.IMPORT_DEFAULT, ""), "pluggy": ("import pluggy", "")}
   if not tinygrad:
     from _tinygrad import IMPORT, IMPORT_DEFAULT
     cmds.update(tg_import=(IMPORT, ""), tg_default=(IMPORT_DEFAULT, ""))
@@ -37,14 +39,15 @@ def import_rows(env: dict[str, str], rounds: int, tinygrad: str) -> list[Row]:
     if k not in t: return Side.missing(tinygrad)
     return Side.of([(x - b) * 1e3 for x, b in zip(t[k], bare)])
 
-  plugrt = beyond("plugrt")
-  note = f"bare python -c pass: {statistics.median(bare) * 1e3:.1f} ms (subtracted round by round)"
+  pluggy = statistics.median(x - b for x, b in zip(t["pluggy"], bare)) * 1e3
+  note = (f"bare python -c pass: {statistics.median(bare) * 1e3:.1f} ms (subtracted round by round); "
+          f"`import pluggy` alone: {pluggy:.1f} ms of plugrt's figure")
   how = f"fresh `python -c`, wall time minus a bare `python -c pass` of the same round, median of {rounds} rounds"
   return [
-    Row("import_discovery", "import + discovery", "ms", plugrt, beyond("tg_import"), 30.0, "125-180 ms",
+    Row("import_discovery", "import + discovery", "ms", beyond("plugrt"), beyond("tg_import"), 30.0, "125-180 ms",
         f"plugrt: {ps.IMPORT_DISCOVERY!r}; tinygrad: {'import tinygrad'!r}; {how}; {note}"),
-    Row("import_default", "import + default device", "ms", plugrt, beyond("tg_default"), 30.0, "-",
-        f"plugrt: as above; tinygrad: {'from tinygrad import Device; Device.DEFAULT'!r}; {how}"),
+    Row("import_default", "import + default device", "ms", beyond("plugrt_default"), beyond("tg_default"), None, "-",
+        f"plugrt: {ps.IMPORT_DEFAULT!r} (opens the device); tinygrad: {'from tinygrad import Device; Device.DEFAULT'!r}; {how}"),
   ]
 
 

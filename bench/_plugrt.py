@@ -19,7 +19,10 @@ from plugrt.testing.kernels import tiny_kernel
 # The "first result" script: the same one-liner as tinygrad's.
 FIRST_RESULT = "from plugrt import Tensor\nprint(Tensor([1, 2, 3]).add(1).numpy().tolist())\n"
 
-IMPORT_DISCOVERY = "import plugrt; plugrt.Device.DEFAULT; plugrt.Device.available()"
+# import + discovery: every installed plugin imported, declared and probed (ANCHORS.md's "import + discover every
+# installed plugin"); IMPORT_DEFAULT also opens the default device, as tinygrad's Device.DEFAULT does
+IMPORT_DISCOVERY = "import plugrt; plugrt.Device.available()"
+IMPORT_DEFAULT = "import plugrt; plugrt.Device.DEFAULT; plugrt.Device.available()"
 
 
 def eager_op(n: int) -> Callable[[], float]:
