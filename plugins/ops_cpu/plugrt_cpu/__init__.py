@@ -17,13 +17,14 @@ from plugrt.probing import which
 __version__ = "0.1.0"
 
 
-def _which_cc() -> tuple[str | None, str]:
+def which_cc() -> tuple[str | None, str]:
+  """(path of the C compiler, how it was named): CC when set, else clang from PATH."""
   cc = os.environ.get("CC", "").strip()
   return (which(cc), f"CC={cc}") if cc else (which("clang"), "clang")
 
 
 def probe_clang() -> Probe:
-  cc, what = _which_cc()
+  cc, what = which_cc()
   if cc is None:
     hint = "install it or unset CC" if what.startswith("CC=") else "apt-get install clang (or set CC to a C compiler)"
     return Probe.missing(Reason.MISSING_TOOLCHAIN, f"{what} is not on PATH", hint)

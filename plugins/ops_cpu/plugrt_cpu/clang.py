@@ -11,14 +11,15 @@ import ctypes
 import hashlib
 import os
 import platform
-import shutil
 import subprocess
 from typing import Any
 
 from plugrt.errors import CompileError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import Kernel
+from plugrt.probing import which
 from plugrt.runtime import Compiler
+from plugrt_cpu import which_cc
 from plugrt_cpu.crender import CPUCRenderer
 
 CFLAGS = ("-O2", "-fPIC", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-asynchronous-unwind-tables",
@@ -27,14 +28,6 @@ CFLAGS = ("-O2", "-fPIC", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-f
 
 # a compact library (5 KB, not 13): no page-aligned segment padding, no build id, no symbol table beyond the dynamic one
 LDFLAGS = ("-shared", "--hash-style=gnu", "-z", "noseparate-code", "--build-id=none", "-s")
-
-
-def cc_path() -> str | None:
-  cc = os.environ.get("CC", "").strip()
-  return shutil.which(cc) if cc else shutil.which("clang")
-
-
-def linker_path() -> str | None: return shutil.which("ld")
 
 
 def cpu_identity() -> str:
@@ -62,7 +55,7 @@ class ClangCompiler(Compiler):
   def __init__(self, device: DeviceInfo):
     super().__init__(device)
     self.renderer = CPUCRenderer()
-    cc, ld = cc_path(), linker_path()
+    cc, ld = which_cc()[0], which("ld")
     if cc is None or ld is None: raise CompileError("clang or ld is missing", hint="apt-get install clang")
     self.cc, self.ld = cc, ld
 
