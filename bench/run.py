@@ -51,7 +51,7 @@ class Config:
   first_rounds: int
 
 
-FULL = Config(15, 20000, 200, {"CLANG": 15, "LLVM": 31}, 15, 11)
+FULL = Config(15, 20000, 200, {"CLANG": 15, "LLVM": 31}, 31, 11)  # import: 31 rounds, each a difference of two noisy processes
 QUICK = Config(5, 2000, 20, {"CLANG": 5, "LLVM": 9}, 5, 4)
 
 # (row, what it measures, unit, plugrt target, tinygrad in ANCHORS.md per compiler)
