@@ -114,3 +114,36 @@ def test_generators_are_pure() -> None:
   assert F.dsl_case(7).source == F.dsl_case(7).source
   a, b = F.tensor_case(7), F.tensor_case(7)
   assert a.src == b.src and (a.want.tobytes() == b.want.tobytes())
+
+
+def test_flush_to_zero_is_allowed_on_fast_math_devices_only_as_a_flush() -> None:
+  """WGSL lets a device flush subnormals to zero (llvmpipe does: log2 of 2**-149 came back as -127, the
+  log2 of a flushed 0 being any value there). The oracle accepts, element by element, the result for the
+  inputs with their subnormals flushed, or a subnormal result flushed to 0; nothing else."""
+  import numpy as np
+
+  from plugrt.dtype import dtypes
+  from plugrt.ir import KernelBuilder
+  from plugrt.testing import kernels as K
+
+  b = KernelBuilder("ftz")
+  out, x = b.buffer("out", dtypes.float32), b.buffer("x", dtypes.float32)
+  s = b.scalar("s", dtypes.float32)
+  i = b.global_id(0)
+  out[i] = x[i] * s
+  sub, normal = np.float32(2.0 ** -140), np.float32(1.5)
+  case = K.Case("ftz", b.finish(), [np.zeros(3, np.float32), np.array([sub, -sub, normal], np.float32)], vals=(float(sub),))
+  inputs, vals = F.flush_subnormals(case)
+  assert inputs[1].tolist() == [0.0, -0.0, 1.5] and np.signbit(inputs[1][1]) and vals == (0.0,)
+  assert inputs[0] is case.inputs[0] and case.inputs[1][0] == sub  # the case itself is left alone
+
+  want = np.array([2.0 ** -139, -3.0, np.float32(2.0 ** -130)], np.float32)
+  want_ftz = np.array([0.0, -3.0, 0.0], np.float32)
+  ok = np.array([0.0, -3.0, 0.0], np.float32)  # followed want_ftz, or flushed the subnormal result
+  assert F._flush_tolerant(ok, want, want_ftz, dtypes.float32).tolist() == ok.tolist()
+  assert F._flush_tolerant(want, want, want_ftz, dtypes.float32).tolist() == want.tolist()  # no flushing is fine too
+  wrong = np.array([1.0, -2.0, 5.0], np.float32)
+  ref = F._flush_tolerant(wrong, want, want_ftz, dtypes.float32)
+  with pytest.raises(AssertionError, match="3 of 3 differ"): K.compare("ftz", wrong, ref, dtypes.float32)
+  ints = F._flush_tolerant(np.array([0, 7], np.int32), np.array([1, 7], np.int32), np.array([0, 7], np.int32), dtypes.int32)
+  assert ints.tolist() == [0, 7]
