@@ -29,6 +29,9 @@ FOUND = {
   "wgsl-bool-bitcast": ("ir", 55, "WEBGPU:WGSL"),
   "tensor-bool-arith": ("tensor", 11, "CPU"),
   "webgpu-sin-range": ("tensor", 54, "WEBGPU"),
+  "python-trunc-negative-zero": ("ir", 5353, "PYTHON:PY"),
+  "wgsl-shl-const-overflow": ("ir", 5361, "WEBGPU:WGSL"),
+  "webgpu-flushes-subnormals": ("ir", 5152, "WEBGPU:WGSL"),  # the driver, as WGSL allows: the oracle takes it now
 }
 
 
@@ -147,3 +150,21 @@ def test_flush_to_zero_is_allowed_on_fast_math_devices_only_as_a_flush() -> None
   with pytest.raises(AssertionError, match="3 of 3 differ"): K.compare("ftz", wrong, ref, dtypes.float32)
   ints = F._flush_tolerant(np.array([0, 7], np.int32), np.array([1, 7], np.int32), np.array([0, 7], np.int32), dtypes.int32)
   assert ints.tolist() == [0, 7]
+
+
+def test_python_trunc_keeps_negative_zero() -> None:
+  """python-trunc-negative-zero (fixed): TRUNC of -0.5 is -0.0, whose bits a BITCAST shows."""
+  import numpy as np
+
+  from plugrt import Device
+  from plugrt.device import Buffer
+  from plugrt.dtype import dtypes
+  from plugrt.ir import KernelBuilder
+  b = KernelBuilder("trunc_sign")
+  out, x = b.buffer("out", dtypes.int32), b.buffer("x", dtypes.float32)
+  i = b.global_id(0)
+  out[i] = x[i].trunc().bitcast(dtypes.int32)
+  xs = np.array([-0.5, -0.0, 0.5, -1.5], np.float32)
+  got = Buffer("PYTHON", 4, dtypes.int32)
+  Device["PYTHON"].program(b.finish())(got, Buffer.from_numpy(xs, "PYTHON"), global_size=(4, 1, 1), wait=True)
+  assert got.numpy().tolist() == np.trunc(xs).view(np.int32).tolist() == [-(1 << 31), -(1 << 31), 0, np.float32(-1.0).view(np.int32)]

@@ -108,7 +108,7 @@ class ops:
   def sqrt(x: float) -> float: return math.sqrt(x) if x >= 0 else (math.nan if x != 0 else x)
 
   @staticmethod
-  def trunc(x: float) -> float: return float(math.trunc(x)) if math.isfinite(x) else x
+  def trunc(x: float) -> float: return math.copysign(float(math.trunc(x)), x) if math.isfinite(x) else x  # keeps -0.0 (trunc(-0.5))
 
   @staticmethod
   def cast(x: Any, dst: DType) -> Any:
