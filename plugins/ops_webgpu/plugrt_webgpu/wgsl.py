@@ -481,7 +481,12 @@ class WGSLRenderer:
     if op in (Ops.MAX, Ops.MIN): return f"{'max' if op is Ops.MAX else 'min'}({s[0]}, {s[1]})"
     if op in (Ops.SHL, Ops.SHR):  # WGSL shifts by a u32; the IR leaves shifts >= the width undefined: mask like the interpreter
       amount = f"(bitcast<u32>({s[1]}) & {sdt.bits - 1}u)" if sdt.kind == "i" else f"({s[1]} & {sdt.bits - 1}u)"
-      return self._wrap(dt, f"({s[0]} {'<<' if op is Ops.SHL else '>>'} {amount})")
+      if op is Ops.SHR: return self._wrap(dt, f"({s[0]} >> {amount})")
+      # a left shift wraps in the IR. naga evaluates shifts of constants when it makes the pipeline and rejects one
+      # that overflows ("<< operation overflowed"), so the bits that would be shifted out are cleared first, in u32
+      bits = f"bitcast<u32>({s[0]})" if held(sdt) == "i32" else s[0]
+      shifted = f"(({bits} & (0xffffffffu >> {amount})) << {amount})"
+      return self._wrap(dt, f"bitcast<i32>{shifted}" if held(sdt) == "i32" else shifted)
     if op is Ops.MOD and sdt.kind == "i":  # from WGSL's truncating `/`: naga's GLSL output leaves `%` of negative values undefined
       return self._wrap(dt, f"({s[0]} - ({s[0]} / {s[1]}) * {s[1]})")
     if op is Ops.CMPNE and sdt.kind == "f":  # unordered: true when either side is NaN, which a bit test must see

@@ -1,7 +1,8 @@
 """IR float semantics that WGSL compilers do not keep by themselves, on each engine (and wgpu-native's OpenGL
 adapter where there is one), against the interpreter: NaN in CMPNE and in casts to bool (compilers assume finite
 math), SIN over the whole float32 range (WGSL's sin is accurate only near [-pi, pi]), and BITCAST between bool and
-the 8-bit integers. These are the fuzzer's webgpu-nan-compare, webgpu-sin-range and wgsl-bool-bitcast."""
+the 8-bit integers, and left shifts of constants that overflow. These are the fuzzer's webgpu-nan-compare,
+webgpu-sin-range, wgsl-bool-bitcast and wgsl-shl-const-overflow."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -153,3 +154,19 @@ def test_sin_and_nan_tests_before_a_barrier(dev: Any) -> None:
   xs[5] = NAN
   got, want = run(dev, b.finish(), [np.zeros(128, np.float32), xs], 128, 64)
   K.compare("sin before a barrier", got[0], want[0], dtypes.float32, K.ULPS[Ops.SIN])
+
+
+@pytest.mark.parametrize("dt", [dtypes.int32, dtypes.uint32, dtypes.int16, dtypes.uint8], ids=lambda d: d.name)
+def test_left_shifts_of_constants_that_overflow(dev: Any, dt: DType) -> None:
+  """A left shift wraps in the IR. naga evaluates shifts of constants when it makes the pipeline and rejected an
+  overflowing one ("<< operation overflowed": the fuzzer's wgsl-shl-const-overflow, ir 5361); the renderer clears
+  the bits that leave first. Constant operands, loaded ones, and shift amounts past the width (masked)."""
+  b = KernelBuilder(f"shl_{dt.name}")
+  out, x = b.buffer("out", dt), b.buffer("x", dt)
+  big = b.const(int(dt.max) if dt.kind == "u" else int(dt.min) + 5, dt)
+  for k, amount in enumerate((1, 23, dt.bits - 1, dt.bits + 3)):
+    out[2 * k] = big << b.const(amount, dt)
+    out[2 * k + 1] = x[k] << b.const(amount, dt)
+  xs = np.array([dt.max, dt.min, -1 if dt.kind == "i" else dt.max - 1, 3], dtype=object).astype(dt.numpy)
+  got, want = run(dev, b.finish(), [np.zeros(8, dt.numpy), xs], 1)
+  K.compare(f"<< on {dt.name}", got[0], want[0], dt)
