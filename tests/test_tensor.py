@@ -148,6 +148,15 @@ def test_same_structure_reuses_the_kernel(dev):
   assert len(T._KERNELS) <= n + 1  # t + 2 shares t + 1's kernel; the slice has other strides
 
 
+def test_reductions_over_different_extents_get_their_own_kernels(dev):
+  """The fuzzer's tensor-reduce-kernel-key (tensor 5089, then 5582 in the same process): a reduction's kernel was
+  cached under its output shape and its source's strides, so a sum over 4 elements reused the one over 3."""
+  for n in (3, 4, 5, 3):
+    x = np.arange(1, n + 1, dtype=np.float32)
+    assert Tensor(x, device=dev).sum(axis=0, keepdim=True).numpy().tolist() == [x.sum()]
+    assert Tensor(x, device=dev).max().numpy().tolist() == float(n)
+
+
 def test_reductions(dev):
   a = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 7
   t = Tensor(a, device=dev)
