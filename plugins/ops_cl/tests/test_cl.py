@@ -343,3 +343,33 @@ def test_two_devices_and_transfers():
   assert r.returncode == 0, r.stderr
   if r.stdout.startswith("SKIP"): pytest.skip(r.stdout.strip())
   assert r.stdout.split("\n")[:2] == ["CL:1 [0, 1, 2] [50, 51, 52] [0, 1, 2]", "CL:2 NO_DEVICE"]
+
+
+# ---------------------------------------------------------------- a known PoCL bug
+
+def test_a_loop_with_barriers_that_runs_no_times_inside_another_loop(dev):
+  """The fuzzer's ir 5597: an inner loop holding barriers, with zero trips in an outer loop's iteration, must not
+  run its body. PoCL (3.0 and 3.1, every POCL_WORK_GROUP_METHOD) runs it once; CPU, PYTHON and the interpreter do
+  not, nor does plain C. A PoCL bug, not plugrt's: xfail there (strict, so a fixed PoCL shows up)."""
+  from plugrt import interpreter
+  b = KernelBuilder("zero_trip_barrier_loop")
+  out, n_in = b.buffer("out", dtypes.int32), b.buffer("n", dtypes.int32)
+  sh = b.shared("sh", dtypes.int32, 4)
+  lid = b.local_id(1)  # the threads along y, as in ir 5597 (along x PoCL gets it right)
+  with b.range(n_in[b.group_id(0)] & 3) as j:  # one trip here
+    with b.range(1, (j & 3) + 1) as i:          # none when j == 0
+      sh[lid] = i
+      b.barrier()
+      out[b.group_id(0) * 4 + lid] = sh[(lid + 1) % 4] + 100
+      b.barrier()
+  k = b.finish()
+  inputs = [np.full(8, -1, np.int32), np.array([1, 1], np.int32)]
+  want = [a.copy() for a in inputs]
+  interpreter.run(k, want, (), (2, 1, 1), (1, 4, 1))
+  o, n = Buffer(dev, 8, dtypes.int32).copyin(inputs[0]), Buffer(dev, 2, dtypes.int32).copyin(inputs[1])
+  dev.program(k)(o, n, global_size=(2, 1, 1), local_size=(1, 4, 1), wait=True)
+  assert want[0].tolist() == [-1] * 8
+  if "portable computing language" in dev.info.state.platform.name.lower():
+    if o.numpy().tolist() == want[0].tolist(): pytest.fail("this PoCL runs it right now: update docs/backends/cl.md and this test")
+    pytest.xfail("PoCL runs a zero-trip loop with barriers nested in a loop once (docs/backends/cl.md)")
+  assert o.numpy().tolist() == want[0].tolist()
