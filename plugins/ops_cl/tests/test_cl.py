@@ -349,7 +349,7 @@ def test_two_devices_and_transfers():
 
 def test_a_loop_with_barriers_that_runs_no_times_inside_another_loop(dev):
   """The fuzzer's ir 5597: an inner loop holding barriers, with zero trips in an outer loop's iteration, must not
-  run its body. PoCL (3.0 and 3.1, every POCL_WORK_GROUP_METHOD) runs it once; CPU, PYTHON and the interpreter do
+  run its body. PoCL (3.1 with each work-group method, and 3.0) runs it once; CPU, PYTHON and the interpreter do
   not, nor does plain C. A PoCL bug, not plugrt's: xfail there (strict, so a fixed PoCL shows up)."""
   from plugrt import interpreter
   b = KernelBuilder("zero_trip_barrier_loop")
