@@ -152,9 +152,13 @@ def _int_edges(dt: DType) -> list[int]:
   return sorted({c for c in cand if lo <= c <= hi})
 
 
+#: the smallest normal value of each float dtype: below it (and above 0) values are subnormal
+_SMALLEST_NORMAL = {dtypes.float16: 2.0 ** -14, dtypes.bfloat16: 2.0 ** -126, dtypes.float32: 2.0 ** -126, dtypes.float64: 2.0 ** -1022}
+
+
 def _float_edges(dt: DType, nan: bool, inf: bool) -> list[float]:
   mant, fmax = _MANT[dt], _fmax(dt)
-  tiny = 2.0 ** (2 - (1 << ({dtypes.float16: 5, dtypes.bfloat16: 8, dtypes.float32: 8, dtypes.float64: 11}[dt] - 1)))
+  tiny = _SMALLEST_NORMAL[dt]
   cand = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, 2.5, -2.5, 3.0, 0.1, -1 / 3, 1e-3, 100.0, 127.5, 255.5, -128.5, 1000.25, fmax, -fmax, tiny,
           -tiny, tiny * 2.0 ** -mant, tiny / 2, 2.0 ** (mant + 1), 2.0 ** (mant + 1) + 2, 65504.0, 2147483520.0, -2147483648.0, 3e9, 1e19]
   cand += [math.inf, -math.inf] * inf + [math.nan] * nan
@@ -575,10 +579,6 @@ def _nonfinite(a: np.ndarray, dt: DType) -> np.ndarray:
   """Which elements of a float buffer (bfloat16 as its bits) are infinite or NaN."""
   if dt.kind != "f": return np.zeros(len(a), bool)
   return ~np.isfinite(K.as_float(a, dt))
-
-
-#: the smallest normal value of each float dtype: below it (and above 0) values are subnormal
-_SMALLEST_NORMAL = {dtypes.float16: 2.0 ** -14, dtypes.bfloat16: 2.0 ** -126, dtypes.float32: 2.0 ** -126, dtypes.float64: 2.0 ** -1022}
 
 
 def _subnormal(x: np.ndarray, dt: DType) -> np.ndarray:
