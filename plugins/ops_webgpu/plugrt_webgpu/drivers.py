@@ -1,11 +1,15 @@
-"""Which WebGPU drivers this machine has, from files alone: probes call this during discovery,
-so it imports only the standard library (loading a Vulkan or OpenGL driver starts threads
-and takes tens of milliseconds; engines do that only when a device opens)."""
+"""Which WebGPU drivers this machine has, from files alone, and the declaration each engine makes: the engines'
+probes and declaration hooks call this during discovery, so it imports only the standard library and plugrt
+(loading a Vulkan or OpenGL driver starts threads and takes tens of milliseconds; engines do that only when a
+device opens)."""
 from __future__ import annotations
 
 import glob
 import os
 import sys
+from typing import Any
+
+from plugrt.hookspecs import InterfaceSpec
 
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib64",
              "/usr/lib", "/lib64", "/lib", "/usr/local/lib")
@@ -47,3 +51,9 @@ def drivers(opengl: bool) -> tuple[bool, str]:
 
 ADAPTER_ENV = "PLUGRT_WEBGPU_ADAPTER"
 DRIVER_HINT = "apt-get install mesa-vulkan-drivers libvulkan1 (lavapipe, a CPU Vulkan driver) or your GPU's Vulkan driver"
+
+
+def engine_interface(**fields: Any) -> InterfaceSpec:
+  """An engine's InterfaceSpec for the WEBGPU device. `priority` (which engine is the default) is given only where
+  the core's InterfaceSpec has that field: cores before plugin API 1.1 do not."""
+  return InterfaceSpec(**{k: v for k, v in fields.items() if k in InterfaceSpec.__annotations__})

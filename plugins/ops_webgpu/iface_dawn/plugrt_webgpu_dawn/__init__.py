@@ -61,14 +61,10 @@ def probe() -> Probe:
   return Probe.found(1, f"dawn-python ({os.path.basename(lib)}) over {seen}; list adapters with `python -m plugrt_webgpu`", library=lib, drivers=seen)
 
 
-def _spec(**kw: Any) -> InterfaceSpec:
-  names = InterfaceSpec.__annotations__  # `priority` only where the core has it
-  return InterfaceSpec(**{k: v for k, v in kw.items() if k in names})
-
-
 @hookimpl
 def plugrt_interfaces() -> list[InterfaceSpec]:
-  return [_spec(device="WEBGPU", name=NAME, probe=probe, auto=True, priority=5, description="Google's Dawn through dawn-python")]
+  from plugrt_webgpu.drivers import engine_interface  # stdlib and plugrt only
+  return [engine_interface(device="WEBGPU", name=NAME, probe=probe, auto=True, priority=5, description="Google's Dawn through dawn-python")]
 
 
 @hookimpl

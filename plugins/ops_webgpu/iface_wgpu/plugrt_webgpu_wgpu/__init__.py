@@ -47,15 +47,10 @@ def probe() -> Probe:
                      version=version, library=libs[0], drivers=seen)
 
 
-def _spec(**kw: Any) -> InterfaceSpec:
-  # ask to be the default engine where the core orders interfaces by priority (a field newer cores have)
-  names = InterfaceSpec.__annotations__
-  return InterfaceSpec(**{k: v for k, v in kw.items() if k in names})
-
-
 @hookimpl
 def plugrt_interfaces() -> list[InterfaceSpec]:
-  return [_spec(device="WEBGPU", name=NAME, probe=probe, auto=True, priority=10, description="wgpu-native through wgpu-py")]
+  from plugrt_webgpu.drivers import engine_interface  # stdlib and plugrt only
+  return [engine_interface(device="WEBGPU", name=NAME, probe=probe, auto=True, priority=10, description="wgpu-native through wgpu-py")]
 
 
 @hookimpl
