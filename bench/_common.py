@@ -76,8 +76,21 @@ def pick_rows(spec: str | None, keys: Sequence[str], groups: dict[str, Sequence[
   for name in (s.strip() for s in spec.split(",") if s.strip()):
     if name in groups: want.update(groups[name])
     elif name in keys: want.add(name)
-    else: raise ValueError(f"unknown row {name!r}; rows: {', '.join(keys)}; groups: {', '.join(groups)}")
+    else: raise ValueError(f"unknown row {name!r}; rows: {', '.join(keys)}" + (f"; groups: {', '.join(groups)}" if groups else ""))
   return [k for k in keys if k in want]
+
+
+def columns(lines: Sequence[Sequence[str]], left: Sequence[int] = (0,), unpadded_from: int | None = None) -> list[str]:
+  """Rows of cells (the first is the head) as aligned text lines, a rule under the head: the columns in `left` are
+  left-aligned, the others right-aligned, and columns from `unpadded_from` on are not padded at all."""
+  widths = [max(len(str(line[i])) for line in lines) for i in range(len(lines[0]))]
+  out = []
+  for i, line in enumerate(lines):
+    cells = (c if unpadded_from is not None and j >= unpadded_from else c.ljust(w) if j in left else c.rjust(w)
+             for j, (c, w) in enumerate(zip(line, widths)))
+    out.append("  ".join(cells).rstrip())
+    if i == 0: out.append("  ".join("-" * w for w in widths))
+  return out
 
 
 def per_call(fn: Callable[[], Any], n: int) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from _common import Row, Side
+from _common import Row, Side, columns
 
 NOISY = 0.25  # interquartile range / median above which a figure gets a "~"
 
@@ -27,12 +27,7 @@ def table(rows: list[Row], title: str) -> str:
     meets = {True: "yes", False: "NO", None: "-"}[r.meets]
     target = f"<= {fmt(r.target, r.unit)}" if r.target is not None else "-"
     lines.append((r.label, _side(r.plugrt, r.unit), _side(r.tinygrad, r.unit), ratio, target, meets, r.anchor))
-  widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-  out = [title, ""]
-  for i, line in enumerate(lines):
-    out.append("  ".join(c.ljust(w) if j == 0 else c.rjust(w) if j < 6 else c for j, (c, w) in enumerate(zip(line, widths))).rstrip())
-    if i == 0: out.append("  ".join("-" * w for w in widths))
-  return "\n".join(out)
+  return "\n".join([title, "", *columns(lines, unpadded_from=6)])
 
 
 def notes(rows: list[Row]) -> list[str]:

@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import NotAvailable, Side, alternate, load_note, pick_rows
+from _common import NotAvailable, Side, alternate, columns, load_note, pick_rows
 
 SIDES = ("plugrt", "tinygrad", "pyopencl")
 KEYS = ("launch", "launch_sync", "compile", "first_result", "cache_hit")
@@ -115,12 +115,7 @@ def table(rows: list[Row3]) -> str:
     p = r.sides.get("plugrt")
     meets = "-" if target is None or p is None or p.value is None else "yes" if p.value <= target else "NO"
     lines.append((label, *cells, *ratios, f"<= {fmt(target, unit)}" if target else "-", meets, anchor))
-  widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-  out = []
-  for i, line in enumerate(lines):
-    out.append("  ".join(c.ljust(w) if j in (0, 8) else c.rjust(w) for j, (c, w) in enumerate(zip(line, widths))).rstrip())
-    if i == 0: out.append("  ".join("-" * w for w in widths))
-  return "\n".join(out)
+  return "\n".join(columns(lines, left=(0, 8)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import NotAvailable, alternate, load_note
+from _common import NotAvailable, alternate, columns, load_note, pick_rows
 
 SIDES = ("plugrt WGPU", "plugrt DAWN", "raw wgpu-py", "tinygrad WEBGPU")
 ROWS = ("dispatch", "dispatch_wait", "compile", "first_result")
@@ -147,12 +147,7 @@ def table(rows: list[Row]) -> str:
     lines.append((label, *(fmt(v.get(s), unit) for s in SIDES), ratio(v.get(SIDES[3]), v.get(SIDES[0])),
                   ratio(v.get(SIDES[3]), v.get(SIDES[1])), ratio(v.get(SIDES[2]), v.get(SIDES[0])),
                   f"<= {fmt(target, unit)}" if target else "-", meets))
-  widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
-  out = []
-  for i, line in enumerate(lines):
-    out.append("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(line, widths))).rstrip())
-    if i == 0: out.append("  ".join("-" * w for w in widths))
-  return "\n".join(out)
+  return "\n".join(columns(lines))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -161,8 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--rows", help=f"comma-separated rows ({', '.join(ROWS)}); default: all")
   ap.add_argument("--json", metavar="PATH", help="also write the figures, samples and notes as JSON")
   args = ap.parse_args(argv)
-  keys = [k.strip() for k in (args.rows or ",".join(ROWS)).split(",") if k.strip()]
-  if bad := [k for k in keys if k not in ROWS]: ap.error(f"unknown rows {bad}; rows: {', '.join(ROWS)}")
+  try: keys = pick_rows(args.rows, list(ROWS), {})
+  except ValueError as e: ap.error(str(e))
   cfg = QUICK if args.quick else FULL
   workdir = tempfile.mkdtemp(prefix="plugrt-bench-webgpu-")
   os.environ.update(PLUGRT_CACHE_DIR=os.path.join(workdir, "plugrt-cache"), CACHEDB=os.path.join(workdir, "tinygrad-cache.db"))
