@@ -280,3 +280,41 @@ def test_automatic_choice_is_deterministic():
   assert defaults == {"CPU"}
   assert [n for n in real({}).available() if n in ("CPU", "PYTHON")] == ["CPU", "PYTHON"]
   assert real({"PLUGRT_DISABLE": "cpu"}).default == "PYTHON"
+
+
+# ---------------------------------------------------------------- older names as device strings: Device["CLANG"], ["LLVM"], ["GPU"]
+
+def _has_llvm(reg: Registry) -> bool: return reg.compiler_probe("CPU", "LLVM").ok and reg.compiler_probe("CPU", "CLANG").ok
+
+
+def test_older_names_open_what_they_stand_for():
+  with isolated(REAL, env={}) as reg:
+    if not _has_llvm(reg): pytest.skip("needs both CPU compilers")
+    cpu = reg.open("CPU")
+    assert reg.open("CLANG") is cpu and reg.open("clang") is cpu  # CPU already compiles with clang: the same device
+    llvm = reg.open("LLVM")
+    assert llvm is not cpu and llvm.name == "CPU" and llvm.info.compiler == "LLVM" and llvm.compiler.name == "LLVM"
+    assert llvm.canonical == "LLVM" and reg.open(llvm.canonical) is llvm and reg.open("llvm") is llvm  # Device[t.device] gives it back
+    assert run_tiny(reg, "LLVM") == 42.0
+    assert reg.alias_target("LLVM") == parse_target("CPU:LLVM", "LLVM") and reg.alias_target("CPU") is None
+    assert reg.alias_target("CPX") is None
+
+
+def test_an_older_name_is_its_device_when_the_environment_already_chose_that_compiler():
+  with isolated(REAL, env={"CPU_LLVM": "1"}) as reg:
+    if not _has_llvm(reg): pytest.skip("needs both CPU compilers")
+    assert reg.open("LLVM") is reg.open("CPU") and reg.open("LLVM").canonical == "CPU"
+    clang = reg.open("CLANG")
+    assert clang.info.compiler == "CLANG" and clang.canonical == "CLANG"
+
+
+def test_older_names_fail_as_their_device_does(monkeypatch):
+  reg = real({})
+  with pytest.raises(DeviceUnavailable, match="CL cannot be used: plugrt-cl is not installed") as ei: reg.open("GPU")  # CL is not in REAL
+  assert ei.value.reason is Reason.NOT_INSTALLED
+  with pytest.raises(DeviceUnavailable, match="CPU:3 does not exist"): reg.open("LLVM:3")
+  monkeypatch.setenv("CC", "/nonexistent/cc")  # clang missing: CPU compiles with LLVM, and CLANG cannot be had
+  reg = real({})
+  if not reg.compiler_probe("CPU", "LLVM").ok: pytest.skip("needs llvmlite")
+  with pytest.raises(DeviceUnavailable, match=r"CLANG \(CPU with CLANG\) cannot be used: CC=/nonexistent/cc") as ei: reg.open("CLANG")
+  assert ei.value.reason is Reason.MISSING_TOOLCHAIN and "PYTHON" in ei.value.available

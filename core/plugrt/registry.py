@@ -25,7 +25,7 @@ from plugrt import hookspecs
 from plugrt._entrypoints import entry_points
 from plugrt.errors import DeviceUnavailable, EnvError, PlugrtError, Reason, UnknownDeviceError, did_you_mean
 from plugrt.hookspecs import PLUGIN_API_VERSION, BackendSpec, DeviceInfo, InterfaceSpec, Probe
-from plugrt.selection import BackendFacts, Selection, select
+from plugrt.selection import BackendFacts, Selection, Target, parse_target, select
 
 GROUP = "plugrt"
 
@@ -358,21 +358,55 @@ class Registry:
                             f"install a driver for {name}, or pick an interface with {name}_IFACE", self._others(name))
 
   # ------------------------------------------------------------ opening devices
+  def alias_target(self, device: str) -> Target | None:
+    """The target an older device name stands for (CLANG -> CPU:CLANG, GPU -> CL), as its backend declares
+    it (or, for a backend not installed, as plugrt knows it); None for any other name."""
+    from plugrt.device import split_device
+    name = split_device(device)[0]
+    if name in self.load().backends and self.backends[name].spec is not None: return None  # a backend's own name wins
+    for br in self.backends.values():
+      aliases = {a.env: a.target for a in br.spec.aliases} if br.spec is not None else FIRST_PARTY.get(br.name, ("", {}))[1]
+      if name in aliases: return parse_target(aliases[name], name)
+    return None
+
   def open(self, device: str) -> Any:
-    """The opened device for "NAME" or "NAME:INDEX" (cached: opening happens once)."""
-    from plugrt.device import RuntimeDevice, split_device
+    """The opened device for "NAME" or "NAME:INDEX" (cached: opening happens once).
+
+    An older name opens what it stands for: Device["GPU"] is Device["CL"]; Device["CLANG"] and Device["LLVM"]
+    are Device["CPU"] when CPU's compiler already is that one, else CPU opened with it as a device of its
+    own, canonically named as written ("LLVM"), so that Device[t.device] gives it back."""
+    from plugrt.device import split_device
     name, index = split_device(device)
     key = name if index == 0 else f"{name}:{index}"
     if (dev := self._devices.get(key)) is not None: return dev
     with self._lock:
       if (dev := self._devices.get(key)) is not None: return dev
+      if (alias := self.alias_target(name)) is not None:
+        target = alias.device if index == 0 else f"{alias.device}:{index}"
+        dev = self.open(target)  # the device's own errors (not installed, no device), named by the backend
+        if alias.compiler and alias.compiler != dev.info.compiler:
+          p = self.compiler_probe(alias.device, alias.compiler)
+          if not p.ok: raise DeviceUnavailable(f"{key} ({alias.device} with {alias.compiler}) cannot be used: {p.detail}",
+                                               p.reason or Reason.MISSING_TOOLCHAIN, p.hint, self._others(alias.device))
+          dev = self._open_backend(alias.device, index, key, alias.compiler)
+        self._devices[key] = dev
+        return dev
+      dev = self._open_backend(name, index, key)
+      self._devices[key] = dev
+      return dev
+
+  def _open_backend(self, name: str, index: int, key: str, compiler: str = "") -> Any:
+    """Open device `index` of backend `name` (with `compiler`, else the chosen one) as the device called `key`."""
+    from plugrt.device import RuntimeDevice
+    with self._lock:
       br = self.backend(name)
       p = self.probe(name)
       if not p.ok: raise DeviceUnavailable(f"{key} cannot be used: {p.detail}", p.reason or Reason.NO_DEVICE, p.hint, self._others(name))
       if index >= max(p.count, 1):
         raise DeviceUnavailable(f"{key} does not exist: {name} has {p.count} device{'s' if p.count != 1 else ''}",
                                 Reason.NO_DEVICE, f"use an index below {p.count}", self._others(name))
-      compiler, _ = self.choose_compiler(name)
+      chosen, _ = self.choose_compiler(name)  # also when `compiler` is given: it checks the environment's request
+      compiler = compiler or chosen
       iface = self.choose_interface(name)
       arch = self.selection.arch.get(name)
       info = DeviceInfo(name, index, compiler, iface[0].name if iface else None, arch.arch if arch else "")
@@ -387,7 +421,7 @@ class Registry:
       except (Exception, SystemExit) as e:
         raise DeviceUnavailable(f"{key} failed to open: {_short_error(e)}", Reason.OPEN_FAILED,
                                 f"see the error above; PLUGRT_DISABLE={rec.entry} hides {name}", self._others(name)) from e
-      self._devices[key] = dev
+      dev.canonical = key
       return dev
 
   def _others(self, name: str) -> list[str]: return [n for n in self.available() if n != name]
@@ -425,7 +459,7 @@ class Registry:
       raise DeviceUnavailable("no device is available", Reason.NO_DEVICE, "run `plugrt devices` to see why each backend is unavailable")
 
   def close(self) -> None:
-    for dev in self._devices.values(): dev.close()
+    for dev in {id(d): d for d in self._devices.values()}.values(): dev.close()  # an older name may share its device
     self._devices.clear()
 
 
