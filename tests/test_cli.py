@@ -1,7 +1,12 @@
 """The plugrt command."""
+import io
 import json
 import subprocess
 import sys
+
+import pytest
+
+from plugrt.errors import PlugrtError
 
 
 def plugrt(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -33,9 +38,19 @@ def test_devices_json_and_env_selection():
 
 def test_devices_reports_a_bad_environment_but_still_lists():
   r = plugrt("devices", env={"CPU": "1", "PYTHON": "1"})
-  assert r.returncode == 0
+  assert r.returncode == 2
   assert "environment: CPU=1 and PYTHON=1 ask for different default devices" in r.stdout
   assert "default device: none" in r.stdout
+  j = plugrt("devices", "--json", env={"CPU": "1", "PYTHON": "1"})
+  assert j.returncode == 2 and "ask for different default devices" in json.loads(j.stdout)["environment_error"]
+
+
+@pytest.mark.parametrize("cmd", [("devices",), ("doctor",), ("bench", "--quick", "--device", "PYTHON"), ("bench", "--json")])
+def test_an_environment_error_is_reported_once_and_fails(cmd):
+  r = plugrt(*cmd, env={"CPU": "1", "PYTHON": "1"})
+  assert r.returncode == 2, r.stdout + r.stderr
+  assert (r.stdout + r.stderr).count("ask for different default devices") == 1, r.stdout + r.stderr
+  assert "FAILED" not in r.stdout
 
 
 def test_missing_compiler_is_explained():
@@ -54,12 +69,69 @@ def test_doctor_runs_kernels_on_every_device():
 
 def test_named_unavailable_device_fails_loudly():
   r = plugrt("doctor", env={"DEV": "CUDDA"})
-  assert r.returncode == 0 or r.returncode == 1
-  assert "did you mean CUDA" in r.stdout
+  assert r.returncode == 2
+  assert r.stdout.count("did you mean CUDA") == 1
+
+
+def _device_error(name: str) -> str:
+  """What Device[name] raises here, as `plugrt` prints it."""
+  from plugrt.registry import Registry
+  with pytest.raises(PlugrtError) as e: Registry().open(name)
+  return f"plugrt: {e.value}"
+
+
+@pytest.mark.parametrize("cmd", ["bench", "doctor"])
+@pytest.mark.parametrize("name", ["CPX", "CUDA", "CPU:7"])
+def test_a_named_device_that_cannot_be_used_fails_as_Device_does(cmd, name):
+  want = _device_error(name)  # CPX: unknown, with "did you mean CPU"; CUDA: no GPU or not installed; CPU:7: no such index
+  r = plugrt(cmd, "--device", name, *(("--quick",) if cmd == "bench" else ()))
+  assert r.returncode == 2, r.stdout + r.stderr
+  assert want in r.stderr.splitlines(), (want, r.stderr)
+  assert "no device available" not in r.stdout and "saxpy" not in r.stdout
+
+
+def test_no_command_prints_the_usage():
+  r = plugrt()
+  assert r.returncode == 2 and r.stdout == ""
+  assert r.stderr.startswith("usage: plugrt") and all(c in r.stderr for c in ("devices", "doctor", "bench"))
+  assert "run and check kernels" in r.stderr  # each command with what it does, not only "required: cmd"
+
+
+def _refuse(constant: str) -> None: raise ValueError(f"not JSON: {constant}")
 
 
 def test_bench_quick():
   r = plugrt("bench", "--quick", "--json", "--device", "PYTHON")
   assert r.returncode == 0, r.stderr
-  res = json.loads(r.stdout)["PYTHON:PY"]
+  assert r.stderr == ""  # no progress when stderr is not a terminal
+  res = json.loads(r.stdout, parse_constant=_refuse)["PYTHON:PY"]  # strict JSON: no NaN or Infinity
   assert res["launch_us"] > 0 and res["compile_ms"] > 0 and res["copyin_gbs"] > 0
+  assert res["cache_hit_ms"] is None  # PYTHON has no disk cache: nothing measured, null
+
+
+def test_bench_of_an_older_name_keeps_its_compiler():
+  from plugrt.registry import Registry
+  reg = Registry()
+  if not reg.probe("CPU").ok or not reg.compiler_probe("CPU", "LLVM").ok: pytest.skip("no CPU with LLVM here")
+  r = plugrt("bench", "--quick", "--json", "--device", "LLVM")
+  assert r.returncode == 0, r.stderr
+  assert list(json.loads(r.stdout, parse_constant=_refuse)) == ["LLVM:LLVM"]
+
+
+class _Terminal(io.StringIO):
+  def isatty(self) -> bool: return True
+
+
+def test_progress_goes_to_a_terminal_stderr_only(monkeypatch, capsys):
+  from plugrt import cli
+  monkeypatch.setattr(cli, "bench_target", lambda name, compiler, quick: {"launch_us": 1.0, "compile_ms": float("nan"), "cache_hit_ms": 1.0,
+                                                                           "copyin_gbs": float("inf"), "copyout_gbs": 1.0})
+  err = _Terminal()
+  monkeypatch.setattr(sys, "stderr", err)
+  assert cli.main(["bench", "--json", "--device", "PYTHON", "--device", "CPU"]) == 0
+  out = json.loads(capsys.readouterr().out, parse_constant=_refuse)
+  assert out["PYTHON:PY"]["compile_ms"] is None and out["PYTHON:PY"]["copyin_gbs"] is None
+  lines = err.getvalue().splitlines()
+  assert lines[0] == f"bench: PYTHON:PY (1/{len(out)})" and len(lines) == len(out)
+  assert cli.main(["bench", "--device", "PYTHON"]) == 0
+  assert capsys.readouterr().out.splitlines()[1].split() == ["PYTHON:PY", "1.00", "-", "1.000", "-", "1.00"]

@@ -6,11 +6,19 @@
                               available device and compiler
   plugrt bench [--quick]      launch overhead, compile time, cache-hit time and copy
                               bandwidth for each available device and compiler
+
+`--device NAME` (doctor, bench) opens NAME as `Device[NAME]` does: an unknown or unavailable
+device fails with that same error. An environment error (CPU=1 with CL=1, DEV=CUDDA) concerns
+every device: it is reported once, and every command exits 2. Failures of plugrt exit 2, a
+wrong kernel result in doctor 1. Progress (a line per device and compiler) goes to stderr,
+and only when stderr is a terminal: stdout stays the result alone (`bench --json > out.json`),
+and logs of scripts stay clean.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -65,11 +73,17 @@ def _fmt_ifaces(fs: list[dict[str, Any]]) -> str:
   return ",".join(f["name"] + ("" if f["ok"] else "(no)") + ("" if f["auto"] else "[manual]") for f in fs) or "-"
 
 
+def _progress(message: str) -> None:
+  """A progress line on stderr, when a person watches it (a terminal); never on stdout."""
+  if sys.stderr.isatty(): print(message, file=sys.stderr, flush=True)
+
+
 def cmd_devices(args: argparse.Namespace) -> int:
+  """The table; exits 2 when the environment leaves no usable default device (the table still lists everything)."""
   rows, default, env_error = device_rows()
   if args.json:
     print(json.dumps({"default": default, "environment_error": env_error, "backends": rows}, indent=2))
-    return 0
+    return 2 if env_error else 0
   table = [("DEVICE", "PACKAGE", "VERSION", "STATUS", "DEFAULT", "COMPILERS", "INTERFACES")]
   for r in rows:
     status = (f"ready ({r['count']})" if r["count"] != 1 else "ready") if r["available"] else r["reason"] or "unavailable"
@@ -92,18 +106,31 @@ def cmd_devices(args: argparse.Namespace) -> int:
   if notes:
     print("\nwhy some are unavailable:")
     for what, detail, hint in notes: print(f"  {what}: {detail}" + (f"\n      fix: {hint}" if hint else ""))
-  return 0
+  return 2 if env_error else 0
 
 
 def _targets(only: Sequence[str] | None = None) -> list[tuple[str, str]]:
-  """(device, compiler) for every available device and usable compiler."""
+  """(device, compiler) for every available device and usable compiler, or for the devices named in `only`.
+
+  A named device opens through Device[...]'s own path, so an unknown or unavailable one raises the same typed
+  error, with its "did you mean" and reason. An older name with a compiler (LLVM) keeps to that compiler.
+  An environment error raises first, once: it would otherwise fail every device in turn."""
   reg = _registry()
-  out = []
-  for name in reg.available():
-    if only and name not in only: continue
-    spec = reg.backend(name).spec
+  reg.selection  # noqa: B018  (raises EnvError, ConflictError or UnknownDeviceError)
+  if not only: devices = [(name, name, "") for name in reg.available()]
+  else:
+    from plugrt.device import Device
+    devices = []
+    for text in only:
+      dev = Device[text]
+      alias = reg.alias_target(text)
+      devices.append((dev.canonical, dev.name, alias.compiler if alias is not None else ""))
+  out: list[tuple[str, str]] = []
+  for device, backend, compiler in devices:
+    spec = reg.backend(backend).spec
     for c in spec.compilers if spec else ():
-      if reg.compiler_probe(name, c.name).ok: out.append((name, c.name))
+      if (not compiler or c.name == compiler) and reg.compiler_probe(backend, c.name).ok and (device, c.name) not in out:
+        out.append((device, c.name))
   return out
 
 
@@ -112,12 +139,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
   from plugrt.device import Buffer, Device
   from plugrt.testing.kernels import reduce_case, run_case, saxpy_kernel
-  cmd_devices(argparse.Namespace(json=False))
+  env_status = cmd_devices(argparse.Namespace(json=False))  # prints an environment error, once
+  try: _registry().selection  # noqa: B018
+  except PlugrtError:
+    print("\nno kernels run: the environment error above stops every device from opening")
+    return 2
+  targets = _targets(args.device)  # a named device that cannot be used raises its typed error (exit 2)
   print("\nrunning kernels:")
   failures = 0
   n = 1 << 20
   x, y = np.arange(n, dtype=np.float32) / 7, np.ones(n, dtype=np.float32)
-  for name, compiler in _targets(args.device):
+  for i, (name, compiler) in enumerate(targets):
+    _progress(f"doctor: {name}:{compiler} ({i + 1}/{len(targets)})")
     label = f"  {name}:{compiler}".ljust(18)
     if name == "PYTHON": n_run = 4096  # pure Python: keep it short
     else: n_run = n
@@ -137,8 +170,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     except Exception as e:  # report every device, then fail
       failures += 1
       print(f"{label}FAILED: {type(e).__name__}: {e}")
-  if not _targets(args.device): print("  no device available (see above)")
-  return 1 if failures else 0
+  if not targets: print("  no device available (see above)")
+  return 1 if failures else env_status
 
 
 def _median_us(fn: Any, n: int) -> float:
@@ -197,26 +230,37 @@ def bench_target(name: str, compiler: str, quick: bool = False) -> dict[str, flo
   return res
 
 
+def _finite(x: float) -> float | None:
+  """x, or None for NaN and infinities: JSON has no such numbers (json.dumps would write NaN, which parsers refuse)."""
+  return x if math.isfinite(x) else None
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-  rows = []
-  for name, compiler in _targets(args.device):
+  rows, failed = [], 0
+  targets = _targets(args.device)
+  for i, (name, compiler) in enumerate(targets):
+    _progress(f"bench: {name}:{compiler} ({i + 1}/{len(targets)})")
     try: r = bench_target(name, compiler, args.quick)
-    except PlugrtError as e:
-      print(f"{name}:{compiler}: {e}")
+    except PlugrtError as e:  # on stderr: stdout holds the results alone
+      print(f"plugrt: bench of {name}:{compiler} failed: {e}", file=sys.stderr)
+      failed += 1
       continue
-    rows.append((f"{name}:{compiler}", r))
+    rows.append((f"{name}:{compiler}", {k: _finite(v) for k, v in r.items()}))
+  if not targets: print("plugrt: no device available to bench (run `plugrt devices` to see why)", file=sys.stderr)
   if args.json:
-    print(json.dumps({k: v for k, v in rows}, indent=2))
-    return 0
-  print(f"{'target':<14}{'launch us':>11}{'compile ms':>12}{'cache hit ms':>14}{'copyin GB/s':>13}{'copyout GB/s':>14}")
+    print(json.dumps(dict(rows), indent=2, allow_nan=False))
+    return 1 if failed or not targets else 0
+  cols = (("launch us", "launch_us", 11, 2), ("compile ms", "compile_ms", 12, 2), ("cache hit ms", "cache_hit_ms", 14, 3),
+          ("copyin GB/s", "copyin_gbs", 13, 2), ("copyout GB/s", "copyout_gbs", 14, 2))
+  print(f"{'target':<14}" + "".join(f"{title:>{w}}" for title, _, w, _ in cols))
   for label, r in rows:
-    print(f"{label:<14}{r['launch_us']:>11.2f}{r['compile_ms']:>12.2f}{r['cache_hit_ms']:>14.3f}{r['copyin_gbs']:>13.2f}{r['copyout_gbs']:>14.2f}")
-  return 0
+    print(f"{label:<14}" + "".join(f"{'-' if r[k] is None else format(r[k], f'.{d}f'):>{w}}" for _, k, w, d in cols))
+  return 1 if failed or not targets else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog="plugrt", description="plugrt: a pluggable device runtime")
-  sub = p.add_subparsers(dest="cmd", required=True)
+  sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
   d = sub.add_parser("devices", help="list every backend plugrt knows of, and why any is unavailable")
   d.add_argument("--json", action="store_true", help="machine-readable output")
   d.set_defaults(fn=cmd_devices)
@@ -229,6 +273,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   b.add_argument("--json", action="store_true", help="machine-readable output")
   b.set_defaults(fn=cmd_bench)
   args = p.parse_args(argv)
+  if args.cmd is None:  # as argparse answers a missing argument: the usage, on stderr, exit 2 (here with the commands listed)
+    p.print_help(sys.stderr)
+    return 2
   try: return args.fn(args)
   except PlugrtError as e:
     print(f"plugrt: {e}", file=sys.stderr)
