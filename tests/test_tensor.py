@@ -223,3 +223,54 @@ def test_half_types(dev):
   h = Tensor(np.array([1.5, 2.25, -3.0], np.float16), device=dev)
   with float16_or_skip(): got = (h * 2 + 1).numpy()
   close(got, np.array([4.0, 5.5, -5.0], np.float16), dtype=np.float16)
+
+
+# ---------------------------------------------------------------- what a user reaches for first: numpy, repr, indexing
+
+def test_numpy_array_protocol(dev):
+  a = np.arange(12, dtype=np.float32).reshape(3, 4)
+  t = Tensor(a, device=dev)
+  for got in (np.asarray(t), np.array(t), np.asarray(t.T + 1, dtype=np.float64)):
+    assert got.dtype != object and got.shape in ((3, 4), (4, 3))  # one copy, not an object array of 0-d tensors (20k elements: 0.49 s)
+  np.testing.assert_array_equal(np.asarray(t), a)
+  got = np.asarray(t.T + 1, dtype=np.float64)
+  assert got.dtype == np.float64 and np.array_equal(got, a.T + 1)
+  assert np.array(t, copy=True) is not np.array(t, copy=True)
+  with pytest.raises(ValueError, match="without a copy"): np.asarray(t, copy=False)  # numpy 2: copy=False refuses a copy
+  bf = np.asarray(Tensor([1.0, 2.5], dtypes.bfloat16, dev))
+  assert bf.dtype == np.float32 and bf.tolist() == [1.0, 2.5]  # as .numpy(): numpy has no bfloat16
+
+
+def test_repr_shows_the_values(dev):
+  t = Tensor([[1.5, 2.0], [3.0, 4.0]], device=dev)
+  assert repr(t) == f"Tensor([[1.5, 2. ],\n        [3. , 4. ]], shape=(2, 2), dtype=float32, device={Device.canonicalize(dev)})"
+  assert str(t) == repr(t)
+  lazy = t * 2
+  assert repr(lazy).startswith("Tensor([[3., 4.],") and repr(lazy).endswith(", lazy)")
+  assert lazy.node.op == "ew"  # printing computed a scratch copy: the tensor stays lazy, its chain still fuses
+  assert repr(Tensor([1.0, 2.5], dtypes.bfloat16, dev) * 2).startswith("Tensor([2., 5.], shape=(2,), dtype=bfloat16")
+  big = repr(Tensor.arange(20000, device=dev).reshape(100, 200))
+  assert big.count("\n") < 10 and "..." in big and big.endswith("shape=(100, 200), dtype=int32, device=" + Device.canonicalize(dev) + ")")
+  assert repr(Tensor(np.zeros((0, 3), np.float32), device=dev)).startswith("Tensor([], shape=(0, 3)")
+
+
+def test_repr_never_raises(monkeypatch):
+  t = Tensor([1.0, 2.0], device="CPU")
+  def broken(self): raise RuntimeError("the device is gone")
+  monkeypatch.setattr(Tensor, "_host_values", broken)
+  assert repr(t) == "<Tensor shape=(2,), dtype=float32, device=CPU, values unavailable: RuntimeError: the device is gone>"
+
+
+def test_indexing_takes_numpy_integers_and_names_what_it_takes(dev):
+  a = np.arange(24, dtype=np.int32).reshape(4, 6)
+  t = Tensor(a, device=dev)
+  assert t[np.int64(2), np.int32(-1)].item() == a[2, -1] and t[np.array(1)].tolist() == a[1].tolist()
+  assert t[np.int64(1):np.int64(3)].tolist() == a[1:3].tolist()
+  for idx, what in (([0, 2], "array of indices"), (np.array([1, 3]), "array of indices"), ((slice(None), [1, 2]), "array of indices"),
+                    (np.array([True, False, True, False]), "boolean mask"), ([True, False, True, False], "boolean mask"),
+                    (t > 3, "boolean mask"), (Tensor([1, 2], device=dev), "array of indices")):
+    with pytest.raises(TypeError, match=f"{what}.*integers, slices, None and \\.\\.\\.") as ei: t[idx]
+    assert "t.numpy()[" in str(ei.value)
+  for bad in (1.0, True, "a"):
+    with pytest.raises(TypeError, match="integers, slices, None and"): t[bad]
+  with pytest.raises(IndexError): t[np.int64(4)]

@@ -393,7 +393,33 @@ class Tensor:
   def __len__(self) -> int:
     if not self.shape: raise TypeError("a 0-d tensor has no len()")
     return self.shape[0]
-  def __repr__(self) -> str: return f"<Tensor {self.shape} {self.dtype.name} on {self.device}{'' if self.node.op == 'buf' else ' (lazy)'}>"
+  def __repr__(self) -> str:
+    """numpy-style: the values (summarised with ... past 1000 elements), then shape, dtype and device.
+    A lazy tensor is computed into a scratch buffer for this, and stays lazy (its graph still fuses)."""
+    facts = f"shape={self.shape}, dtype={self.dtype.name}, device={self.device}"
+    try:
+      import numpy as np
+      values = np.array2string(self._host_values(), separator=", ", prefix="Tensor(", threshold=1000, edgeitems=3)
+    except Exception as e:  # a repr must not raise: debuggers and tracebacks call it
+      return f"<Tensor {facts}, values unavailable: {type(e).__name__}: {e}>"
+    return f"Tensor({values}, {facts}{'' if self.node.op == 'buf' else ', lazy'})"
+
+  def _host_values(self) -> Any:
+    """The values as a numpy array (bfloat16 as float32), without realising this tensor's own node."""
+    from plugrt.dtype import bf16_to_f32
+    n = _realize(self.node, force_copy=True)
+    arr = n.buffer.numpy().reshape(self.shape)
+    return bf16_to_f32(arr) if self.dtype is dtypes.bfloat16 else arr
+
+  def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
+    """The numpy array protocol (np.asarray(t), np.array(t)), with numpy 2's `copy`: the data lives in device
+    memory, so the array is always a copy, and copy=False raises ValueError, as numpy asks. bfloat16 comes back
+    as float32 (numpy has no bfloat16)."""
+    if copy is False:
+      raise ValueError("a Tensor's values cannot become a numpy array without a copy (np.asarray(t, copy=False)); "
+                       "leave copy unset, or share host memory with np.from_dlpack(t)")
+    arr = self.numpy()
+    return arr if dtype is None else arr.astype(dtype, copy=False)
 
   # ---- creation
   @staticmethod
@@ -676,8 +702,9 @@ class Tensor:
     return _wrap(_expand_node(self.node, tuple(shape)))
 
   def __getitem__(self, idx: Any) -> Tensor:
-    """Integers, slices (any step), None and ... ; zero-copy views."""
-    idx = idx if isinstance(idx, tuple) else (idx,)
+    """Integers (Python's or numpy's), slices (any step), None and ... ; zero-copy views. Lists, arrays and
+    tensors as indices (numpy's gather and boolean masks) are a TypeError that says what to use instead."""
+    idx = tuple(_index(i) for i in (idx if isinstance(idx, tuple) else (idx,)))
     if any(i is Ellipsis for i in idx):
       k = idx.index(Ellipsis)
       fill = self.ndim - (len(idx) - 1 - sum(i is None for i in idx))
@@ -687,7 +714,6 @@ class Tensor:
     real += [slice(None)] * (self.ndim - len(real))
     parts, keep = [], []
     for d, (i, size) in enumerate(zip(real, self.shape)):
-      if isinstance(i, Tensor): raise TypeError("indexing with tensors is not supported; use where() or a kernel")
       if isinstance(i, int) and not isinstance(i, bool):
         if not -size <= i < size: raise IndexError(f"index {i} is out of range for dimension {d} of size {size}")
         parts.append((i % size, 1, 1))
@@ -695,7 +721,7 @@ class Tensor:
         start, stop, step = i.indices(size)
         parts.append((start, len(range(start, stop, step)), step))
         keep.append(d)
-      else: raise TypeError(f"cannot index with {type(i).__name__}")
+      else: raise TypeError(f"cannot index a Tensor with {type(i).__name__} {i!r}: {_SUPPORTED_INDICES}")
     sliced_shape = tuple(c for _, c, _ in parts)
     t = _wrap(_movement(self.node, lambda v: v.slice(parts), sliced_shape)) if sliced_shape != self.shape or \
       any(p[0] or p[2] != 1 for p in parts) else self
@@ -709,6 +735,25 @@ class Tensor:
     for d in it:
       if d in keep: shape.append(sliced_shape[d])
     return t.reshape(tuple(shape)) if tuple(shape) != t.shape else t
+
+
+_SUPPORTED_INDICES = "a Tensor takes integers, slices, None and ... as indices (zero-copy views)"
+
+
+def _index(i: Any) -> Any:
+  """One index as __getitem__ takes it: numpy integers become ints; gathers and masks raise a TypeError naming the way."""
+  if i is None or i is Ellipsis or isinstance(i, slice) or (isinstance(i, int) and not isinstance(i, bool)): return i
+  if isinstance(i, (list, tuple, Tensor)) or getattr(i, "ndim", 0) > 0:  # a list, an array or a tensor of indices
+    if getattr(getattr(i, "dtype", None), "kind", "") == "b" or (isinstance(i, (list, tuple)) and i and all(isinstance(x, bool) for x in i)):
+      raise TypeError(f"indexing with a boolean mask ({type(i).__name__}) is not supported: {_SUPPORTED_INDICES}; "
+                      "select on the host with t.numpy()[mask], or keep the shape with mask.where(t, 0)")
+    raise TypeError(f"indexing with an array of indices ({type(i).__name__}, a gather) is not supported: {_SUPPORTED_INDICES}; "
+                    "gather on the host with t.numpy()[index], or take a slice")
+  if not isinstance(i, bool) and hasattr(i, "__index__"):  # np.int64(1), a 0-d integer array
+    import operator
+    try: return operator.index(i)
+    except TypeError: pass
+  raise TypeError(f"cannot index a Tensor with {type(i).__name__} {i!r}: {_SUPPORTED_INDICES}")
 
 
 def _wrap(node: Node) -> Tensor:
