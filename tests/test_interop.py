@@ -102,6 +102,20 @@ def test_dlpack_device_and_dtypes():
   with pytest.raises(TypeError): Tensor.from_dlpack([1, 2])
 
 
+class _TorchLikeDtype:
+  """Looks like a torch dtype to plugrt (its type's module is torch): plugrt must map it without importing torch."""
+  __module__ = "torch"
+  def __init__(self, name: str): self.name = name
+  def __str__(self) -> str: return f"torch.{self.name}"
+
+
+def test_torch_dtypes_are_recognised_without_torch():
+  assert dtypes.as_dtype(_TorchLikeDtype("int32")) is dtypes.int32 and dtypes.from_torch(_TorchLikeDtype("bfloat16")) is dtypes.bfloat16
+  with pytest.raises(TypeError, match=r"torch dtype torch\.complex64 has no plugrt dtype; use one of bool, "):
+    dtypes.from_torch(_TorchLikeDtype("complex64"))
+  with pytest.raises(TypeError, match="is not a torch dtype"): dtypes.from_torch(np.float32)
+
+
 torch = pytest.importorskip("torch")
 
 
@@ -131,3 +145,27 @@ def test_the_seed_example_on_host_memory():
   (t + 1).realize()
   t.assign(t + 1).realize()
   assert x.tolist() == [2.0] * 8 and t.to("CPU").numpy().tolist() == [2.0] * 8
+
+
+def test_torch_dtypes_both_ways(monkeypatch):
+  pairs = {torch.bool: dtypes.bool, torch.int8: dtypes.int8, torch.int16: dtypes.int16, torch.int32: dtypes.int32, torch.int64: dtypes.int64,
+           torch.uint8: dtypes.uint8, torch.uint16: dtypes.uint16, torch.uint32: dtypes.uint32, torch.uint64: dtypes.uint64,
+           torch.float16: dtypes.float16, torch.bfloat16: dtypes.bfloat16, torch.float32: dtypes.float32, torch.float64: dtypes.float64}
+  assert set(pairs.values()) == set(dtypes.all())
+  for tdt, dt in pairs.items():
+    assert dtypes.from_torch(tdt) is dt and dtypes.as_dtype(tdt) is dt and dtypes.to_torch(dt) is tdt and dtypes.to_torch(dt.name) is tdt
+  assert dtypes.as_dtype(torch.half) is dtypes.float16 and dtypes.as_dtype(torch.long) is dtypes.int64
+  assert dtypes.as_dtype(torch.float) is dtypes.float32
+  for tdt in (torch.complex64, torch.float8_e4m3fn, torch.qint8):
+    with pytest.raises(TypeError, match=f"torch dtype {tdt} has no plugrt dtype"): dtypes.from_torch(tdt)
+  monkeypatch.delattr(torch, "uint32")  # a torch before 2.3
+  with pytest.raises(TypeError, match="has no dtype for uint32"): dtypes.to_torch(dtypes.uint32)
+
+
+def test_torch_dtypes_wherever_a_dtype_is_taken():
+  """The seeds' snippet passes dtype=_from_torch_dtype(t.dtype); a torch dtype itself works too."""
+  x = torch.ones(4, dtype=torch.float16)
+  t = Tensor.from_blob(x.data_ptr(), tuple(x.shape), dtype=x.dtype, device="CPU", keepalive=x)
+  assert t.dtype is dtypes.float16
+  assert Tensor([1, 2], dtype=torch.int64).dtype is dtypes.int64 and Tensor([1, 2]).cast(torch.bfloat16).dtype is dtypes.bfloat16
+  assert torch.from_dlpack(Tensor([1, 2], dtype=torch.uint8).realize()).dtype == dtypes.to_torch(dtypes.uint8)

@@ -144,15 +144,35 @@ class dtypes:
     raise TypeError(f"no dtype for Python value {x!r} of type {type(x).__name__}")
 
   @staticmethod
+  def from_torch(torch_dtype: Any) -> DType:
+    """The dtype for a torch dtype (torch.float32 -> dtypes.float32), without importing torch: a torch dtype is
+    recognised by its type's module and named by its str ("torch.float32"). TypeError for ones plugrt lacks."""
+    if type(torch_dtype).__module__ != "torch": raise TypeError(f"{torch_dtype!r} is not a torch dtype")
+    name = str(torch_dtype).removeprefix("torch.")  # torch's aliases print their canonical name: str(torch.half) is torch.float16
+    if (found := _BY_NAME.get(name)) is not None: return found
+    raise TypeError(f"torch dtype {torch_dtype} has no plugrt dtype; use one of {', '.join(d.name for d in _ALL)}")
+
+  @staticmethod
+  def to_torch(dtype: DType | str | Any) -> Any:
+    """The torch dtype for a dtype (imports torch). TypeError where this torch has no such dtype (uint16, uint32 and
+    uint64 came in torch 2.3)."""
+    import torch
+    dt = dtypes.as_dtype(dtype)
+    if isinstance(found := getattr(torch, dt.name, None), torch.dtype): return found
+    raise TypeError(f"torch {torch.__version__} has no dtype for {dt.name}; cast to another dtype first, or use a newer torch")
+
+  @staticmethod
   def as_dtype(x: DType | str | Any) -> DType:
-    """Accept a DType, a name ("float32") or a numpy dtype."""
+    """Accept a DType, a name ("float32"), a numpy dtype or a torch dtype (torch.float32)."""
     if isinstance(x, DType): return x
     if isinstance(x, str): return dtypes.from_name(x)
+    if type(x).__module__ == "torch": return dtypes.from_torch(x)
     return dtypes.from_numpy(x)
 
 
 _ALL: tuple[DType, ...] = (dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16,
                            dtypes.uint32, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+_BY_NAME: dict[str, DType] = {d.name: d for d in _ALL}  # canonical names only (not "half", "long": torch's mean other things)
 
 
 def iter_dtypes() -> Iterator[DType]: return iter(_ALL)
