@@ -324,6 +324,8 @@ _GROUP, _MAX_GROUPS = 256, 65535
 #: elements per thread and step of an elementwise kernel (H200, x*2+y over 2^28 floats, as a share of a device copy:
 #: 0.81 with one, 0.96 with four and a single pass; bench/gpu_cuda.py's tensor_u* rows)
 _UNROLL = 4
+#: a repr prints every element up to _PRINT_THRESHOLD of them, past it _PRINT_EDGE at each end of each long axis (numpy's defaults)
+_PRINT_THRESHOLD, _PRINT_EDGE = 1000, 3
 #: counters for tests and tuning: kernels_run counts fused/reduce kernels launched by tensors
 stats = {"kernels_run": 0}
 
@@ -394,22 +396,35 @@ class Tensor:
     if not self.shape: raise TypeError("a 0-d tensor has no len()")
     return self.shape[0]
   def __repr__(self) -> str:
-    """numpy-style: the values (summarised with ... past 1000 elements), then shape, dtype and device.
-    A lazy tensor is computed into a scratch buffer for this, and stays lazy (its graph still fuses)."""
+    """numpy-style: the values (past 1000 elements, 3 at each end of each long axis and ...), then shape, dtype and
+    device. Only the printed elements are computed and copied, into scratch buffers: a lazy tensor stays lazy."""
     facts = f"shape={self.shape}, dtype={self.dtype.name}, device={self.device}"
     try:
       import numpy as np
-      values = np.array2string(self._host_values(), separator=", ", prefix="Tensor(", threshold=1000, edgeitems=3)
+      whole = self.numel() <= _PRINT_THRESHOLD
+      values = np.array2string(self._host_values((), whole), separator=", ", prefix="Tensor(", edgeitems=_PRINT_EDGE,
+                               threshold=_PRINT_THRESHOLD if whole else 0)
     except Exception as e:  # a repr must not raise: debuggers and tracebacks call it
       return f"<Tensor {facts}, values unavailable: {type(e).__name__}: {e}>"
     return f"Tensor({values}, {facts}{'' if self.node.op == 'buf' else ', lazy'})"
 
-  def _host_values(self) -> Any:
-    """The values as a numpy array (bfloat16 as float32), without realising this tensor's own node."""
+  def _host_values(self, lead: tuple[slice, ...] = (), whole: bool = True) -> Any:
+    """The values (bfloat16 as float32) of self[lead], without realising this tensor's own node. Unless `whole`,
+    an axis longer than 2 * _PRINT_EDGE keeps its ends with one filler element between them, which array2string
+    (threshold 0) prints as "...": a huge tensor is printed without computing or copying it all."""
+    import numpy as np
+
     from plugrt.dtype import bf16_to_f32
-    n = _realize(self.node, force_copy=True)
-    arr = n.buffer.numpy().reshape(self.shape)
-    return bf16_to_f32(arr) if self.dtype is dtypes.bfloat16 else arr
+    k = len(lead)
+    if k == self.ndim or whole:
+      view = self[lead] if lead else self
+      arr = _realize(view.node, force_copy=True).buffer.numpy().reshape(view.shape)
+      return bf16_to_f32(arr) if self.dtype is dtypes.bfloat16 else arr
+    size = self.shape[k]
+    if size <= 2 * _PRINT_EDGE: return self._host_values(lead + (slice(None),), False)
+    low = self._host_values(lead + (slice(0, _PRINT_EDGE),), False)
+    high = self._host_values(lead + (slice(size - _PRINT_EDGE, size),), False)
+    return np.concatenate([low, np.zeros_like(low.take([0], axis=k)), high], axis=k)
 
   def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
     """The numpy array protocol (np.asarray(t), np.array(t)), with numpy 2's `copy`: the data lives in device
