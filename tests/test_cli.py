@@ -135,3 +135,17 @@ def test_progress_goes_to_a_terminal_stderr_only(monkeypatch, capsys):
   assert lines[0] == f"bench: PYTHON:PY (1/{len(out)})" and len(lines) == len(out)
   assert cli.main(["bench", "--device", "PYTHON"]) == 0
   assert capsys.readouterr().out.splitlines()[1].split() == ["PYTHON:PY", "1.00", "-", "1.000", "-", "1.00"]
+
+
+def test_a_failing_bench_keeps_stdout_json_and_exits_1(monkeypatch, capsys):
+  from plugrt import cli
+  from plugrt.errors import CompileError
+
+  def bench(name, compiler, quick):
+    if name == "CPU": raise CompileError("the compiler crashed")
+    return {"launch_us": 1.0, "compile_ms": 1.0, "cache_hit_ms": 1.0, "copyin_gbs": 1.0, "copyout_gbs": 1.0}
+  monkeypatch.setattr(cli, "bench_target", bench)
+  assert cli.main(["bench", "--json", "--device", "PYTHON", "--device", "CPU"]) == 1
+  out, err = capsys.readouterr()
+  assert list(json.loads(out, parse_constant=_refuse)) == ["PYTHON:PY"]
+  assert "plugrt: bench of CPU:CLANG failed: the compiler crashed" in err

@@ -9,8 +9,8 @@
 
 `--device NAME` (doctor, bench) opens NAME as `Device[NAME]` does: an unknown or unavailable
 device fails with that same error. An environment error (CPU=1 with CL=1, DEV=CUDDA) concerns
-every device: it is reported once, and every command exits 2. Failures of plugrt exit 2, a
-wrong kernel result in doctor 1. Progress (a line per device and compiler) goes to stderr,
+every device: it is reported once, and every command exits 2. A device that fails its kernels
+(doctor) or its measurements (bench) exits 1. Progress (a line per device and compiler) goes to stderr,
 and only when stderr is a terminal: stdout stays the result alone (`bench --json > out.json`),
 and logs of scripts stay clean.
 """
