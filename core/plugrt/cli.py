@@ -139,12 +139,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
   from plugrt.device import Buffer, Device
   from plugrt.testing.kernels import reduce_case, run_case, saxpy_kernel
+  # a named device that cannot be used raises its typed error (exit 2) before the table, not under it
+  named = _targets(args.device) if args.device else None
   env_status = cmd_devices(argparse.Namespace(json=False))  # prints an environment error, once
   try: _registry().selection  # noqa: B018
   except PlugrtError:
     print("\nno kernels run: the environment error above stops every device from opening")
     return 2
-  targets = _targets(args.device)  # a named device that cannot be used raises its typed error (exit 2)
+  targets = named if named is not None else _targets()
   print("\nrunning kernels:")
   failures = 0
   n = 1 << 20
