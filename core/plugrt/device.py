@@ -116,6 +116,7 @@ class RuntimeDevice:
     return self._graph_factory(self, list(launches))
 
   def synchronize(self) -> None:
+    """Wait for everything queued on this device; then memory it wrapped (from_blob) shows every write to its owner."""
     if self.info.state is not None: self.info.state.synchronize()
 
   def close(self) -> None:
@@ -225,6 +226,13 @@ class Buffer:
     """Copy host data in: bytes, a memoryview or a numpy array of exactly this buffer's size and dtype."""
     mv = _byte_view(src, self.dtype, self.nbytes, f"copyin to {self!r}")
     if self.nbytes: self.device.allocator._copyin(self.handle, mv)
+    return self._written()
+
+  def _written(self) -> Buffer:
+    """Called after plugrt queued a write into this buffer. Wrapped memory (from_blob, DLPack) shows the write to its
+    owner when the call that made it returns: the device synchronises, which brings wrapped memory current
+    (DeviceState.synchronize's contract; OpenCL maps it). Memory plugrt owns needs nothing: its reads are queued after."""
+    if self._external: self.device.synchronize()
     return self
 
   def copyout(self, dest: Any) -> Any:
@@ -258,7 +266,7 @@ class Buffer:
       if self.nbytes:
         a.allocator._copyout(memoryview(host), self.handle)
         b.allocator._copyin(dest.handle, memoryview(host))
-    return dest
+    return dest._written()
 
   def to(self, device: str | RuntimeDevice) -> Buffer:
     """A copy of this buffer on `device`."""

@@ -24,7 +24,8 @@ H = TypeVar("H")  # a backend's memory handle
 
 
 class DeviceState:
-  """What a device's objects share. Backends with queues override synchronize()."""
+  """What a device's objects share. Backends with queues override synchronize(): when it returns, every write
+  queued before it is done, and memory the allocator wrapped (_wrap, for from_blob) shows it to the memory's owner."""
   def synchronize(self) -> None: pass
   def close(self) -> None: pass
 

@@ -513,6 +513,7 @@ class Tensor:
     if any(s == 0 and d > 1 for s, d in zip(self.node.view.strides, self.shape)):
       raise ValueError("cannot assign into an expanded (broadcast) view: its elements share memory")
     _realize(node if node.op != "buf" else Node("ew", node.dtype, node.shape, node.device, (node,), "cast"), into=self.node)
+    self.node.buffer._written()  # from_blob memory: its owner sees the result when assign returns
     return self
 
   def contiguous(self) -> Tensor:

@@ -125,29 +125,47 @@ class ConformanceSuite:
     Buffer(dev, 16, dtypes.uint8)  # the device still works
 
   def test_from_blob(self, dev: RuntimeDevice, compiler: str) -> None:
-    """External memory is wrapped for real (a write through one side shows through the other) or refused; never copied."""
-    host = np.arange(8, dtype=np.float32)
+    """External memory is wrapped for real (a write through one side shows through the other) or refused; never
+    copied. Its owner sees a write plugrt makes into it when the call that makes it returns (Tensor.assign,
+    Buffer.copyin, Buffer.copy_to), and a kernel's write once dev.synchronize() returns (docs/authoring.md)."""
+    from plugrt.tensor import Tensor
+    n = 1 << 16  # enough work that a write still queued when the call returns is caught
+    host = np.zeros(n, np.float32)
     if not dev.allocator.supports_wrap:
-      with pytest.raises(UnsupportedError): Buffer.from_blob(host.ctypes.data, 8, dtypes.float32, dev)
+      with pytest.raises(UnsupportedError): Buffer.from_blob(host.ctypes.data, n, dtypes.float32, dev)
       return
-    with pytest.raises(TypeError): Buffer.from_blob(0, 8, dtypes.float32, dev)
-    src = Buffer(dev, 1, dtypes.float32).copyin(np.array([41], np.float32))
-    try: ext = Buffer.from_blob(host.ctypes.data, 8, dtypes.float32, dev, keepalive=host)
+    with pytest.raises(TypeError): Buffer.from_blob(0, n, dtypes.float32, dev)
+    try:
+      ptr, keep = host.ctypes.data, host
+      ext = Buffer.from_blob(ptr, n, dtypes.float32, dev, keepalive=keep)
+      def owner_reads() -> np.ndarray: return host
+      def owner_writes(i: int, v: float) -> None: host[i] = v
     except UnsupportedError:  # host memory this device cannot address (a GPU): wrap another library's device memory instead
       if dev.allocator.dlpack_device() is None: raise
-      owner = Buffer(dev, 8, dtypes.float32).copyin(host)
-      ext = Buffer.from_blob(dev.allocator._pointer(owner.handle), 8, dtypes.float32, dev, keepalive=owner)
-      dev.program(K.tiny_kernel(), compiler)(ext, src, wait=True)
-      assert owner.numpy()[0] == 42.0, "from_blob must wrap the memory itself, not a copy"
-      return
-    dev.program(K.tiny_kernel(), compiler)(ext, src, wait=True)
+      owner = Buffer(dev, n, dtypes.float32).copyin(host)
+      ptr, keep = dev.allocator._pointer(owner.handle), owner
+      ext = Buffer.from_blob(ptr, n, dtypes.float32, dev, keepalive=keep)
+      def owner_reads() -> np.ndarray: return owner.numpy()
+      def owner_writes(i: int, v: float) -> None: owner.view(1, offset=4 * i).copyin(np.array([v], np.float32))
+    owner_writes(1, 7.0)
+    assert (got := ext.numpy()[1]) == 7.0, f"from_blob must wrap the memory itself, not a copy: its owner wrote 7 and the buffer reads {got}"
+    ext.copyin(np.full(n, 3, np.float32))
+    assert (got := owner_reads()[n - 1]) == 3.0, f"Buffer.copyin into from_blob memory returned before its owner saw the data (it reads {got})"
+    dev.program(K.tiny_kernel(), compiler)(ext, Buffer(dev, 1, dtypes.float32).copyin(np.array([41], np.float32)))  # ext[0] = 42
     dev.synchronize()
-    assert host[0] == 42.0, "from_blob must wrap the memory itself, not a copy"
-    host[1] = 7
-    assert ext.numpy()[1] == 7
-    del ext
+    assert (got := owner_reads()[0]) == 42.0, f"a kernel wrote 42 into from_blob memory, and after {dev}.synchronize() its owner " \
+      f"reads {got}: DeviceState.synchronize() must bring wrapped memory up to date for its owner (docs/authoring.md, _wrap)"
+    t = Tensor.from_blob(ptr, n, dtypes.float32, dev, keepalive=keep)
+    for k in range(1, 6):  # a stale read is a race: several tries
+      t.assign(k)
+      got = owner_reads()
+      assert got[n - 1] == k and (got == k).all(), f"Tensor.assign returned before its write reached the from_blob memory's " \
+        f"owner: it reads {got[n - 1]} at index {n - 1}, not {k}; the owner must see the result when assign returns"
+    Buffer(dev, n, dtypes.float32).copyin(np.full(n, 9, np.float32)).copy_to(ext)
+    assert (got := owner_reads()[n - 1]) == 9.0, f"Buffer.copy_to into from_blob memory returned before its owner saw the data (it reads {got})"
+    del ext, t
     gc.collect()
-    assert host[1] == 7  # the wrapped memory was not freed by plugrt
+    assert (owner_reads() == 9).all()  # the wrapped memory was not freed by plugrt
 
   # ------------------------------------------------------------ kernels against the interpreter
   @pytest.mark.parametrize("dt", ALL, ids=lambda d: d.name)

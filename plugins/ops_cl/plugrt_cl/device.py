@@ -9,6 +9,7 @@ offset work on every platform (sub-buffers must start at CL_DEVICE_MEM_BASE_ADDR
 from __future__ import annotations
 
 import ctypes
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,8 +62,16 @@ class CLState(DeviceState):
   max_items: tuple[int, ...]      # CL_DEVICE_MAX_WORK_ITEM_SIZES
   max_alloc: int                  # CL_DEVICE_MAX_MEM_ALLOC_SIZE
   fresh: dict[bytes, Any] = field(default_factory=dict)  # binary -> its program as just built (so loading it builds nothing again)
+  wrapped: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # live CLMems of from_blob memory (CLAllocator._wrap)
 
-  def synchronize(self) -> None: self.queue.finish()
+  def synchronize(self) -> None:
+    self.queue.finish()
+    # CL_MEM_USE_HOST_PTR memory is only defined on the host while it is mapped (a driver may cache it on the device):
+    # a map brings the owner's memory up to date with every write queued before, and the unmap gives it back
+    for mem in list(self.wrapped):
+      host, _ = cl.enqueue_map_buffer(self.queue, mem.buf, cl.map_flags.READ, 0, (mem.buf.size,), "uint8", is_blocking=True)
+      host.base.release(self.queue)
+    if self.wrapped: self.queue.finish()
 
   def close(self) -> None:
     self.queue.finish()
@@ -106,7 +115,7 @@ def state_of(info: DeviceInfo) -> CLState:
 
 class CLMem:
   """A buffer handle: the allocation and a byte offset into it."""
-  __slots__ = ("buf", "host", "offset")
+  __slots__ = ("__weakref__", "buf", "host", "offset")
 
   def __init__(self, buf: Any, offset: int = 0, host: Any = None):
     self.buf, self.offset, self.host = buf, offset, host  # host: the wrapped memory's owner view (from_blob), kept alive
@@ -161,4 +170,6 @@ class CLAllocator(Allocator[CLMem]):
     try: buf = cl.Buffer(self.state.context, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, hostbuf=host)
     except cl.Error as e:
       raise MemoryError(f"{self.state.label} cannot wrap {size_str(nbytes)} at {ptr:#x}: {e}") from None
-    return CLMem(buf, 0, host)
+    mem = CLMem(buf, 0, host)
+    self.state.wrapped.add(mem)  # synchronize() maps it, so that its owner sees what kernels wrote
+    return mem

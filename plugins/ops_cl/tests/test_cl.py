@@ -323,6 +323,31 @@ def test_from_blob_is_the_memory_itself(dev):
   assert host[0] == 101.0
 
 
+def test_synchronize_maps_wrapped_memory_for_its_owner(dev, monkeypatch):
+  """CL_MEM_USE_HOST_PTR memory is defined on the host only while mapped: synchronize() maps each live wrapped buffer
+  (the owner sees what kernels wrote, on drivers that keep a device copy too), and forgets it once it is freed."""
+  if not dev.allocator.supports_wrap: pytest.skip("this device does not compute on host memory")
+  import gc
+
+  import plugrt_cl.device as D
+  mapped = []
+  real_map = D.cl.enqueue_map_buffer
+  monkeypatch.setattr(D.cl, "enqueue_map_buffer", lambda queue, buf, *a, **k: (mapped.append(buf.int_ptr), real_map(queue, buf, *a, **k))[1])
+  host = np.zeros(16, np.float32)
+  ext = Buffer.from_blob(host.ctypes.data, 16, dtypes.float32, dev, keepalive=host)
+  address = ext.handle.buf.int_ptr
+  prg, src = dev.program(tiny_kernel()), Buffer(dev, 1, dtypes.float32).copyin(np.array([41], np.float32))
+  prg(ext, src)
+  dev.synchronize()
+  assert address in mapped and host[0] == 42.0
+  prg(Buffer(dev, 1, dtypes.float32), src)  # the program lets go of the buffers of its last launch
+  del ext
+  gc.collect()
+  mapped.clear()
+  dev.synchronize()
+  assert address not in mapped and not dev.info.state.wrapped
+
+
 def test_two_devices_and_transfers():
   """CL:1 and device-to-device copies, on PoCL with two devices (POCL_DEVICES must be set before PoCL loads)."""
   r = run_py("""
