@@ -169,3 +169,36 @@ def test_torch_dtypes_wherever_a_dtype_is_taken():
   assert t.dtype is dtypes.float16
   assert Tensor([1, 2], dtype=torch.int64).dtype is dtypes.int64 and Tensor([1, 2]).cast(torch.bfloat16).dtype is dtypes.bfloat16
   assert torch.from_dlpack(Tensor([1, 2], dtype=torch.uint8).realize()).dtype == dtypes.to_torch(dtypes.uint8)
+
+
+def test_dropping_a_from_blob_buffer_waits_for_the_work_queued_on_it():
+  """An external buffer lets go of its owner (keepalive) only after the device has finished the work queued on it: a
+  kernel still reading a dropped from_blob array must not read freed memory. 64 MiB arrays are unmapped by free, so a
+  read after it would fault or read garbage; run in a fresh process on every device that wraps memory."""
+  import subprocess
+  import sys
+  code = """
+import gc, numpy as np
+from plugrt import Buffer, Device, KernelBuilder, dtypes
+dev = Device[DEVICE]
+if not dev.allocator.supports_wrap: raise SystemExit(0)
+b = KernelBuilder("copy"); out, x = b.buffer("out", dtypes.float32), b.buffer("x", dtypes.float32)
+i = b.global_id(0); out[i] = x[i] * 2.0
+prg = dev.program(b.finish())
+n = 1 << 24
+for round in range(3):
+  host = np.arange(n, dtype=np.float32)
+  ext = Buffer.from_blob(host.ctypes.data, n, dtypes.float32, dev, keepalive=host)
+  res = Buffer(dev, n, dtypes.float32)
+  prg(res, ext, global_size=(n // 256,), local_size=(256,))
+  prg(Buffer(dev, 1, dtypes.float32), Buffer(dev, 1, dtypes.float32))  # the program lets go of ext
+  del host, ext
+  gc.collect()
+  got = res.numpy()
+  assert (got == np.arange(n, dtype=np.float32) * 2).all(), (round, np.flatnonzero(got != np.arange(n, dtype=np.float32) * 2)[:5])
+print("ok")
+"""
+  from plugrt import Device
+  for name in Device.available():
+    r = subprocess.run([sys.executable, "-c", f"DEVICE = {name!r}\n" + code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{name}: exit {r.returncode}\n{r.stdout}\n{r.stderr[-2000:]}"

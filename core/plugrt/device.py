@@ -204,7 +204,10 @@ class Buffer:
 
   def __del__(self) -> None:
     try:
-      if self.base is None and not self._external and self.handle is not None: self.device.allocator.free(self.handle, self.nbytes)
+      if self.base is None and self.handle is not None:
+        if not self._external: self.device.allocator.free(self.handle, self.nbytes)
+        # a kernel queued on wrapped memory may still read it: its owner (keepalive) goes only once the device is done
+        elif self._keepalive is not None: self.device.synchronize()
     except Exception: pass  # interpreter shutdown
     self.handle = None
 
