@@ -17,14 +17,16 @@ and logs of scripts stay clean.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import statistics
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
-from plugrt.errors import PlugrtError
+from plugrt.errors import PlugrtError, Reason
 
 
 def _registry() -> Any:
@@ -57,7 +59,7 @@ def device_rows() -> tuple[list[dict[str, Any]], str | None, str | None]:
     reason = probe.reason.value if probe.reason else None
     detail, hint = probe.detail, probe.hint
     if probe.ok and br.open_error is not None:
-      reason, detail, hint = "open failed", br.open_error.message, br.open_error.hint
+      reason, detail, hint = getattr(br.open_error, "reason", Reason.OPEN_FAILED).value, br.open_error.message, br.open_error.hint
     rows.append({"device": br.name, "package": br.package, "version": br.version, "available": probe.ok and br.open_error is None,
                  "count": probe.count, "default": br.name == (default or "").split(":")[0], "priority": br.priority,
                  "compilers": compilers, "interfaces": interfaces, "reason": reason, "detail": detail, "hint": hint,
@@ -78,12 +80,33 @@ def _progress(message: str) -> None:
   if sys.stderr.isatty(): print(message, file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def _stdout_only_for_us() -> Iterator[Any]:
+  """While plugins run, whatever prints to stdout goes to stderr: Python's print, and where stdout is the process's
+  file descriptor 1 also C code (a driver's printf). Yields the stream the caller's own output goes to."""
+  real = sys.stdout
+  try: whole_fd = real.fileno() == 1
+  except (AttributeError, OSError, ValueError): whole_fd = False  # a captured or replaced stdout: Python level only
+  real.flush()
+  saved = os.dup(1) if whole_fd else -1
+  if whole_fd: os.dup2(2, 1)
+  sys.stdout = sys.stderr
+  try: yield real
+  finally:
+    sys.stdout = real
+    if whole_fd:
+      sys.stderr.flush()
+      os.dup2(saved, 1)
+      os.close(saved)
+
+
 def cmd_devices(args: argparse.Namespace) -> int:
   """The table; exits 2 when the environment leaves no usable default device (the table still lists everything)."""
-  rows, default, env_error = device_rows()
-  if args.json:
-    print(json.dumps({"default": default, "environment_error": env_error, "backends": rows}, indent=2))
+  if args.json:  # strict JSON on stdout, whatever a plugin prints while it is imported or probed
+    with _stdout_only_for_us() as out: rows, default, env_error = device_rows()
+    print(json.dumps({"default": default, "environment_error": env_error, "backends": rows}, indent=2), file=out)
     return 2 if env_error else 0
+  rows, default, env_error = device_rows()
   table = [("DEVICE", "PACKAGE", "VERSION", "STATUS", "DEFAULT", "COMPILERS", "INTERFACES")]
   for r in rows:
     status = (f"ready ({r['count']})" if r["count"] != 1 else "ready") if r["available"] else r["reason"] or "unavailable"

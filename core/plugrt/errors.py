@@ -21,6 +21,8 @@ class Reason(enum.Enum):
   NO_DEVICE = "no device"
   MISSING_TOOLCHAIN = "missing toolchain"
   OPEN_FAILED = "open failed"
+  TIMED_OUT = "timed out"         # a plugin's import, probe or open ran past its time limit (PLUGRT_PROBE_TIMEOUT, PLUGRT_OPEN_TIMEOUT)
+  BAD_NAME = "invalid name"       # a plugin declared a device, compiler, interface or alias name the grammar cannot hold
 
 
 class PlugrtError(Exception):

@@ -22,9 +22,10 @@ A backend's life, and when each hook runs:
    registry lookup and no pluggy call sits between a user and a kernel launch.
 
 A hook that raises, a module that fails to import, a declaration with another major
-API version, or a backend name that two distributions declare, makes that backend
-unavailable with a typed reason (plugrt.errors.Reason); other backends and
-``import plugrt`` are never affected. ``plugrt devices`` shows every reason.
+API version, a name the DEV grammar cannot hold, a backend name that two distributions
+declare, or an import, probe or open that overruns its time limit (PLUGRT_PROBE_TIMEOUT,
+PLUGRT_OPEN_TIMEOUT), makes that backend unavailable with a typed reason
+(plugrt.errors.Reason); other backends and ``import plugrt`` are never affected. ``plugrt devices`` shows every reason.
 
 The objects the hooks build derive from the base classes in plugrt.runtime
 (Allocator, Compiler, Program, DeviceState); docs/authoring.md walks through a new

@@ -7,6 +7,9 @@ register it with pluggy (which checks every hookimpl against the specs), and cal
 its declaration hooks. Every failure is caught and kept as a typed Reason on that
 plugin's backends. Hooks are called per plugin (a plugin's own impl only), so one
 broken plugin never sees, or breaks, another's calls.
+
+Plugin code that may hang (imports, declaration hooks, probes, opens) runs on a worker
+thread under a time limit (PLUGRT_PROBE_TIMEOUT, PLUGRT_OPEN_TIMEOUT); see _Runner.
 """
 from __future__ import annotations
 
@@ -14,7 +17,9 @@ import contextlib
 import fnmatch
 import importlib
 import os
-from _thread import RLock, allocate_lock  # threading's locks, without importing threading (~1 ms of discovery)
+import re
+import sys
+from _thread import TIMEOUT_MAX, RLock, allocate_lock, get_ident, start_new_thread  # threading's, without importing threading (~1 ms)
 from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
@@ -23,7 +28,7 @@ import pluggy
 
 from plugrt import hookspecs
 from plugrt._entrypoints import entry_points
-from plugrt.errors import DeviceUnavailable, EnvError, PlugrtError, Reason, UnknownDeviceError, did_you_mean
+from plugrt.errors import DeviceUnavailable, EnvError, PluginError, PlugrtError, Reason, UnknownDeviceError, did_you_mean
 from plugrt.hookspecs import PLUGIN_API_VERSION, BackendSpec, DeviceInfo, InterfaceSpec, Probe
 from plugrt.selection import BackendFacts, Selection, Target, parse_target, select
 
@@ -49,7 +54,19 @@ DEFAULT_HINTS = {
   Reason.INCOMPATIBLE_API: "install versions of plugrt and {package} made for each other",
   Reason.NAME_CONFLICT: "uninstall one of them, or disable one with PLUGRT_DISABLE=<entry point>",
   Reason.DISABLED: "unset {variable}, or change it",
+  Reason.BAD_NAME: "report this to {package}'s authors, or disable it with PLUGRT_DISABLE={entry}",
+  Reason.TIMED_OUT: "{package} ({entry}) may be waiting on a driver or a lock: raise {variable} (seconds; 0: no limit) "
+                    "if it is only slow, or disable it with PLUGRT_DISABLE={entry}",
 }
+
+#: Time limits on plugin code, in seconds (0: none): imports, declaration hooks and probes; opens (a GPU context can take a while).
+PROBE_TIMEOUT, OPEN_TIMEOUT = "PLUGRT_PROBE_TIMEOUT", "PLUGRT_OPEN_TIMEOUT"
+DEFAULT_TIMEOUTS = {PROBE_TIMEOUT: 10.0, OPEN_TIMEOUT: 60.0}
+
+#: Device, compiler, interface and alias names: environment variable names (CPU=1, CPU_LLVM=1, NV_IFACE=NVK) and parts of
+#: DEV=[IFACE+]DEVICE[:COMPILER[:ARCH]], which upper-cases what it reads; ':' ';' '+' or a space would split them apart.
+_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+NAME_RULE = "a name is an upper-case letter, then upper-case letters, digits or _ (e.g. CPU, CUDA_PTX)"
 
 
 class PluginRecord:
@@ -66,6 +83,7 @@ class PluginRecord:
     self.backends: list[BackendSpec] = []
     self.interfaces: list[InterfaceSpec] = []
     self.declared: list[str] = []  # backend names it declared, kept when it is refused after declaring
+    self.stalled: Probe | None = None  # set when its code overran a time limit: none of it runs again in this process
 
   def __repr__(self) -> str: return f"<PluginRecord {self.entry} ({self.module_name}){f' {self.reason.value}' if self.reason else ''}>"
 
@@ -107,6 +125,17 @@ def _env_bool(env: dict[str, str], name: str, default: bool) -> bool:
   raise EnvError(f"{name}={v!r} is not 0 or 1", f"set {name}=0 or {name}=1, or unset it")
 
 
+def _env_seconds(env: dict[str, str], name: str) -> float:
+  v, default = env.get(name, "").strip(), DEFAULT_TIMEOUTS[name]
+  if v == "": return default
+  try: seconds = float(v)
+  except ValueError: seconds = -1.0
+  if not 0 <= seconds < float("inf"):  # NaN fails this too
+    raise EnvError(f"{name}={v!r} is not a number of seconds",
+                   f"set {name} to a time limit in seconds (default {default:g}; 0: no limit), or unset it")
+  return seconds
+
+
 def _names(value: str) -> list[str]: return [p.strip() for p in value.split(",") if p.strip()]
 
 
@@ -137,11 +166,13 @@ class Registry:
     self._selection: Selection | None = None
     self._devices: dict[str, Any] = {}
     self._default: str | None = None
+    self._probe_limit, self._open_limit = DEFAULT_TIMEOUTS[PROBE_TIMEOUT], DEFAULT_TIMEOUTS[OPEN_TIMEOUT]
     self.pm = pluggy.PluginManager(hookspecs.PROJECT)
     self.pm.add_hookspecs(hookspecs)
 
   # ------------------------------------------------------------ discovery
   def load(self) -> Registry:
+    _refuse_reentry()  # before the lock: the thread that holds it may be waiting on this plugin
     with self._lock:
       if not self._loaded:
         self._discover()
@@ -150,6 +181,7 @@ class Registry:
 
   def _discover(self) -> None:
     env = self.env
+    self._probe_limit, self._open_limit = _env_seconds(env, PROBE_TIMEOUT), _env_seconds(env, OPEN_TIMEOUT)
     autoload = self._autoload if self._autoload is not None else _env_bool(env, "PLUGRT_AUTOLOAD", True)
     records: list[PluginRecord] = []
     if autoload:
@@ -181,33 +213,49 @@ class Registry:
     return True
 
   def _load_plugin(self, rec: PluginRecord) -> None:
+    given, stage = rec.module, ["importing"]
+
+    def discover() -> tuple[ModuleType, ModuleType, Any]:  # on the worker; one hand-over per plugin (~50 us each)
+      module = given if given is not None else importlib.import_module(rec.module_name)
+      stage[0] = "declaring its backends"
+      hooks = _hook_functions(module)
+      try: declared: Any = _declarations(hooks)
+      except (Exception, SystemExit) as e: declared = e  # reported after pluggy has checked the hooks, as before
+      return module, hooks, declared
     try:
-      if rec.module is None: rec.module = importlib.import_module(rec.module_name)
+      rec.module, rec.hooks, declared = self._run(rec, "being discovered", discover, limit=self._probe_limit)
+    except _Overran as e:
+      rec.fail(Reason.TIMED_OUT, f"module {rec.module_name} {e} ({stage[0]})", variable=PROBE_TIMEOUT)
+      return
     except (Exception, SystemExit) as e:  # a plugin must never take plugrt down with it
       missing = isinstance(e, ModuleNotFoundError) and e.name and (rec.module_name == e.name or rec.module_name.startswith(e.name + "."))
       kind = "is not installed" if missing else "failed to import"
-      rec.fail(Reason.IMPORT_ERROR, f"module {rec.module_name} {kind}: {_short_error(e)}")
+      rec.fail(Reason.IMPORT_ERROR, f"module {rec.module_name} {kind}: {_short_error(e)}", e.hint if isinstance(e, PlugrtError) else "")
       return
     name = f"{rec.source}:{rec.module_name}"
     try:
-      rec.hooks = _hook_functions(rec.module)
       self.pm.register(rec.hooks, name=name)
     except Exception as e:
       if self.pm.has_plugin(name): self.pm.unregister(name=name)  # pluggy keeps the hookimpls it added before the bad one
       rec.fail(Reason.HOOK_ERROR, f"hook validation failed: {e}")
       return
     try:
-      backends = self._call(rec, "plugrt_backends") or []
-      interfaces = self._call(rec, "plugrt_interfaces") or []
+      if isinstance(declared, BaseException): raise declared
+      backends, interfaces = declared
       for b in backends:
         if not isinstance(b, BackendSpec): raise TypeError(f"plugrt_backends returned {type(b).__name__}, not BackendSpec")
       for i in interfaces:
         if not isinstance(i, InterfaceSpec): raise TypeError(f"plugrt_interfaces returned {type(i).__name__}, not InterfaceSpec")
     except (Exception, SystemExit) as e:
       self.pm.unregister(rec.hooks)
-      rec.fail(Reason.HOOK_ERROR, f"declaration hook raised {_short_error(e)}")
+      rec.fail(Reason.HOOK_ERROR, f"declaration hook raised {_short_error(e)}", e.hint if isinstance(e, PlugrtError) else "")
       return
-    rec.declared = [b.name for b in backends]
+    # a bad name never becomes a device (it would split apart in DEV=...): the plugin is explained under its entry point's name
+    rec.declared = [b.name for b in backends if _valid_name(b.name) and b.name != "DEV"]
+    if (bad := _bad_names(backends, interfaces)):
+      self.pm.unregister(rec.hooks)
+      rec.fail(Reason.BAD_NAME, f"declares {'; '.join(bad)}: {NAME_RULE}")
+      return
     for b in backends:
       if (problem := _api_problem(b.api_version)):
         self.pm.unregister(rec.hooks)
@@ -281,27 +329,49 @@ class Registry:
       self._selection = select(self.env, facts)
     return self._selection
 
-  def _probe(self, key: Any, fn: Any) -> Probe:
+  def _probe(self, key: Any, fn: Any, rec: PluginRecord | None) -> Probe:
+    if rec is not None and rec.stalled is not None: return rec.stalled
     if key not in self._probes:
+      what = " ".join(key[:1] + key[2:]) if key[0] != "backend" else "its probe"  # "compiler LLVM", "iface NVK"
       try:
-        p = fn() if fn is not None else Probe.found()
+        p = self._run(rec, f"running {what}", fn, limit=self._probe_limit) if fn is not None else Probe.found()
         if not isinstance(p, Probe): raise TypeError(f"probe returned {type(p).__name__}, not Probe")
+      except _Overran as e:
+        return self._stall(rec, f"{what} of {key[1]} {e}", PROBE_TIMEOUT)
       except (Exception, SystemExit) as e:
         p = Probe.missing(Reason.HOOK_ERROR, f"probe raised {_short_error(e)}", "report this to the plugin's authors")
       self._probes[key] = p
     return self._probes[key]
 
+  def _stall(self, rec: PluginRecord | None, detail: str, variable: str) -> Probe:
+    """After plugin code overran its limit, the plugin is unavailable for this process: its worker may still hold its locks."""
+    if rec is None: return Probe.missing(Reason.TIMED_OUT, detail)
+    hint = DEFAULT_HINTS[Reason.TIMED_OUT].format(package=rec.package, entry=rec.entry, variable=variable)
+    rec.stalled = Probe.missing(Reason.TIMED_OUT, detail, hint)
+    return rec.stalled
+
   def probe(self, name: str) -> Probe:
     """The backend's own probe, or a failed Probe carrying its discovery reason."""
     br = self.backend(name)
     if br.reason is not None or br.spec is None: return Probe.missing(br.reason or Reason.NOT_INSTALLED, br.detail, br.hint)
-    return self._probe(("backend", name), br.spec.probe)
+    return self._probe(("backend", name), br.spec.probe, br.plugin)
 
   def compiler_probe(self, name: str, compiler: str) -> Probe:
-    spec = next(c for c in self.backend(name).spec.compilers if c.name == compiler)  # type: ignore[union-attr]
-    return self._probe(("compiler", name, compiler), spec.probe)
+    br = self.backend(name)
+    spec = next(c for c in br.spec.compilers if c.name == compiler)  # type: ignore[union-attr]
+    return self._probe(("compiler", name, compiler), spec.probe, br.plugin)
 
-  def interface_probe(self, spec: InterfaceSpec) -> Probe: return self._probe(("iface", spec.device, spec.name), spec.probe)
+  def interface_probe(self, spec: InterfaceSpec) -> Probe:
+    rec = next((r for i, r in self.interfaces.get(spec.device, ()) if i is spec), None)
+    return self._probe(("iface", spec.device, spec.name), spec.probe, rec)
+
+  def _run(self, rec: PluginRecord | None, doing: str, fn: Any, *args: Any, limit: float) -> Any:
+    who = f"plugin {rec.entry} ({rec.module_name})" if rec is not None else "a plugin"
+    return _runner.call(f"{who} while {doing}", fn, args, limit)
+
+  def _ordered(self) -> list[BackendRecord]:
+    """Automatic-choice order: priority, then name."""
+    return sorted(self.backends.values(), key=lambda b: (-b.priority, b.name))
 
   def backend(self, name: str) -> BackendRecord:
     self.load()
@@ -313,8 +383,7 @@ class Registry:
   def available(self) -> list[str]:
     """Names of the backends whose probe finds a device, in automatic-choice order."""
     self.load()
-    order = sorted(self.backends.values(), key=lambda b: (-b.priority, b.name))
-    return [b.name for b in order if self.probe(b.name).ok]
+    return [b.name for b in self._ordered() if self.probe(b.name).ok]
 
   # ------------------------------------------------------------ choosing compilers and interfaces
   def choose_compiler(self, name: str) -> tuple[str, str]:
@@ -379,6 +448,7 @@ class Registry:
     name, index = split_device(device)
     key = name if index == 0 else f"{name}:{index}"
     if (dev := self._devices.get(key)) is not None: return dev
+    self.load()  # refuses a plugin's own code before the lock (see _refuse_reentry)
     with self._lock:
       if (dev := self._devices.get(key)) is not None: return dev
       if (alias := self.alias_target(name)) is not None:
@@ -412,11 +482,22 @@ class Registry:
       info = DeviceInfo(name, index, compiler, iface[0].name if iface else None, arch.arch if arch else "")
       rec = br.plugin
       assert rec is not None and br.spec is not None
-      try:
+      running = [rec]  # whose hook the worker is in, to blame the right plugin if it overruns
+
+      def open_hooks() -> tuple[Any, Any]:  # on the worker: returns what it made, and changes nothing here
+        iface_object = None
         if iface is not None and iface[1] is not rec:
-          info.iface_object = self._call(iface[1], "plugrt_open_interface", device=info, interface=iface[0].name)
-        info.state = self._call(rec, "plugrt_open_device", device=info)
+          running[0] = iface[1]
+          iface_object = self._call(iface[1], "plugrt_open_interface", device=info, interface=iface[0].name)
+          running[0] = rec
+        info.iface_object = iface_object
+        return iface_object, self._call(rec, "plugrt_open_device", device=info)
+      try:
+        info.iface_object, info.state = self._run(rec, f"opening {key}", open_hooks, limit=self._open_limit)
         dev = RuntimeDevice(self, br, info)
+      except _Overran as e:
+        stalled = self._stall(running[0], f"opening {key} (plugin {running[0].entry}'s open hook) {e}", OPEN_TIMEOUT)
+        raise DeviceUnavailable(stalled.detail, Reason.TIMED_OUT, stalled.hint, self._others(name)) from None
       except PlugrtError: raise
       except (Exception, SystemExit) as e:
         raise DeviceUnavailable(f"{key} failed to open: {_short_error(e)}", Reason.OPEN_FAILED,
@@ -442,20 +523,22 @@ class Registry:
   def default(self) -> str:
     """The default device: the one the environment names (failing loudly), else the first that opens."""
     if self._default is not None: return self._default
+    self.load()
     with self._lock:
       sel = self.selection
       if sel.default is not None:
         self.open(sel.default.device_string)
         self._default = sel.default.device_string
         return self._default
-      for name in self.available():
+      for br in self._ordered():  # probing one at a time: a lower-priority backend's probe never delays a ready one
+        if not self.probe(br.name).ok: continue
         try:
-          self.open(name)
+          self.open(br.name)
         except PlugrtError as e:
-          self.backends[name].open_error = e  # automatic choice is quiet: remember why, try the next
+          br.open_error = e  # automatic choice is quiet: remember why, try the next
           continue
-        self._default = name
-        return name
+        self._default = br.name
+        return br.name
       raise DeviceUnavailable("no device is available", Reason.NO_DEVICE, "run `plugrt devices` to see why each backend is unavailable")
 
   def close(self) -> None:
@@ -480,12 +563,156 @@ def _hook_functions(module: ModuleType) -> ModuleType:
   return hooks
 
 
+def _valid_name(name: Any) -> bool: return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
+def _bad_names(backends: Sequence[BackendSpec], interfaces: Sequence[InterfaceSpec]) -> list[str]:
+  """The names in a plugin's declarations that the grammar cannot hold, each saying what it names."""
+  bad = []
+
+  def check(what: str, name: Any, reserved: str = "") -> None:
+    if not _valid_name(name): bad.append(f"{what} {name!r}")
+    elif name == reserved: bad.append(f"{what} {name!r} (reserved: {reserved} is not a {what.split()[0]} name)")
+  for b in backends:
+    check("device", b.name, "DEV")
+    for c in b.compilers: check(f"compiler of {b.name!r}", c.name, "IFACE")  # CPU_IFACE is the interface variable
+    for a in b.aliases:
+      check("alias", a.env, "DEV")
+      try: parse_target(a.target)
+      except EnvError as e: bad.append(f"alias {a.env!r} target {a.target!r} ({e.message})")
+  for i in (*(i for b in backends for i in b.interfaces), *interfaces):
+    check("interface", i.name)
+    check(f"interface {i.name!r} for device", i.device)
+  return bad
+
+
+def _declarations(hooks: ModuleType) -> tuple[list, list]:
+  """(plugrt_backends(), plugrt_interfaces()) of a plugin's hook functions. They take no arguments, so they are called
+  directly, on the worker, together with the import (pluggy checks their signatures when the plugin registers)."""
+  marker, found = f"{hookspecs.PROJECT}_impl", {}
+  for attr, fn in vars(hooks).items():
+    if (opts := getattr(fn, marker, None)) is not None: found[opts.get("specname") or attr] = fn
+  return [*(found["plugrt_backends"]() or ())] if "plugrt_backends" in found else [], \
+         [*(found["plugrt_interfaces"]() or ())] if "plugrt_interfaces" in found else []
+
+
 def _api_problem(version: Any) -> str:
   try: major, minor = (int(x) for x in str(version).split(".")[:2])
   except ValueError: return f"{version!r} is not MAJOR.MINOR"
   if major != PLUGIN_API_VERSION[0]: return "the major versions differ"
   if minor > PLUGIN_API_VERSION[1]: return "it needs a newer plugrt"
   return ""
+
+
+# ------------------------------------------------------------ running plugin code under a time limit
+class _Overran(Exception):
+  """Plugin code did not finish within its time limit (str: "did not finish within N s")."""
+
+
+#: thread id -> what plugin code that thread runs now ("plugin cpu (plugrt_cpu) while being imported"): re-entry is refused
+_in_plugin: dict[int, str] = {}
+
+
+def _refuse_reentry() -> None:
+  if (running := _in_plugin.get(get_ident())) is not None:
+    raise PluginError(f"{running.split(' while ')[0]} used plugrt's device registry (Device.DEFAULT, Device[...], available()) "
+                      f"while {running.split(' while ', 1)[1]}",
+                      "a plugin must not list or open devices at import, in a declaration hook or in a probe: do it in a "
+                      "hook that runs later (plugrt_open_device, plugrt_compiler, ...)")
+
+
+class _Job:
+  __slots__ = ("fn", "args", "label", "done", "value", "error")
+
+  def __init__(self, fn: Any, args: tuple, label: str):
+    self.fn, self.args, self.label, self.value, self.error = fn, args, label, None, None
+    self.done = allocate_lock()
+    self.done.acquire()  # released when the job has run
+
+  def run(self) -> None:
+    me = get_ident()
+    _in_plugin[me] = self.label
+    try: self.value = self.fn(*self.args)
+    except BaseException as e: self.error = e  # handed to the caller, who decides
+    finally:
+      _in_plugin.pop(me, None)
+      self.done.release()
+
+
+def _serve(inbox: Any, slot: list) -> None:
+  """A worker thread: run each job handed over through `slot` (inbox released), forever. It is a _thread thread, which
+  the interpreter does not wait for at exit (a daemon)."""
+  while True:
+    inbox.acquire()
+    job, slot[0] = slot[0], None
+    job.run()
+
+
+class _StdoutCapture:
+  """sys.stdout while plugin code runs: what the thread running it prints is kept (and moved to stderr), so that a
+  plugin's print never lands in output a program means to be parsed (`plugrt devices --json`); other threads print as before."""
+
+  def __init__(self, real: Any, ident: int):
+    self._real, self._ident, self.parts = real, ident, []
+
+  def write(self, text: str) -> int:
+    if get_ident() != self._ident: return self._real.write(text)
+    self.parts.append(text)
+    return len(text)
+
+  def flush(self) -> None:
+    if get_ident() != self._ident: self._real.flush()
+
+  def __getattr__(self, name: str) -> Any: return getattr(self._real, name)
+
+
+class _Runner:
+  """Runs plugin code (imports, declaration hooks, probes, opens) on one worker thread, process-wide, one call at a time,
+  waiting at most a limit for each. Python cannot stop a thread: a call that overruns is abandoned together with its worker,
+  which finishes (if ever) into a job nobody reads, and the next call starts a fresh worker. With limit 0 the call runs on
+  the caller's thread, unlimited. One worker serves every call, so a call costs a lock hand-over, not a thread start."""
+
+  def __init__(self) -> None:
+    self._lock = allocate_lock()
+    self._inbox: Any = None
+    self._slot: list = [None]
+    self._ident, self._pid = 0, 0
+
+  def _worker(self) -> tuple[Any, list, int]:
+    if self._inbox is None or self._pid != os.getpid():  # none yet, its worker overran, or this is a forked child (no worker)
+      inbox, slot = allocate_lock(), [None]
+      inbox.acquire()
+      self._ident = start_new_thread(_serve, (inbox, slot))
+      self._inbox, self._slot, self._pid = inbox, slot, os.getpid()
+    return self._inbox, self._slot, self._ident
+
+  def call(self, label: str, fn: Any, args: tuple, limit: float) -> Any:
+    _refuse_reentry()  # plugin code calling back in would wait on itself
+    job = _Job(fn, args, label)
+    with self._lock:
+      inline = limit <= 0
+      inbox, slot, ident = (None, None, get_ident()) if inline else self._worker()
+      real = sys.stdout
+      capture = _StdoutCapture(real, ident) if real is not None else None
+      if capture is not None: sys.stdout = capture
+      finished = False
+      try:
+        if inline: job.run()
+        else:
+          slot[0] = job  # type: ignore[index]
+          inbox.release()
+        finished = job.done.acquire(timeout=min(limit, TIMEOUT_MAX)) if not inline else True
+      finally:
+        if capture is not None and sys.stdout is capture: sys.stdout = real  # unless someone replaced it meanwhile
+        if not finished: self._inbox = None  # its worker is still in the plugin: leave both behind
+    if capture is not None and capture.parts:
+      print(f"plugrt: {label} printed (moved to stderr):\n{''.join(capture.parts).rstrip()}", file=sys.stderr)
+    if not finished: raise _Overran(f"did not finish within {limit:g} s")
+    if job.error is not None: raise job.error
+    return job.value
+
+
+_runner = _Runner()
 
 
 # ------------------------------------------------------------ the process-wide registry

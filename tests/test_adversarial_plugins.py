@@ -1,0 +1,272 @@
+"""Plugins that misbehave on purpose: one whose import, probe or open hangs, one that uses the device registry while
+it is being discovered, one that declares names the grammar cannot hold, one that prints. Each must cost only itself.
+
+Cases that could hang run in a fresh interpreter with a short `timeout=`, so a regression fails the test instead of
+hanging the suite.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import DEVICE_HOOKS, SELECTION_VARS, FakePlugins, backend_source
+
+from plugrt.errors import DeviceUnavailable, EnvError, Reason
+from plugrt.registry import Registry, use
+
+ROOT = Path(__file__).resolve().parents[1]
+HANG = "__import__('time').sleep(3600)"  # a plugin stuck on a driver or a lock: it never returns
+
+
+def run(fake: FakePlugins, code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+  """fake.run_python, with a shorter guard: a hang fails the test (TimeoutExpired) in `timeout` seconds."""
+  full = {k: v for k, v in os.environ.items() if k not in SELECTION_VARS and not k.startswith(("CPU_", "PYTHON_", "PLUGRT_PROBE", "PLUGRT_OPEN"))}
+  full["PYTHONPATH"] = os.pathsep.join([str(fake.root), *filter(None, [os.environ.get("PYTHONPATH")])])
+  full.update(env or {})
+  return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True, env=full, timeout=timeout,
+                        cwd=str(fake.root))
+
+
+def devices_json(fake: FakePlugins, env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
+  r = run(fake, "import sys; from plugrt.cli import main; sys.exit(main(['devices', '--json']))", env=env)
+  assert r.returncode == 0, r.stderr
+  return json.loads(r.stdout), r.stderr  # strict JSON: nothing else may be on stdout
+
+
+def hung_probe(name: str, priority: int) -> str:
+  return backend_source(name, priority=priority).replace("def probe() -> Probe:\n", f"def probe() -> Probe:\n  {HANG}\n")
+
+
+TIMED = """
+  import time, plugrt
+  t = time.perf_counter()
+  default = plugrt.Device.DEFAULT
+  print(default, round(time.perf_counter() - t, 3))
+"""
+
+
+# ---------------------------------------------------------------- time limits
+
+def test_a_hung_lower_priority_probe_is_never_waited_for(fake_plugins):
+  """CPU is ready: the automatic choice never runs the probe of a backend below it, let alone waits for it."""
+  fake_plugins.plugin(hung_probe("SLOWPOKE", priority=1), entry="slowpoke")
+  r = run(fake_plugins, TIMED, env={"PLUGRT_PROBE_TIMEOUT": "3"}, timeout=20)
+  assert r.returncode == 0, r.stderr
+  default, seconds = r.stdout.split()
+  assert default == "CPU" and float(seconds) < 2.5  # well under the limit: the probe never ran
+
+
+def test_a_hung_higher_priority_probe_times_out_and_the_next_device_is_chosen(fake_plugins):
+  fake_plugins.plugin(hung_probe("STUCK", priority=100), entry="stuck")
+  r = run(fake_plugins, TIMED, env={"PLUGRT_PROBE_TIMEOUT": "0.5"}, timeout=20)
+  assert r.returncode == 0, r.stderr
+  default, seconds = r.stdout.split()
+  assert default == "CPU" and 0.5 <= float(seconds) < 5
+  data, _ = devices_json(fake_plugins, env={"PLUGRT_PROBE_TIMEOUT": "0.5"})
+  rows = {b["device"]: b for b in data["backends"]}
+  assert data["default"] == "CPU" and rows["CPU"]["available"] and rows["PYTHON"]["available"]
+  stuck = rows["STUCK"]
+  assert not stuck["available"] and stuck["reason"] == "timed out"
+  assert "did not finish within 0.5 s" in stuck["detail"]
+  assert "PLUGRT_PROBE_TIMEOUT" in stuck["hint"] and "PLUGRT_DISABLE=stuck" in stuck["hint"]
+  r = run(fake_plugins, "import sys; from plugrt.cli import main; sys.exit(main(['devices']))", env={"PLUGRT_PROBE_TIMEOUT": "0.5"}, timeout=20)
+  assert r.returncode == 0 and re.search(r"^STUCK .* timed out", r.stdout, re.M), r.stdout
+
+
+def test_a_hung_open_times_out_and_the_next_device_is_chosen(fake_plugins):
+  extra = f"""
+  @hookimpl
+  def plugrt_open_device(device: DeviceInfo) -> Any:
+    {HANG}
+  """
+  fake_plugins.backend("FROZEN", priority=100, entry="frozen", extra=textwrap.dedent(extra))
+  r = run(fake_plugins, """
+    import time, plugrt
+    from plugrt.errors import DeviceUnavailable
+    t = time.perf_counter()
+    x = plugrt.Tensor([1.0])  # the default device, chosen automatically
+    print(x.device, round(time.perf_counter() - t, 3))
+    try: plugrt.Device["FROZEN"]
+    except DeviceUnavailable as e: print(e.reason.name, "PLUGRT_OPEN_TIMEOUT" in e.hint, "PLUGRT_DISABLE=frozen" in e.hint, e.message)
+  """, env={"PLUGRT_OPEN_TIMEOUT": "0.5"}, timeout=20)
+  assert r.returncode == 0, r.stderr
+  first, second = r.stdout.splitlines()
+  device, seconds = first.split()
+  assert device == "CPU" and 0.5 <= float(seconds) < 5
+  assert second.startswith("TIMED_OUT True True FROZEN cannot be used: opening FROZEN (plugin frozen's open hook) did not finish within 0.5 s")
+
+
+def test_a_hung_import_times_out(fake_plugins):
+  fake_plugins.plugin(backend_source("NEVER", priority=100) + "\n" + HANG + "\n", entry="never")  # hangs after defining its hooks
+  r = run(fake_plugins, TIMED, env={"PLUGRT_PROBE_TIMEOUT": "0.5"}, timeout=20)
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.split()[0] == "CPU"
+  data, _ = devices_json(fake_plugins, env={"PLUGRT_PROBE_TIMEOUT": "0.5"})
+  rows = {b["device"]: b for b in data["backends"]}
+  assert rows["NEVER"]["reason"] == "timed out" and "did not finish within 0.5 s" in rows["NEVER"]["detail"]
+  assert "PLUGRT_PROBE_TIMEOUT" in rows["NEVER"]["hint"] and rows["CPU"]["available"]
+
+
+def test_a_late_probe_result_changes_nothing(fake_plugins):
+  """A probe that finishes after its limit is still timed out: the worker it ran on was abandoned, and the plugin's
+  code is not run again in this process."""
+  src = backend_source("LATE", priority=100).replace("def probe() -> Probe:\n", "def probe() -> Probe:\n  CALLS.append(('probe', None))\n"
+                                                     "  import time\n  time.sleep(0.6)\n")
+  mod = fake_plugins.plugin(src, entry="late")
+  reg = Registry(env={"PLUGRT_PROBE_TIMEOUT": "0.2"})
+  with use(reg):
+    assert reg.default == "CPU"
+    assert reg.probe("LATE").reason is Reason.TIMED_OUT
+    time.sleep(0.8)  # the probe has returned Probe.found by now, into a job nobody reads
+    assert reg.probe("LATE").reason is Reason.TIMED_OUT and reg.compiler_probe("LATE", "PY").reason is Reason.TIMED_OUT
+    assert "LATE" not in reg.available() and fake_plugins.calls(mod) == [("probe", None)]
+    with pytest.raises(DeviceUnavailable) as ei:
+      reg.open("LATE")
+    assert ei.value.reason is Reason.TIMED_OUT
+
+
+def test_no_limit_runs_plugin_code_on_the_calling_thread(fake_plugins):
+  src = backend_source("HERE", priority=100).replace("def probe() -> Probe:\n", "def probe() -> Probe:\n  import _thread\n"
+                                                     "  CALLS.append(('probe', _thread.get_ident()))\n")
+  mod = fake_plugins.plugin(src, entry="here")
+  import _thread
+  assert Registry(env={"PLUGRT_PROBE_TIMEOUT": "0"}).probe("HERE").ok
+  assert Registry(env={}).probe("HERE").ok
+  (_, inline), (_, worker) = fake_plugins.calls(mod)
+  assert inline == _thread.get_ident() and worker != inline
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan", "inf", "1s"])
+@pytest.mark.parametrize("variable", ["PLUGRT_PROBE_TIMEOUT", "PLUGRT_OPEN_TIMEOUT"])
+def test_a_bad_time_limit_is_an_env_error(variable, value):
+  with pytest.raises(EnvError, match=f"{variable}='{re.escape(value)}' is not a number of seconds") as ei:
+    Registry(env={variable: value}).load()
+  assert variable in ei.value.hint and "0: no limit" in ei.value.hint
+
+
+def test_every_variable_the_code_reads_is_documented():
+  """Each PLUGRT_* name the core and the plugins spell out (as a whole string: env.get("PLUGRT_X"), a constant) is in
+  docs/environment.md."""
+  names: dict[str, str] = {}
+  for path in [*(ROOT / "core" / "plugrt").rglob("*.py"), *(ROOT / "plugins").rglob("plugrt_*/**/*.py")]:
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"PLUGRT_[A-Z0-9_]+", node.value):
+        names.setdefault(node.value, str(path.relative_to(ROOT)))
+  assert {"PLUGRT_PROBE_TIMEOUT", "PLUGRT_OPEN_TIMEOUT", "PLUGRT_DISABLE", "PLUGRT_CPU_THREADS"} <= set(names)
+  doc = (ROOT / "docs" / "environment.md").read_text()
+  assert {n: where for n, where in names.items() if f"`{n}" not in doc} == {}
+
+
+# ---------------------------------------------------------------- re-entrance
+
+def test_a_plugin_that_reads_the_default_device_at_import_breaks_only_itself(fake_plugins):
+  fake_plugins.plugin(backend_source("GREEDY", priority=100) + "\nfrom plugrt import Device\nDEFAULT = Device.DEFAULT\n", entry="greedy")
+  fake_plugins.backend("FINE", priority=50)
+  r = run(fake_plugins, """
+    import plugrt
+    reg = plugrt.Device.registry
+    print(plugrt.Device.DEFAULT, [n for n in plugrt.Device.available() if n in ("FINE", "CPU", "PYTHON", "GREEDY")])
+    print(reg.probe("GREEDY").reason.name, reg.probe("GREEDY").detail)
+  """, timeout=30)
+  assert r.returncode == 0, r.stderr
+  first, second = r.stdout.splitlines()
+  assert first == "FINE ['FINE', 'CPU', 'PYTHON']"
+  assert second.startswith("IMPORT_ERROR module ") and "PluginError: plugin greedy" in second
+  assert "used plugrt's device registry" in second and "while being discovered" in second
+
+
+def test_a_probe_that_lists_devices_is_a_hook_error(fake_plugins):
+  src = backend_source("NOSY", priority=100).replace("def probe() -> Probe:\n", "def probe() -> Probe:\n  from plugrt import Device\n"
+                                                     "  Device.available()\n")
+  fake_plugins.plugin(src, entry="nosy")
+  reg = Registry(env={"PLUGRT_PROBE_TIMEOUT": "5"})
+  with use(reg):
+    t = time.perf_counter()
+    assert reg.default == "CPU" and time.perf_counter() - t < 4  # refused at once, not after the time limit
+    p = reg.probe("NOSY")
+    assert p.reason is Reason.HOOK_ERROR and "plugin nosy" in p.detail and "while running its probe" in p.detail
+    assert "PYTHON" in reg.available()
+
+
+# ---------------------------------------------------------------- names
+
+@pytest.mark.parametrize(("field", "bad", "spec"), [
+  ("device", "BAD:X", "BackendSpec(name='BAD:X', api_version='1.0', probe=probe, priority=100, compilers=(CompilerSpec('PY'),))"),
+  ("device", "A;B", "BackendSpec(name='A;B', api_version='1.0', probe=probe, priority=100, compilers=(CompilerSpec('PY'),))"),
+  ("device", "lower", "BackendSpec(name='lower', api_version='1.0', probe=probe, priority=100, compilers=(CompilerSpec('PY'),))"),
+  ("device", "", "BackendSpec(name='', api_version='1.0', probe=probe, priority=100, compilers=(CompilerSpec('PY'),))"),
+  ("device", "TWO WORDS", "BackendSpec(name='TWO WORDS', api_version='1.0', probe=probe, priority=100, compilers=(CompilerSpec('PY'),))"),
+  ("device", "DEV", "BackendSpec(name='DEV', api_version='1.0', probe=probe, priority=100, compilers=(CompilerSpec('PY'),))"),
+  ("compiler", "PY:1", "BackendSpec(name='NAMED', api_version='1.0', probe=probe, priority=100, compilers=(CompilerSpec('PY:1'),))"),
+  ("compiler", "IFACE", "BackendSpec(name='NAMED', api_version='1.0', probe=probe, priority=100, compilers=(CompilerSpec('IFACE'),))"),
+  ("interface", "PCI+X", "BackendSpec(name='NAMED', api_version='1.0', probe=probe, priority=100, compilers=(CompilerSpec('PY'),), "
+                         "interfaces=(InterfaceSpec('NAMED', 'PCI+X', probe),))"),
+  ("alias", "CL ANG", "BackendSpec(name='NAMED', api_version='1.0', probe=probe, priority=100, compilers=(CompilerSpec('PY'),), "
+                      "aliases=(Alias('CL ANG', 'NAMED:PY'),))"),
+  ("alias", "NAMED:PY:X:Y", "BackendSpec(name='NAMED', api_version='1.0', probe=probe, priority=100, compilers=(CompilerSpec('PY'),), "
+                            "aliases=(Alias('OLDNAME', 'NAMED:PY:X:Y'),))"),
+])
+def test_a_name_the_grammar_cannot_hold_is_refused_at_declaration(fake_plugins, field, bad, spec):
+  src = backend_source("NAMED", priority=100)
+  src = re.sub(r"return \[BackendSpec\(.*?\)\]\n", f"return [{spec}]\n", src, flags=re.S)
+  fake_plugins.plugin(src, entry="named")
+  reg = Registry(env={})
+  with use(reg):
+    assert reg.default == "CPU"
+    assert {"CPU", "PYTHON"} <= set(reg.available()) and not any(c in n for n in reg.backends for c in ":; +" if n)
+    rows = [b for b in reg.backends.values() if b.plugin is not None and b.plugin.entry == "named"]
+    assert [b.name for b in rows] == ["NAMED"]  # explained under the plugin's entry-point name, never under the bad name
+    assert rows[0].reason is Reason.BAD_NAME and repr(bad) in rows[0].detail and "upper-case letter" in rows[0].detail
+    assert "PLUGRT_DISABLE=named" in rows[0].hint
+
+
+def test_bad_names_do_not_break_the_device_listing(fake_plugins):
+  for name in ("BAD:X", "A;B"):
+    fake_plugins.plugin(backend_source("PLACEHOLDER", priority=100).replace("'PLACEHOLDER'", repr(name)), entry=f"bad{len(name)}")
+  data, _ = devices_json(fake_plugins)
+  rows = {b["device"]: b for b in data["backends"]}
+  assert data["default"] == "CPU" and data["environment_error"] is None
+  assert rows["BAD5"]["reason"] == rows["BAD3"]["reason"] == "invalid name" and "'BAD:X'" in rows["BAD5"]["detail"]
+  assert "'A;B'" in rows["BAD3"]["detail"]
+
+
+# ---------------------------------------------------------------- output
+
+PRINTING = backend_source("CHATTY", priority=100, extra="""
+@hookimpl
+def plugrt_open_device(device: DeviceInfo) -> Any:
+  print("hello from the open")
+  return None
+""").replace("def probe() -> Probe:\n", "def probe() -> Probe:\n  print('hello from the probe')\n  import os\n"
+             "  os.write(1, b'hello from C\\n')\n") + '\nprint("hello from the import")\n'
+
+
+def test_a_printing_plugin_leaves_devices_json_parseable(fake_plugins):
+  fake_plugins.plugin(PRINTING, entry="chatty")
+  data, stderr = devices_json(fake_plugins)
+  assert data["default"] == "CHATTY"
+  for text in ("hello from the import", "hello from the probe", "hello from the open", "hello from C"): assert text in stderr
+  assert "plugin chatty (" in stderr
+
+
+def test_plugin_output_goes_to_stderr_in_a_program(fake_plugins, capsys):
+  fake_plugins.plugin(PRINTING.replace("  os.write(1, b'hello from C\\n')\n", ""), entry="chatty")
+  reg = Registry(env={})
+  with use(reg): assert reg.default == "CHATTY"
+  out, err = capsys.readouterr()
+  assert out == ""
+  assert "plugin chatty" in err and "hello from the import" in err and "hello from the probe" in err and "hello from the open" in err
+
+
+def test_the_fake_hooks_are_still_the_shared_ones():
+  """The sources above patch conftest's fake backend; if its shape changes, they must be updated, not silently pass."""
+  assert "def probe() -> Probe:\n" in backend_source("X") and DEVICE_HOOKS in backend_source("X")
