@@ -47,7 +47,8 @@ _TOUCH_AFTER = 60.0  # seconds: a hit refreshes the entry's mtime (its age for e
 _STALE_TMP = 3600.0  # seconds: a temporary file this old was left by a writer that died
 _HEX = frozenset("0123456789abcdef")
 _UID = os.getuid() if hasattr(os, "getuid") else None
-_O_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW, _O_CLOEXEC = getattr(os, "O_NOFOLLOW", 0), getattr(os, "O_CLOEXEC", 0)
+_O_READ = os.O_RDONLY | _O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | _O_CLOEXEC  # a FIFO opens at once, and is then refused
 _warned_roots: set[str] = set()
 
 
@@ -256,9 +257,10 @@ class DiskCache:
 
   def _account(self, nbytes: int) -> None:
     """Add nbytes to the running total; past the cap, evict least recently used entries to 7/8 of it."""
-    try: import fcntl
+    try:
+      import fcntl
     except ImportError: return
-    try: fd = os.open(os.path.join(self._root, _SIZE_FILE), os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC, 0o600)
+    try: fd = os.open(os.path.join(self._root, _SIZE_FILE), os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
     except OSError: return
     try:
       if _untrusted(os.fstat(fd), False): return

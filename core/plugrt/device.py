@@ -84,7 +84,9 @@ class RuntimeDevice:
       lib, cached = comp.compile_cached(src)
       try: prg = self.load(kernel.name, lib, kernel.signature)
       except Exception as e:
-        if not cached: raise
+        if not cached:
+          comp.forget(src)  # a fresh binary that does not load is a real error; it is not served from the cache either
+          raise
         prg = self.load(kernel.name, comp.recompile(src, e), kernel.signature)  # the cache held a binary that does not load
       self._programs[(comp.name, src)] = prg
     self._kernel_programs[(id(kernel), comp.name)] = (kernel, prg)

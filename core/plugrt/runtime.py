@@ -207,17 +207,22 @@ class Compiler:
     self._disk.put(key, lib)
     return lib, False
 
+  def forget(self, src: str) -> None:
+    """Remove `src`'s binary from the disk cache."""
+    from plugrt.cache import cache_enabled
+    if self._disk is not None and cache_enabled(): self._disk.evict(self.cache_key(src))
+
   def recompile(self, src: str, error: BaseException) -> bytes:
     """`src`'s binary from the disk cache failed to load with `error`: evict the entry, compile again
     (and cache the new binary). A binary that fails to load when freshly compiled is a real error."""
     import warnings
+
     from plugrt.cache import cache_enabled
-    key = self.cache_key(src)
-    if self._disk is not None: self._disk.evict(key)
+    self.forget(src)
     warnings.warn(f"plugrt: {self.name}: a cached binary failed to load ({type(error).__name__}: {error}); "
                   f"removed it from the compile cache and compiled again", stacklevel=3)
     lib = self.compile_uncached(src)
-    if self._disk is not None and cache_enabled(): self._disk.put(key, lib)
+    if self._disk is not None and cache_enabled(): self._disk.put(self.cache_key(src), lib)
     return lib
 
 

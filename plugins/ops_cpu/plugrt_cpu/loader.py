@@ -35,7 +35,7 @@ def check_elf(lib: bytes, name: str) -> int:
     types = set()
     for i in range(phnum):
       p_type, _, p_offset, _, _, p_filesz, p_memsz, _ = struct.unpack_from("<IIQQQQQQ", lib, phoff + i * 56)
-      if p_offset + p_filesz > n or p_filesz > p_memsz and p_type == PT_LOAD: raise bad(f"segment {i} ends past its {n} bytes")
+      if p_offset + p_filesz > n or (p_filesz > p_memsz and p_type == PT_LOAD): raise bad(f"segment {i} ends past its {n} bytes")
       types.add(p_type)
     if kind == ET_DYN and not {PT_LOAD, PT_DYNAMIC} <= types: raise bad("a shared object without loadable or dynamic segments")
   elif kind == ET_DYN: raise bad("a shared object without program headers")
