@@ -376,8 +376,9 @@ def test_cli_cache_info_and_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
   from plugrt.cli import main
   monkeypatch.setenv("PLUGRT_CACHE_DIR", str(tmp_path))
   monkeypatch.setenv("PLUGRT_CACHE_MAX_MB", "64")
+  caches = {ns: DiskCache(ns) for ns in ("unit-a", "unit-b")}
   for ns, n in (("unit-a", 3), ("unit-b", 2)):
-    for i in range(n): DiskCache(ns).put(f"{i:064x}", b"x" * 1000)
+    for i in range(n): caches[ns].put(f"{i:064x}", b"x" * 1000)
   assert main(["cache", "info", "--json"]) == 0
   st = json.loads(capsys.readouterr().out)
   assert st["dir"] == str(tmp_path) and st["entries"] == 5 and st["max_bytes"] == 64 << 20
@@ -387,3 +388,5 @@ def test_cli_cache_info_and_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
   assert main(["cache", "clear", "../etc"]) == 2
   assert main(["cache", "clear"]) == 0 and "removed 2 entries" in capsys.readouterr().out
   assert not [p for p in tmp_path.iterdir()]
+  caches["unit-a"].put("0" * 64, b"again")  # a process that used the cache before the clear still writes to it
+  assert DiskCache("unit-a").get("0" * 64) == b"again"

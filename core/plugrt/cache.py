@@ -94,7 +94,8 @@ def _untrusted(st: os.stat_result, directory: bool) -> str | None:
   if directory and not stat.S_ISDIR(st.st_mode):
     return "is a symbolic link" if stat.S_ISLNK(st.st_mode) else "is not a directory"
   if not directory and not stat.S_ISREG(st.st_mode): return "is not a regular file"
-  if _UID is not None and st.st_uid != _UID: return f"belongs to uid {st.st_uid}, not to you (uid {_UID})"
+  if _UID is None: return None  # no POSIX owners and modes here (Windows): nothing more to check
+  if st.st_uid != _UID: return f"belongs to uid {st.st_uid}, not to you (uid {_UID})"
   if st.st_mode & 0o022: return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
   return None
 
@@ -131,7 +132,8 @@ def open_root(root: str) -> bool:
     st = os.stat(root)
   except OSError as e: return refuse(f"cannot create {root}: {e}")
   if not stat.S_ISDIR(st.st_mode): return refuse(f"{root} is not a directory")
-  if _UID is not None and st.st_uid != _UID: return refuse(f"{root} belongs to another user (uid {st.st_uid})")
+  if _UID is None: return True  # no POSIX owners and modes here (Windows)
+  if st.st_uid != _UID: return refuse(f"{root} belongs to another user (uid {st.st_uid})")
   if st.st_mode & 0o022:
     return refuse(f"{root} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}), so anything in it may have been planted",
                   f"remove it (rm -r {root}) or point PLUGRT_CACHE_DIR at a private directory")
@@ -242,10 +244,17 @@ class DiskCache:
     entry = _pack(key, payload)
     if len(entry) > min(MAX_ENTRY, cache_max_bytes()): return  # more than the cache may hold: not kept
     shard = os.path.join(base, key[:2])
-    if shard not in self._checked and not (self._dir_ok(base, True) and self._dir_ok(shard, True)): return
     import tempfile
+    for _ in range(2):
+      if shard not in self._checked and not (self._dir_ok(base, True) and self._dir_ok(shard, True)): return
+      try:
+        fd, tmp = tempfile.mkstemp(dir=shard, prefix=".tmp-")  # O_EXCL, 0600
+        break
+      except FileNotFoundError:  # removed since this process checked it (plugrt cache clear): check and make it again
+        self._checked.difference_update((base, shard))
+      except OSError: return
+    else: return
     try:
-      fd, tmp = tempfile.mkstemp(dir=shard, prefix=".tmp-")  # O_EXCL, 0600
       try:
         with os.fdopen(fd, "wb") as f: f.write(entry)
         os.replace(tmp, os.path.join(shard, key))
