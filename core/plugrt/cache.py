@@ -1,25 +1,55 @@
 """The compile cache on disk: bytes in, bytes out, no pickle.
 
-Layout: <dir>/<namespace>/<key[:2]>/<key>, where key is the sha256 of everything that
-decides the binary (toolchain version, target, arch, source). A file holds a magic
-line, the sha256 of its payload, then the payload; a read checks both, so a torn or
-corrupted entry is a miss (and is removed), never a wrong binary. Writes go to a
-temporary file in the same directory and are renamed into place, so readers see an
-entry whole or not at all. The directory is created 0700 for the current user.
+Layout: <root>/<namespace>/<key[:2]>/<key>, where key is the sha256 of everything that
+decides the binary (toolchain version, target, arch, source). An entry holds a magic
+line, its own key and a newline, the sha256 of key and payload, then the payload: a
+read checks all three, so an entry copied under another key, torn, corrupted or of an
+older format is a miss (and is removed), never a wrong binary. Writes go to a temporary
+file in the same directory and are renamed into place: readers see an entry whole or
+not at all.
+
+What is trusted: the root, the namespace directory, the shard directory and the entry
+must each be owned by the current user and writable by nobody else before anything is
+read from them; directories are checked with lstat (a symlink is refused), entries
+through fstat of a descriptor opened with O_NOFOLLOW|O_NONBLOCK (only regular files, at
+most MAX_ENTRY bytes). A root writable by group or others, or owned by someone else,
+turns the cache off (one warning): what is in it may have been planted, so it is never
+tightened and then trusted. An untrusted namespace, shard or entry is removed (one
+warning per cache) and compiled again. See docs/reliability.md.
+
+Size: entries are evicted least recently used first (a hit refreshes the entry's mtime,
+at most once a minute) once their total passes PLUGRT_CACHE_MAX_MB (default 1024). The
+running total lives in <root>/.size, updated under flock by each put; only when it
+passes the cap does a put scan the cache.
 
 PLUGRT_CACHE=0 turns the cache off; PLUGRT_CACHE_DIR moves it (default:
 $XDG_CACHE_HOME/plugrt or ~/.cache/plugrt).
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
+import time
 import warnings
+from collections.abc import Iterator
+from typing import NamedTuple
 
 from plugrt.errors import EnvError
 
-_MAGIC = b"plugrt-cache-v1\n"
+_MAGIC = b"plugrt-cache-v2\n"
+_HEAD = len(_MAGIC) + 65 + 32  # magic line, key + "\n", sha256(key line + payload)
+MAX_ENTRY = 256 << 20  # no binary comes near this: anything larger at an entry's path is not an entry
+DEFAULT_MAX_MB = 1024
+_SIZE_FILE = ".size"  # the running total of the entries' bytes, kept by put
+_TOUCH_AFTER = 60.0  # seconds: a hit refreshes the entry's mtime (its age for eviction) at most this often
+_STALE_TMP = 3600.0  # seconds: a temporary file this old was left by a writer that died
+_HEX = frozenset("0123456789abcdef")
+_UID = os.getuid() if hasattr(os, "getuid") else None
+_O_NOFOLLOW, _O_CLOEXEC = getattr(os, "O_NOFOLLOW", 0), getattr(os, "O_CLOEXEC", 0)
+_O_READ = os.O_RDONLY | _O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | _O_CLOEXEC  # a FIFO opens at once, and is then refused
+_warned_roots: set[str] = set()
 
 
 def cache_key(*parts: str | bytes) -> str:
@@ -44,64 +74,289 @@ def cache_dir() -> str:
   return os.path.join(base, "plugrt")
 
 
+def cache_max_bytes() -> int:
+  """PLUGRT_CACHE_MAX_MB in bytes: the size past which least recently used entries are evicted."""
+  v = os.environ.get("PLUGRT_CACHE_MAX_MB", "")
+  if not v: return DEFAULT_MAX_MB << 20
+  try: mb = int(v)
+  except ValueError:
+    raise EnvError(f"PLUGRT_CACHE_MAX_MB={v!r} is not a whole number of MiB",
+                   f"e.g. PLUGRT_CACHE_MAX_MB=512 (default {DEFAULT_MAX_MB}); PLUGRT_CACHE=0 turns the cache off") from None
+  if mb < 1: raise EnvError(f"PLUGRT_CACHE_MAX_MB={v!r} is below 1 MiB", "give a size of at least 1; PLUGRT_CACHE=0 turns the cache off")
+  return mb << 20
+
+
+def _valid_namespace(name: str) -> bool: return bool(name) and name.replace("-", "").replace("_", "").isalnum() and name.isascii()
+
+
+def _untrusted(st: os.stat_result, directory: bool) -> str | None:
+  """Why what `st` describes cannot be trusted (another user could have written it), or None."""
+  if directory and not stat.S_ISDIR(st.st_mode):
+    return "is a symbolic link" if stat.S_ISLNK(st.st_mode) else "is not a directory"
+  if not directory and not stat.S_ISREG(st.st_mode): return "is not a regular file"
+  if _UID is None: return None  # no POSIX owners and modes here (Windows): nothing more to check
+  if st.st_uid != _UID: return f"belongs to uid {st.st_uid}, not to you (uid {_UID})"
+  if st.st_mode & 0o022: return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+  return None
+
+
+def _remove(path: str) -> bool:
+  """Remove what is at `path` (file, link, FIFO, directory tree) without following links; False if it stays."""
+  try: st = os.lstat(path)
+  except FileNotFoundError: return True
+  except OSError: return False
+  try:
+    if not stat.S_ISDIR(st.st_mode):
+      os.unlink(path)
+      return True
+    # out of the way first (one rename), then the tree: a directory of another user may not empty
+    aside = os.path.join(os.path.dirname(path), f".discarded-{os.getpid()}-{os.urandom(4).hex()}")
+    os.rename(path, aside)
+  except OSError: return False
+  import shutil
+  shutil.rmtree(aside, ignore_errors=True)
+  return True
+
+
+def open_root(root: str) -> bool:
+  """Create the cache root 0700, or check an existing one: ours and writable by nobody else (a
+  root only readable by others is made private). Anything else turns the cache off, with one
+  warning per root: someone else could have planted entries that pass every check."""
+  def refuse(why: str, fix: str = "set PLUGRT_CACHE_DIR to a private directory of yours") -> bool:
+    if root not in _warned_roots:
+      _warned_roots.add(root)
+      warnings.warn(f"plugrt: compile cache disabled: {why}; {fix}", stacklevel=4)
+    return False
+  try:
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    st = os.stat(root)
+  except OSError as e: return refuse(f"cannot create {root}: {e}")
+  if not stat.S_ISDIR(st.st_mode): return refuse(f"{root} is not a directory")
+  if _UID is None: return True  # no POSIX owners and modes here (Windows)
+  if st.st_uid != _UID: return refuse(f"{root} belongs to another user (uid {st.st_uid})")
+  if st.st_mode & 0o022:
+    return refuse(f"{root} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}), so anything in it may have been planted",
+                  f"remove it (rm -r {root}) or point PLUGRT_CACHE_DIR at a private directory")
+  if st.st_mode & 0o077:
+    try: os.chmod(root, 0o700)
+    except OSError as e: return refuse(f"cannot make {root} private: {e}")
+  return True
+
+
+def _pack(key: str, payload: bytes) -> bytes:
+  head = key.encode() + b"\n"
+  return _MAGIC + head + hashlib.sha256(head + payload).digest() + payload
+
+
+def _unpack(data: bytes, key: str) -> tuple[bytes | None, str | None]:
+  """(payload, None) for a good entry of `key`; else (None, why it is bad), why None for an older format."""
+  n = len(_MAGIC)
+  if data[:n] != _MAGIC: return None, None
+  if len(data) < _HEAD or data[n + 64:n + 65] != b"\n": return None, "is truncated"
+  if data[n:n + 64] != key.encode(): return None, "holds the entry of another key (copied or planted)"
+  h = hashlib.sha256()
+  mv = memoryview(data)
+  h.update(mv[n:n + 65]); h.update(mv[_HEAD:])
+  if h.digest() != data[n + 65:_HEAD]: return None, "is corrupt (its sha256 does not match)"
+  return data[_HEAD:], None
+
+
 class DiskCache:
   """One namespace (a compiler) of the cache."""
 
   def __init__(self, namespace: str, root: str | None = None):
-    if not namespace.replace("-", "").replace("_", "").isalnum(): raise ValueError(f"bad cache namespace {namespace!r}")
+    if not _valid_namespace(namespace): raise ValueError(f"bad cache namespace {namespace!r}")
     self.namespace, self.root = namespace, root
     self._dir: str | None = None
+    self._root = ""
+    self._checked: set[str] = set()  # directories found ours and closed to others (nobody else can change that)
+    self._warned = False
 
   def _base(self) -> str | None:
-    """The namespace's directory, or None when the cache directory cannot be trusted."""
+    """The namespace's directory, or None when the cache root cannot be trusted."""
     if self._dir is None:
       root = self.root or cache_dir()
-      self._dir = os.path.join(root, self.namespace) if _make_private_dir(root) else ""
+      cache_max_bytes()  # a bad PLUGRT_CACHE_MAX_MB fails the first compile, not only the first miss
+      self._root = root
+      self._dir = os.path.join(root, self.namespace) if open_root(root) else ""
     return self._dir or None
 
   def path(self, key: str) -> str:
     base = self._base()
     return os.path.join(base, key[:2], key) if base else ""
 
+  def _discard(self, path: str, why: str | None) -> None:
+    _remove(path)
+    if why and not self._warned:
+      self._warned = True
+      warnings.warn(f"plugrt: compile cache: {path} {why}; removed it (further ones are removed silently)", stacklevel=4)
+
+  def _dir_ok(self, path: str, create: bool) -> bool:
+    """Whether directory `path` is ours and closed to others; an untrusted one is discarded (and made again when create)."""
+    if path in self._checked: return True
+    for _ in range(3):
+      try: st = os.lstat(path)
+      except FileNotFoundError:
+        if not create: return False
+        try: os.mkdir(path, 0o700)
+        except FileExistsError: pass
+        except OSError: return False
+        continue
+      except OSError: return False
+      if (why := _untrusted(st, True)) is None:
+        self._checked.add(path)
+        return True
+      self._discard(path, why)
+      if not create: return False
+    return False
+
   def get(self, key: str) -> bytes | None:
-    if not (path := self.path(key)): return None
+    if not (base := self._base()) or not _valid_key(key): return None
+    shard = os.path.join(base, key[:2])
+    if shard not in self._checked and not (self._dir_ok(base, False) and self._dir_ok(shard, False)): return None
+    path = os.path.join(shard, key)
+    try: fd = os.open(path, _O_READ)
+    except OSError as e:
+      if e.errno == errno.ELOOP: self._discard(path, "is a symbolic link")
+      return None
     try:
-      with open(path, "rb") as f: data = f.read()
+      st = os.fstat(fd)
+      if (why := _untrusted(st, False)) is None and st.st_size > MAX_ENTRY: why = f"is {st.st_size} bytes, more than any entry"
+      if why is not None:
+        self._discard(path, why)
+        return None
+      data = os.read(fd, st.st_size + 1)
+      payload, why = _unpack(data, key)
+      if payload is None: self._discard(path, why)
+      elif time.time() - st.st_mtime > _TOUCH_AFTER:
+        try: os.utime(fd)  # recently used: evicted last
+        except OSError: pass
+      return payload
     except OSError: return None
-    n = len(_MAGIC)
-    if data[:n] == _MAGIC and len(data) >= n + 32 and hashlib.sha256(data[n + 32:]).digest() == data[n:n + 32]: return data[n + 32:]
-    try: os.unlink(path)  # corrupt or from another format: drop it, the caller recompiles
-    except OSError: pass
-    return None
+    finally: os.close(fd)
+
+  def evict(self, key: str) -> None:
+    """Remove key's entry (its binary failed to load)."""
+    if (path := self.path(key)) and _valid_key(key): _remove(path)
 
   def put(self, key: str, payload: bytes) -> None:
-    if not (path := self.path(key)): return
+    if not (base := self._base()) or not _valid_key(key): return
+    entry = _pack(key, payload)
+    if len(entry) > min(MAX_ENTRY, cache_max_bytes()): return  # more than the cache may hold: not kept
+    shard = os.path.join(base, key[:2])
     import tempfile
-    d = os.path.dirname(path)
-    try:
-      os.makedirs(d, mode=0o700, exist_ok=True)
-      fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+    for _ in range(2):
+      if shard not in self._checked and not (self._dir_ok(base, True) and self._dir_ok(shard, True)): return
       try:
-        with os.fdopen(fd, "wb") as f: f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
-        os.replace(tmp, os.path.join(d, key))
+        fd, tmp = tempfile.mkstemp(dir=shard, prefix=".tmp-")  # O_EXCL, 0600
+        break
+      except FileNotFoundError:  # removed since this process checked it (plugrt cache clear): check and make it again
+        self._checked.difference_update((base, shard))
+      except OSError: return
+    else: return
+    try:
+      try:
+        with os.fdopen(fd, "wb") as f: f.write(entry)
+        os.replace(tmp, os.path.join(shard, key))
       except BaseException:
         os.unlink(tmp)
         raise
-    except OSError: pass  # a cache that cannot be written is only slower, never an error
+    except OSError: return  # a cache that cannot be written is only slower, never an error
+    self._account(len(entry))
+
+  def _account(self, nbytes: int) -> None:
+    """Add nbytes to the running total; past the cap, evict least recently used entries to 7/8 of it."""
+    try:
+      import fcntl
+    except ImportError: return
+    try: fd = os.open(os.path.join(self._root, _SIZE_FILE), os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
+    except OSError: return
+    try:
+      if _untrusted(os.fstat(fd), False): return
+      fcntl.flock(fd, fcntl.LOCK_EX)  # one writer of the total at a time; released by close
+      try: total: int | None = int(os.pread(fd, 32, 0)) + nbytes
+      except ValueError: total = None  # new or unreadable: count once
+      cap = cache_max_bytes()
+      if total is None or total > cap: total = evict_to(self._root, cap * 7 // 8 if total is not None else cap)
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, str(total).encode(), 0)
+    except OSError: pass
+    finally: os.close(fd)
 
 
-def _make_private_dir(path: str) -> bool:
-  """Create the cache root 0700; tighten it if it is ours but open to others. A root owned by
-  someone else is refused: they could plant binaries that pass the hash check."""
-  try:
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.stat(path)
-  except OSError as e:
-    warnings.warn(f"plugrt: compile cache disabled: cannot create {path}: {e}", stacklevel=3)
-    return False
-  if hasattr(os, "getuid") and st.st_uid != os.getuid():
-    warnings.warn(f"plugrt: compile cache disabled: {path} belongs to another user (set PLUGRT_CACHE_DIR to a directory of yours)",
-                  stacklevel=3)
-    return False
-  if stat.S_IMODE(st.st_mode) & 0o077: os.chmod(path, 0o700)
-  return True
+def _valid_key(key: str) -> bool: return len(key) == 64 and set(key) <= _HEX
+
+
+class Entry(NamedTuple):
+  namespace: str
+  path: str
+  size: int
+  mtime: float
+
+
+def scan(root: str, namespace: str | None = None) -> Iterator[Entry]:
+  """Every entry under root (of one namespace), in trusted directories only; stale temporaries and
+  directories set aside earlier are removed on the way."""
+  now = time.time()
+  try: names = sorted(os.listdir(root))
+  except OSError: return
+  for ns in names:
+    p = os.path.join(root, ns)
+    if ns.startswith(".discarded-"): _remove(p)
+    if not _valid_namespace(ns) or (namespace is not None and ns != namespace): continue
+    try:
+      if _untrusted(os.lstat(p), True): continue
+      shards = os.listdir(p)
+    except OSError: continue
+    for sh in shards:
+      sp = os.path.join(p, sh)
+      try:
+        if len(sh) != 2 or _untrusted(os.lstat(sp), True): continue
+        with os.scandir(sp) as it: files = list(it)
+      except OSError: continue
+      for f in files:
+        try: st = f.stat(follow_symlinks=False)
+        except OSError: continue
+        if f.name.startswith(".tmp-"):
+          if now - st.st_mtime > _STALE_TMP: _remove(f.path)
+          continue
+        if stat.S_ISREG(st.st_mode): yield Entry(ns, f.path, st.st_size, st.st_mtime)
+
+
+def evict_to(root: str, target: int) -> int:
+  """Remove least recently used entries until at most `target` bytes remain; returns the bytes that remain."""
+  entries = sorted(scan(root), key=lambda e: e.mtime)
+  total = sum(e.size for e in entries)
+  for e in entries:
+    if total <= target: break
+    if _remove(e.path): total -= e.size
+  return total
+
+
+def info(root: str | None = None) -> dict:
+  """What the cache holds: its directory, whether it is usable, the cap, entries and bytes in all and per namespace."""
+  root = root or cache_dir()
+  per: dict[str, dict[str, int]] = {}
+  usable = os.path.isdir(root) and open_root(root)
+  for e in scan(root) if usable else ():
+    d = per.setdefault(e.namespace, {"entries": 0, "bytes": 0})
+    d["entries"] += 1
+    d["bytes"] += e.size
+  return {"dir": root, "usable": usable, "enabled": cache_enabled(), "max_bytes": cache_max_bytes(),
+          "entries": sum(d["entries"] for d in per.values()), "bytes": sum(d["bytes"] for d in per.values()), "namespaces": per}
+
+
+def clear(namespace: str | None = None, root: str | None = None) -> tuple[int, int]:
+  """Remove every entry (of one namespace); returns (entries, bytes) removed."""
+  root = root or cache_dir()
+  if namespace is not None and not _valid_namespace(namespace): raise ValueError(f"bad cache namespace {namespace!r}")
+  if not os.path.isdir(root): return 0, 0
+  entries = list(scan(root, namespace))
+  removed = [e for e in entries if _remove(e.path)]
+  names = [namespace] if namespace else [n for n in os.listdir(root) if _valid_namespace(n)]
+  for ns in names: _remove(os.path.join(root, ns))  # the directories too (and anything untrusted in them)
+  if namespace is None: _remove(os.path.join(root, _SIZE_FILE))
+  else:  # the total is recounted by the next put
+    try: os.unlink(os.path.join(root, _SIZE_FILE))
+    except OSError: pass
+  return len(removed), sum(e.size for e in removed)

@@ -283,6 +283,37 @@ def cmd_bench(args: argparse.Namespace) -> int:
   return 1 if failed or not targets else 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+  """`plugrt cache info` (where, how much, per compiler) and `plugrt cache clear [NAMESPACE]`."""
+  from plugrt import cache
+  from plugrt.runtime import size_str
+  if args.action == "clear":
+    if args.namespace is not None and not cache._valid_namespace(args.namespace):
+      print(f"plugrt: {args.namespace!r} is not a cache namespace (see `plugrt cache info`)", file=sys.stderr)
+      return 2
+    n, nbytes = cache.clear(args.namespace)
+    print(f"removed {n} entries ({size_str(nbytes)}) from {cache.cache_dir()}" + (f" ({args.namespace})" if args.namespace else ""))
+    return 0
+  st = cache.info()
+  if args.json:
+    print(json.dumps(st, indent=2))
+    return 0
+  state = "off (PLUGRT_CACHE=0)" if not st["enabled"] else "in use" if st["usable"] else "not usable (see the warning above)"
+  print(f"dir:      {st['dir']}  [{state}]")
+  print(f"entries:  {st['entries']}")
+  print(f"size:     {size_str(st['bytes'])} of {size_str(st['max_bytes'])} (PLUGRT_CACHE_MAX_MB; least recently used entries go first)")
+  for ns, d in sorted(st["namespaces"].items()): print(f"  {ns:<16}{d['entries']:>8} entries {size_str(d['bytes']):>12}")
+  return 0
+
+
+def _add_cache_command(sub: Any) -> None:
+  c = sub.add_parser("cache", help="the compile cache: `info` (where, entries, size, cap) or `clear [NAMESPACE]`")
+  c.add_argument("action", choices=("info", "clear"), nargs="?", default="info")
+  c.add_argument("namespace", nargs="?", help="clear only this compiler's entries (a name `plugrt cache info` lists, e.g. cpu-clang)")
+  c.add_argument("--json", action="store_true", help="machine-readable output (info)")
+  c.set_defaults(fn=cmd_cache)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog="plugrt", description="plugrt: a pluggable device runtime")
   sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
@@ -297,6 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   b.add_argument("--quick", action="store_true", help="fewer repetitions")
   b.add_argument("--json", action="store_true", help="machine-readable output")
   b.set_defaults(fn=cmd_bench)
+  _add_cache_command(sub)
   args = p.parse_args(argv)
   if args.cmd is None:  # as argparse answers a missing argument: the usage, on stderr, exit 2 (here with the commands listed)
     p.print_help(sys.stderr)

@@ -81,7 +81,13 @@ class RuntimeDevice:
     if (hit := self._kernel_programs.get((id(kernel), comp.name))) is not None and hit[0] is kernel: return hit[1]
     src = comp.render(kernel)
     if (prg := self._programs.get((comp.name, src))) is None:
-      prg = self.load(kernel.name, comp.compile(src), kernel.signature)
+      lib, cached = comp.compile_cached(src)
+      try: prg = self.load(kernel.name, lib, kernel.signature)
+      except Exception as e:
+        if not cached:
+          comp.forget(src)  # a fresh binary that does not load is a real error; it is not served from the cache either
+          raise
+        prg = self.load(kernel.name, comp.recompile(src, e), kernel.signature)  # the cache held a binary that does not load
       self._programs[(comp.name, src)] = prg
     self._kernel_programs[(id(kernel), comp.name)] = (kernel, prg)
     return prg

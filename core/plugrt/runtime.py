@@ -194,12 +194,36 @@ class Compiler:
     return cache_key(*self._key_prefix, src)
 
   def compile(self, src: str) -> bytes:
+    """The binary of `src`, from the disk cache when it holds one."""
+    return self.compile_cached(src)[0]
+
+  def compile_cached(self, src: str) -> tuple[bytes, bool]:
+    """(binary of `src`, whether it came from the disk cache). A binary from the cache that then fails
+    to load is no reason to fail: the caller hands it to recompile()."""
     from plugrt.cache import cache_enabled
-    if self._disk is None or not cache_enabled(): return self.compile_uncached(src)
+    if self._disk is None or not cache_enabled(): return self.compile_uncached(src), False
     key = self.cache_key(src)
-    if (lib := self._disk.get(key)) is not None: return lib
+    if (lib := self._disk.get(key)) is not None: return lib, True
     lib = self.compile_uncached(src)
     self._disk.put(key, lib)
+    return lib, False
+
+  def forget(self, src: str) -> None:
+    """Remove `src`'s binary from the disk cache."""
+    from plugrt.cache import cache_enabled
+    if self._disk is not None and cache_enabled(): self._disk.evict(self.cache_key(src))
+
+  def recompile(self, src: str, error: BaseException) -> bytes:
+    """`src`'s binary from the disk cache failed to load with `error`: evict the entry, compile again
+    (and cache the new binary). A binary that fails to load when freshly compiled is a real error."""
+    import warnings
+
+    from plugrt.cache import cache_enabled
+    self.forget(src)
+    warnings.warn(f"plugrt: {self.name}: a cached binary failed to load ({type(error).__name__}: {error}); "
+                  f"removed it from the compile cache and compiled again", stacklevel=3)
+    lib = self.compile_uncached(src)
+    if self._disk is not None and cache_enabled(): self._disk.put(self.cache_key(src), lib)
     return lib
 
 

@@ -1,7 +1,8 @@
 """The CL compiler: OpenCL C -> the device's program binary, built once.
 
 compile_uncached builds the source with the platform's compiler and returns the binary
-the device reports (CL_PROGRAM_BINARIES); the built program is handed to the loader
+the device reports (CL_PROGRAM_BINARIES) inside a frame (magic line, sha256) that the
+loader checks before the driver sees a byte; the built program is handed to the loader
 as it is (CLState.fresh), so a new kernel is built exactly once. The core's disk cache
 keeps the binary under a key of platform name and version, device name and version,
 driver version and build options; a hit is loaded with clCreateProgramWithBinary,
@@ -15,11 +16,12 @@ reject that, the first failure switches this compiler back to the full header fo
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pyopencl as cl
 
-from plugrt.errors import CompileError
+from plugrt.errors import CompileError, PluginError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import Kernel
 from plugrt.runtime import Compiler
@@ -71,8 +73,26 @@ class CLCompiler(Compiler):
       if not self.bare: raise
       prg = build(self.state, src, None, "")  # the full header builds it: this PoCL does not take the fast path
       self.bare, self._key_prefix = False, None  # from now on, and under its own cache key
-    binary = prg.get_info(cl.program_info.BINARIES)[0]
+    lib = frame(prg.get_info(cl.program_info.BINARIES)[0])
     fresh = self.state.fresh
-    fresh[binary] = (prg, self.options)
+    fresh[lib] = (prg, self.options)
     while len(fresh) > FRESH_KEEP: fresh.pop(next(iter(fresh)))
-    return binary
+    return lib
+
+
+FRAME = b"plugrt-cl-binary 1\n"
+
+
+def frame(binary: bytes) -> bytes:
+  """What the CL compiler returns (and the disk cache keeps): the driver's binary behind a magic line and its sha256."""
+  return FRAME + hashlib.sha256(binary).digest() + binary
+
+
+def unframe(lib: bytes, name: str) -> bytes:
+  """The driver's binary out of frame(); PluginError for anything else. PoCL trusts the sizes inside a
+  binary and aborts the process on a truncated or foreign one, so only what this compiler made reaches it."""
+  n = len(FRAME)
+  if lib[:n] != FRAME or len(lib) <= n + 32 or hashlib.sha256(memoryview(lib)[n + 32:]).digest() != lib[n:n + 32]:
+    raise PluginError(f"CL program {name}: the binary is not one plugrt's CL compiler made (no intact plugrt-cl-binary frame)",
+                      "compile the kernel with this device's compiler (device.program or compiler.compile)")
+  return lib[n + 32:]

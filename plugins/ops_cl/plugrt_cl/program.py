@@ -21,7 +21,7 @@ from plugrt.dtype import DType, dtypes, f32_to_bf16
 from plugrt.errors import PluginError
 from plugrt.ir import Signature
 from plugrt.runtime import Program
-from plugrt_cl.compiler import build
+from plugrt_cl.compiler import build, unframe
 from plugrt_cl.device import CLState
 
 _enqueue = cl._cl.enqueue_nd_range_kernel
@@ -85,5 +85,5 @@ def load_program(device: Any, name: str, lib: bytes, signature: Signature) -> CL
   """The program for `lib`: the one compile_uncached just built, else a build from the binary (a disk-cache hit)."""
   st: CLState = device.info.state
   fresh = st.fresh.pop(lib, None)
-  prg = fresh[0] if fresh is not None else build(st, None, lib, "", name)
+  prg = fresh[0] if fresh is not None else build(st, None, unframe(lib, name), "", name)
   return CLProgram(device, name, lib, signature, prg)

@@ -4,23 +4,28 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from plugrt.errors import PluginError
-
 if TYPE_CHECKING:
   from plugrt.ir import Signature
 
 ET_REL, ET_DYN = 1, 3
+_MACHINES = {"x86_64": 62, "amd64": 62, "aarch64": 183, "arm64": 183, "riscv64": 243, "ppc64le": 21}
+
+
+def check_elf(lib: bytes, name: str) -> int:
+  """The ELF type of a CPU binary once plugrt.elf.check_elf found it whole and for this machine; PluginError otherwise."""
+  import platform
+
+  from plugrt.elf import check_elf as check
+  return check(lib, f"CPU program {name}", (ET_REL, ET_DYN), _MACHINES.get(platform.machine().lower()))
 
 
 def load_program(device: Any, name: str, lib: bytes, signature: Signature) -> Any:
   from plugrt_cpu.program import CPUProgram
-  if lib[:4] != b"\x7fELF": raise PluginError(f"CPU program {name}: the binary is not an ELF file")
-  kind = int.from_bytes(lib[16:18], "little")
+  kind = check_elf(lib, name)
   if kind == ET_DYN:
     from plugrt_cpu.clang import load_shared
     addr, owner = load_shared(lib, name)
-  elif kind == ET_REL:
+  else:
     from plugrt_cpu.llvm import load_object
     addr, owner = load_object(lib, name)
-  else: raise PluginError(f"CPU program {name}: ELF type {kind} is neither a shared nor a relocatable object")
   return CPUProgram(device, name, lib, signature, addr, owner)

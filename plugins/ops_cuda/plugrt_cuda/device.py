@@ -331,4 +331,7 @@ class CUDAGraph(Graph):
 
 
 def load_program(device: Any, name: str, lib: bytes, signature: Signature) -> CUDAProgram:
+  if lib[:4] == b"\x7fELF":  # a cubin (PTX is text, which the driver's JIT parses and rejects by itself)
+    from plugrt.elf import ET_EXEC, ET_REL, check_elf
+    check_elf(lib, f"CUDA program {name}", (ET_EXEC, ET_REL), 190)  # EM_CUDA: a truncated cubin raises here, not in the driver
   return CUDAProgram(device, name, lib, signature)

@@ -97,11 +97,16 @@ def _records(data: bytes):
     else: yield attr, v
 
 
+EM_CUDA = 190
+
+
 def parse(blob: bytes, name: str | None = None) -> Kernel:
   """The kernel `name` (or the cubin's only kernel) of `blob`; a file that is not a cubin raises CompileError."""
   if blob[:4] != b"\x7fELF" or blob[4] != 2:
     raise CompileError("not a cubin: the NV device loads 64-bit ELF kernels (NVRTC -cubin or ptxas output)",
                        hint="compile with the NV device's compiler")
+  from plugrt.elf import ET_EXEC, ET_REL, check_elf
+  check_elf(blob, "cubin", (ET_EXEC, ET_REL), EM_CUDA)  # every table inside the file: a truncated cubin raises, not uploads garbage
   shoff, = struct.unpack_from("<Q", blob, 0x28)
   shentsize, shnum, shstrndx = struct.unpack_from("<HHH", blob, 0x3A)
   raw = [struct.unpack_from("<IIQQQQIIQQ", blob, shoff + i * shentsize) for i in range(shnum)]

@@ -1,0 +1,392 @@
+"""The compile cache under attack (issue 19): planted binaries, entries swapped between keys, entries that do
+not load, FIFOs and huge files at entry paths, unusable roots, and its growth.
+
+Every test uses its own cache root. Runs that load a cached binary go through a subprocess (the worker
+below): on a broken cache they die (SIGSEGV, an abort in PoCL) or hang (a FIFO), and a planted shared
+object runs its constructor in whatever process loads it. The worker compiles and runs kernel `adv`
+(out[0] = x[0] + 3, or * 3 for "mul"), on x = 5: 8 is the right answer for "add", 15 says the binary of
+"mul" ran in its place.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plugrt import Device, dtypes
+from plugrt.cache import DiskCache
+from plugrt.errors import EnvError
+from plugrt.ir import Kernel, KernelBuilder
+
+TARGETS = ["CPU:CLANG", "CPU:LLVM", "CL:CL", "WEBGPU:WGSL"]
+OTHER_UID = 65534  # nobody: "another user" (these tests run as root, which may chown)
+ADD, MUL = 8.0, 15.0
+
+WORKER = r"""
+import json, sys, warnings
+import numpy as np
+from plugrt import Buffer, Device, dtypes
+from plugrt.ir import KernelBuilder
+device, compiler, op = sys.argv[1:4]
+b = KernelBuilder("adv")
+out, x = b.buffer("out", dtypes.float32), b.buffer("x", dtypes.float32)
+out[0] = x[0] * 3.0 if op == "mul" else x[0] + 3.0
+with warnings.catch_warnings(record=True) as caught:
+  warnings.simplefilter("always")
+  dev = Device[device]
+  prg = dev.program(b.finish(), compiler)
+  o, i = Buffer(dev, 1), Buffer(dev, 1).copyin(np.array([5.0], np.float32))
+  prg(o, i, wait=True)
+print(json.dumps({"out": float(o.numpy()[0]), "warnings": [str(w.message) for w in caught if "plugrt" in str(w.message)]}))
+"""
+
+# a constructor: runs the moment the shared object is dlopen'ed, before plugrt looks at anything in it
+CONSTRUCTOR = """
+long write(int fd, const void *buf, unsigned long n);
+__attribute__((constructor)) static void planted(void) { write(1, "PLANTED\\n", 8); }
+"""
+
+
+def kernel(op: str) -> Kernel:
+  b = KernelBuilder("adv")
+  out, x = b.buffer("out", dtypes.float32), b.buffer("x", dtypes.float32)
+  out[0] = x[0] * 3.0 if op == "mul" else x[0] + 3.0
+  return b.finish()
+
+
+class Target:
+  """One compiler as the tests see it: its namespace, the key of a kernel, and binaries made outside the cache."""
+
+  def __init__(self, name: str):
+    self.name = name
+    self.device, self.compiler = name.split(":")
+    self.comp = Device[self.device].compiler_for(self.compiler)
+    self.ns = self.comp.cache_namespace
+
+  def src(self, op: str) -> str: return self.comp.render(kernel(op))
+  def key(self, op: str = "add") -> str: return self.comp.cache_key(self.src(op))
+  def binary(self, op: str) -> bytes: return self.comp.compile_uncached(self.src(op))
+
+  def planted(self) -> bytes:
+    """What an attacker puts under the key of "add": the binary of "mul" (with a constructor, where binaries have them)."""
+    if self.compiler == "CLANG": return self.comp.compile_uncached(self.src("mul") + CONSTRUCTOR)
+    return self.binary("mul")
+
+  def run(self, root: Path, op: str = "add", timeout: float = 120, **env: str) -> dict[str, Any]:
+    e = dict(os.environ, PLUGRT_CACHE_DIR=str(root), **env)
+    e.pop("PLUGRT_CACHE", None)
+    try: p = subprocess.run([sys.executable, "-c", WORKER, self.device, self.compiler, op], env=e, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired: pytest.fail(f"{self.name}: the run hung ({timeout} s) on the cache at {root}")
+    assert p.returncode == 0, f"{self.name}: the run died (exit {p.returncode}) on the cache at {root}\n{p.stdout}\n{p.stderr[-4000:]}"
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    res["stdout"] = p.stdout
+    return res
+
+
+_targets: dict[str, Target] = {}
+
+
+@pytest.fixture(params=TARGETS)
+def target(request: pytest.FixtureRequest) -> Target:
+  name = request.param
+  if name not in _targets:
+    device = name.split(":")[0]
+    if device not in Device.available(): pytest.skip(f"{device} is not available here")
+    try: _targets[name] = Target(name)
+    except Exception as e: pytest.skip(f"{name} cannot compile here: {e}")
+  return _targets[name]
+
+
+def entry_file(ns: str, key: str, payload: bytes, staging: Path) -> bytes:
+  """The bytes plugrt itself writes for (key, payload): what an attacker who knows the format writes too."""
+  DiskCache(ns, root=str(staging)).put(key, payload)
+  return (staging / ns / key[:2] / key).read_bytes()
+
+
+def make_dir(path: Path, mode: int = 0o700, owner: int | None = None) -> Path:
+  path.mkdir(exist_ok=True)
+  os.chmod(path, mode)
+  if owner is not None: os.chown(path, owner, owner)
+  return path
+
+
+def write_file(path: Path, data: bytes, mode: int = 0o600, owner: int | None = None) -> Path:
+  path.write_bytes(data)
+  os.chmod(path, mode)
+  if owner is not None: os.chown(path, owner, owner)
+  return path
+
+
+def assert_add(res: dict[str, Any]) -> None:
+  assert "PLANTED" not in res["stdout"], "the planted shared object's constructor ran"
+  assert res["out"] == ADD, f"got {res['out']}: the planted binary of 'mul' ran in place of 'add'"
+
+
+# ---------------------------------------------------------------- D4: binaries planted by another user
+
+def test_planted_while_the_root_was_open_is_never_loaded(target: Target, tmp_path: Path) -> None:
+  """The root was 0777 while another user planted a namespace, shard and entry under the key of "add"."""
+  root = make_dir(tmp_path / "cache", 0o777)
+  data = entry_file(target.ns, target.key(), target.planted(), tmp_path / "staging")
+  key = target.key()
+  ns = make_dir(root / target.ns, 0o755, OTHER_UID)
+  shard = make_dir(ns / key[:2], 0o755, OTHER_UID)
+  write_file(shard / key, data, 0o644, OTHER_UID)
+  res = target.run(root)
+  assert_add(res)
+  assert any("writable by group or others" in w for w in res["warnings"]), res["warnings"]
+  assert stat.S_IMODE(root.stat().st_mode) == 0o777  # refused as it is: never tightened, then trusted
+
+
+@pytest.mark.parametrize("attack", ["foreign_namespace", "foreign_shard", "foreign_entry", "open_namespace", "open_shard", "open_entry",
+                                    "symlinked_namespace", "symlinked_entry"])
+def test_untrusted_path_levels_are_discarded(target: Target, tmp_path: Path, attack: str) -> None:
+  """A private root, but one level below it belongs to another user, is writable by others, or is a link out of the cache."""
+  key = target.key()
+  data = entry_file(target.ns, key, target.planted(), tmp_path / "staging")
+  root = make_dir(tmp_path / "cache")
+  outside = make_dir(tmp_path / "outside")
+  if attack == "symlinked_namespace":
+    make_dir(outside / key[:2])
+    write_file(outside / key[:2] / key, data)
+    (root / target.ns).symlink_to(outside)
+  else:
+    ns = make_dir(root / target.ns, *{"foreign_namespace": (0o755, OTHER_UID), "open_namespace": (0o777, None)}.get(attack, (0o700, None)))
+    shard = make_dir(ns / key[:2], *{"foreign_shard": (0o755, OTHER_UID), "open_shard": (0o777, None)}.get(attack, (0o700, None)))
+    if attack == "symlinked_entry":
+      (shard / key).symlink_to(write_file(outside / "entry", data))
+    else:
+      write_file(shard / key, data, *{"foreign_entry": (0o644, OTHER_UID), "open_entry": (0o666, None)}.get(attack, (0o600, None)))
+  res = target.run(root)
+  assert_add(res)
+  assert any("removed it" in w for w in res["warnings"]), res["warnings"]
+  if attack.startswith("symlinked"):  # the link is removed, never what it points to
+    assert (outside / key[:2] / key).exists() or (outside / "entry").exists()
+  # what is left is plugrt's own: a trusted entry of "add", which the next run hits
+  st = (root / target.ns / key[:2] / key).lstat()
+  assert stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+  assert DiskCache(target.ns, root=str(root)).get(key) not in (None, target.planted())
+
+
+# ---------------------------------------------------------------- D5: entries bound to their key; unloadable entries
+
+def test_an_entry_copied_under_another_key_is_a_miss(target: Target, tmp_path: Path) -> None:
+  root = tmp_path / "cache"
+  assert target.run(root, "add")["out"] == ADD and target.run(root, "mul")["out"] == MUL  # both cached
+  add, mul = (root / target.ns / k[:2] / k for k in (target.key("add"), target.key("mul")))
+  assert add.exists() and mul.exists()
+  add.write_bytes(mul.read_bytes())
+  res = target.run(root, "add")
+  assert res["out"] == ADD, "the entry of 'mul' copied over 'add' was loaded"
+  assert any("another key" in w for w in res["warnings"]), res["warnings"]
+
+
+@pytest.mark.parametrize("damage", ["half", "garbage"])
+def test_a_cached_binary_that_does_not_load_is_evicted_and_recompiled(target: Target, tmp_path: Path, damage: str) -> None:
+  """The entry is intact as an entry (right key, right sha256), but its payload does not load (half a binary, or
+  bytes of no format): the run must neither die nor fail, and must leave a loadable entry behind."""
+  root = tmp_path / "cache"
+  key, good = target.key(), target.binary("add")
+  bad = good[:len(good) // 2] if damage == "half" else bytes(range(256)) * 8
+  DiskCache(target.ns, root=str(root)).put(key, bad)
+  assert DiskCache(target.ns, root=str(root)).get(key) == bad
+  res = target.run(root)
+  assert res["out"] == ADD
+  assert any("failed to load" in w for w in res["warnings"]), res["warnings"]
+  assert DiskCache(target.ns, root=str(root)).get(key) not in (None, bad)  # replaced by a binary that loads
+  res = target.run(root)
+  assert res["out"] == ADD and not any("failed to load" in w for w in res["warnings"])
+
+
+def test_a_binary_that_fails_to_load_fresh_is_a_real_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+  """Recompiling is for binaries that came from the cache: a fresh one that fails raises, once, without a retry."""
+  dev = Device["CPU"]
+  comp = dev.compiler_for("CLANG")
+  monkeypatch.setenv("PLUGRT_CACHE_DIR", str(tmp_path))
+  monkeypatch.setattr(comp, "_disk", DiskCache(comp.cache_namespace))
+  calls = []
+  def broken(src: str) -> bytes:
+    calls.append(src)
+    return b"\x7fELF but nothing after it"
+  monkeypatch.setattr(comp, "compile_uncached", broken)
+  from plugrt.errors import PluginError
+  k = _unique_kernel()
+  with pytest.raises(PluginError, match="not a loadable ELF"): dev.program(k, "CLANG")
+  assert len(calls) == 1
+  assert comp._disk.get(comp.cache_key(calls[0])) is None  # and it is not served from the cache next time
+
+
+def _unique_kernel() -> Kernel:
+  b = KernelBuilder(f"fresh_{os.getpid()}_{time.time_ns()}")
+  out, x = b.buffer("out", dtypes.float32), b.buffer("x", dtypes.float32)
+  out[0] = x[0] + 1.0
+  return b.finish()
+
+
+def test_cpu_loader_refuses_truncated_and_foreign_elfs() -> None:
+  from plugrt.errors import PluginError
+  from plugrt_cpu.loader import check_elf
+  comp = Device["CPU"].compiler_for("CLANG")
+  so = comp.compile_uncached(comp.render(kernel("add")))
+  assert check_elf(so, "adv") == 3
+  for cut in (10, 63, 64, 200, len(so) // 2, len(so) - 1):
+    with pytest.raises(PluginError, match="not a loadable ELF"): check_elf(so[:cut], "adv")
+  foreign = bytearray(so)
+  foreign[18:20] = (183 if foreign[18] == 62 else 62).to_bytes(2, "little")  # another machine
+  with pytest.raises(PluginError, match="machine"): check_elf(bytes(foreign), "adv")
+
+
+def test_cl_loader_refuses_what_its_compiler_did_not_make() -> None:
+  if "CL" not in Device.available(): pytest.skip("CL is not available here")
+  from plugrt.errors import PluginError
+  from plugrt_cl.compiler import frame, unframe
+  lib = Device["CL"].compiler.compile_uncached(Device["CL"].compiler.render(kernel("add")))
+  raw = unframe(lib, "adv")
+  assert frame(raw) == lib
+  for bad in (raw, lib[:len(lib) // 2], lib[:-1], lib + b"\0"):
+    with pytest.raises(PluginError, match="not one plugrt's CL compiler made"): unframe(bad, "adv")
+
+
+# ---------------------------------------------------------------- D7: what is at an entry's path; unusable roots
+
+def test_a_fifo_at_an_entry_path_is_discarded(target: Target, tmp_path: Path) -> None:
+  root = make_dir(tmp_path / "cache")
+  key = target.key()
+  shard = make_dir(make_dir(root / target.ns) / key[:2])
+  os.mkfifo(shard / key, 0o600)
+  res = target.run(root, timeout=60)
+  assert res["out"] == ADD
+  assert stat.S_ISREG((shard / key).lstat().st_mode)  # replaced by a real entry
+
+
+def test_a_huge_file_at_an_entry_path_is_not_read(tmp_path: Path) -> None:
+  """A 3 GiB (sparse) file where an entry should be: refused from its size, in a process that could not even hold it."""
+  key = "ab" * 32
+  shard = make_dir(make_dir(make_dir(tmp_path / "cache") / "unit") / key[:2])
+  with open(shard / key, "wb") as f: f.truncate(3 << 30)
+  code = ("import resource, sys\nresource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+          "from plugrt.cache import DiskCache\nimport warnings\nwarnings.simplefilter('ignore')\n"
+          f"print(DiskCache('unit', root={str(tmp_path / 'cache')!r}).get({key!r}))")
+  p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+  assert p.returncode == 0 and p.stdout.strip() == "None", p.stderr[-2000:]
+  assert not (shard / key).exists()
+
+
+def test_a_root_that_cannot_be_made_private_runs_uncached_with_one_warning(target: Target) -> None:
+  """/proc/self is ours and readable by others, and chmod fails on it: as on a read-only mount."""
+  res = target.run(Path("/proc/self"))
+  assert res["out"] == ADD
+  assert [w for w in res["warnings"] if "compile cache disabled" in w] == [w for w in res["warnings"] if "plugrt" in w]
+  assert len(res["warnings"]) == 1, res["warnings"]
+
+
+def test_read_only_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+  root = make_dir(tmp_path / "ro", 0o755)
+  def read_only(*a: Any, **k: Any) -> None: raise OSError(30, "Read-only file system")
+  monkeypatch.setattr(os, "chmod", read_only)
+  dc = DiskCache("unit", root=str(root))
+  with pytest.warns(UserWarning, match="compile cache disabled.*Read-only") as w:
+    dc.put("cd" * 32, b"x")
+    assert dc.get("cd" * 32) is None
+    DiskCache("other", root=str(root)).get("cd" * 32)  # another compiler: no second warning
+  assert len([x for x in w if "compile cache disabled" in str(x.message)]) == 1
+  assert not list(root.iterdir())
+
+
+def test_old_format_entries_are_a_silent_miss(tmp_path: Path) -> None:
+  import hashlib
+  import warnings
+  key = "ef" * 32
+  shard = make_dir(make_dir(make_dir(tmp_path / "c") / "unit") / key[:2])
+  write_file(shard / key, b"plugrt-cache-v1\n" + hashlib.sha256(b"old").digest() + b"old")
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    assert DiskCache("unit", root=str(tmp_path / "c")).get(key) is None
+  assert not (shard / key).exists()
+
+
+def test_concurrent_writers_and_readers_see_whole_entries(tmp_path: Path) -> None:
+  key, payload = "12" * 32, os.urandom(200_000)
+  seen, errors = [], []
+  def work() -> None:
+    dc = DiskCache("unit", root=str(tmp_path))
+    try:
+      for _ in range(60):
+        dc.put(key, payload)
+        seen.append(dc.get(key))
+    except Exception as e: errors.append(e)
+  threads = [threading.Thread(target=work) for _ in range(4)]
+  for t in threads: t.start()
+  for t in threads: t.join()
+  assert not errors and seen and all(s is None or s == payload for s in seen) and seen.count(payload) > len(seen) // 2
+  assert not list(tmp_path.rglob(".tmp-*"))
+
+
+# ---------------------------------------------------------------- growth: a size cap, least recently used out first
+
+def test_the_cache_is_bounded_and_evicts_least_recently_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+  import plugrt.cache as C
+  monkeypatch.setenv("PLUGRT_CACHE_MAX_MB", "1")
+  scans = []
+  real = C.evict_to
+  monkeypatch.setattr(C, "evict_to", lambda root, target: scans.append(target) or real(root, target))
+  dc = DiskCache("unit", root=str(tmp_path))
+  keys = [f"{i:064x}" for i in range(500)]
+  blob = b"k" * (20 << 10)
+  for k in keys[:10]: dc.put(k, blob)
+  assert len(scans) == 1  # the first put counts what is there; the next ones only add to the running total
+  old = time.time() - 3600
+  for k in keys[:10]: os.utime(dc.path(k), (old, old))
+  for k in keys[10:40]: dc.put(k, blob)
+  assert len(scans) == 1 and all(dc.get(k) == blob for k in keys[:40])  # 40 x 20 KiB: under the cap, nothing evicted
+  for k in keys[:10]: os.utime(dc.path(k), (old, old))
+  assert dc.get(keys[0]) == blob  # a hit makes it the most recently used of the old ones
+  for k in keys[40:60]: dc.put(k, blob)  # past the cap: the least recently used go
+  assert dc.get(keys[0]) == blob and dc.get(keys[1]) is None and dc.get(keys[59]) == blob
+  for k in keys[60:]: dc.put(k, blob)  # 500 kernels of 20 KiB: 10 MiB through a 1 MiB cache
+  files = [p for p in (tmp_path / "unit").rglob("*") if p.is_file()]
+  assert sum(p.stat().st_size for p in files) <= 1 << 20
+  assert 30 < len(files) < 52 and dc.get(keys[-1]) == blob
+  assert len(scans) <= 2 + 500 * len(blob) // ((1 << 20) // 8) < 100  # a scan per 1/8 of the cap written, not one per put
+  assert int((tmp_path / ".size").read_text()) == sum(p.stat().st_size for p in files)
+
+
+@pytest.mark.parametrize("value", ["lots", "0", "-5", "1.5"])
+def test_a_bad_cache_cap_is_a_typed_error(value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+  from plugrt.hookspecs import DeviceInfo
+  from plugrt.runtime import Compiler
+  class Echo(Compiler):
+    name, cache_namespace = "ECHO", "unit-echo"
+    def toolchain(self) -> tuple[str, ...]: return ("echo",)
+    def compile_uncached(self, src: str) -> bytes: return src.encode()
+  monkeypatch.setenv("PLUGRT_CACHE_DIR", str(tmp_path))
+  monkeypatch.setenv("PLUGRT_CACHE_MAX_MB", value)
+  with pytest.raises(EnvError, match="PLUGRT_CACHE_MAX_MB"): Echo(DeviceInfo("UNIT", 0, "ECHO")).compile("src")
+
+
+def test_cli_cache_info_and_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+  from plugrt.cli import main
+  monkeypatch.setenv("PLUGRT_CACHE_DIR", str(tmp_path))
+  monkeypatch.setenv("PLUGRT_CACHE_MAX_MB", "64")
+  caches = {ns: DiskCache(ns) for ns in ("unit-a", "unit-b")}
+  for ns, n in (("unit-a", 3), ("unit-b", 2)):
+    for i in range(n): caches[ns].put(f"{i:064x}", b"x" * 1000)
+  assert main(["cache", "info", "--json"]) == 0
+  st = json.loads(capsys.readouterr().out)
+  assert st["dir"] == str(tmp_path) and st["entries"] == 5 and st["max_bytes"] == 64 << 20
+  assert st["namespaces"]["unit-a"]["entries"] == 3 and st["namespaces"]["unit-b"]["entries"] == 2
+  assert main(["cache"]) == 0 and "unit-a" in capsys.readouterr().out
+  assert main(["cache", "clear", "unit-a"]) == 0 and "removed 3 entries" in capsys.readouterr().out
+  assert main(["cache", "clear", "../etc"]) == 2
+  assert main(["cache", "clear"]) == 0 and "removed 2 entries" in capsys.readouterr().out
+  assert not [p for p in tmp_path.iterdir()]
+  caches["unit-a"].put("0" * 64, b"again")  # a process that used the cache before the clear still writes to it
+  assert DiskCache("unit-a").get("0" * 64) == b"again"
