@@ -53,8 +53,14 @@ def device_rows() -> tuple[list[dict[str, Any]], str | None, str | None]:
     rows.append({"device": br.name, "package": br.package, "version": br.version, "available": probe.ok and br.open_error is None,
                  "count": probe.count, "default": br.name == (default or "").split(":")[0], "priority": br.priority,
                  "compilers": compilers, "interfaces": interfaces, "reason": reason, "detail": detail, "hint": hint,
-                 "info": dict(probe.info), "description": br.spec.description if br.spec else ""})
+                 "info": dict(probe.info), "description": br.spec.description if br.spec else "",
+                 "warnings": list(br.plugin.warnings) if br.plugin is not None else []})
   return rows, default, env_error
+
+
+def plugin_warnings() -> list[dict[str, str]]:
+  """Each plugin's mistakes that did not stop it loading (an entry point's ignored attribute, ...)."""
+  return [{"plugin": p.entry, "package": p.package, "module": p.module_name, "warning": w} for p in _registry().plugins for w in p.warnings]
 
 
 def _fmt_compilers(cs: list[dict[str, Any]]) -> str:
@@ -68,7 +74,7 @@ def _fmt_ifaces(fs: list[dict[str, Any]]) -> str:
 def cmd_devices(args: argparse.Namespace) -> int:
   rows, default, env_error = device_rows()
   if args.json:
-    print(json.dumps({"default": default, "environment_error": env_error, "backends": rows}, indent=2))
+    print(json.dumps({"default": default, "environment_error": env_error, "backends": rows, "plugin_warnings": plugin_warnings()}, indent=2))
     return 0
   table = [("DEVICE", "PACKAGE", "VERSION", "STATUS", "DEFAULT", "COMPILERS", "INTERFACES")]
   for r in rows:
@@ -92,6 +98,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
   if notes:
     print("\nwhy some are unavailable:")
     for what, detail, hint in notes: print(f"  {what}: {detail}" + (f"\n      fix: {hint}" if hint else ""))
+  if warnings := plugin_warnings():
+    print("\nplugin warnings (the plugins load; their authors should fix these):")
+    for w in warnings: print(f"  warning: {w['package']} ({w['module']}): {w['warning']}")
   return 0
 
 

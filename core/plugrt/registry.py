@@ -14,6 +14,7 @@ import contextlib
 import fnmatch
 import importlib
 import os
+import sys
 from _thread import RLock, allocate_lock  # threading's locks, without importing threading (~1 ms of discovery)
 from collections.abc import Iterator, Sequence
 from types import ModuleType
@@ -22,7 +23,7 @@ from typing import Any
 import pluggy
 
 from plugrt import hookspecs
-from plugrt._entrypoints import entry_points
+from plugrt._entrypoints import entry_points, foreign_modules, import_warning, name_warning, value_warning
 from plugrt.errors import DeviceUnavailable, EnvError, PlugrtError, Reason, UnknownDeviceError, did_you_mean
 from plugrt.hookspecs import PLUGIN_API_VERSION, BackendSpec, DeviceInfo, InterfaceSpec, Probe
 from plugrt.selection import BackendFacts, Selection, select
@@ -66,6 +67,7 @@ class PluginRecord:
     self.backends: list[BackendSpec] = []
     self.interfaces: list[InterfaceSpec] = []
     self.declared: list[str] = []  # backend names it declared, kept when it is refused after declaring
+    self.warnings: list[str] = []  # mistakes that do not stop it loading (`plugrt devices` shows them)
 
   def __repr__(self) -> str: return f"<PluginRecord {self.entry} ({self.module_name}){f' {self.reason.value}' if self.reason else ''}>"
 
@@ -153,7 +155,9 @@ class Registry:
     autoload = self._autoload if self._autoload is not None else _env_bool(env, "PLUGRT_AUTOLOAD", True)
     records: list[PluginRecord] = []
     if autoload:
-      records += [PluginRecord(ep.name, ep.module, ep.dist, ep.version) for ep in entry_points(GROUP)]
+      for ep in entry_points(GROUP):
+        records.append(rec := PluginRecord(ep.name, ep.module, ep.dist, ep.version))
+        if (w := value_warning(ep)): rec.warnings.append(w)
     records += [PluginRecord(m, m, source="PLUGRT_EXTRA_PLUGINS") for m in _names(env.get("PLUGRT_EXTRA_PLUGINS", ""))]
     for p in self._explicit:
       name = p if isinstance(p, str) else getattr(p, "__name__", type(p).__name__)  # a module, or an object with hook methods
@@ -182,7 +186,10 @@ class Registry:
 
   def _load_plugin(self, rec: PluginRecord) -> None:
     try:
-      if rec.module is None: rec.module = importlib.import_module(rec.module_name)
+      if rec.module is None:
+        before = set(sys.modules)
+        rec.module = importlib.import_module(rec.module_name)
+        if (w := import_warning(rec.module_name, foreign_modules(sys.modules.keys() - before, rec.module_name))): rec.warnings.append(w)
     except (Exception, SystemExit) as e:  # a plugin must never take plugrt down with it
       missing = isinstance(e, ModuleNotFoundError) and e.name and (rec.module_name == e.name or rec.module_name.startswith(e.name + "."))
       kind = "is not installed" if missing else "failed to import"
@@ -208,6 +215,7 @@ class Registry:
       rec.fail(Reason.HOOK_ERROR, f"declaration hook raised {_short_error(e)}")
       return
     rec.declared = [b.name for b in backends]
+    if rec.source == "entry point" and (w := name_warning(rec.entry, rec.declared)): rec.warnings.append(w)
     for b in backends:
       if (problem := _api_problem(b.api_version)):
         self.pm.unregister(rec.hooks)
@@ -447,8 +455,15 @@ def _hook_functions(module: ModuleType) -> ModuleType:
 
 
 def _api_problem(version: Any) -> str:
-  try: major, minor = (int(x) for x in str(version).split(".")[:2])
-  except ValueError: return f"{version!r} is not MAJOR.MINOR"
+  """What is wrong with a BackendSpec's api_version: "MAJOR.MINOR" (a string) or (major, minor), as PLUGIN_API_VERSION."""
+  if isinstance(version, tuple) and len(version) == 2 and all(type(x) is int for x in version): major, minor = version
+  else:
+    try:
+      if not isinstance(version, str): raise ValueError
+      major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+      return (f"{version!r} is not MAJOR.MINOR: write api_version=\"{PLUGIN_API_VERSION[0]}.{PLUGIN_API_VERSION[1]}\" "
+              f"or api_version=plugrt.PLUGIN_API_VERSION")
   if major != PLUGIN_API_VERSION[0]: return "the major versions differ"
   if minor > PLUGIN_API_VERSION[1]: return "it needs a newer plugrt"
   return ""
