@@ -172,4 +172,8 @@ def test_plugrt_fuzz_runs_the_fuzzer_on_the_suites_device(pytester: pytest.Pytes
   result.assert_outcomes(passed=3)
   result = run_suite(pytester, monkeypatch, broken_source(WRONG_MUL), "-k", "fuzz", "--plugrt-fuzz=6")
   assert result.parseoutcomes().get("failed", 0) >= 1, result.outlines[-20:]
-  assert "python scripts/fuzz.py --kinds" in result.stdout.str()  # the reproducer
+  m = re.search(r"reproduce: python -m pytest '(test_broken.py::TestBroken::test_fuzz\[PY-seed(\d+)\])' --plugrt-fuzz=1 --plugrt-fuzz-seed=(\d+)",
+                result.stdout.str())
+  assert m and m[2] == m[3], result.stdout.str()[-3000:]
+  again = run_suite(pytester, monkeypatch, broken_source(WRONG_MUL), m[1], "--plugrt-fuzz=1", f"--plugrt-fuzz-seed={m[2]}")
+  again.assert_outcomes(failed=1)  # the command it prints runs that seed again

@@ -263,7 +263,7 @@ class ConformanceSuite:
                            "library and plugrt; import the rest inside the hooks that build the device's objects")
 
   # ------------------------------------------------------------ differential fuzzing (pytest --plugrt-fuzz=N)
-  def test_fuzz(self, dev: RuntimeDevice, compiler: str, fuzz_seed: int) -> None:
+  def test_fuzz(self, dev: RuntimeDevice, compiler: str, fuzz_seed: int, request: pytest.FixtureRequest) -> None:
     """One seed of plugrt's differential fuzzer on this device: a random IR kernel on this compiler, and (on the
     device's default compiler) a random @kernel function and a Tensor expression. Runs with --plugrt-fuzz=N."""
     from plugrt.testing import fuzz
@@ -271,4 +271,5 @@ class ConformanceSuite:
     if compiler == dev.info.compiler:
       outs += fuzz.run_dsl(fuzz_seed, [self.device]) + fuzz.run_tensor(fuzz_seed, [self.device])
     failed = [o for o in outs if o.status == "fail"]
-    assert not failed, "\n\n".join(o.describe() for o in failed)
+    again = f"python -m pytest '{request.node.nodeid}' --plugrt-fuzz=1 --plugrt-fuzz-seed={fuzz_seed}"
+    assert not failed, f"reproduce: {again}\n\n" + "\n\n".join(o.describe() for o in failed)

@@ -247,7 +247,10 @@ def cast_case(src: DType, n: int = 48, seed: int = 1) -> Case:
     inputs += [conv(s), conv(u)]
   # float16/bfloat16 from 64-bit sources may round twice on the way; allow one ulp there
   ulps = {j: [(0, n, 1 if src.bits > 24 else 0, 0.0)] for j, d in enumerate(ALL) if d.kind == "f"}
-  return Case(k.name, k, inputs, (), (n, 1, 1), (1, 1, 1), ulps)
+  a, s_, u = len(ALL), len(ALL) + 1, len(ALL) + 2
+  operand = (lambda d: (u if d.kind == "u" else s_) if d.kind in "iu" else a) if src.kind == "f" else (lambda d: a)
+  labels = {j: [(0, n, f"CAST {src.name} -> {d.name}", (operand(d),))] for j, d in enumerate(ALL)}
+  return Case(k.name, k, inputs, (), (n, 1, 1), (1, 1, 1), ulps, labels)
 
 
 BITCAST_GROUPS = ((dtypes.int16, dtypes.uint16, dtypes.float16, dtypes.bfloat16), (dtypes.int32, dtypes.uint32, dtypes.float32),
@@ -266,7 +269,8 @@ def bitcast_case(group: Sequence[DType], n: int = 32, seed: int = 2) -> Case:
   fl = next((d for d in group if d.kind == "f"), None)
   raw = values(fl, n, rng).view(np.dtype(f"u{group[0].itemsize}")) if fl else rng.integers(0, 256, n).astype(np.uint8)
   inputs = [raw.view(d.numpy).copy() for d in group] + [np.zeros(n, d.numpy) for (_, d) in outs]
-  return Case(k.name, k, inputs, (), (n, 1, 1))
+  labels = {len(group) + j: [(0, n, f"BITCAST {s.name} -> {d.name}", (group.index(s),))] for j, (s, d) in enumerate(outs)}
+  return Case(k.name, k, inputs, (), (n, 1, 1), labels=labels)
 
 
 def scalar_case(dt: DType, seed: int = 3) -> Case:
