@@ -86,3 +86,49 @@ def test_from_blob_example_owner_sees_assign_every_time(device: str, tmp_path: P
   if _refusal(code, device) is not None: pytest.skip(f"{device} cannot wrap memory (the refusal is checked above)")
   r = _run(code, tmp_path / "from_blob.py", device, repeat=50)
   assert r.returncode == 0, f"the from_blob example failed on {device} in one of 50 runs:\n{r.stderr[-2000:]}"
+
+
+def test_authoring_guide_snippets_work(tmp_path: Path):
+  """docs/authoring.md: every python block compiles; the blocks with hooks, put together as the entry module the
+  guide describes, load in a registry under the name its pyproject.toml block registers, with no reason and no
+  warning, and the snippet's probe answers (no /dev/mydev0 here: NO_DEVICE)."""
+  import os
+  import subprocess
+  import sys
+
+  import tomllib
+  text = (REPO / "docs" / "authoring.md").read_text()
+  blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+  for n, block in enumerate(blocks): compile(block, f"authoring.md python block {n}", "exec")
+  entry = "\n".join(b for b in blocks if "@hookimpl" in b)
+  assert "def plugrt_backends" in entry and "def plugrt_program" in entry
+  (tmp_path / "plugrt_mydev").mkdir()
+  (tmp_path / "plugrt_mydev" / "__init__.py").write_text(entry)
+  (toml,) = re.findall(r"```toml\n(.*?)```", text, re.S)
+  eps = tomllib.loads(toml)["project"]["entry-points"]["plugrt"]
+  (name, module), = eps.items()
+  assert module == "plugrt_mydev"
+  code = f"""
+from plugrt.errors import Reason
+from plugrt.registry import isolated
+with isolated(["plugrt_mydev"]) as reg:  # the registry imports it, and so sees what it imports
+
+  (rec,) = reg.load().plugins
+  br = reg.backends[{name.upper()!r}]
+  assert rec.reason is None and br.reason is None and rec.warnings == [], (rec.detail, rec.warnings)
+  p = reg.probe({name.upper()!r})
+  assert not p.ok and p.reason is Reason.NO_DEVICE, p
+  assert [c.name for c in br.spec.compilers] == ["MYCC"]
+"""
+  env = {**os.environ, "PYTHONPATH": str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+  assert r.returncode == 0, f"the guide's entry module does not load:\n{entry}\n{r.stderr[-2000:]}"
+
+
+def test_authoring_guide_lists_every_suite_attribute():
+  """Every public class attribute a ConformanceSuite subclass sets is documented in docs/authoring.md."""
+  from plugrt.testing.conformance import ConformanceSuite
+  text = (REPO / "docs" / "authoring.md").read_text()
+  attrs = [a for a, v in vars(ConformanceSuite).items() if not a.startswith("_") and not callable(v) and not isinstance(v, property)]
+  assert "device" in attrs and "transcendental_atol" in attrs
+  assert [a for a in attrs if f"`{a}" not in text] == []

@@ -132,3 +132,56 @@ def test_registry_reads_group_plugrt(dists):
   assert (alpha.dist, alpha.version, alpha.module_name, alpha.source) == ("fake-alpha", "1.2", "fake_alpha", "entry point")
   assert "not_ours" not in {p.entry for p in reg.plugins}
 
+
+
+# ---------------------------------------------------------------- entry-point mistakes are reported, not silently accepted
+
+def _warnings(reg: Registry, module: str) -> list[str]:
+  return next(p for p in reg.load().plugins if p.module_name == module).warnings
+
+
+def test_an_entry_point_attribute_is_reported_as_ignored(fake_plugins):
+  from conftest import backend_source
+  mod = fake_plugins.module(backend_source("ATTRDEV"))
+  fake_plugins.dist("plugrt-attrdev", {"plugrt": {"attrdev": f"{mod}:plugrt_backends"}})
+  reg = Registry(env={"PLUGRT_PLUGINS": "attrdev"})
+  (w,) = _warnings(reg, mod)
+  assert f"attrdev = '{mod}:plugrt_backends' names an attribute, which plugrt ignores" in w and f"write attrdev = '{mod}'" in w
+  assert reg.probe("ATTRDEV").ok  # a warning, not an unavailable device
+
+
+def test_an_entry_point_named_other_than_its_device_is_reported(fake_plugins):
+  mod = fake_plugins.backend("NAMEDEV", entry="something")
+  good = fake_plugins.backend("GOODDEV")
+  reg = Registry(env={"PLUGRT_PLUGINS": "something,gooddev"})
+  (w,) = _warnings(reg, mod)
+  assert "entry point 'something' declares device NAMEDEV: name the entry point 'namedev'" in w and "PLUGRT_DISABLE=namedev" in w
+  assert reg.probe("NAMEDEV").ok and _warnings(reg, good) == []
+
+
+def test_an_entry_module_importing_a_non_stdlib_package_is_reported(fake_plugins):
+  from conftest import backend_source
+  fake_plugins.module("VALUE = 1\n", name="fake_heavy_dependency")
+  mod = fake_plugins.plugin(backend_source("HEAVYDEV", extra="import json\nimport fake_heavy_dependency\n"), entry="heavydev")
+  sys.modules.pop("fake_heavy_dependency", None)
+  reg = Registry(env={"PLUGRT_PLUGINS": "heavydev"})
+  (w,) = _warnings(reg, mod)
+  assert f"entry module {mod} imports fake_heavy_dependency when plugrt discovers it" in w and "json" not in w.split("discovers")[0]
+  assert reg.probe("HEAVYDEV").ok
+
+
+def test_plugrt_devices_prints_plugin_warnings(fake_plugins):
+  mod = fake_plugins.backend("WARNDEV", entry="other")
+  r = fake_plugins.run_python("from plugrt.cli import main; main(['devices'])", env={"PLUGRT_PLUGINS": "other"})
+  assert r.returncode == 0, r.stderr
+  assert f"warning: plugrt-fake-{mod.rsplit('_', 1)[-1]} ({mod}): entry point 'other' declares device WARNDEV" in r.stdout
+  j = fake_plugins.run_python("from plugrt.cli import main; main(['devices', '--json'])", env={"PLUGRT_PLUGINS": "other"})
+  import json
+  data = json.loads(j.stdout)
+  row = next(b for b in data["backends"] if b["device"] == "WARNDEV")
+  assert row["available"] and "declares device WARNDEV" in row["warnings"][0] and data["plugin_warnings"][0]["module"] == mod
+
+
+def test_shipped_plugins_have_no_warnings():
+  reg = Registry()
+  assert [(p.module_name, p.warnings) for p in reg.load().plugins if p.warnings] == []

@@ -191,21 +191,27 @@ def test_probe_raising(fake_plugins):
 
 @pytest.mark.parametrize(("version", "problem"), [("2.0", "the major versions differ"), ("0.9", "the major versions differ"),
                                                   ("1.9", "it needs a newer plugrt"), ("nonsense", "'nonsense' is not MAJOR.MINOR"),
-                                                  ("1", "'1' is not MAJOR.MINOR")])
+                                                  ("1", "'1' is not MAJOR.MINOR"), ((2, 0), "the major versions differ"),
+                                                  ((1, 9), "it needs a newer plugrt"), ((1, "1"), "(1, '1') is not MAJOR.MINOR"),
+                                                  (1.1, "1.1 is not MAJOR.MINOR")])
 def test_incompatible_api_version(fake_plugins, version, problem):
   # entry point "apientry" declares backend APIDEV: the reason is found under the backend's own name
   mod = fake_plugins.backend("APIDEV", entry="apientry", dist="plugrt-apidev", version="3.1", api_version=version)
   reg = load(env={})
   br = reg.backends["APIDEV"]
-  assert br.detail == f"APIDEV is written for plugin API {version!r}, plugrt implements {PLUGIN_API_VERSION[0]}.{PLUGIN_API_VERSION[1]}: {problem}"
+  assert br.detail.startswith(f"APIDEV is written for plugin API {version!r}, plugrt implements {PLUGIN_API_VERSION[0]}.{PLUGIN_API_VERSION[1]}: "
+                              f"{problem}")
+  if "MAJOR.MINOR" in problem:  # the message shows the forms plugrt accepts
+    assert br.detail.endswith(': write api_version="1.1" or api_version=plugrt.PLUGIN_API_VERSION'), br.detail
   assert br.hint == "install versions of plugrt and plugrt-apidev made for each other"
   assert br.package == "plugrt-apidev" and br.version == "3.1"
   assert fake_plugins.calls(mod) == []  # no factory ran
   assert_contained(fake_plugins, reg, "APIDEV", Reason.INCOMPATIBLE_API)
 
 
-@pytest.mark.parametrize("version", ["1.0", "1.0.7"])
+@pytest.mark.parametrize("version", ["1.0", "1.0.7", "1.1", (1, 0), PLUGIN_API_VERSION], ids=str)
 def test_compatible_api_version(fake_plugins, version):
+  """The string the guide shows, and the tuple plugrt.PLUGIN_API_VERSION is."""
   fake_plugins.backend("APIOK", api_version=version)
   reg = load(env={})
   assert reg.backends["APIOK"].reason is None and run_tiny(reg, "APIOK") == 42.0

@@ -109,3 +109,35 @@ def _zipped(path: str, group: str, seen: set[str]) -> list[EntryPoint]:
 
 
 def clear_cache() -> None: _cache.clear()
+
+
+# ---------------------------------------------------------------- what plugrt checks of a plugin's entry point and module
+# (mistakes that still load: `plugrt devices` shows them as warnings, the device stays usable)
+
+def value_warning(ep: EntryPoint) -> str:
+  """An entry point `module:attr`: plugrt registers the module and ignores attr."""
+  if ":" not in ep.value: return ""
+  return (f"entry point {ep.name} = {ep.value!r} names an attribute, which plugrt ignores (it registers the module "
+          f"{ep.module}'s hooks): write {ep.name} = {ep.module!r}")
+
+
+def name_warning(entry: str, declared: Sequence[str]) -> str:
+  """An entry point named other than the device it declares: PLUGRT_DISABLE=<device> then imports the module first."""
+  if not declared or entry.lower() in (d.lower() for d in declared): return ""
+  return (f"entry point {entry!r} declares device {', '.join(declared)}: name the entry point {declared[0].lower()!r}, "
+          f"so that PLUGRT_DISABLE={declared[0].lower()} works before the module is imported")
+
+
+def foreign_modules(new: Sequence[str], module_name: str) -> list[str]:
+  """The top-level packages among `new` (modules that importing `module_name` loaded) that are neither the standard
+  library, plugrt (and its pluggy), plugrt's plugin packages (plugrt_*), nor the module's own package."""
+  own = module_name.partition(".")[0]
+  tops = {n.partition(".")[0] for n in new}
+  return sorted(t for t in tops if t not in sys.stdlib_module_names and t not in (own, "plugrt", "pluggy")
+                and not t.startswith("plugrt_") and t != "__main__")
+
+
+def import_warning(module_name: str, foreign: Sequence[str]) -> str:
+  if not foreign: return ""
+  return (f"entry module {module_name} imports {', '.join(foreign)} when plugrt discovers it: an entry module imports only "
+          f"the standard library and plugrt (import the rest inside the hooks that build objects), so that listing devices stays cheap")

@@ -63,8 +63,14 @@ def device_rows() -> tuple[list[dict[str, Any]], str | None, str | None]:
     rows.append({"device": br.name, "package": br.package, "version": br.version, "available": probe.ok and br.open_error is None,
                  "count": probe.count, "default": br.name == (default or "").split(":")[0], "priority": br.priority,
                  "compilers": compilers, "interfaces": interfaces, "reason": reason, "detail": detail, "hint": hint,
-                 "info": dict(probe.info), "description": br.spec.description if br.spec else ""})
+                 "info": dict(probe.info), "description": br.spec.description if br.spec else "",
+                 "warnings": list(br.plugin.warnings) if br.plugin is not None else []})
   return rows, default, env_error
+
+
+def plugin_warnings() -> list[dict[str, str]]:
+  """Each plugin's mistakes that did not stop it loading (an entry point's ignored attribute, ...)."""
+  return [{"plugin": p.entry, "package": p.package, "module": p.module_name, "warning": w} for p in _registry().plugins for w in p.warnings]
 
 
 def _fmt_compilers(cs: list[dict[str, Any]]) -> str:
@@ -104,7 +110,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
   """The table; exits 2 when the environment leaves no usable default device (the table still lists everything)."""
   if args.json:  # strict JSON on stdout, whatever a plugin prints while it is imported or probed
     with _stdout_only_for_us() as out: rows, default, env_error = device_rows()
-    print(json.dumps({"default": default, "environment_error": env_error, "backends": rows}, indent=2), file=out)
+    print(json.dumps({"default": default, "environment_error": env_error, "backends": rows, "plugin_warnings": plugin_warnings()}, indent=2),
+          file=out)
     return 2 if env_error else 0
   rows, default, env_error = device_rows()
   table = [("DEVICE", "PACKAGE", "VERSION", "STATUS", "DEFAULT", "COMPILERS", "INTERFACES")]
@@ -129,6 +136,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
   if notes:
     print("\nwhy some are unavailable:")
     for what, detail, hint in notes: print(f"  {what}: {detail}" + (f"\n      fix: {hint}" if hint else ""))
+  if warnings := plugin_warnings():
+    print("\nplugin warnings (the plugins load; their authors should fix these):")
+    for w in warnings: print(f"  warning: {w['package']} ({w['module']}): {w['warning']}")
   return 2 if env_error else 0
 
 

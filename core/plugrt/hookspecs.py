@@ -108,7 +108,7 @@ class Alias(NamedTuple):
 class BackendSpec(NamedTuple):
   """One device kind: what ``plugrt_backends`` returns."""
   name: str                                    # upper case: CPU, CUDA, ... (also the <NAME>=1 variable)
-  api_version: str                             # the PLUGIN_API_VERSION it was written for, "1.0"
+  api_version: str | tuple[int, int]           # the plugin API it was written for: "1.1", or (1, 1) (PLUGIN_API_VERSION)
   probe: Callable[[], Probe]                   # are there devices of this kind here?
   compilers: tuple[CompilerSpec, ...] = ()     # in order of preference
   priority: int = 0                            # automatic choice: highest first, ties by name

@@ -27,7 +27,7 @@ from typing import Any
 import pluggy
 
 from plugrt import hookspecs
-from plugrt._entrypoints import entry_points
+from plugrt._entrypoints import entry_points, foreign_modules, import_warning, name_warning, value_warning
 from plugrt.errors import DeviceUnavailable, EnvError, PluginError, PlugrtError, Reason, UnknownDeviceError, did_you_mean
 from plugrt.hookspecs import PLUGIN_API_VERSION, BackendSpec, DeviceInfo, InterfaceSpec, Probe
 from plugrt.selection import BackendFacts, Selection, Target, parse_target, select
@@ -84,6 +84,7 @@ class PluginRecord:
     self.interfaces: list[InterfaceSpec] = []
     self.declared: list[str] = []  # backend names it declared, kept when it is refused after declaring
     self.stalled: Probe | None = None  # set when its code overran a time limit: none of it runs again in this process
+    self.warnings: list[str] = []  # mistakes that do not stop it loading (`plugrt devices` shows them)
 
   def __repr__(self) -> str: return f"<PluginRecord {self.entry} ({self.module_name}){f' {self.reason.value}' if self.reason else ''}>"
 
@@ -185,7 +186,9 @@ class Registry:
     autoload = self._autoload if self._autoload is not None else _env_bool(env, "PLUGRT_AUTOLOAD", True)
     records: list[PluginRecord] = []
     if autoload:
-      records += [PluginRecord(ep.name, ep.module, ep.dist, ep.version) for ep in entry_points(GROUP)]
+      for ep in entry_points(GROUP):
+        records.append(rec := PluginRecord(ep.name, ep.module, ep.dist, ep.version))
+        if (w := value_warning(ep)): rec.warnings.append(w)
     records += [PluginRecord(m, m, source="PLUGRT_EXTRA_PLUGINS") for m in _names(env.get("PLUGRT_EXTRA_PLUGINS", ""))]
     for p in self._explicit:
       name = p if isinstance(p, str) else getattr(p, "__name__", type(p).__name__)  # a module, or an object with hook methods
@@ -215,15 +218,17 @@ class Registry:
   def _load_plugin(self, rec: PluginRecord) -> None:
     given, stage = rec.module, ["importing"]
 
-    def discover() -> tuple[ModuleType, ModuleType, Any]:  # on the worker; one hand-over per plugin (~50 us each)
+    def discover() -> tuple[ModuleType, ModuleType, Any, set[str]]:  # on the worker; one hand-over per plugin (~50 us each)
+      before = set(sys.modules) if given is None else set()
       module = given if given is not None else importlib.import_module(rec.module_name)
+      imported = sys.modules.keys() - before if given is None else set()  # what the entry module pulled in (the import rule)
       stage[0] = "declaring its backends"
       hooks = _hook_functions(module)
       try: declared: Any = _declarations(hooks)
       except (Exception, SystemExit) as e: declared = e  # reported after pluggy has checked the hooks, as before
-      return module, hooks, declared
+      return module, hooks, declared, imported
     try:
-      rec.module, rec.hooks, declared = self._run(rec, "being discovered", discover, limit=self._probe_limit)
+      rec.module, rec.hooks, declared, imported = self._run(rec, "being discovered", discover, limit=self._probe_limit)
     except _Overran as e:
       rec.fail(Reason.TIMED_OUT, f"module {rec.module_name} {e} ({stage[0]})", variable=PROBE_TIMEOUT)
       return
@@ -256,6 +261,8 @@ class Registry:
       self.pm.unregister(rec.hooks)
       rec.fail(Reason.BAD_NAME, f"declares {'; '.join(bad)}: {NAME_RULE}")
       return
+    if imported and (w := import_warning(rec.module_name, foreign_modules(imported, rec.module_name))): rec.warnings.append(w)
+    if rec.source == "entry point" and (w := name_warning(rec.entry, rec.declared)): rec.warnings.append(w)
     for b in backends:
       if (problem := _api_problem(b.api_version)):
         self.pm.unregister(rec.hooks)
@@ -597,8 +604,15 @@ def _declarations(hooks: ModuleType) -> tuple[list, list]:
 
 
 def _api_problem(version: Any) -> str:
-  try: major, minor = (int(x) for x in str(version).split(".")[:2])
-  except ValueError: return f"{version!r} is not MAJOR.MINOR"
+  """What is wrong with a BackendSpec's api_version: "MAJOR.MINOR" (a string) or (major, minor), as PLUGIN_API_VERSION."""
+  if isinstance(version, tuple) and len(version) == 2 and all(type(x) is int for x in version): major, minor = version
+  else:
+    try:
+      if not isinstance(version, str): raise ValueError
+      major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+      return (f"{version!r} is not MAJOR.MINOR: write api_version=\"{PLUGIN_API_VERSION[0]}.{PLUGIN_API_VERSION[1]}\" "
+              f"or api_version=plugrt.PLUGIN_API_VERSION")
   if major != PLUGIN_API_VERSION[0]: return "the major versions differ"
   if minor > PLUGIN_API_VERSION[1]: return "it needs a newer plugrt"
   return ""

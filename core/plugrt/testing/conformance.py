@@ -8,14 +8,21 @@ In your backend package's tests:
         device = "MYDEV"            # the name your BackendSpec declares
 
 pytest then runs every test below once per compiler your device declares (the
-`compiler` fixture; set `compilers = ("X",)` to restrict it). Tests skip cleanly
-when the device is not available here. Kernels are checked against the reference
-interpreter: integers exactly, floats to a few ulps where the IR allows it.
+`compiler` fixture; set `compilers = ("X",)` to restrict it). A device that is not
+available here fails, with the registry's reason and fix: a backend that does not
+import, declares the wrong API version or whose probe raises never passes as skipped
+(set `hardware_optional = True` for hardware the test machine may lack: only then is a
+missing device a skip). Kernels are checked against the reference interpreter: integers
+exactly, floats to a few ulps where the IR allows it; a mismatch names the op, the dtype
+and the inputs. `pytest --plugrt-fuzz=N` also runs N seeds of the differential fuzzer.
 """
 from __future__ import annotations
 
 import dataclasses
 import gc
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -46,6 +53,12 @@ class ConformanceSuite:
   compilers: tuple[str, ...] | None = None
   #: dtypes the device cannot hold at all (their tests are skipped, not failed)
   unsupported_dtypes: tuple[DType, ...] = ()
+  #: True for hardware the machine running the suite may lack (a GPU on CI): then, and only when the registry says
+  #: the device or its toolchain is absent (Reason NO_DEVICE or MISSING_TOOLCHAIN), the suite skips instead of failing
+  hardware_optional: bool = False
+  #: True when the device's compiler may reassociate float additions (WGSL's fast math): the chain cases leave out
+  #: the chains reassociation folds ((a+b)-a), and still check every other chain's per-op rounding
+  reassociates_floats: bool = False
 
   @pytest.fixture
   def dev(self, compiler: str) -> RuntimeDevice:
@@ -173,6 +186,12 @@ class ConformanceSuite:
     self.skip_dtype(dt)
     self.run(dev, K.ops_case(dt), compiler)
 
+  @pytest.mark.parametrize("dt", [d for d in ALL if d is not dtypes.bool], ids=lambda d: d.name)
+  def test_chains(self, dev: RuntimeDevice, compiler: str, dt: DType) -> None:
+    """Ops feeding ops: each intermediate result is rounded (wrapped) to dt, as the IR defines, not kept wider."""
+    self.skip_dtype(dt)
+    self.run(dev, K.chain_case(dt, reassociates=self.reassociates_floats), compiler)
+
   @pytest.mark.parametrize("dt", ALL, ids=lambda d: d.name)
   def test_casts(self, dev: RuntimeDevice, compiler: str, dt: DType) -> None:
     self.skip_dtype(dt)
@@ -243,3 +262,32 @@ class ConformanceSuite:
 
   def test_compile_error(self, dev: RuntimeDevice, compiler: str) -> None:
     with pytest.raises(CompileError): dev.compiler_for(compiler).compile("this is not a kernel in any language {{{")
+
+  # ------------------------------------------------------------ the plugin itself
+  def test_entry_module_imports_only_stdlib(self) -> None:
+    """The entry module, imported in a fresh interpreter after plugrt, loads nothing but the standard library,
+    plugrt and its own package: plugrt imports it in every process that lists devices."""
+    from plugrt.registry import current
+    rec = current().backend(self.device).plugin
+    if rec is None: pytest.fail(f"no installed plugin declares {self.device}: {current().backend(self.device).detail}")
+    code = ("import importlib, json, sys\nimport plugrt.registry\nbefore = set(sys.modules)\n"
+            f"importlib.import_module({rec.module_name!r})\n"
+            "from plugrt._entrypoints import foreign_modules\n"
+            f"print(json.dumps(foreign_modules(sorted(set(sys.modules) - before), {rec.module_name!r})))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"importing the entry module {rec.module_name} in a fresh interpreter failed:\n{r.stderr[-2000:]}"
+    foreign = json.loads(r.stdout.strip().splitlines()[-1])
+    assert foreign == [], (f"the entry module {rec.module_name} imports {', '.join(foreign)}: an entry module imports only the standard "
+                           "library and plugrt; import the rest inside the hooks that build the device's objects")
+
+  # ------------------------------------------------------------ differential fuzzing (pytest --plugrt-fuzz=N)
+  def test_fuzz(self, dev: RuntimeDevice, compiler: str, fuzz_seed: int, request: pytest.FixtureRequest) -> None:
+    """One seed of plugrt's differential fuzzer on this device: a random IR kernel on this compiler, and (on the
+    device's default compiler) a random @kernel function and a Tensor expression. Runs with --plugrt-fuzz=N."""
+    from plugrt.testing import fuzz
+    outs = fuzz.run_ir(fuzz_seed, [fuzz.Target(self.device, compiler)])
+    if compiler == dev.info.compiler:
+      outs += fuzz.run_dsl(fuzz_seed, [self.device]) + fuzz.run_tensor(fuzz_seed, [self.device])
+    failed = [o for o in outs if o.status == "fail"]
+    again = f"python -m pytest '{request.node.nodeid}' --plugrt-fuzz=1 --plugrt-fuzz-seed={fuzz_seed}"
+    assert not failed, f"reproduce: {again}\n\n" + "\n\n".join(o.describe() for o in failed)

@@ -33,6 +33,9 @@ class Case:
   global_size: tuple[int, int, int] = (1, 1, 1)
   local_size: tuple[int, int, int] = (1, 1, 1)
   ulps: dict[int, list[tuple[int, int, int, float]]] = field(default_factory=dict)  # buffer -> [(start, stop, ulps, atol)]
+  #: buffer -> [(start, stop, what, operands)]: what a range of an output holds ("IDIV on int8") and the input buffers
+  #: (by index) its element start + j was computed from, element j of each; a mismatch there names them
+  labels: dict[int, list[tuple[int, int, str, tuple[int, ...]]]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- inputs
@@ -71,8 +74,17 @@ def ulp(dt: DType, x: np.ndarray) -> np.ndarray:
   return np.maximum(2.0 ** (e - mant), tiny)
 
 
-def compare(what: str, got: np.ndarray, want: np.ndarray, dt: DType, ulps: int = 0, atol: float = 0.0) -> None:
-  """Integers and bools exactly; floats within `ulps` ulp (+atol), NaN equal to NaN, inf equal to inf."""
+def show(x: Any, dt: DType) -> str:
+  """One stored element as the value it holds (bfloat16's raw bits as the float they encode)."""
+  if dt is dtypes.bool: return str(bool(x))
+  if dt.kind in "iu": return str(int(x))
+  return repr(float(as_float(np.array([x]), dt)[0]))
+
+
+def compare(what: str, got: np.ndarray, want: np.ndarray, dt: DType, ulps: int = 0, atol: float = 0.0,
+            operands: dict[str, tuple[np.ndarray, DType]] | None = None) -> None:
+  """Integers and bools exactly; floats within `ulps` ulp (+atol), NaN equal to NaN, inf equal to inf.
+  `operands`: name -> (values, dtype) aligned with `got`, shown beside a mismatch."""
   if dt.kind != "f":
     bad = np.nonzero(got != want)[0]
   else:
@@ -82,8 +94,12 @@ def compare(what: str, got: np.ndarray, want: np.ndarray, dt: DType, ulps: int =
       close = np.isfinite(w) & np.isfinite(g) & (np.abs(g - w) <= ulps * ulp(dt, w) + atol)
     bad = np.nonzero(~(same | close))[0]
   if len(bad):
-    shown = ", ".join(f"[{i}] got {got[i]!r} want {want[i]!r}" for i in bad[:5])
-    raise AssertionError(f"{what} ({dt.name}): {len(bad)} of {len(got)} differ: {shown}")
+    def one(i: int) -> str:
+      ins = f" (inputs {', '.join(f'{k}={show(v[i], d)}' for k, (v, d) in operands.items())})" if operands else ""
+      return f"got {show(got[i], dt)}, want {show(want[i], dt)}{ins}"
+    tol = f" (allowed: {ulps} ulp{f' + {atol:g}' if atol else ''})" if ulps or atol else ""
+    more = "".join(f"; [{i}] {one(i)}" for i in bad[1:4])
+    raise AssertionError(f"{what}: {len(bad)} of {len(got)} differ{tol}, first at [{bad[0]}]: {one(bad[0])}{more}")
 
 
 # ---------------------------------------------------------------- running
@@ -97,11 +113,25 @@ def run_case(device: Any, case: Case, compiler: str | None = None) -> None:
   prg(*bufs, global_size=case.global_size, local_size=case.local_size, vals=case.vals, wait=True)
   want = [a.copy() for a in case.inputs]
   interpreter.run(case.kernel, want, case.vals, case.global_size, case.local_size)
-  for i, (buf, w, dt, written) in enumerate(zip(bufs, want, sig.buffers, sig.written)):
-    if not written: continue
-    got = buf.numpy()
-    for start, stop, nulps, atol in case.ulps.get(i, [(0, len(w), 0, 0.0)]):
-      compare(f"{case.name}: buffer {case.kernel.buffers[i].arg[1]}[{start}:{stop}]", got[start:stop], w[start:stop], dt, nulps, atol)
+  for i, (buf, w, written) in enumerate(zip(bufs, want, sig.written)):
+    if written: compare_buffer(case, i, buf.numpy(), w)
+
+
+def compare_buffer(case: Case, i: int, got: np.ndarray, want: np.ndarray) -> None:
+  """Buffer i of `case`'s results against the reference's, range by range: each labelled range (one op's results)
+  on its own, named by what it holds, with the inputs of its first mismatches."""
+  sig = case.kernel.signature
+  dt, name = sig.buffers[i], case.kernel.buffers[i].arg[1]
+  tol = case.ulps.get(i, [(0, len(want), 0, 0.0)])
+  labels = case.labels.get(i) or [(0, len(want), "", ())]
+  for start, stop, what, srcs in labels:
+    for lo, hi, nulps, atol in tol:
+      a, b = max(lo, start), min(hi, stop)
+      if a >= b: continue
+      where = f"{case.name}, {name}[{a}:{b}]"
+      head = f"{what} ({where})" if what else f"{where} ({dt.name})"
+      operands = {case.kernel.buffers[j].arg[1]: (case.inputs[j][a - start:b - start], sig.buffers[j]) for j in srcs}
+      compare(head, got[a:b], want[a:b], dt, nulps, atol, operands)
 
 
 # ---------------------------------------------------------------- the cases
@@ -138,7 +168,57 @@ def ops_case(dt: DType, n: int = 64, seed: int = 0) -> Case:
   inputs = [np.zeros(len(ops) * n, dt.numpy), np.zeros(5 * n, np.bool_), values(dt, n, rng), eb, values(dt, n, rng, "positive"),
             values(dt, n, rng, "shift") if dt.kind in "iu" else values(dt, n, rng), values(dt, n, rng, "small")]
   ulps = {0: [(k * n, (k + 1) * n, ULPS.get(op, 0), _atol(op, dt)) for k, op in enumerate(ops)]} if dt.kind == "f" else {}
-  return Case(k.name, k, inputs, (), (math.ceil(n / 16), 1, 1), (16, 1, 1), ulps)
+  operands = {Ops.SHL: (2, 5), Ops.SHR: (2, 5), Ops.LOG2: (4,), Ops.SQRT: (4,), Ops.EXP2: (6,), Ops.SIN: (6,)}
+  labels = {0: [(k * n, (k + 1) * n, f"{op.name} on {dt.name}", operands.get(op, (2,) if op in UNARY else (2, 3))) for k, op in enumerate(ops)],
+            1: [*((k * n, (k + 1) * n, f"{op.name} on {dt.name}", (2, 3)) for k, op in enumerate(sorted(COMPARE, key=lambda o: o.value))),
+                (4 * n, 5 * n, f"CMPEQ of a value with itself on {dt.name}", (2,))]}
+  return Case(k.name, k, inputs, (), (math.ceil(n / 16), 1, 1), (16, 1, 1), ulps, labels)
+
+
+#: chains of ops whose intermediate results must be brought back into the dtype after every op (rounded for floats,
+#: wrapped for integers): (name, the chain over the operand values a, b, c, s). Only the last op of a chain may be
+#: approximate (DIV), so the chain's result is allowed exactly that op's ulps.
+_FLOAT_CHAINS = (("(a*b)+c", lambda a, b, c, s: a * b + c), ("(a*b)*c", lambda a, b, c, s: (a * b) * c),
+                 ("((a-b)*c)+b", lambda a, b, c, s: (a - b) * c + b), ("(a+b)+c", lambda a, b, c, s: (a + b) + c),
+                 ("(a*b)/c", lambda a, b, c, s: (a * b) / c))
+#: chains that a compiler allowed to reassociate (WGSL's fast math) may fold: (a+b)-a becomes b
+_REASSOCIABLE_CHAINS = (("(a+b)-a", lambda a, b, c, s: (a + b) - a),)
+_INT_CHAINS = (("(a*b)//c", lambda a, b, c, s: (a * b) // c), ("(a+b)%c", lambda a, b, c, s: (a + b) % c),
+               ("((a*b)+a)>>s", lambda a, b, c, s: ((a * b) + a) >> s), ("(a-b)*c", lambda a, b, c, s: (a - b) * c),
+               ("(a*a)*b", lambda a, b, c, s: (a * a) * b))
+
+
+def chain_case(dt: DType, n: int = 64, seed: int = 7, reassociates: bool = False) -> Case:
+  """Short chains of ops on dt ((a*b)+c, (a+b)-a, ...), each into its own range of `out`. The IR rounds (floats) or
+  wraps (integers) every op's result to its dtype, so a float16/bfloat16 backend that computes in float32 and rounds
+  only when it stores, an fma where the IR has a multiply and an add, or an int8 product kept in a 32-bit register
+  before a division, gets a different result. Inputs are chosen so that those intermediates need rounding (or wrap).
+  reassociates: leave out the chains that a compiler allowed to reassociate float additions may fold."""
+  rng = np.random.default_rng(seed)
+  chains = _INT_CHAINS if dt.kind != "f" else _FLOAT_CHAINS if reassociates else _FLOAT_CHAINS + _REASSOCIABLE_CHAINS
+  b = KernelBuilder(f"chains_{dt.name}")
+  out = b.buffer("out", dt)
+  xa, xb, xc, xs = (b.buffer(nm, dt) for nm in ("a", "b", "c", "s"))
+  i = b.global_id(0)
+  with b.if_(i < n):
+    a, bb, c, s = xa[i], xb[i], xc[i], xs[i]
+    for k, (_, fn) in enumerate(chains): out[i + k * n] = fn(a, bb, c, s)
+  k = b.finish()
+  if dt.kind == "f":
+    # operands of similar magnitude with all mantissa bits set, so products and sums are never exact in dt
+    def f(lo: float, hi: float) -> np.ndarray:
+      x = rng.uniform(lo, hi, n) * rng.choice([-1.0, 1.0], n)
+      if dt is dtypes.bfloat16: return f32_to_bf16(x.astype(np.float32))
+      return x.astype(dt.numpy)
+    inputs = [np.zeros(len(chains) * n, dt.numpy), f(1.0, 3.0), f(1.0, 3.0), f(0.5, 2.0), np.zeros(n, dt.numpy)]
+    ulps = {0: [(k * n, (k + 1) * n, ULPS.get(Ops.DIV, 0) if name.endswith("/c") else 0, 0.0) for k, (name, _) in enumerate(chains)]}
+  else:
+    c = values(dt, n, rng, "nonzero")
+    if dt.kind == "i": c = np.where(c == -1, 3, c).astype(dt.numpy)  # MIN // -1 overflows in hardware
+    inputs = [np.zeros(len(chains) * n, dt.numpy), values(dt, n, rng), values(dt, n, rng), c, values(dt, n, rng, "shift")]
+    ulps = {}
+  labels = {0: [(k * n, (k + 1) * n, f"{name} on {dt.name}", (1, 2, 3, 4) if ">>" in name else (1, 2, 3)) for k, (name, _) in enumerate(chains)]}
+  return Case(k.name, k, inputs, (), (math.ceil(n / 16), 1, 1), (16, 1, 1), ulps, labels)
 
 
 def _atol(op: Ops, dt: DType) -> float:
@@ -167,7 +247,10 @@ def cast_case(src: DType, n: int = 48, seed: int = 1) -> Case:
     inputs += [conv(s), conv(u)]
   # float16/bfloat16 from 64-bit sources may round twice on the way; allow one ulp there
   ulps = {j: [(0, n, 1 if src.bits > 24 else 0, 0.0)] for j, d in enumerate(ALL) if d.kind == "f"}
-  return Case(k.name, k, inputs, (), (n, 1, 1), (1, 1, 1), ulps)
+  a, s_, u = len(ALL), len(ALL) + 1, len(ALL) + 2
+  operand = (lambda d: (u if d.kind == "u" else s_) if d.kind in "iu" else a) if src.kind == "f" else (lambda d: a)
+  labels = {j: [(0, n, f"CAST {src.name} -> {d.name}", (operand(d),))] for j, d in enumerate(ALL)}
+  return Case(k.name, k, inputs, (), (n, 1, 1), (1, 1, 1), ulps, labels)
 
 
 BITCAST_GROUPS = ((dtypes.int16, dtypes.uint16, dtypes.float16, dtypes.bfloat16), (dtypes.int32, dtypes.uint32, dtypes.float32),
@@ -186,7 +269,8 @@ def bitcast_case(group: Sequence[DType], n: int = 32, seed: int = 2) -> Case:
   fl = next((d for d in group if d.kind == "f"), None)
   raw = values(fl, n, rng).view(np.dtype(f"u{group[0].itemsize}")) if fl else rng.integers(0, 256, n).astype(np.uint8)
   inputs = [raw.view(d.numpy).copy() for d in group] + [np.zeros(n, d.numpy) for (_, d) in outs]
-  return Case(k.name, k, inputs, (), (n, 1, 1))
+  labels = {len(group) + j: [(0, n, f"BITCAST {s.name} -> {d.name}", (group.index(s),))] for j, (s, d) in enumerate(outs)}
+  return Case(k.name, k, inputs, (), (n, 1, 1), labels=labels)
 
 
 def scalar_case(dt: DType, seed: int = 3) -> Case:
@@ -327,7 +411,8 @@ def tiny_kernel(name: str = "tiny") -> Kernel:
 
 
 def all_cases() -> list[Case]:
-  return [*(ops_case(dt) for dt in ALL), *(cast_case(dt) for dt in ALL), *(bitcast_case(g) for g in BITCAST_GROUPS),
+  return [*(ops_case(dt) for dt in ALL), *(chain_case(dt) for dt in ALL if dt is not dtypes.bool),
+          *(cast_case(dt) for dt in ALL), *(bitcast_case(g) for g in BITCAST_GROUPS),
           *(scalar_case(dt) for dt in ALL), *(literal_case(dt) for dt in ALL if dt.kind in "if"),
           *(bitcast_literal_case(a, b) for a, b in BITCAST_LITERAL_PAIRS), control_case(), reverse_case(),
           reduce_case(), grid3d_case()]

@@ -65,6 +65,7 @@ def test_unavailable_without_a_gpu():
 @gpu
 class TestCUDA(ConformanceSuite):
   device = "CUDA"
+  hardware_optional = True  # skips (saying why) where there is no NVIDIA GPU; a broken plugin still fails
 
 
 @gpu

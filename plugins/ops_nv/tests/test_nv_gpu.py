@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.gpu,
 
 class TestNV(ConformanceSuite):
   device = "NV"
+  hardware_optional = True  # skips (saying why) where there is no NVIDIA GPU; a broken plugin still fails
 
 
 @pytest.fixture
