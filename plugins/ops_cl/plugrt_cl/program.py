@@ -6,11 +6,16 @@ microsecond) and only for what differs calls clSetKernelArg, through pyopencl's 
 setters; then one clEnqueueNDRangeKernel with positional arguments (pybind11 is slow
 with keywords). `wait=True` waits for the queue and reads the launch's own profiling
 event: the device's start-to-end time, not the host's.
+
+Threads: the kernel's arguments are state of the one cl.Kernel (OpenCL's one call that
+is not thread-safe is clSetKernelArg on a shared kernel), so a launch's compare, set and
+enqueue run under the program's lock together; the queue itself is thread-safe.
 """
 from __future__ import annotations
 
 import math
 import struct
+from _thread import allocate_lock
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,12 +56,14 @@ class CLProgram(Program):
     self._last_dims: tuple = (None, None)
     self._set: list[Any] = [None] * (2 * self.nbufs + self.nvals)  # what each kernel argument is set to now
     self._gs, self._ls = (1, 1, 1), (1, 1, 1)
+    self._lock = allocate_lock()
 
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:
-    if bufs != self._last_bufs or vals != self._last_vals or (global_size, local_size) != self._last_dims:
-      self._prepare(bufs, vals, global_size, local_size)
-    ev = _enqueue(self._queue, self.kernel, self._gs, self._ls, None, None, True, False)  # True: global = groups x local
+    with self._lock:  # see the module docstring
+      if bufs != self._last_bufs or vals != self._last_vals or (global_size, local_size) != self._last_dims:
+        self._prepare(bufs, vals, global_size, local_size)
+      ev = _enqueue(self._queue, self.kernel, self._gs, self._ls, None, None, True, False)  # True: global = groups x local
     if wait:
       self._queue.finish()  # cheaper than the event's own wait on PoCL (15 us against 25 us)
       return (ev.get_profiling_info(_END) - ev.get_profiling_info(_START)) * 1e-9

@@ -2,9 +2,10 @@
 
 Calling convention (both compilers): ``void NAME(const u64 *args, u64 g0, u64 g1)``
 runs groups g0..g1-1; args = buffer addresses, one 8-byte slot per scalar, then
-num_groups[3] and local_size[3]. The argument block is a ctypes array built once
-per program; a launch rewrites only what changed since the last launch and makes
-one foreign call. Grids with enough work are split across cores: ctypes releases
+num_groups[3] and local_size[3]. A launch with the same arguments as the previous
+one makes one foreign call on the argument block prepared for them; other arguments
+get a new prepared launch (its own block), so threads sharing a program never see
+each other's arguments. Grids with enough work are split across cores: ctypes releases
 the GIL during the call, so the slices run in parallel.
 """
 from __future__ import annotations
@@ -65,60 +66,68 @@ def _packer(dt: DType) -> Callable[[Any], int]:
   return lambda v: int(f32_to_bf16(v))
 
 
+class _Launch:
+  """One prepared launch: the arguments it was made for and its own argument block, never changed once built.
+  The program swaps in a new one by a single assignment, so a launch on another thread reads either the old or the
+  new set, never a mix, and no thread rewrites a block that another thread's foreign call is reading."""
+  __slots__ = ("args", "argp", "bufs", "dims", "ngroups", "parallel", "tail", "vals")
+
+  def __init__(self, argtype: Any, bufs: tuple, vals: tuple, dims: tuple, tail: list[int], ngroups: Any, parallel: bool):
+    self.bufs, self.vals, self.dims, self.tail = bufs, vals, dims, tail  # tail: the scalar slots, then num_groups[3], local_size[3]
+    self.args = a = argtype()
+    for i, b in enumerate(bufs): a[i] = b.handle
+    a[len(bufs):] = tail
+    self.argp = ctypes.c_void_p(ctypes.addressof(a))
+    self.ngroups = ngroups  # a c_uint64, never written: launches made for the same sizes share it
+    self.parallel = parallel  # split across the worker pool
+
+
+_NONE = _Launch(ctypes.c_uint64 * 0, (), (), (None, None), [], _ZERO, False)  # matches no call: the first launch prepares
+
+
 class CPUProgram(Program):
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature, fn_addr: int, keepalive: Any):
     super().__init__(device, name, lib, signature)
     self._keepalive = keepalive  # the loaded library or JIT engine that owns the code
     self._fn = KernelFn(fn_addr)
-    n = self.nbufs + self.nvals
-    self._args = (ctypes.c_uint64 * (n + 6))()
-    self._argp = ctypes.c_void_p(ctypes.addressof(self._args))
     self._pack = [_packer(dt) for dt in signature.scalars]
-    self._last_bufs: tuple = ()
-    self._last_vals: Sequence[Any] | None = None
-    self._last_dims: tuple = (None, None)
-    self._ngroups = ctypes.c_uint64(1)
-    self._nthreads = 1
+    self._argtype = ctypes.c_uint64 * (self.nbufs + self.nvals + 6)
+    self._launch = _NONE
 
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:
-    if bufs != self._last_bufs or vals != self._last_vals or (global_size, local_size) != self._last_dims:
-      self._prepare(bufs, vals, global_size, local_size)
-    if self._nthreads >= PARALLEL_MIN_THREADS:
-      return self._parallel(wait)
+    launch = self._launch  # read once: everything below uses this one prepared launch
+    if bufs != launch.bufs or vals != launch.vals or (global_size, local_size) != launch.dims:
+      launch = self._launch = self._prepare(launch, bufs, vals, global_size, local_size)
+    if launch.parallel:
+      return self._parallel(launch, wait)
     if wait:
       st = time.perf_counter()
-      self._fn(self._argp, _ZERO, self._ngroups)
+      self._fn(launch.argp, _ZERO, launch.ngroups)
       return time.perf_counter() - st
-    self._fn(self._argp, _ZERO, self._ngroups)
+    self._fn(launch.argp, _ZERO, launch.ngroups)
     return None
 
-  def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
-    a, nb = self._args, self.nbufs
-    if vals == self._last_vals and (global_size, local_size) == self._last_dims and len(bufs) == nb and \
+  def _prepare(self, last: _Launch, bufs: tuple, vals: Sequence[Any], global_size: Any, local_size: Any) -> _Launch:
+    """A new prepared launch (`last`, the current one, lends its checked scalars and sizes when only the buffers changed)."""
+    if vals == last.vals and (global_size, local_size) == last.dims and len(bufs) == self.nbufs and \
        all(type(b) is Buffer and b.device is self.device and b.dtype is dt for b, dt in zip(bufs, self.signature.buffers)):
-      for i, b in enumerate(bufs): a[i] = b.handle  # only the buffers changed (a new output, say): they are checked above
-      self._last_bufs = tuple(bufs)
-      return
+      return _Launch(self._argtype, bufs, last.vals, last.dims, last.tail, last.ngroups, last.parallel)
     gs, ls = self.check_args(bufs, vals, global_size, local_size)
-    for i, b in enumerate(bufs): a[i] = b.handle
-    for j, (v, pack) in enumerate(zip(vals, self._pack)): a[nb + j] = pack(v)
-    base = nb + self.nvals
-    a[base:base + 6] = [*gs, *ls]
-    self._ngroups = ctypes.c_uint64(math.prod(gs))
-    self._nthreads = math.prod(gs) * math.prod(ls)
-    self._last_bufs, self._last_vals, self._last_dims = tuple(bufs), tuple(vals), (global_size, local_size)
+    tail = [pack(v) for v, pack in zip(vals, self._pack)] + [*gs, *ls]
+    return _Launch(self._argtype, bufs, tuple(vals), (global_size, local_size), tail, ctypes.c_uint64(math.prod(gs)),
+                   math.prod(gs) * math.prod(ls) >= PARALLEL_MIN_THREADS)
 
-  def _parallel(self, wait: bool) -> float | None:
+  def _parallel(self, launch: _Launch, wait: bool) -> float | None:
     st = time.perf_counter()
     executor, n = POOL.get()
-    total = self._ngroups.value
+    total, fn, argp = launch.ngroups.value, self._fn, launch.argp
     if executor is None or total < 2:
-      self._fn(self._argp, _ZERO, self._ngroups)
+      fn(argp, _ZERO, launch.ngroups)
     else:
       parts = min(n, total)
       cuts = [total * i // parts for i in range(parts + 1)]
-      futures = [executor.submit(self._fn, self._argp, ctypes.c_uint64(cuts[i]), ctypes.c_uint64(cuts[i + 1])) for i in range(1, parts)]
-      self._fn(self._argp, ctypes.c_uint64(cuts[0]), ctypes.c_uint64(cuts[1]))
+      futures = [executor.submit(fn, argp, ctypes.c_uint64(cuts[i]), ctypes.c_uint64(cuts[i + 1])) for i in range(1, parts)]
+      fn(argp, ctypes.c_uint64(cuts[0]), ctypes.c_uint64(cuts[1]))
       for f in futures: f.result()
     return time.perf_counter() - st if wait else None

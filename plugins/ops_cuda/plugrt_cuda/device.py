@@ -237,6 +237,20 @@ def _scalar_setter(dt: DType) -> Any:
   return float
 
 
+class _Launch:
+  """One prepared launch: the arguments it was made for, their parameter objects and cuLaunchKernel's arguments (as a
+  tuple and as the trampoline's slots), never changed once built. The program swaps in a new one by a single
+  assignment, so threads sharing a program never launch with a mix of their arguments."""
+  __slots__ = ("args", "bufs", "dims", "slots", "slots_ptr", "vals", "values")
+
+  def __init__(self, bufs: tuple, vals: tuple, dims: tuple, values: list[Any], args: tuple, slots: Any):
+    self.bufs, self.vals, self.dims, self.values, self.args, self.slots = bufs, vals, dims, values, args, slots
+    self.slots_ptr = ctypes.c_void_p(ctypes.addressof(slots)) if slots is not None else None
+
+
+_NONE = _Launch((), (), (None, None), [], (), None)  # matches no call: the first launch prepares
+
+
 class CUDAProgram(Program):
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     super().__init__(device, name, lib, signature)
@@ -247,41 +261,37 @@ class CUDAProgram(Program):
     D.call("cuModuleLoadData", ctypes.byref(self.module), ctypes.c_char_p(image))
     D.call("cuModuleGetFunction", ctypes.byref(fn), self.module, name.encode())
     self.fn = fn
-    self._values = [ctypes.c_uint64() for _ in signature.buffers] + [_CTYPES[dt]() for dt in signature.scalars]
+    self._types = [_CTYPES[dt] for dt in signature.scalars]
     self._set = [_scalar_setter(dt) for dt in signature.scalars]
-    self._params = (ctypes.c_void_p * max(len(self._values), 1))(*[ctypes.addressof(v) for v in self._values])
     self._launch = self.state.lib.cuLaunchKernel
-    # the launch's eleven arguments as 8-byte slots, for the one-argument trampoline (see trampoline.py)
-    self._tramp = trampoline.make()
-    self._slots = (ctypes.c_uint64 * trampoline.SLOTS)(ctypes.cast(self._launch, ctypes.c_void_p).value, fn.value)
-    self._slots_ptr = ctypes.c_void_p(ctypes.addressof(self._slots))
-    self._last_bufs: tuple = ()
-    self._last_vals: Any = None
-    self._last_dims: Any = (None, None)
-    self._args: tuple = ()
+    self._launch_addr = ctypes.cast(self._launch, ctypes.c_void_p).value
+    self._tramp = trampoline.make()  # the launch's eleven arguments as 8-byte slots, for the one-argument trampoline (see trampoline.py)
+    self._prepared = _NONE
 
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:
-    if bufs != self._last_bufs or vals != self._last_vals or (global_size, local_size) != self._last_dims:
-      self._prepare(bufs, vals, global_size, local_size)
+    p = self._prepared  # read once: everything below uses this one prepared launch
+    if bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims:
+      p = self._prepared = self._prepare(bufs, vals, global_size, local_size)
     if getattr(_tls, "ctx", None) != self.state.ctx.value: self.state.make_current()
-    if wait: return self.state.timed(self._enqueue)
-    if (r := self._tramp(self._slots_ptr) if self._tramp else self._launch(*self._args)) != 0: D.check(r, f"cuLaunchKernel({self.name})")
+    if wait: return self.state.timed(lambda: self._enqueue(p))
+    if (r := self._tramp(p.slots_ptr) if self._tramp else self._launch(*p.args)) != 0: D.check(r, f"cuLaunchKernel({self.name})")
     return None
 
-  def _enqueue(self) -> None:
-    if (r := self._tramp(self._slots_ptr) if self._tramp else self._launch(*self._args)) != 0: D.check(r, f"cuLaunchKernel({self.name})")
+  def _enqueue(self, p: _Launch) -> None:
+    if (r := self._tramp(p.slots_ptr) if self._tramp else self._launch(*p.args)) != 0: D.check(r, f"cuLaunchKernel({self.name})")
 
-  def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
+  def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> _Launch:
+    """A new prepared launch for these arguments (cuLaunchKernel copies the parameter values when it is called)."""
     gs, ls = self.check_args(bufs, vals, global_size, local_size)
     if math.prod(ls) > self.state.max_threads:
       raise ValueError(f"program {self.name}: {math.prod(ls)} threads per group, {self.state.name} allows {self.state.max_threads}")
-    for v, b in zip(self._values, bufs): v.value = b.handle
-    for v, set_, x in zip(self._values[self.nbufs:], self._set, vals): v.value = set_(x)
-    u = ctypes.c_uint
-    self._args = (self.fn, u(gs[0]), u(gs[1]), u(gs[2]), u(ls[0]), u(ls[1]), u(ls[2]), u(0), self.state.stream, self._params, None)
-    self._slots[2:12] = [*gs, *ls, 0, self.state.stream.value or 0, ctypes.addressof(self._params), 0]
-    self._last_bufs, self._last_vals, self._last_dims = tuple(bufs), tuple(vals), (global_size, local_size)
+    values = [ctypes.c_uint64(b.handle) for b in bufs] + [t(set_(x)) for t, set_, x in zip(self._types, self._set, vals)]
+    params = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+    u, stream = ctypes.c_uint, self.state.stream
+    args = (self.fn, u(gs[0]), u(gs[1]), u(gs[2]), u(ls[0]), u(ls[1]), u(ls[2]), u(0), stream, params, None)
+    slots = (ctypes.c_uint64 * trampoline.SLOTS)(self._launch_addr, self.fn.value, *gs, *ls, 0, stream.value or 0, ctypes.addressof(params), 0)
+    return _Launch(tuple(bufs), tuple(vals), (global_size, local_size), values, args, slots)
 
   def __del__(self) -> None:
     try:
@@ -305,8 +315,8 @@ class CUDAGraph(Graph):
       try:
         for ln in self.launches:
           prg = ln.program
-          prg._prepare(ln.bufs, ln.vals, ln.global_size, ln.local_size)  # the graph copies the parameter values now
-          args = list(prg._args)
+          prepared = prg._prepare(ln.bufs, ln.vals, ln.global_size, ln.local_size)  # kept alive: its args point into it
+          args = list(prepared.args)  # the graph copies the parameter values now
           args[8] = stream
           D.check(prg._launch(*args), f"cuLaunchKernel({prg.name}) while capturing")
       finally:

@@ -25,6 +25,7 @@ import os
 import struct
 import time
 import weakref
+from _thread import RLock
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,6 +82,9 @@ class NVState(DeviceState):
     iface: GPUInterface | None = info.iface_object
     if iface is None: raise UnsupportedError("NV needs an interface to reach the GPU, and none was opened", "pip install plugrt-nv-nvk")
     self.iface, self.index, self.broken = iface, info.index, ""
+    # held around everything that writes the submission state (slots, rings, timeline, staging, programs' entries): one
+    # device's commands go through one sequence of slots, so threads launching or copying on it take turns
+    self.lock = RLock()
     fam = iface.classes.family
     if fam.cbuf0 is None:
       raise UnsupportedError(f"NV:{info.index} is a {fam.name} GPU: plugrt-nv does not know its constant-bank layout yet, so it cannot launch there",
@@ -142,16 +146,17 @@ class NVState(DeviceState):
 
   def submit(self, ch: Channel, body: list[int]) -> int:
     """Run `body` (command words) on channel `ch` after everything submitted before; returns its timeline value."""
-    if self.broken: raise NVError(f"NV:{self.index} cannot run more work: {self.broken}", "restart the process")
-    va, slot = self._slot()
-    value = self.value + 1
-    words = (cmd.sem_acquire(self.sem, self.value) if self.last is not ch else []) + body
-    words += cmd.copy_release(self.sem, value) if ch is self.copy else cmd.sem_release(self.sem, value)
-    if len(words) * 4 > SLOT: raise NVError(f"internal: {len(words)} command words do not fit a {SLOT}-byte slot")
-    data = cmd.words(words)
-    ctypes.memmove(va, data, len(data))
-    self._kick(ch, va, len(words), value, slot)
-    return value
+    with self.lock:
+      if self.broken: raise NVError(f"NV:{self.index} cannot run more work: {self.broken}", "restart the process")
+      va, slot = self._slot()
+      value = self.value + 1
+      words = (cmd.sem_acquire(self.sem, self.value) if self.last is not ch else []) + body
+      words += cmd.copy_release(self.sem, value) if ch is self.copy else cmd.sem_release(self.sem, value)
+      if len(words) * 4 > SLOT: raise NVError(f"internal: {len(words)} command words do not fit a {SLOT}-byte slot")
+      data = cmd.words(words)
+      ctypes.memmove(va, data, len(data))
+      self._kick(ch, va, len(words), value, slot)
+      return value
 
   # ------------------------------------------------------------ waiting
   def completed(self) -> int:
@@ -186,14 +191,15 @@ class NVState(DeviceState):
 
   def ensure_local(self, need: int) -> None:
     """Enough local memory (stacks) for `need` bytes per thread on every thread the GPU can hold at once."""
-    if need <= self.slm: return
-    g, slm = self.iface.gr, round_up(need, 32)
-    per_tpc = round_up(round_up(slm * 32, 0x200) * g["warps_per_sm"] * g["sm_per_tpc"], 0x8000)
-    mem = self.iface.alloc(round_up(per_tpc * g["tpc_per_gpc"] * g["gpcs"], 0x20000), "device")
-    self.submit(self.compute, cmd.local_memory(mem.va, per_tpc))
-    self.synchronize()
-    if self.local_mem is not None: self.iface.free(self.local_mem)
-    self.local_mem, self.slm = mem, slm
+    with self.lock:
+      if need <= self.slm: return
+      g, slm = self.iface.gr, round_up(need, 32)
+      per_tpc = round_up(round_up(slm * 32, 0x200) * g["warps_per_sm"] * g["sm_per_tpc"], 0x8000)
+      mem = self.iface.alloc(round_up(per_tpc * g["tpc_per_gpc"] * g["gpcs"], 0x20000), "device")
+      self.submit(self.compute, cmd.local_memory(mem.va, per_tpc))
+      self.synchronize()
+      if self.local_mem is not None: self.iface.free(self.local_mem)
+      self.local_mem, self.slm = mem, slm
 
   def close(self) -> None:
     try:
@@ -219,16 +225,18 @@ class NVAllocator(Allocator[int]):
     self.k = 0
 
   def _alloc(self, nbytes: int, options: Any) -> int:
-    mem = self.state.iface.alloc(nbytes, "device")
-    self.mems[mem.va] = mem
+    with self.state.lock:
+      mem = self.state.iface.alloc(nbytes, "device")
+      self.mems[mem.va] = mem
     return mem.va
 
   def _free(self, handle: int, nbytes: int, options: Any) -> None:
-    mem = self.mems.pop(handle)
     st = self.state
-    if st.broken: return  # the GPU may still hold it; the process is going to exit anyway
-    st.synchronize()
-    st.iface.free(mem)
+    with st.lock:
+      mem = self.mems.pop(handle)
+      if st.broken: return  # the GPU may still hold it; the process is going to exit anyway
+      st.synchronize()
+      st.iface.free(mem)
 
   def _offset(self, handle: int, offset: int, nbytes: int) -> int: return handle + offset
 
@@ -252,13 +260,14 @@ class NVAllocator(Allocator[int]):
   def _copyin(self, dest: int, src: memoryview) -> None:
     st, n = self.state, src.nbytes
     addr = buffer_address(src)
-    for off in range(0, n, self.STAGE):
-      k, m = self.k, min(self.STAGE, n - off)
-      self.k ^= 1
-      buf = self._staging(k)
-      st.wait(self.stage_value[k])
-      self._memmove(buf.va, addr + off, m)
-      self.stage_value[k] = st.submit(st.copy, cmd.copy(dest + off, buf.va, m))
+    with st.lock:  # the staging buffers are the device's, one copy at a time
+      for off in range(0, n, self.STAGE):
+        k, m = self.k, min(self.STAGE, n - off)
+        self.k ^= 1
+        buf = self._staging(k)
+        st.wait(self.stage_value[k])
+        self._memmove(buf.va, addr + off, m)
+        self.stage_value[k] = st.submit(st.copy, cmd.copy(dest + off, buf.va, m))
 
   def _copyout(self, dest: memoryview, src: int) -> None:
     st, n = self.state, dest.nbytes
@@ -266,12 +275,13 @@ class NVAllocator(Allocator[int]):
     chunks = [(off, min(self.STAGE, n - off)) for off in range(0, n, self.STAGE)]
     # the GPU runs everything in submission order, so a staging buffer a copy-in still reads is safe to copy into
     start = lambda i: st.submit(st.copy, cmd.copy(self._staging(i % 2).va, src + chunks[i][0], chunks[i][1]))
-    nxt = start(0) if chunks else 0
-    for i, (off, m) in enumerate(chunks):
-      v = nxt
-      if i + 1 < len(chunks): nxt = start(i + 1)  # the next chunk's DMA runs while the CPU copies this one out
-      st.wait(v)
-      self._memmove(addr + off, self._staging(i % 2).va, m)
+    with st.lock:  # the staging buffers are the device's, one copy at a time
+      nxt = start(0) if chunks else 0
+      for i, (off, m) in enumerate(chunks):
+        v = nxt
+        if i + 1 < len(chunks): nxt = start(i + 1)  # the next chunk's DMA runs while the CPU copies this one out
+        st.wait(v)
+        self._memmove(addr + off, self._staging(i % 2).va, m)
 
   def _copy(self, dest: int, src: int, nbytes: int) -> None:
     """Device to device: large copies between ranges that do not overlap run as a kernel (the SMs move memory far
@@ -317,9 +327,10 @@ def _scalar(dt: DType) -> Any:
 
 def _release_program(state: NVState, *mems: Mem) -> None:
   try:
-    if not state.broken:
-      state.synchronize()
-      for mem in mems: state.iface.free(mem)
+    with state.lock:
+      if not state.broken:
+        state.synchronize()
+        for mem in mems: state.iface.free(mem)
   except Exception: pass  # interpreter shutdown, or a device that failed meanwhile
 
 
@@ -341,7 +352,7 @@ class NVProgram(Program):
     want = [8] * self.nbufs + [struct.calcsize(_PACK[dt]) for dt in signature.scalars]
     if [s for _, s in k.params] != want:
       raise CompileError(f"cubin for {name} takes parameters of sizes {[s for _, s in k.params]}, its signature needs {want}")
-    self.mem = st.iface.alloc(len(k.image) + 0x1000, "device")  # room after the code: the SMs prefetch instructions past its end
+    with st.lock: self.mem = st.iface.alloc(len(k.image) + 0x1000, "device")  # room after the code: the SMs prefetch instructions past its end
     device.allocator._copyin(self.mem.va, memoryview(k.relocated(self.mem.va)))
     st.fast = False
     st.ensure_local(k.stack + hw.LOCAL_ABI)
@@ -381,53 +392,54 @@ class NVProgram(Program):
     self.kernel = k
     # resident entries: [arguments key, QMD address, last timeline value that used it, words 0..8 of the fast path]
     self.entry_size = round_up(self.cmd_off, 256)
-    self.res = st.iface.alloc(self.entry_size * self.ENTRIES, "mapped")
+    with st.lock: self.res = st.iface.alloc(self.entry_size * self.ENTRIES, "mapped")
     self.entries: list[list[Any]] = []
     weakref.finalize(self, _release_program, st, self.mem, self.res)
 
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:
     st = self.state
-    key = (bufs, vals, global_size, local_size)
-    for e in self.entries:
-      if e[0] == key: break
-    else: e = self._entry(key, bufs, vals, global_size, local_size)
-    if e is not None and st.fast and not wait:  # the fast path: 12 words into a slot, a ring entry, GP_PUT, the doorbell
-      i = st.next_slot
-      if st.slot_value[i] > st.done: st.wait(st.slot_value[i])
-      st.next_slot = (i + 1) % SLOTS
-      o, value, ch, words = i * SLOT, st.value + 1, st.compute, e[3]
-      _PAYLOAD(words, FAST_PAYLOAD, value & M32)
-      st.slots_mv[o:o + FAST_WORDS * 4] = words
-      put = ch.put  # type: ignore[attr-defined]
-      ch.ring_arr[put % ch.entries] = st.slots_va + o | FAST_ENTRY  # type: ignore[attr-defined]
-      ch.put = put = put + 1  # type: ignore[attr-defined]
-      st._fence()  # the slot and the ring entry first: see _kick
-      ch.gp_put.value = put % ch.entries  # type: ignore[attr-defined]
-      st._doorbell.value = ch.token
-      st.value = st.slot_value[i] = e[2] = value
-      return None
-    if st.broken: raise NVError(f"NV:{st.index} cannot run {self.name}: {st.broken}", "restart the process")
-    va, slot = st._slot()
-    value = st.value + 1
-    if e is None:  # no resident entry free: QMD and constant bank travel in the slot
-      off, shift, hi = self.cbuf_patch
-      cb = (va + CBUF_OFF) >> shift
-      struct.pack_into("<II", self.blob, off, cb & M32, hi | cb >> 32)
-      ctypes.memmove(va, self.blob_addr, self.cmd_off)
-      qmd, c = va, self.cmd_off
-    else: qmd, c, e[2] = e[1], 0, value
-    words = (cmd.sem_acquire(st.sem, st.value) if st.last is not st.compute else []) + (cmd.sem_release(st.ts, value) if wait else [])
-    words += cmd.launch(qmd) + cmd.sem_release(st.sem, value)  # with the cache invalidation
-    struct.pack_into(f"<{len(words)}I", st.slots_mv, va - st.slots.va + c, *words)
-    st._kick(st.compute, va + c, len(words), value, slot)
-    st.fast = True
-    if not wait: return None
-    t = time.perf_counter()
-    st.wait(value)
-    t = time.perf_counter() - t
-    t0, t1 = ctypes.c_uint64.from_address(st.ts + 8).value, ctypes.c_uint64.from_address(st.sem + 8).value
-    return (t1 - t0) / 1e9 if 0 < t1 - t0 < 10 ** 12 else t  # the GPU's own timestamps (ns), else the host's clock
+    with st.lock:  # the device's slots, rings and timeline, and this program's entries, are shared by all threads
+      key = (bufs, vals, global_size, local_size)
+      for e in self.entries:
+        if e[0] == key: break
+      else: e = self._entry(key, bufs, vals, global_size, local_size)
+      if e is not None and st.fast and not wait:  # the fast path: 12 words into a slot, a ring entry, GP_PUT, the doorbell
+        i = st.next_slot
+        if st.slot_value[i] > st.done: st.wait(st.slot_value[i])
+        st.next_slot = (i + 1) % SLOTS
+        o, value, ch, words = i * SLOT, st.value + 1, st.compute, e[3]
+        _PAYLOAD(words, FAST_PAYLOAD, value & M32)
+        st.slots_mv[o:o + FAST_WORDS * 4] = words
+        put = ch.put  # type: ignore[attr-defined]
+        ch.ring_arr[put % ch.entries] = st.slots_va + o | FAST_ENTRY  # type: ignore[attr-defined]
+        ch.put = put = put + 1  # type: ignore[attr-defined]
+        st._fence()  # the slot and the ring entry first: see _kick
+        ch.gp_put.value = put % ch.entries  # type: ignore[attr-defined]
+        st._doorbell.value = ch.token
+        st.value = st.slot_value[i] = e[2] = value
+        return None
+      if st.broken: raise NVError(f"NV:{st.index} cannot run {self.name}: {st.broken}", "restart the process")
+      va, slot = st._slot()
+      value = st.value + 1
+      if e is None:  # no resident entry free: QMD and constant bank travel in the slot
+        off, shift, hi = self.cbuf_patch
+        cb = (va + CBUF_OFF) >> shift
+        struct.pack_into("<II", self.blob, off, cb & M32, hi | cb >> 32)
+        ctypes.memmove(va, self.blob_addr, self.cmd_off)
+        qmd, c = va, self.cmd_off
+      else: qmd, c, e[2] = e[1], 0, value
+      words = (cmd.sem_acquire(st.sem, st.value) if st.last is not st.compute else []) + (cmd.sem_release(st.ts, value) if wait else [])
+      words += cmd.launch(qmd) + cmd.sem_release(st.sem, value)  # with the cache invalidation
+      struct.pack_into(f"<{len(words)}I", st.slots_mv, va - st.slots.va + c, *words)
+      st._kick(st.compute, va + c, len(words), value, slot)
+      st.fast = True
+      if not wait: return None
+      t = time.perf_counter()  # still holding the lock: the start-timestamp slot is the device's
+      st.wait(value)
+      t = time.perf_counter() - t
+      t0, t1 = ctypes.c_uint64.from_address(st.ts + 8).value, ctypes.c_uint64.from_address(st.sem + 8).value
+      return (t1 - t0) / 1e9 if 0 < t1 - t0 < 10 ** 12 else t  # the GPU's own timestamps (ns), else the host's clock
 
   def _entry(self, key: Any, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> list[Any] | None:
     """A resident entry holding these arguments: a free one (its launches done) rewritten, a new one, or None (all busy)."""

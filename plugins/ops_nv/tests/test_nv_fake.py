@@ -95,6 +95,49 @@ def test_launch_writes_qmd_and_arguments(fake):
   assert np.array_equal(out.numpy(), 599 * x + 2 * x) and len(gpu.launches) == 601
 
 
+
+def test_launches_and_copies_from_threads(fake):
+  """Threads sharing one program (as Tensor users do) and the device's slots, rings and staging: each thread's launches
+  read its own buffers and scalars, and its copies its own data."""
+  import sys
+  import threading
+  gpu, dev = fake
+  n, nthreads = 256, 6
+  prg = dev.program(K.saxpy_kernel())
+  k = prg.kernel
+
+  def saxpy(ln: Launch) -> None:
+    o, xa, ya, a, cnt = ln.args(k.param_base, "<QQQfi")
+    xs = np.frombuffer(ctypes.string_at(xa, cnt * 4), np.float32)
+    ys = np.frombuffer(ctypes.string_at(ya, cnt * 4), np.float32)
+    ctypes.memmove(o, (a * xs + ys).astype(np.float32).tobytes(), cnt * 4)
+
+  gpu.kernels[prg.mem.va + k.entry] = saxpy
+  errors: list[BaseException] = []
+  start = threading.Barrier(nthreads)
+
+  def work(t: int) -> None:
+    try:
+      start.wait()
+      x = np.arange(n, dtype=np.float32) + 1000 * t
+      xb, yb = Buffer.from_numpy(x, dev), Buffer.from_numpy(2 * x, dev)
+      outs = [Buffer(dev, n, dtypes.float32) for _ in range(2)]
+      for i in range(40):
+        out = outs[i % 2]
+        prg(out, xb, yb, global_size=(1, 1, 1), local_size=(n, 1, 1), vals=(float(t + i // 4), n))
+        np.testing.assert_array_equal(out.numpy(), (t + i // 4) * x + 2 * x, err_msg=f"thread {t}, launch {i}")
+    except BaseException as e: errors.append(e)
+
+  interval = sys.getswitchinterval()
+  sys.setswitchinterval(1e-6)
+  try:
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(nthreads)]
+    for th in threads: th.start()
+    for th in threads: th.join()
+  finally: sys.setswitchinterval(interval)
+  if errors: raise errors[0]
+
+
 def test_launch_checks(fake):
   _, dev = fake
   prg = dev.program(K.saxpy_kernel())

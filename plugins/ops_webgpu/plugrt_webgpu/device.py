@@ -9,12 +9,16 @@ Launch path (what `prg(*bufs, ...)` does):
   take the pipeline (built once per workgroup size and aliasing pattern) and the
   bind group (cached per set of buffers, LRU) from their caches, and make a new
   launcher.
+
+Threads: every use of the engine (launches, copies, allocations, compiles) holds the
+engine's lock. A launch's check, prepare and submit happen under it together: the
+program's uniform buffer and launcher are one per program, and the uniform write that
+a prepare queues must be followed by its own launch's submit, not another thread's.
 """
 from __future__ import annotations
 
 import math
 import struct
-import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -42,8 +46,12 @@ def engine_of(device: DeviceInfo) -> Engine:
 
 class WebGPUState(DeviceState):
   def __init__(self, engine: Engine): self.engine = engine
-  def synchronize(self) -> None: self.engine.synchronize()
-  def close(self) -> None: self.engine.close()
+
+  def synchronize(self) -> None:
+    with self.engine.lock: self.engine.synchronize()
+
+  def close(self) -> None:
+    with self.engine.lock: self.engine.close()
 
 
 # ---------------------------------------------------------------- memory
@@ -69,7 +77,7 @@ class WebGPUAllocator(Allocator[Mem]):
   def __init__(self, device: DeviceInfo):
     super().__init__(device)
     self.engine = engine_of(device)
-    self._rmw_lock = threading.Lock()
+    self._lock = self.engine.lock
     # Every engine buffer stays reachable from here until _free. Engines' buffer objects may have finalizers (wgpu-py's
     # release the native buffer): without this, a Buffer dropped in a reference cycle takes its engine buffer into the
     # same garbage, the collector finalizes both, and the allocator's cache would keep a released handle.
@@ -79,22 +87,24 @@ class WebGPUAllocator(Allocator[Mem]):
     size = _round4(nbytes)
     if size > self.engine.limits.max_buffer_size:
       raise MemoryError(f"{size} bytes is more than the adapter's largest buffer ({self.engine.limits.max_buffer_size} bytes)")
-    buf = self.engine.alloc(size)
-    self._live[id(buf)] = buf
+    with self._lock:
+      buf = self.engine.alloc(size)
+      self._live[id(buf)] = buf
     return Mem(buf, 0, nbytes, size)
 
   def _free(self, handle: Mem, nbytes: int, options: Any) -> None:
-    self._live.pop(id(handle.buf), None)
-    self.engine.free(handle.buf)
+    with self._lock:
+      self._live.pop(id(handle.buf), None)
+      self.engine.free(handle.buf)
   def _offset(self, handle: Mem, offset: int, nbytes: int) -> Mem: return Mem(handle.buf, offset, nbytes, handle.size)
 
   def _copyin(self, dest: Mem, src: memoryview) -> None:
     off, n = dest.offset, src.nbytes
     if not (off | n) & 3:
-      self.engine.write(dest.buf, off, src)
+      with self._lock: self.engine.write(dest.buf, off, src)
       return
     lo, hi = off & ~3, _round4(off + n)
-    with self._rmw_lock:  # read-modify-write of the partial words at the edges
+    with self._lock:  # read-modify-write of the partial words at the edges
       tmp = bytearray(hi - lo)
       self.engine.read(dest.buf, lo, memoryview(tmp))
       tmp[off - lo:off - lo + n] = src
@@ -103,16 +113,16 @@ class WebGPUAllocator(Allocator[Mem]):
   def _copyout(self, dest: memoryview, src: Mem) -> None:
     off, n = src.offset, dest.nbytes
     if not (off | n) & 3:
-      self.engine.read(src.buf, off, dest)
+      with self._lock: self.engine.read(src.buf, off, dest)
       return
     lo, hi = off & ~3, _round4(off + n)
     tmp = bytearray(hi - lo)
-    self.engine.read(src.buf, lo, memoryview(tmp))
+    with self._lock: self.engine.read(src.buf, lo, memoryview(tmp))
     dest[:] = tmp[off - lo:off - lo + n]
 
   def _copy(self, dest: Mem, src: Mem, nbytes: int) -> None:
     if not (dest.offset | src.offset | nbytes) & 3:
-      self.engine.copy(src.buf, src.offset, dest.buf, dest.offset, nbytes)
+      with self._lock: self.engine.copy(src.buf, src.offset, dest.buf, dest.offset, nbytes)
       return
     host = bytearray(nbytes)
     self._copyout(memoryview(host), src)
@@ -140,8 +150,9 @@ class WGSLCompiler(Compiler):
   def render(self, kernel: Any) -> str: return self.renderer.render(kernel)
 
   def compile_uncached(self, src: str) -> bytes:
-    module = self.engine.create_module(src)  # raises CompileError with the engine's messages
-    _fresh_modules(self.engine)[src] = module
+    with self.engine.lock:
+      module = self.engine.create_module(src)  # raises CompileError with the engine's messages
+      _fresh_modules(self.engine)[src] = module
     return src.encode()
 
   def toolchain(self) -> tuple[str, ...]:
@@ -154,7 +165,7 @@ _FRESH: weakref.WeakKeyDictionary[Engine, OrderedDict[str, Any]] = weakref.WeakK
 
 def _fresh_modules(engine: Engine) -> OrderedDict[str, Any]:
   """Modules made by compile_uncached, waiting for the program that loads them next (a few: a compile
-  that is never loaded keeps nothing alive for long)."""
+  that is never loaded keeps nothing alive for long). The caller holds engine.lock."""
   d = _FRESH.setdefault(engine, OrderedDict())
   while len(d) > 16: engine.release(d.popitem(last=False)[1])
   return d
@@ -194,13 +205,15 @@ class WebGPUProgram(Program):
     self.header: Header = parse_header(self.src)
     if len(self.header.buffers) != self.nbufs or self.header.nscalars != self.nvals:
       raise ValueError(f"program {name}: its WGSL header does not match its signature")
+    self._lock = self.engine.lock
     self._modules: dict[tuple[int, ...], Any] = {}
-    fresh = _fresh_modules(self.engine).pop(self.src, None)
     ident = tuple(range(self.nbufs))
-    self._modules[ident] = fresh if fresh is not None else self.engine.create_module(self.src)
+    with self._lock:
+      fresh = _fresh_modules(self.engine).pop(self.src, None)
+      self._modules[ident] = fresh if fresh is not None else self.engine.create_module(self.src)
+      self._uniform = self.engine.create_uniform(self.header.uniform_bytes)
     self._pipelines: dict[tuple[tuple[int, ...], tuple[int, int, int]], Pipeline] = {}
     self._groups: OrderedDict[tuple, Any] = OrderedDict()
-    self._uniform = self.engine.create_uniform(self.header.uniform_bytes)
     self._uniform_bytes = b""
     self._word_of = [_word_packer(dt) for dt in signature.scalars]
     self._scale = [1 if dt.itemsize < 4 else 4 for dt in signature.buffers]  # view offsets: packed dtypes in bytes, others in words
@@ -212,14 +225,15 @@ class WebGPUProgram(Program):
 
   def __call__(self, *bufs: Any, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:
-    last = self._last
-    if bufs != last[0] or vals != last[1] or global_size != last[2] or local_size != last[3]:
-      self._prepare(bufs, vals, global_size, local_size)
-    if wait: return self._timed()
-    self._launch()
+    with self._lock:  # see the module docstring
+      last = self._last
+      if bufs != last[0] or vals != last[1] or global_size != last[2] or local_size != last[3]:
+        self._prepare(bufs, vals, global_size, local_size)
+      if wait: return self._timed()
+      self._launch()
     return None
 
-  # ---- everything below runs only when the arguments changed
+  # ---- everything below runs only when the arguments changed, with the engine's lock held
   def _prepare(self, bufs: Sequence[Any], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
     gs, ls = self.check_args(bufs, vals, global_size, local_size)
     lim = self.engine.limits
@@ -284,9 +298,10 @@ class WebGPUProgram(Program):
   def __del__(self) -> None:
     """Give the engine's objects back (engines whose handles are garbage-collected ignore this)."""
     try:
-      for obj in [*self._groups.values(), *self._pipelines.values(), *self._modules.values()]: self.engine.release(obj)
-      self._groups.clear(); self._pipelines.clear(); self._modules.clear()
-      self.engine.free(self._uniform)
+      with self._lock:
+        for obj in [*self._groups.values(), *self._pipelines.values(), *self._modules.values()]: self.engine.release(obj)
+        self._groups.clear(); self._pipelines.clear(); self._modules.clear()
+        self.engine.free(self._uniform)
     except Exception: pass  # interpreter shutdown
 
 

@@ -16,6 +16,8 @@ Conventions every engine keeps:
   passed to write/read/copy are multiples of 4 (the device rounds and pads);
 - binding 0 of group 0 is a small uniform buffer, bindings 1..n are read_write
   storage buffers, in that order (an explicit layout, never "auto");
+- write() stages its bytes: an engine submits (and waits for) what it staged once it passes
+  STAGING_BOUND bytes, and synchronize() submits staged writes first, so staging stays bounded;
 - errors: a shader the engine rejects raises plugrt.errors.CompileError with the
   engine's log; an allocation it cannot make raises MemoryError; ``NoAdapter`` when
   the machine has no usable adapter.
@@ -27,12 +29,17 @@ from __future__ import annotations
 
 import abc
 import time
+from _thread import RLock  # threading's RLock, without importing threading in an entry module's import chain
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from plugrt.errors import DeviceUnavailable, Reason
 from plugrt_webgpu.drivers import ADAPTER_ENV, DRIVER_HINT  # engines import both from here too
+
+#: bytes of queued writes an engine keeps staged before it submits them: write() copies into staging memory that the
+#: engine frees only once a submit has carried the write and finished, so an upload-only loop would otherwise grow without end
+STAGING_BOUND = 64 << 20
 
 #: WebGPU feature names (the spec's spelling) that change what the device can run
 FEATURE_F16 = "shader-f16"
@@ -114,7 +121,7 @@ def choose_adapter(adapters: Sequence[AdapterInfo], want: str) -> int | None:
 class Engine(abc.ABC):
   """One WebGPU implementation opened on one adapter (a WebGPU device and its queue).
 
-  Engines are used from one thread at a time (the device serialises nothing itself).
+  Engines are used from one thread at a time: the WEBGPU device holds `lock` around every call it makes.
   """
   name: ClassVar[str] = "?"   # the interface name: "WGPU", "DAWN"
   version: str = ""           # the native library's version (part of the compile cache key)
@@ -123,6 +130,12 @@ class Engine(abc.ABC):
   limits: Limits = Limits()
   #: how launch(..., wait=True) is timed: "timestamp-query" (GPU timestamps around the pass) or "wall"
   timer: str = "wall"
+
+  @property
+  def lock(self) -> Any:
+    """The reentrant lock the device holds around every use of this engine (made on first use)."""
+    try: return self.__dict__["_device_lock"]
+    except KeyError: return self.__dict__.setdefault("_device_lock", RLock())  # setdefault: two first callers get one lock
 
   # ---- memory
   @abc.abstractmethod
@@ -174,7 +187,7 @@ class Engine(abc.ABC):
   # ---- the queue
   @abc.abstractmethod
   def synchronize(self) -> None:
-    """Wait for all submitted work; raises PluginError for errors the engine reported meanwhile."""
+    """Submit the writes still staged, wait for all submitted work; raises PluginError for errors the engine reported meanwhile."""
   def close(self) -> None: ...  # noqa: B027 (optional)
 
   def describe(self) -> str:

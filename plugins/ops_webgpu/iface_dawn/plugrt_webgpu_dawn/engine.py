@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from plugrt.errors import CompileError, PluginError
-from plugrt_webgpu.engine import FEATURE_F16, FEATURE_TIMESTAMP, AdapterInfo, Engine, Limits, NoAdapter, Pipeline, choose_adapter
+from plugrt_webgpu.engine import FEATURE_F16, FEATURE_TIMESTAMP, STAGING_BOUND, AdapterInfo, Engine, Limits, NoAdapter, Pipeline, choose_adapter
 
 V = ctypes.c_void_p
 _W: Any = None  # pydawn.webgpu, loaded on first use (it loads the Dawn library)
@@ -154,6 +154,7 @@ class DawnEngine(Engine):
       max_workgroup_storage=li.maxComputeWorkgroupStorageSize)
     self._lock = threading.Lock()
     self._staging: DawnBuffer | None = None
+    self.staged_bytes = 0  # written since the last submit of staged writes (see write)
     # the launch path's functions, prototyped on integer handles
     self._create_enc = _fn("wgpuDeviceCreateCommandEncoder", V, V, V)
     self._begin = _fn("wgpuCommandEncoderBeginComputePass", V, V, V)
@@ -258,7 +259,9 @@ class DawnEngine(Engine):
     if n == 0: return
     src = data if not data.readonly else memoryview(bytearray(data))
     addr = ctypes.addressof((ctypes.c_char * n).from_buffer(src))
-    self._write(self._Q, buf.ptr, offset, addr, n)  # Dawn copies the bytes before it returns
+    self._write(self._Q, buf.ptr, offset, addr, n)  # Dawn copies the bytes before it returns, into staging kept until a submit is done
+    self.staged_bytes += n
+    if self.staged_bytes >= STAGING_BOUND: self.synchronize()
 
   def _one_shot(self, record: Any) -> None:
     enc = self._create_enc(self._D, None)
@@ -416,6 +419,8 @@ class DawnEngine(Engine):
 
   def synchronize(self) -> None:
     W = self.W
+    self.staged_bytes = 0
+    self._submit(self._Q, 0, None)  # carries the writes queued since the last submit: their staging is freed once it is done
     got: dict[str, int] = {}
     def cb(status: int, _u1: Any, _u2: Any) -> None: got["s"] = status
     info = W.WGPUQueueWorkDoneCallbackInfo2()

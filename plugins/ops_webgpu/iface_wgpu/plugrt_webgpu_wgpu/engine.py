@@ -15,7 +15,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from plugrt.errors import CompileError, PluginError
-from plugrt_webgpu.engine import ADAPTER_ENV, FEATURE_F16, FEATURE_TIMESTAMP, AdapterInfo, Engine, Limits, NoAdapter, Pipeline, choose_adapter
+from plugrt_webgpu.engine import (
+  ADAPTER_ENV,
+  FEATURE_F16,
+  FEATURE_TIMESTAMP,
+  STAGING_BOUND,
+  AdapterInfo,
+  Engine,
+  Limits,
+  NoAdapter,
+  Pipeline,
+  choose_adapter,
+)
 
 _LIMIT_KEYS = ("max-buffer-size", "max-storage-buffer-binding-size", "max-storage-buffers-per-shader-stage",
                "max-compute-workgroup-size-x", "max-compute-workgroup-size-y", "max-compute-workgroup-size-z",
@@ -69,6 +80,7 @@ class WgpuEngine(Engine):
     self._usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
     self._lock = threading.Lock()
     self._staging: Any = None
+    self.staged_bytes = 0  # written since the last submit of staged writes (see write)
     # the fast path: wgpu-native's C API on the objects' handles
     try:
       self._ffi, self._lib = wgpu_native.ffi, wgpu_native.lib
@@ -100,6 +112,8 @@ class WgpuEngine(Engine):
   def write(self, buf: Any, offset: int, data: memoryview) -> None:
     if data.readonly: data = memoryview(bytearray(data))  # wgpu-py takes the address of a writable buffer
     self.queue.write_buffer(buf, offset, data)
+    self.staged_bytes += data.nbytes  # wgpu-native keeps the staging copy until a submit carries it and completes
+    if self.staged_bytes >= STAGING_BOUND: self.synchronize()
 
   def read(self, buf: Any, offset: int, dest: memoryview) -> None:
     n = dest.nbytes
@@ -205,6 +219,8 @@ class WgpuEngine(Engine):
   def release(self, obj: Any) -> None: pass  # wgpu-py releases a handle when its object is collected
 
   def synchronize(self) -> None:
+    self.staged_bytes = 0
+    self.queue.submit([])  # carries the writes queued since the last submit: their staging is freed once it is done
     if self.fast: self._lib.wgpuDevicePoll(self._D, True, self._ffi.NULL)
     else: self.device._poll_wait()
 

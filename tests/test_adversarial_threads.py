@@ -1,0 +1,132 @@
+"""Several threads launching at once, on every device and compiler: each thread gets its own results.
+
+Device.program() hands one Program to every caller that asks for the same source, so Tensor users on different
+threads share Programs without knowing it; a launch must never see another thread's buffers, scalars or sizes.
+"""
+import importlib.util
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from plugrt import Buffer, Device, Tensor, dtypes, kernel
+from plugrt.dsl import global_id
+from plugrt.registry import Registry, use
+
+NTHREADS = 8
+
+
+def installed(module: str) -> bool: return importlib.util.find_spec(module) is not None
+
+
+WEBGPU_ENGINES = [e for e, m in (("WGPU", "plugrt_webgpu_wgpu"), ("DAWN", "plugrt_webgpu_dawn")) if installed(m)]
+
+
+def targets() -> list[tuple[str, dict[str, str]]]:
+  """(device, the environment that picks its compiler or engine): the CPU with both compilers, WEBGPU on each engine."""
+  out: list[tuple[str, dict[str, str]]] = []
+  for d in Device.available():
+    if d == "CPU": out += [("CPU", {"DEV": "CPU:CLANG"}), ("CPU", {"DEV": "CPU:LLVM"})]
+    elif d == "WEBGPU": out += [("WEBGPU", {"WEBGPU_IFACE": e}) for e in WEBGPU_ENGINES]
+    else: out.append((d, {}))
+  return out
+
+
+@pytest.fixture(params=targets(), ids=lambda t: "-".join([t[0], *t[1].values()]))
+def target(request) -> Iterator[str]:
+  """The device name, with a process-wide registry made under request.param's environment (so Tensors use it too)."""
+  dev, env = request.param
+  reg = Registry(env={**os.environ, **env})
+  try:
+    with use(reg):
+      opened = reg.open(dev)
+      assert env.get("DEV", ":").split(":")[1] in ("", opened.info.compiler) and env.get("WEBGPU_IFACE", "") in ("", opened.info.interface)
+      yield dev
+  finally: reg.close()
+
+
+def run_threads(work: Callable[[int], None]) -> None:
+  """work(t) on NTHREADS threads started together, switching threads as often as Python can (so that a launch's
+  Python steps interleave with other threads' too, not only its foreign calls); re-raises the first failure."""
+  start, errors = threading.Barrier(NTHREADS), []
+  def body(t: int) -> None:
+    try:
+      start.wait()
+      work(t)
+    except BaseException as e: errors.append(e)
+  threads = [threading.Thread(target=body, args=(t,)) for t in range(NTHREADS)]
+  interval = sys.getswitchinterval()
+  sys.setswitchinterval(1e-6)
+  try:
+    for th in threads: th.start()
+    for th in threads: th.join()
+  finally: sys.setswitchinterval(interval)
+  if errors: raise errors[0]
+
+
+def iterations(dev: str, fast: int, slow: int) -> int: return slow if dev == "PYTHON" else fast
+
+
+def test_tensor_expressions_from_threads(target):
+  dev = target
+  n, iters = 1000, iterations(dev, 25, 4)
+  def work(t: int) -> None:
+    for i in range(iters):
+      d = np.arange(n, dtype=np.float32) + 1000 * t + i  # integers: exact on every device, whatever it contracts
+      got = (Tensor(d, device=dev) * 2 + 1).numpy()
+      np.testing.assert_array_equal(got, d * 2 + 1, err_msg=f"thread {t}, iteration {i}")
+  run_threads(work)
+
+
+@kernel
+def affine(out: dtypes.float32[:], x: dtypes.float32[:], a: dtypes.float32, b: dtypes.float32, n: dtypes.int32):
+  i = global_id(0)
+  if i < n:
+    out[i] = a * x[i] + b
+
+
+@pytest.mark.parametrize("n", [1000, 1 << 16], ids=["small", "split"])  # split: enough threads for the CPU's parallel path
+def test_one_program_launched_from_threads(target, n):
+  dev = target
+  if dev == "PYTHON" and n > 1000: pytest.skip("the interpreter takes seconds for a grid this size")
+  rdev = Device[dev]
+  prg = rdev.program(affine.ir())
+  local = 64
+  groups = -(-n // local)
+  iters = iterations(dev, 40 if n <= 1000 else 10, 4)
+  def work(t: int) -> None:
+    x = np.arange(n, dtype=np.float32) + 100 * t
+    xb, outs = Buffer.from_numpy(x, rdev), [Buffer(rdev, n, dtypes.float32) for _ in range(2)]
+    for i in range(iters):
+      out = outs[i % 2]  # same buffers every other launch (the launch's fast path), new scalars every fourth
+      a, b = float(t + 1), float(t * 10 + i // 4)
+      prg(out, xb, global_size=(groups, 1, 1), local_size=(local, 1, 1), vals=(a, b, n))
+      np.testing.assert_array_equal(out.numpy(), x * a + b, err_msg=f"thread {t}, iteration {i}")
+  run_threads(work)
+
+
+@pytest.mark.parametrize("engine", WEBGPU_ENGINES or [pytest.param("none", marks=pytest.mark.skip("no WebGPU engine is installed"))])
+def test_webgpu_uploads_keep_staging_bounded(engine):
+  """An upload-only loop: each engine frees the staging memory of its queued writes (a submit must carry them) once
+  they pass STAGING_BOUND, and on synchronize; before, the memory grew with every upload until the next launch."""
+  from plugrt_webgpu.engine import STAGING_BOUND
+  reg = Registry(env={**os.environ, "WEBGPU_IFACE": engine})
+  try:
+    dev = reg.open("WEBGPU")
+    assert dev.info.interface == engine
+    eng, n = dev.info.iface_object, 4 << 20
+    buf, data = Buffer(dev, n // 4, dtypes.float32), np.arange(n // 4, dtype=np.float32)
+    def rss() -> int: return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    buf.copyin(data); dev.synchronize()
+    before = rss()
+    for i in range(8 * STAGING_BOUND // n):
+      data[0] = i
+      buf.copyin(data)
+      assert eng.staged_bytes < STAGING_BOUND
+    assert rss() - before < 2.5 * STAGING_BOUND, f"{(rss() - before) >> 20} MiB more after {8 * STAGING_BOUND >> 20} MiB of uploads"
+    dev.synchronize()
+    assert eng.staged_bytes == 0 and buf.numpy()[0] == 8 * STAGING_BOUND // n - 1
+  finally: reg.close()
