@@ -9,7 +9,6 @@ event: the device's start-to-end time, not the host's.
 """
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -51,6 +50,7 @@ class CLProgram(Program):
     self._last_dims: tuple = (None, None)
     self._set: list[Any] = [None] * (2 * self.nbufs + self.nvals)  # what each kernel argument is set to now
     self._gs, self._ls = (1, 1, 1), (1, 1, 1)
+    self.launch_limits = self.state.launch_limits
 
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:
@@ -63,11 +63,7 @@ class CLProgram(Program):
     return None
 
   def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)
-    st = self.state
-    if math.prod(ls) > st.max_group or any(x > m for x, m in zip(ls, st.max_items)):
-      raise ValueError(f"program {self.name}: local_size {ls} is over what {st.label} allows per group "
-                       f"({st.max_group} threads, at most {st.max_items[:3]} per axis)")
+    gs, ls = self.check_args(bufs, vals, global_size, local_size)  # with the device's work-group limits (CLState.launch_limits)
     cur = self._set
     for i, b in enumerate(bufs):  # only the arguments that differ from what the kernel holds
       h = b.handle

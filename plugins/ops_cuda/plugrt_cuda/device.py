@@ -9,7 +9,6 @@ values that changed since the previous call.
 from __future__ import annotations
 
 import ctypes
-import math
 import struct
 import threading
 from collections.abc import Sequence
@@ -20,7 +19,7 @@ from plugrt.dtype import DType, dtypes, f32_to_bf16
 from plugrt.errors import UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import Signature
-from plugrt.runtime import Allocator, DeviceState, Graph, Launch, Program, buffer_address
+from plugrt.runtime import Allocator, DeviceState, Graph, Launch, LaunchLimits, Program, buffer_address
 from plugrt_cuda import driver as D
 from plugrt_cuda import trampoline
 
@@ -45,6 +44,9 @@ class CUDAState(DeviceState):
     name = ctypes.create_string_buffer(256)
     D.call("cuDeviceGetName", name, 256, self.dev)
     self.name = name.value.decode()
+    # gridDim (2**31-1, 65535, 65535) and blockDim (1024, 1024, 64) as the driver reports them
+    self.launch_limits = LaunchLimits(f"{info.canonical} ({self.name})", [self.attr(a) for a in D.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM],
+                                      [self.attr(a) for a in D.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM], self.max_threads)
     self.start, self.end = ctypes.c_void_p(), ctypes.c_void_p()
     D.call("cuEventCreate", ctypes.byref(self.start), 0)
     D.call("cuEventCreate", ctypes.byref(self.end), 0)
@@ -259,6 +261,7 @@ class CUDAProgram(Program):
     self._last_vals: Any = None
     self._last_dims: Any = (None, None)
     self._args: tuple = ()
+    self.launch_limits = self.state.launch_limits
 
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:
@@ -273,9 +276,7 @@ class CUDAProgram(Program):
     if (r := self._tramp(self._slots_ptr) if self._tramp else self._launch(*self._args)) != 0: D.check(r, f"cuLaunchKernel({self.name})")
 
   def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)
-    if math.prod(ls) > self.state.max_threads:
-      raise ValueError(f"program {self.name}: {math.prod(ls)} threads per group, {self.state.name} allows {self.state.max_threads}")
+    gs, ls = self.check_args(bufs, vals, global_size, local_size)  # with the GPU's grid and block limits
     for v, b in zip(self._values, bufs): v.value = b.handle
     for v, set_, x in zip(self._values[self.nbufs:], self._set, vals): v.value = set_(x)
     u = ctypes.c_uint

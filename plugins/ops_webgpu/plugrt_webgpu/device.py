@@ -12,7 +12,6 @@ Launch path (what `prg(*bufs, ...)` does):
 """
 from __future__ import annotations
 
-import math
 import struct
 import threading
 import weakref
@@ -23,7 +22,7 @@ from typing import Any
 from plugrt.dtype import DType, dtypes
 from plugrt.errors import DeviceUnavailable, Reason
 from plugrt.hookspecs import DeviceInfo
-from plugrt.runtime import Allocator, Compiler, DeviceState, Program
+from plugrt.runtime import Allocator, Compiler, DeviceState, LaunchLimits, Program
 from plugrt_webgpu.engine import FEATURE_F16, Engine, Pipeline
 from plugrt_webgpu.wgsl import Header, WGSLRenderer, parse_header, specialize
 
@@ -207,6 +206,8 @@ class WebGPUProgram(Program):
     self._last: tuple = (None, None, None, None)
     self._launch: Any = None
     self._timed: Any = None
+    lim = self.engine.limits
+    self.launch_limits = LaunchLimits(str(device), (lim.max_workgroups_per_dimension,) * 3, lim.max_workgroup_size, lim.max_invocations_per_workgroup)
     self.pipelines_built = 0   # for tests and `plugrt bench`: pipelines made so far
     self.bind_groups_built = 0
 
@@ -221,14 +222,7 @@ class WebGPUProgram(Program):
 
   # ---- everything below runs only when the arguments changed
   def _prepare(self, bufs: Sequence[Any], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)
-    lim = self.engine.limits
-    if math.prod(ls) > lim.max_invocations_per_workgroup or any(a > b for a, b in zip(ls, lim.max_workgroup_size)):
-      raise ValueError(f"program {self.name}: local_size {ls} is over {self.device}'s limits ({lim.max_invocations_per_workgroup} "
-                       f"threads per group, at most {lim.max_workgroup_size} per axis)")
-    if max(gs) > lim.max_workgroups_per_dimension:
-      raise ValueError(f"program {self.name}: global_size {gs} is over {self.device}'s {lim.max_workgroups_per_dimension} groups per axis; "
-                       "use more threads per group or a 2-D/3-D grid")
+    gs, ls = self.check_args(bufs, vals, global_size, local_size)  # with the adapter's workgroup limits (self.launch_limits)
     alias, bindings, starts = self._bindings(bufs)
     words = [(b.handle.offset - starts[alias[k]]) // self._scale[k] for k, b in enumerate(bufs)]
     words += [pack(v) for pack, v in zip(self._word_of, vals)]
