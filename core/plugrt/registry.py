@@ -417,6 +417,7 @@ class Registry:
       for name in self.available():
         try:
           self.open(name)
+        except EnvError: raise  # a variable plugrt cannot use is the user's to fix, whichever device reads it: never "no device"
         except PlugrtError as e:
           self.backends[name].open_error = e  # automatic choice is quiet: remember why, try the next
           continue

@@ -29,11 +29,20 @@ _ZERO = ctypes.c_uint64(0)
 PARALLEL_MIN_THREADS = 1 << 15  # below this many threads a launch runs on the calling thread
 
 
+#: PLUGRT_CPU_THREADS may ask for up to this many workers per core: more only adds switching (100000 workers made a
+#: launch take seconds), so a larger value is refused rather than silently lowered
+THREADS_PER_CORE_MAX = 4
+
+
 def thread_count() -> int:
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
   v = os.environ.get("PLUGRT_CPU_THREADS", "")
-  if not v: return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+  if not v: return cores
   if not v.isdigit() or int(v) < 1:
     raise EnvError(f"PLUGRT_CPU_THREADS={v!r} is not a positive whole number", "e.g. PLUGRT_CPU_THREADS=4; 1 runs every kernel on the calling thread")
+  if int(v) > (most := THREADS_PER_CORE_MAX * cores):
+    raise EnvError(f"PLUGRT_CPU_THREADS={v} is more than {THREADS_PER_CORE_MAX} workers for each of the {cores} cores this process may use "
+                   f"(at most {most})", f"unset it to use every core, or set PLUGRT_CPU_THREADS={cores}")
   return int(v)
 
 
