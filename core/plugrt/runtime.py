@@ -266,6 +266,13 @@ class LaunchLimits:
 
   def check(self, program: str, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> None:
     """Raise LaunchError naming the first limit that global_size `gs` x local_size `ls` passes."""
+    (g0, g1, g2), (l0, l1, l2), (mg0, mg1, mg2), (ml0, ml1, ml2) = gs, ls, self.max_groups, self.max_local
+    if g0 <= mg0 and g1 <= mg1 and g2 <= mg2 and l0 <= ml0 and l1 <= ml1 and l2 <= ml2 and g0 * l0 <= INT32_MAX and \
+       g1 * l1 <= INT32_MAX and g2 * l2 <= INT32_MAX and (nl := l0 * l1 * l2) <= self.max_local_total and \
+       (ng := g0 * g1 * g2) <= self.max_groups_total and ng * nl <= self.max_threads: return
+    self._fail(program, gs, ls)
+
+  def _fail(self, program: str, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> None:
     where = f"program {program}: launch of global_size {gs} x local_size {ls}"
     for axis, (g, l, mg, ml) in enumerate(zip(gs, ls, self.max_groups, self.max_local)):
       if g > mg:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from plugrt.device import Buffer
-from plugrt.dtype import DType, dtypes, f32_to_bf16
+from plugrt.dtype import DType, dtypes, float_bits
 from plugrt.errors import EnvError
 from plugrt.ir import Signature
 from plugrt.runtime import Program
@@ -68,10 +67,7 @@ def _packer(dt: DType) -> Callable[[Any], int]:
   """A scalar -> its 8-byte argument slot."""
   if dt is dtypes.bool: return lambda v: 1 if v else 0
   if dt.kind in "iu": return lambda v: v & 0xFFFFFFFFFFFFFFFF
-  if dt is dtypes.float64: return lambda v: struct.unpack("<Q", struct.pack("<d", v))[0]
-  if dt is dtypes.float32: return lambda v: struct.unpack("<I", struct.pack("<f", v))[0]
-  if dt is dtypes.float16: return lambda v: struct.unpack("<H", struct.pack("<e", v))[0]
-  return lambda v: int(f32_to_bf16(v))
+  return lambda v: float_bits(v, dt)  # IEEE rounding, out of range: inf (the rule on every device)
 
 
 class CPUProgram(Program):

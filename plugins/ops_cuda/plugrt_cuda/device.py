@@ -9,13 +9,12 @@ values that changed since the previous call.
 from __future__ import annotations
 
 import ctypes
-import struct
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 from plugrt.device import Buffer
-from plugrt.dtype import DType, dtypes, f32_to_bf16
+from plugrt.dtype import DType, dtypes, float_bits, float_value
 from plugrt.errors import UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import Signature
@@ -231,12 +230,11 @@ _CTYPES = {dtypes.bool: ctypes.c_uint8, dtypes.int8: ctypes.c_int8, dtypes.int16
 
 
 def _scalar_setter(dt: DType) -> Any:
-  """value -> what the parameter's ctypes object holds (16-bit floats as their raw bits)."""
-  if dt is dtypes.float16: return lambda v: struct.unpack("<H", struct.pack("<e", v))[0]
-  if dt is dtypes.bfloat16: return lambda v: int(f32_to_bf16(v))
+  """value -> what the parameter's ctypes object holds (16-bit floats as their raw bits; IEEE rounding, out of range: inf)."""
+  if dt in (dtypes.float16, dtypes.bfloat16): return lambda v: float_bits(v, dt)
   if dt is dtypes.bool: return lambda v: 1 if v else 0
   if dt.kind in "iu": return lambda v: v
-  return float
+  return lambda v: float_value(v, dt)
 
 
 class CUDAProgram(Program):

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from plugrt.device import Buffer
-from plugrt.dtype import DType, dtypes, f32_to_bf16
+from plugrt.dtype import DType, dtypes, float_bits, float_value
 from plugrt.errors import CompileError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import Signature
@@ -309,9 +309,10 @@ _PACK = {dtypes.bool: "<B", dtypes.int8: "<b", dtypes.uint8: "<B", dtypes.int16:
 
 
 def _scalar(dt: DType) -> Any:
-  if dt is dtypes.bfloat16: return lambda v: int(f32_to_bf16(v))
+  """value -> what its _PACK format takes (IEEE rounding, out of range: inf)."""
+  if dt is dtypes.bfloat16: return lambda v: float_bits(v, dt)
   if dt is dtypes.bool: return lambda v: 1 if v else 0
-  return (lambda v: v) if dt.kind in "iu" else float
+  return (lambda v: v) if dt.kind in "iu" else lambda v: float_value(v, dt)
 
 
 def _release_program(state: NVState, *mems: Mem) -> None:

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from plugrt.dtype import DType, dtypes
+from plugrt.dtype import DType, dtypes, float_bits, float_value
 from plugrt.errors import DeviceUnavailable, Reason
 from plugrt.hookspecs import DeviceInfo
 from plugrt.runtime import Allocator, Compiler, DeviceState, LaunchLimits, Program
@@ -161,26 +161,13 @@ def _fresh_modules(engine: Engine) -> OrderedDict[str, Any]:
 
 # ---------------------------------------------------------------- program
 
-def _f32_bits(v: float) -> int:
-  try: return struct.unpack("<I", struct.pack("<f", v))[0]
-  except OverflowError: return 0xFF800000 if v < 0 else 0x7F800000  # as numpy's float32(v): out of range is inf
-
-
 def _word_packer(dt: DType) -> Any:
   """A scalar -> its uniform word (the renderer's _scalar reads it back)."""
   if dt is dtypes.bool: return lambda v: 1 if v else 0
   if dt.kind in "iu": return lambda v: v & 0xFFFFFFFF
-  if dt is dtypes.float32: return _f32_bits
-  if dt is dtypes.float16:  # round once to half (as the interpreter's cast), then carry it exactly as float32
-    def half(v: float) -> int:
-      try: return _f32_bits(struct.unpack("<e", struct.pack("<e", v))[0])
-      except OverflowError: return 0xFF800000 if v < 0 else 0x7F800000
-    return half
-  def bf16(v: float) -> int:  # float32 first, then bfloat16 nearest even: the IR's cast to bfloat16
-    u = _f32_bits(v)
-    if (u & 0x7F800000) == 0x7F800000 and u & 0x7FFFFF: return (u | 0x400000) & 0xFFFF0000
-    return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000) & 0xFFFFFFFF
-  return bf16
+  if dt is dtypes.bfloat16: return lambda v: float_bits(v, dt) << 16  # bfloat16's bits are float32's high half
+  # float16: rounded once to half (IEEE, as the interpreter's cast), then carried exactly as float32
+  return lambda v: float_bits(float_value(v, dt), dtypes.float32)
 
 
 class WebGPUProgram(Program):
