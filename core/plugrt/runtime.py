@@ -281,7 +281,8 @@ class LaunchLimits:
       if l > ml: raise LaunchError(f"{where} has {l} threads per group along axis {axis}; {self.device} allows at most {ml}",
                                    "use fewer threads per group and more groups")
       if g * l > INT32_MAX:
-        raise LaunchError(f"{where} has {g * l} threads along axis {axis}; thread ids are int32, so an axis has at most {INT32_MAX}",
+        raise LaunchError(f"{where} has {g * l} threads along axis {axis}; thread ids are int32, so {self.device} runs at most {INT32_MAX} "
+                          "threads per axis",
                           "spread the work over more axes (global_size=(x, y, z)), or loop inside the kernel")
     if (n := ls[0] * ls[1] * ls[2]) > self.max_local_total:
       raise LaunchError(f"{where} has {n} threads per group; {self.device} allows at most {self.max_local_total}",

@@ -313,8 +313,9 @@ def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> 
     return _realize(_realize(node, force_copy=True), into=into)  # reading the target through another view: compute apart first
   wide = max([n] + [l.buffer.size for l in ctx.leaves if l.op == "buf"] + ([into.buffer.size] if into else [])) >= 2**31 - 1
   out_strides = into.view.strides if into is not None else None
-  prg = node.device.program(_kernel(root, ctx, key + (wide, out_strides), wide, out_strides))
+  # the memory first: a size no allocator can satisfy is OutOfMemoryError before a kernel is built for it
   out = into.buffer if into is not None else Buffer(node.device, n, node.dtype)
+  prg = node.device.program(_kernel(root, ctx, key + (wide, out_strides), wide, out_strides))
   bufs = [out] + [l.buffer for l in ctx.leaves if l.op == "buf"]
   vals = tuple(l.view.offset if l.op == "buf" else l.arg for l in ctx.leaves) + ((into.view.offset,) if into is not None else ())
   per_group = _GROUP * (1 if root.op == "reduce" else _UNROLL)  # elements a group takes in one step
