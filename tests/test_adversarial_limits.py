@@ -118,6 +118,33 @@ def test_a_launch_after_a_fast_launch_is_still_checked(target):
   assert "RESULT [1.0, 3.0, 5.0, 7.0]" in r.stdout, r.stdout
 
 
+@pytest.mark.parametrize("compiler", ["CLANG", "LLVM"])
+def test_cpu_group_size_is_bounded(compiler):
+  """A CPU group's threads run as loops, and a value kept across a barrier lives in a stack array of one element per
+  thread: 2**22 threads per group overflowed the stack (SIGSEGV). So a CPU group has at most MAX_GROUP_THREADS."""
+  if f"CPU:{compiler}" not in TARGETS: pytest.skip(f"CPU:{compiler} is not available here")
+  r = run_child(f"""
+    import numpy as np
+    from plugrt import Buffer, Device, KernelBuilder, dtypes
+    from plugrt.errors import LaunchError
+    from plugrt_cpu.program import MAX_GROUP_THREADS
+    b = KernelBuilder("spill")
+    out, x = b.buffer("out", dtypes.float32), b.buffer("x", dtypes.float32)
+    lid = b.local_id(0)
+    v = x[lid] * 2.0  # per thread, kept across the barrier
+    b.barrier()
+    out[lid] = v + 1.0
+    d = Device["CPU"]
+    prg = d.program(b.finish(), {compiler!r})
+    for n in (MAX_GROUP_THREADS, 1 << 22):
+      xs, o = Buffer.from_numpy(np.ones(n, np.float32), d), Buffer(d, n)
+      try: prg(o, xs, global_size=(1,), local_size=(n,)); print("RAN", n, float(o.numpy().min()))
+      except LaunchError as e: print("REFUSED", n, "at most 4096" in str(e))
+  """)
+  assert r.returncode == 0, f"the child died ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}"
+  assert "RAN 4096 3.0" in r.stdout and f"REFUSED {1 << 22} True" in r.stdout, r.stdout
+
+
 def ids_kernel():
   """out[gid - top] = gid for the threads with gid >= top, on the axis given by the scalar `axis`."""
   b = KernelBuilder("top_ids")

@@ -21,11 +21,14 @@ from plugrt.device import Buffer
 from plugrt.dtype import DType, dtypes, float_bits
 from plugrt.errors import EnvError
 from plugrt.ir import Signature
-from plugrt.runtime import Program
+from plugrt.runtime import LaunchLimits, Program
 
 KernelFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)
 _ZERO = ctypes.c_uint64(0)
 PARALLEL_MIN_THREADS = 1 << 15  # below this many threads a launch runs on the calling thread
+#: threads per group: a group's threads run as loops, and each value a kernel keeps across a barrier lives in a stack
+#: array of one element per thread (SPILL); at 2**22 threads one float overflowed a thread's 8 MiB stack (SIGSEGV)
+MAX_GROUP_THREADS = 4096
 
 
 #: PLUGRT_CPU_THREADS may ask for up to this many workers per core: more only adds switching (100000 workers made a
@@ -84,6 +87,7 @@ class CPUProgram(Program):
     self._last_dims: tuple = (None, None)
     self._ngroups = ctypes.c_uint64(1)
     self._nthreads = 1
+    self.launch_limits = LaunchLimits(str(device), max_local_total=MAX_GROUP_THREADS)
 
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:
