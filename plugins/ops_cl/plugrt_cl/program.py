@@ -16,7 +16,7 @@ from typing import Any
 import pyopencl as cl
 
 from plugrt.device import Buffer
-from plugrt.dtype import DType, dtypes, float_bits
+from plugrt.dtype import DType, dtypes, float_packer
 from plugrt.errors import PluginError
 from plugrt.ir import Signature
 from plugrt.runtime import Program
@@ -31,7 +31,9 @@ _U64 = struct.Struct("<Q").pack
 def _packer(dt: DType) -> Callable[[Any], bytes]:
   """A scalar -> the bytes of its kernel argument (bool: unsigned char; float16/bfloat16: their 16 bits)."""
   if dt is dtypes.bool: return lambda v: b"\x01" if v else b"\x00"
-  if dt.kind == "f": return lambda v: float_bits(v, dt).to_bytes(dt.itemsize, "little")  # IEEE rounding, out of range: inf
+  if dt.kind == "f":  # IEEE rounding, out of range: inf (the rule on every device)
+    bits, n = float_packer(dt), dt.itemsize
+    return lambda v: bits(v).to_bytes(n, "little")
   return struct.Struct("<" + dt.fmt).pack
 
 

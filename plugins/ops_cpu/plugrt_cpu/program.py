@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from plugrt.device import Buffer
-from plugrt.dtype import DType, dtypes, float_bits
+from plugrt.dtype import DType, dtypes, float_packer
 from plugrt.errors import EnvError
 from plugrt.ir import Signature
 from plugrt.runtime import LaunchLimits, Program
@@ -70,7 +70,7 @@ def _packer(dt: DType) -> Callable[[Any], int]:
   """A scalar -> its 8-byte argument slot."""
   if dt is dtypes.bool: return lambda v: 1 if v else 0
   if dt.kind in "iu": return lambda v: v & 0xFFFFFFFFFFFFFFFF
-  return lambda v: float_bits(v, dt)  # IEEE rounding, out of range: inf (the rule on every device)
+  return float_packer(dt)  # IEEE rounding, out of range: inf (the rule on every device)
 
 
 class CPUProgram(Program):

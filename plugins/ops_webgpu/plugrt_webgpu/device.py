@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from plugrt.dtype import DType, dtypes, float_bits, float_value
+from plugrt.dtype import DType, dtypes, float_bits, float_packer, float_value
 from plugrt.errors import DeviceUnavailable, Reason
 from plugrt.hookspecs import DeviceInfo
 from plugrt.runtime import Allocator, Compiler, DeviceState, LaunchLimits, Program
@@ -166,6 +166,7 @@ def _word_packer(dt: DType) -> Any:
   if dt is dtypes.bool: return lambda v: 1 if v else 0
   if dt.kind in "iu": return lambda v: v & 0xFFFFFFFF
   if dt is dtypes.bfloat16: return lambda v: float_bits(v, dt) << 16  # bfloat16's bits are float32's high half
+  if dt is dtypes.float32: return float_packer(dt)
   # float16: rounded once to half (IEEE, as the interpreter's cast), then carried exactly as float32
   return lambda v: float_bits(float_value(v, dt), dtypes.float32)
 
