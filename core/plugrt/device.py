@@ -7,6 +7,7 @@ device; programs take Buffers as arguments.
 """
 from __future__ import annotations
 
+import math
 from _thread import allocate_lock  # threading's locks, without importing threading (~1 ms of discovery)
 from typing import TYPE_CHECKING, Any
 
@@ -104,7 +105,13 @@ class RuntimeDevice:
     import numpy as np
     dtype = dtypes.as_dtype(dtype)
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
+    from plugrt.runtime import check_nbytes
+    for d in shape: check_nbytes(d, "a dimension")
+    nbytes = max(math.prod(shape) * dtype.itemsize, 1)  # Python ints: numpy's prod would wrap at 2**63
+    if nbytes > self.allocator.max_alloc_bytes:
+      from plugrt.errors import OutOfMemoryError
+      from plugrt.runtime import size_str
+      raise OutOfMemoryError(f"{self.canonical}: a host array of {size_str(nbytes)} is larger than any allocation can be", "allocate less")
     got = self.allocator._host_alloc(nbytes)
     if got is None: return np.empty(shape, dtype.numpy)
     addr, free = got
@@ -112,7 +119,7 @@ class RuntimeDevice:
     raw = (ctypes.c_uint8 * nbytes).from_address(addr)
     import weakref
     weakref.finalize(raw, free)  # the array keeps `raw` alive through its base; when both go, the memory is freed
-    return np.frombuffer(raw, dtype.numpy, int(np.prod(shape))).reshape(shape)
+    return np.frombuffer(raw, dtype.numpy, math.prod(shape)).reshape(shape)
 
   def graph(self, launches: Any) -> Any:
     """A Graph replaying `launches` (plugrt.runtime.Launch) as one batch, natively where the backend can."""
@@ -170,8 +177,8 @@ class Buffer:
   __slots__ = ("__weakref__", "_external", "_keepalive", "base", "device", "dtype", "handle", "nbytes", "offset", "size")
 
   def __init__(self, device: str | RuntimeDevice | None, size: int, dtype: DType = dtypes.float32):
-    if not isinstance(size, int) or isinstance(size, bool): raise TypeError(f"size must be an int, not {type(size).__name__}")
-    if size < 0: raise ValueError(f"size must not be negative, got {size}")
+    from plugrt.runtime import check_nbytes
+    check_nbytes(size)
     dtype = dtypes.as_dtype(dtype)
     self.device, self.size, self.dtype, self.nbytes = _device(device), size, dtype, size * dtype.itemsize
     self.base: Buffer | None = None
@@ -201,6 +208,8 @@ class Buffer:
     everything queued on it; pass its owner as `keepalive` to tie their lifetimes.
     Devices whose allocator cannot wrap memory raise UnsupportedError: never a copy."""
     if not isinstance(ptr, int) or isinstance(ptr, bool) or ptr <= 0: raise TypeError(f"ptr must be a nonzero address (int), got {ptr!r}")
+    from plugrt.runtime import check_nbytes
+    check_nbytes(size)  # before the device opens: a bad size is the caller's error whatever the device
     dev = _device(device)
     dtype = dtypes.as_dtype(dtype)
     return cls._make(dev, size, dtype, dev.allocator.wrap(ptr, size * dtype.itemsize), None, 0, True, keepalive)
@@ -224,7 +233,9 @@ class Buffer:
       raise ValueError(f"offset {offset} is outside the buffer's {self.nbytes} bytes")
     if offset % dtype.itemsize: raise ValueError(f"offset {offset} is not a multiple of {dtype.name}'s {dtype.itemsize} bytes")
     if size is None: size = (self.nbytes - offset) // dtype.itemsize
-    if size < 0 or offset + size * dtype.itemsize > self.nbytes:
+    from plugrt.runtime import check_nbytes
+    check_nbytes(size)
+    if offset + size * dtype.itemsize > self.nbytes:
       raise ValueError(f"a view of {size} {dtype.name} at byte {offset} does not fit in {self.nbytes} bytes")
     root = self.base or self
     total = self.offset + offset

@@ -7,7 +7,8 @@ launch path uses. `bfloat16` has no numpy type: on the host it is stored as its 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import struct
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # The classes here are written out rather than made with @dataclass: a frozen dataclass compiles its
@@ -193,12 +194,46 @@ def f32_to_bf16(x: Any) -> Any:
   return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded)
 
 
+def float_bits(x: float | int, dt: DType) -> int:
+  """The bits of a Python number as float dtype `dt`, rounded the IEEE way: to nearest even, and past the largest
+  finite value to +-inf (1e300 as float32 is inf, as numpy and the IR's cast from float64 have it). Every backend packs
+  float scalars (`vals=`) with this, so a value out of a dtype's range means the same on every device."""
+  if dt is dtypes.bfloat16:  # float32 first, then bfloat16 to nearest even: the IR's cast to bfloat16
+    u = float_bits(x, dtypes.float32)
+    if (u & 0x7FFFFFFF) > 0x7F800000: return (u >> 16) | 0x40  # NaN stays a quiet NaN
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+  inf = -math.inf if x < 0 else math.inf
+  try: f = float(x)
+  except OverflowError: f = inf  # an int past float64's range
+  try: return int.from_bytes(struct.pack("<" + dt.fmt, f), "little")
+  except OverflowError: return int.from_bytes(struct.pack("<" + dt.fmt, inf), "little")  # rounds past dt's largest value
+
+
+def float_packer(dt: DType) -> Callable[[float | int], int]:
+  """float_bits for one dtype, as fast as a plain struct round trip for values in range (a launch packs with it)."""
+  if dt is dtypes.bfloat16 or dt.kind != "f": return lambda x: float_bits(x, dt)
+  pack, unpack = struct.Struct("<" + dt.fmt).pack, struct.Struct("<" + {2: "H", 4: "I", 8: "Q"}[dt.itemsize]).unpack
+
+  def bits(x: float | int) -> int:
+    try: return unpack(pack(x))[0]
+    except (OverflowError, struct.error): return float_bits(x, dt)  # out of range (or an int past float64's): the full rule
+  return bits
+
+
+def float_value(x: float | int, dt: DType) -> float:
+  """A Python number rounded to float dtype `dt` (see float_bits), as a Python float."""
+  bits = float_bits(x, dt)
+  if dt is dtypes.bfloat16: return struct.unpack("<f", (bits << 16).to_bytes(4, "little"))[0]
+  return struct.unpack("<" + dt.fmt, bits.to_bytes(dt.itemsize, "little"))[0]
+
+
 def cast_value(x: Any, dt: DType) -> Any:
   """A Python scalar converted the way a kernel's cast would (ints wrap, floats round)."""
   if dt.kind == "b": return bool(x)
   if dt.kind in "iu":
     v = int(x) & ((1 << dt.bits) - 1)
     return v - (1 << dt.bits) if dt.kind == "i" and v >> (dt.bits - 1) else v
+  if isinstance(x, (int, float)): return float_value(x, dt)  # IEEE rounding, out of range: inf (no numpy overflow warning)
   import numpy as np
   if dt is dtypes.bfloat16: return float(bf16_to_f32(f32_to_bf16(np.float32(x))))
   return float(np.array(x, dtype=dt.numpy))

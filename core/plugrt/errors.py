@@ -71,6 +71,10 @@ class RenderError(UnsupportedError):
   """A renderer cannot express part of a kernel on its device (an unsupported dtype, say)."""
 
 
+class LaunchError(PlugrtError, ValueError):
+  """A launch asks for more than its device runs: too many groups or threads along an axis, or per group."""
+
+
 class OutOfMemoryError(PlugrtError, MemoryError):
   """A device allocation failed even after the allocator's cache was freed."""
 

@@ -541,6 +541,7 @@ class Registry:
         if not self.probe(br.name).ok: continue
         try:
           self.open(br.name)
+        except EnvError: raise  # a variable plugrt cannot use is the user's to fix, whichever device reads it: never "no device"
         except PlugrtError as e:
           br.open_error = e  # automatic choice is quiet: remember why, try the next
           continue

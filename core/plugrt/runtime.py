@@ -6,14 +6,13 @@ compiler's disk cache, and the program's argument checking.
 """
 from __future__ import annotations
 
-import math
 import os
 from _thread import allocate_lock  # threading's locks, without importing threading (~1 ms of discovery)
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from plugrt.errors import EnvError, OutOfMemoryError, UnsupportedError
+from plugrt.errors import EnvError, LaunchError, OutOfMemoryError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 
 if TYPE_CHECKING:  # (the IR and the disk cache load when something compiles, not when a device opens)
@@ -31,8 +30,8 @@ class DeviceState:
 
 
 def size_str(n: int) -> str:
-  for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-    if n < 1024 or unit == "TiB": return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+  for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+    if n < 1024 or unit == "EiB": return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
     n /= 1024  # type: ignore[assignment]
   return f"{n} B"
 
@@ -47,10 +46,24 @@ def _cache_limit() -> int:
   return mb << 20
 
 
+#: the largest allocation any device is asked for: 256 TiB, the user address space of a 48-bit machine. A size past it
+#: (or past a backend's own max_alloc_bytes) is OutOfMemoryError before any allocator sees it, so no size type wraps.
+MAX_ALLOC_BYTES = 1 << 48
+
+
+def check_nbytes(nbytes: Any, what: str = "size") -> int:
+  """`nbytes` as a byte count: an int (TypeError otherwise) that is not negative (ValueError)."""
+  if not isinstance(nbytes, int) or isinstance(nbytes, bool): raise TypeError(f"{what} must be an int, not {type(nbytes).__name__}")
+  if nbytes < 0: raise ValueError(f"{what} must not be negative, got {nbytes}")
+  return nbytes
+
+
 class Allocator(Generic[H]):
   """Device memory, with the core's cache of freed blocks (LRU, bounded by
   PLUGRT_ALLOC_CACHE_MB, default 1024). On out-of-memory the cache is emptied and the
-  allocation retried once before OutOfMemoryError is raised.
+  allocation retried once before OutOfMemoryError is raised. A size over max_alloc_bytes
+  (default MAX_ALLOC_BYTES; a backend lowers it to what its size type or device holds) is
+  OutOfMemoryError at once: no backend ever sees a size it would wrap.
 
   Backends implement _alloc/_free/_copyin/_copyout, and optionally _offset (views),
   _transfer (device to device) and _wrap (external memory, for from_blob). _alloc
@@ -59,6 +72,7 @@ class Allocator(Generic[H]):
   supports_offset = True     # _offset makes views
   supports_transfer = False  # _transfer copies between two devices of this backend
   supports_wrap = False      # _wrap wraps external memory (from_blob)
+  max_alloc_bytes = MAX_ALLOC_BYTES  # the largest size _alloc and _wrap are ever given
 
   def __init__(self, device: DeviceInfo):
     self.device = device
@@ -72,8 +86,10 @@ class Allocator(Generic[H]):
 
   # ---- the core's API
   def alloc(self, nbytes: int, options: Any = None) -> H:
-    if not isinstance(nbytes, int) or isinstance(nbytes, bool): raise TypeError(f"size must be an int, not {type(nbytes).__name__}")
-    if nbytes < 0: raise ValueError(f"cannot allocate a negative size ({nbytes} bytes)")
+    check_nbytes(nbytes)
+    if nbytes > self.max_alloc_bytes:
+      raise OutOfMemoryError(f"{self.device.canonical}: cannot allocate {size_str(nbytes)} ({nbytes} bytes): no allocation on this device "
+                             f"can be larger than {size_str(self.max_alloc_bytes)}", "allocate less, or split the data")
     key = (nbytes, options)
     self._drain()
     self._lock.acquire()
@@ -141,6 +157,10 @@ class Allocator(Generic[H]):
     return self._offset(handle, offset, nbytes)
 
   def wrap(self, ptr: int, nbytes: int) -> H:
+    check_nbytes(nbytes)
+    if nbytes > self.max_alloc_bytes:  # no real memory is this large: a size that would wrap in the backend's size type
+      raise ValueError(f"{self.device.canonical}: cannot wrap {nbytes} bytes: no memory on this device is larger than "
+                       f"{size_str(self.max_alloc_bytes)}")
     if not self.supports_wrap:
       raise UnsupportedError(f"{self.device.canonical} cannot wrap external memory (from_blob); plugrt never copies silently",
                              "copy the data in with Buffer.copyin, or use a device whose allocator wraps memory")
@@ -240,18 +260,81 @@ def launch_dims(size: Any, what: str) -> tuple[int, int, int]:
   return tuple(size) + (1,) * (3 - len(size))  # type: ignore[return-value]
 
 
+#: the IR's thread and group ids are int32: along each axis every id, and the axis's thread count, fit in it
+INT32_MAX = (1 << 31) - 1
+#: the most threads one launch may have on any device (every plugrt launch so far has been far below it)
+MAX_LAUNCH_THREADS = (1 << 40) - 1
+
+
+class LaunchLimits:
+  """What one launch may ask of a device: groups per axis, threads per group per axis and in all, and threads in all.
+
+  Every device keeps the IR's own bound on top: ids are int32, so along each axis
+  num_groups * local_size (the global ids' range) is at most INT32_MAX. A backend sets
+  a Program's `launch_limits` to its device's limits (CUDA's gridDim, WebGPU's
+  maxComputeWorkgroupsPerDimension, OpenCL's work-group sizes); Program.check_args
+  applies them, so a launch past them is a LaunchError before anything reaches native code.
+  """
+  __slots__ = ("device", "max_groups", "max_groups_total", "max_local", "max_local_total", "max_threads")
+
+  def __init__(self, device: str, max_groups: Sequence[int] = (INT32_MAX,) * 3, max_local: Sequence[int] = (INT32_MAX,) * 3,
+               max_local_total: int = INT32_MAX, max_threads: int = MAX_LAUNCH_THREADS, max_groups_total: int = MAX_LAUNCH_THREADS):
+    self.device, self.max_groups_total = device, int(max_groups_total)
+    self.max_groups = tuple(min(int(m), INT32_MAX) for m in max_groups)
+    self.max_local = tuple(min(int(m), INT32_MAX) for m in max_local)
+    self.max_local_total, self.max_threads = min(int(max_local_total), INT32_MAX), int(max_threads)
+
+  def __repr__(self) -> str:
+    return (f"LaunchLimits({self.device}: groups <= {self.max_groups} and {self.max_groups_total} in all, "
+            f"local <= {self.max_local} and {self.max_local_total} in all, "
+            f"threads <= {INT32_MAX} per axis and {self.max_threads} in all)")
+
+  def check(self, program: str, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> None:
+    """Raise LaunchError naming the first limit that global_size `gs` x local_size `ls` passes."""
+    (g0, g1, g2), (l0, l1, l2), (mg0, mg1, mg2), (ml0, ml1, ml2) = gs, ls, self.max_groups, self.max_local
+    if g0 <= mg0 and g1 <= mg1 and g2 <= mg2 and l0 <= ml0 and l1 <= ml1 and l2 <= ml2 and g0 * l0 <= INT32_MAX and \
+       g1 * l1 <= INT32_MAX and g2 * l2 <= INT32_MAX and (nl := l0 * l1 * l2) <= self.max_local_total and \
+       (ng := g0 * g1 * g2) <= self.max_groups_total and ng * nl <= self.max_threads: return
+    self._fail(program, gs, ls)
+
+  def _fail(self, program: str, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> None:
+    where = f"program {program}: launch of global_size {gs} x local_size {ls}"
+    for axis, (g, l, mg, ml) in enumerate(zip(gs, ls, self.max_groups, self.max_local)):
+      if g > mg:
+        raise LaunchError(f"{where} has {g} groups along axis {axis}; {self.device} runs at most {mg} groups per axis",
+                          "use more threads per group, or spread the groups over more axes")
+      if l > ml: raise LaunchError(f"{where} has {l} threads per group along axis {axis}; {self.device} allows at most {ml}",
+                                   "use fewer threads per group and more groups")
+      if g * l > INT32_MAX:
+        raise LaunchError(f"{where} has {g * l} threads along axis {axis}; thread ids are int32, so {self.device} runs at most {INT32_MAX} "
+                          "threads per axis",
+                          "spread the work over more axes (global_size=(x, y, z)), or loop inside the kernel")
+    if (n := ls[0] * ls[1] * ls[2]) > self.max_local_total:
+      raise LaunchError(f"{where} has {n} threads per group; {self.device} allows at most {self.max_local_total}",
+                        "use fewer threads per group and more groups")
+    if (n := gs[0] * gs[1] * gs[2]) > self.max_groups_total:
+      raise LaunchError(f"{where} has {n} groups; {self.device} runs at most {self.max_groups_total} in one launch",
+                        "use more threads per group, or split the work into several launches")
+    if (n := n * ls[0] * ls[1] * ls[2]) > self.max_threads:
+      raise LaunchError(f"{where} has {n} threads; {self.device} runs at most {self.max_threads} in one launch",
+                        "split the work into several launches")
+
+
 class Program:
   """A compiled kernel on one device.
 
   ``prg(*bufs, global_size=(x,y,z), local_size=(x,y,z), vals=(...), wait=False)``
   runs it on `global_size` groups of `local_size` threads; with wait=True it waits
   and returns the run time in seconds. Arguments are checked before anything
-  reaches native code: wrong counts or types raise TypeError.
+  reaches native code: wrong counts or types raise TypeError, sizes past the device's
+  `launch_limits` raise LaunchError (a ValueError).
   """
 
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     self.device, self.name, self.lib, self.signature = device, name, lib, signature
     self.nbufs, self.nvals = len(signature.buffers), len(signature.scalars)
+    #: what a launch may ask of the device; a backend with tighter limits replaces it (check_args applies it)
+    self.launch_limits = LaunchLimits(str(device))
 
   def __call__(self, *bufs: Buffer, global_size: LaunchSize = (1, 1, 1), local_size: LaunchSize = (1, 1, 1),
                vals: Sequence[Any] = (), wait: bool = False) -> float | None:
@@ -279,11 +362,11 @@ class Program:
       if not ok: raise TypeError(f"program {self.name}: vals[{i}] must be a {dt.name}, got {v!r} ({type(v).__name__})")
       if dt.kind in "iu" and not dt.min <= v <= dt.max: raise ValueError(f"program {self.name}: vals[{i}]={v} does not fit {dt.name}")
     gs, ls = launch_dims(global_size, "global_size"), launch_dims(local_size, "local_size")
-    if math.prod(gs) * math.prod(ls) >= 1 << 40: raise ValueError(f"program {self.name}: launch of {gs}x{ls} threads is too large")
+    self.launch_limits.check(self.name, gs, ls)
     return gs, ls
 
 
-__all__ = ["Allocator", "Compiler", "DeviceState", "Program", "launch_dims", "size_str"]
+__all__ = ["Allocator", "Compiler", "DeviceState", "LaunchLimits", "Program", "check_nbytes", "launch_dims", "size_str"]
 
 
 class Launch:

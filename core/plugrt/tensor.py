@@ -101,6 +101,16 @@ class Node:
 def _numel(shape: Shape) -> int: return math.prod(shape)
 
 
+def _as_shape(shape: Any) -> Shape:
+  """A shape given by the caller (an int or a sequence of ints) as a tuple, checked: TypeError/ValueError otherwise."""
+  dims = (shape,) if isinstance(shape, int) else shape
+  if not isinstance(dims, (tuple, list)): raise TypeError(f"a shape is an int or a sequence of ints, not {type(shape).__name__}")
+  for d in dims:
+    if not isinstance(d, int) or isinstance(d, bool): raise TypeError(f"shape {shape!r}: dimensions must be ints, not {type(d).__name__}")
+    if d < 0: raise ValueError(f"shape {shape!r}: dimensions must not be negative")
+  return tuple(dims)
+
+
 def _buf_node(buf: Buffer, shape: Shape, view: View | None = None) -> Node:
   return Node("buf", buf.dtype, shape, buf.device, buffer=buf, view=view or View.contiguous(shape))
 
@@ -303,8 +313,9 @@ def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> 
     return _realize(_realize(node, force_copy=True), into=into)  # reading the target through another view: compute apart first
   wide = max([n] + [l.buffer.size for l in ctx.leaves if l.op == "buf"] + ([into.buffer.size] if into else [])) >= 2**31 - 1
   out_strides = into.view.strides if into is not None else None
-  prg = node.device.program(_kernel(root, ctx, key + (wide, out_strides), wide, out_strides))
+  # the memory first: a size no allocator can satisfy is OutOfMemoryError before a kernel is built for it
   out = into.buffer if into is not None else Buffer(node.device, n, node.dtype)
+  prg = node.device.program(_kernel(root, ctx, key + (wide, out_strides), wide, out_strides))
   bufs = [out] + [l.buffer for l in ctx.leaves if l.op == "buf"]
   vals = tuple(l.view.offset if l.op == "buf" else l.arg for l in ctx.leaves) + ((into.view.offset,) if into is not None else ())
   per_group = _GROUP * (1 if root.op == "reduce" else _UNROLL)  # elements a group takes in one step
@@ -439,7 +450,7 @@ class Tensor:
   # ---- creation
   @staticmethod
   def full(shape: int | Sequence[int], value: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    shape = _as_shape(shape)
     dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.from_py(value)
     return _wrap(Node("const", dt, shape, _device(device), arg=_py(value, dt)))
 
@@ -479,7 +490,7 @@ class Tensor:
   def from_blob(ptr: int, shape: int | Sequence[int], dtype: DType | str = dtypes.float32, device: str | None = None,
                 keepalive: Any = None) -> Tensor:
     """Wrap memory plugrt does not own, without copying (see Buffer.from_blob for the lifetime rule)."""
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    shape = _as_shape(shape)
     buf = Buffer.from_blob(ptr, _numel(shape), dtypes.as_dtype(dtype), device, keepalive)
     return _wrap(_buf_node(buf, shape))
 

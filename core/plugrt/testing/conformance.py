@@ -29,7 +29,7 @@ import pytest
 
 from plugrt.device import Buffer, RuntimeDevice
 from plugrt.dtype import DType, dtypes
-from plugrt.errors import CompileError, OutOfMemoryError, RenderError, UnsupportedError
+from plugrt.errors import CompileError, LaunchError, OutOfMemoryError, RenderError, UnsupportedError
 from plugrt.testing import kernels as K
 
 ALL = K.ALL
@@ -259,6 +259,20 @@ class ConformanceSuite:
     if dev.name != "PYTHON" and "PYTHON" in _available():
       other = Buffer("PYTHON", 4, dtypes.float32)
       with pytest.raises(TypeError, match="copy it"): prg(out, x, other, vals=(1.0, 4))
+
+  def test_launch_limits(self, dev: RuntimeDevice, compiler: str) -> None:
+    """Sizes past the device's launch_limits (and past the IR's int32 ids) are LaunchErrors naming the device, also
+    right after a launch that took the backend's fast path; nothing past them reaches the device."""
+    prg = dev.program(K.saxpy_kernel(), compiler)
+    x = np.arange(4, dtype=np.float32)
+    out, xb, yb = Buffer(dev, 4, dtypes.float32), Buffer.from_numpy(x, dev), Buffer.from_numpy(x, dev)
+    lim = prg.launch_limits
+    for gs, ls in [((2**32 + 1, 1, 1), (1, 1, 1)), ((2**31, 1, 1), (1, 1, 1)), ((1, 2**31 - 1, 1), (1, 2, 1)),
+                   ((lim.max_groups[0] + 1, 1, 1), (1, 1, 1)), ((1, 1, 1), (lim.max_local[0] + 1, 1, 1))]:
+      for _ in range(2): prg(out, xb, yb, global_size=(1, 1, 1), local_size=(4, 1, 1), vals=(1.0, 4))
+      with pytest.raises(LaunchError, match=dev.canonical): prg(out, xb, yb, global_size=gs, local_size=ls, vals=(1.0, 4))
+    prg(out, xb, yb, global_size=(1, 1, 1), local_size=(4, 1, 1), vals=(2.0, 4))
+    assert np.array_equal(out.numpy(), 3 * x)
 
   def test_compile_error(self, dev: RuntimeDevice, compiler: str) -> None:
     with pytest.raises(CompileError): dev.compiler_for(compiler).compile("this is not a kernel in any language {{{")

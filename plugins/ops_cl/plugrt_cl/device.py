@@ -17,7 +17,7 @@ import pyopencl as cl
 
 from plugrt.errors import DeviceUnavailable, Reason
 from plugrt.hookspecs import DeviceInfo
-from plugrt.runtime import Allocator, DeviceState, size_str
+from plugrt.runtime import MAX_LAUNCH_THREADS, Allocator, DeviceState, LaunchLimits, size_str
 from plugrt_cl import NO_PLATFORM_HINT, icd
 
 _OOM = {cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE, cl.status_code.OUT_OF_RESOURCES, cl.status_code.OUT_OF_HOST_MEMORY,
@@ -63,6 +63,16 @@ class CLState(DeviceState):
   max_alloc: int                  # CL_DEVICE_MAX_MEM_ALLOC_SIZE
   fresh: dict[bytes, Any] = field(default_factory=dict)  # binary -> its program as just built (so loading it builds nothing again)
   wrapped: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # live CLMems of from_blob memory (CLAllocator._wrap)
+
+  @property
+  def launch_limits(self) -> LaunchLimits:
+    """Groups of at most CL_DEVICE_MAX_WORK_GROUP_SIZE threads, CL_DEVICE_MAX_WORK_ITEM_SIZES per axis. OpenCL's sizes and ids
+    are size_t, but the renderer reads them as the IR's int32 ids: the core's bound of 2**31-1 threads per axis holds too.
+    PoCL's CPU scheduler aborts the process (an assertion in get_wg_index_range) on a grid of 2**33 groups, and runs
+    one of 2**32: its grids stay below 2**32 groups."""
+    pocl = "portable computing language" in str(self.platform.name).lower()
+    return LaunchLimits(self.label, max_local=(tuple(self.max_items) + (1, 1, 1))[:3], max_local_total=self.max_group,
+                        max_groups_total=(1 << 32) - 1 if pocl else MAX_LAUNCH_THREADS)
 
   def synchronize(self) -> None:
     self.queue.finish()

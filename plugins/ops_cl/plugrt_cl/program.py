@@ -13,7 +13,6 @@ enqueue run under the program's lock together; the queue itself is thread-safe.
 """
 from __future__ import annotations
 
-import math
 import struct
 from _thread import allocate_lock
 from collections.abc import Callable, Sequence
@@ -22,7 +21,7 @@ from typing import Any
 import pyopencl as cl
 
 from plugrt.device import Buffer
-from plugrt.dtype import DType, dtypes, f32_to_bf16
+from plugrt.dtype import DType, dtypes, float_packer
 from plugrt.errors import PluginError
 from plugrt.ir import Signature
 from plugrt.runtime import Program
@@ -37,7 +36,9 @@ _U64 = struct.Struct("<Q").pack
 def _packer(dt: DType) -> Callable[[Any], bytes]:
   """A scalar -> the bytes of its kernel argument (bool: unsigned char; float16/bfloat16: their 16 bits)."""
   if dt is dtypes.bool: return lambda v: b"\x01" if v else b"\x00"
-  if dt is dtypes.bfloat16: return lambda v: struct.pack("<H", int(f32_to_bf16(v)))
+  if dt.kind == "f":  # IEEE rounding, out of range: inf (the rule on every device)
+    bits, n = float_packer(dt), dt.itemsize
+    return lambda v: bits(v).to_bytes(n, "little")
   return struct.Struct("<" + dt.fmt).pack
 
 
@@ -57,6 +58,7 @@ class CLProgram(Program):
     self._set: list[Any] = [None] * (2 * self.nbufs + self.nvals)  # what each kernel argument is set to now
     self._gs, self._ls = (1, 1, 1), (1, 1, 1)
     self._lock = allocate_lock()
+    self.launch_limits = self.state.launch_limits
 
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:
@@ -70,11 +72,7 @@ class CLProgram(Program):
     return None
 
   def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)
-    st = self.state
-    if math.prod(ls) > st.max_group or any(x > m for x, m in zip(ls, st.max_items)):
-      raise ValueError(f"program {self.name}: local_size {ls} is over what {st.label} allows per group "
-                       f"({st.max_group} threads, at most {st.max_items[:3]} per axis)")
+    gs, ls = self.check_args(bufs, vals, global_size, local_size)  # with the device's work-group limits (CLState.launch_limits)
     cur = self._set
     for i, b in enumerate(bufs):  # only the arguments that differ from what the kernel holds
       h = b.handle

@@ -74,4 +74,6 @@ def plugrt_compiler(device: DeviceInfo, compiler: str) -> Any:
 @hookimpl
 def plugrt_program(device: DeviceInfo) -> Any:
   from plugrt_cpu.loader import load_program
+  from plugrt_cpu.program import thread_count
+  thread_count()  # a bad PLUGRT_CPU_THREADS is an EnvError when the device opens, not at its first large launch
   return load_program

@@ -11,6 +11,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import subprocess
 from typing import Any
 
@@ -25,6 +26,9 @@ from plugrt_cpu.crender import CPUCRenderer
 CFLAGS = ("-O2", "-fPIC", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-asynchronous-unwind-tables",
           "-nostdinc", "-ffreestanding", "-march=native")
 
+
+# how clang and gcc report an error in the kernel's source (read from stdin): `<stdin>:12:5: error: ...`
+_SOURCE_DIAGNOSTIC = re.compile(r"^<stdin>:\d+:(\d+:)? (fatal )?error:", re.M)
 
 # a compact library (5 KB, not 13): no page-aligned segment padding, no build id, no symbol table beyond the dynamic one
 LDFLAGS = ("-shared", "--hash-style=gnu", "-z", "noseparate-code", "--build-id=none", "-s")
@@ -55,7 +59,7 @@ class ClangCompiler(Compiler):
   def __init__(self, device: DeviceInfo):
     super().__init__(device)
     self.renderer = CPUCRenderer()
-    cc, ld = which_cc()[0], which("ld")
+    (cc, self.cc_named), ld = which_cc(), which("ld")
     if cc is None or ld is None: raise CompileError("clang or ld is missing", hint="apt-get install clang")
     self.cc, self.ld = cc, ld
 
@@ -70,9 +74,15 @@ class ClangCompiler(Compiler):
     try:
       pid = os.getpid()
       obj = subprocess.run([self.cc, *CFLAGS, "-x", "c", "-", "-c", "-o", f"/proc/{pid}/fd/{fd_in}"], input=src.encode(), capture_output=True)
-      if obj.returncode != 0:
-        raise CompileError(f"{os.path.basename(self.cc)} failed to compile a CPU kernel", obj.stderr.decode(errors="replace"),
+      log = obj.stderr.decode(errors="replace")
+      if obj.returncode != 0 and _SOURCE_DIAGNOSTIC.search(log):
+        raise CompileError(f"{os.path.basename(self.cc)} failed to compile a CPU kernel", log,
                            "this is a renderer bug if the kernel came from plugrt's IR; please report it")
+      if obj.returncode != 0 or not os.fstat(fd_in).st_size:  # no word about the source: the compiler itself is the problem
+        what = f"exited with status {obj.returncode} without a diagnostic about the kernel's source" if obj.returncode else \
+          "exited 0 but wrote no object"
+        raise CompileError(f"toolchain problem: the C compiler {self.cc_named} ({self.cc}) {what}", log,
+                           "CC must name a working clang (or gcc); unset CC to use clang from PATH")
       link = subprocess.run([self.ld, *LDFLAGS, "-o", f"/proc/{pid}/fd/{fd_out}", f"/proc/{pid}/fd/{fd_in}"],
                             capture_output=True)
       if link.returncode != 0: raise CompileError("ld failed to link a CPU kernel", link.stderr.decode(errors="replace"))

@@ -13,28 +13,39 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from plugrt.device import Buffer
-from plugrt.dtype import DType, dtypes, f32_to_bf16
+from plugrt.dtype import DType, dtypes, float_packer
 from plugrt.errors import EnvError
 from plugrt.ir import Signature
-from plugrt.runtime import Program
+from plugrt.runtime import LaunchLimits, Program
 
 KernelFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)
 _ZERO = ctypes.c_uint64(0)
 PARALLEL_MIN_THREADS = 1 << 15  # below this many threads a launch runs on the calling thread
+#: threads per group: a group's threads run as loops, and each value a kernel keeps across a barrier lives in a stack
+#: array of one element per thread (SPILL); at 2**22 threads one float overflowed a thread's 8 MiB stack (SIGSEGV)
+MAX_GROUP_THREADS = 4096
+
+
+#: PLUGRT_CPU_THREADS may ask for up to this many workers per core: more only adds switching (100000 workers made a
+#: launch take seconds), so a larger value is refused rather than silently lowered
+THREADS_PER_CORE_MAX = 4
 
 
 def thread_count() -> int:
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
   v = os.environ.get("PLUGRT_CPU_THREADS", "")
-  if not v: return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+  if not v: return cores
   if not v.isdigit() or int(v) < 1:
     raise EnvError(f"PLUGRT_CPU_THREADS={v!r} is not a positive whole number", "e.g. PLUGRT_CPU_THREADS=4; 1 runs every kernel on the calling thread")
+  if int(v) > (most := THREADS_PER_CORE_MAX * cores):
+    raise EnvError(f"PLUGRT_CPU_THREADS={v} is more than {THREADS_PER_CORE_MAX} workers for each of the {cores} cores this process may use "
+                   f"(at most {most})", f"unset it to use every core, or set PLUGRT_CPU_THREADS={cores}")
   return int(v)
 
 
@@ -60,10 +71,7 @@ def _packer(dt: DType) -> Callable[[Any], int]:
   """A scalar -> its 8-byte argument slot."""
   if dt is dtypes.bool: return lambda v: 1 if v else 0
   if dt.kind in "iu": return lambda v: v & 0xFFFFFFFFFFFFFFFF
-  if dt is dtypes.float64: return lambda v: struct.unpack("<Q", struct.pack("<d", v))[0]
-  if dt is dtypes.float32: return lambda v: struct.unpack("<I", struct.pack("<f", v))[0]
-  if dt is dtypes.float16: return lambda v: struct.unpack("<H", struct.pack("<e", v))[0]
-  return lambda v: int(f32_to_bf16(v))
+  return float_packer(dt)  # IEEE rounding, out of range: inf (the rule on every device)
 
 
 class _Launch:
@@ -93,6 +101,7 @@ class CPUProgram(Program):
     self._pack = [_packer(dt) for dt in signature.scalars]
     self._argtype = ctypes.c_uint64 * (self.nbufs + self.nvals + 6)
     self._launch = _NONE
+    self.launch_limits = LaunchLimits(str(device), max_local_total=MAX_GROUP_THREADS)
 
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:

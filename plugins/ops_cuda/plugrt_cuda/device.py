@@ -9,18 +9,16 @@ values that changed since the previous call.
 from __future__ import annotations
 
 import ctypes
-import math
-import struct
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 from plugrt.device import Buffer
-from plugrt.dtype import DType, dtypes, f32_to_bf16
+from plugrt.dtype import DType, dtypes, float_bits, float_value
 from plugrt.errors import UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import Signature
-from plugrt.runtime import Allocator, DeviceState, Graph, Launch, Program, buffer_address
+from plugrt.runtime import Allocator, DeviceState, Graph, Launch, LaunchLimits, Program, buffer_address
 from plugrt_cuda import driver as D
 from plugrt_cuda import trampoline
 
@@ -45,6 +43,9 @@ class CUDAState(DeviceState):
     name = ctypes.create_string_buffer(256)
     D.call("cuDeviceGetName", name, 256, self.dev)
     self.name = name.value.decode()
+    # gridDim (2**31-1, 65535, 65535) and blockDim (1024, 1024, 64) as the driver reports them
+    self.launch_limits = LaunchLimits(f"{info.canonical} ({self.name})", [self.attr(a) for a in D.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM],
+                                      [self.attr(a) for a in D.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM], self.max_threads)
     self.start, self.end = ctypes.c_void_p(), ctypes.c_void_p()
     D.call("cuEventCreate", ctypes.byref(self.start), 0)
     D.call("cuEventCreate", ctypes.byref(self.end), 0)
@@ -229,12 +230,11 @@ _CTYPES = {dtypes.bool: ctypes.c_uint8, dtypes.int8: ctypes.c_int8, dtypes.int16
 
 
 def _scalar_setter(dt: DType) -> Any:
-  """value -> what the parameter's ctypes object holds (16-bit floats as their raw bits)."""
-  if dt is dtypes.float16: return lambda v: struct.unpack("<H", struct.pack("<e", v))[0]
-  if dt is dtypes.bfloat16: return lambda v: int(f32_to_bf16(v))
+  """value -> what the parameter's ctypes object holds (16-bit floats as their raw bits; IEEE rounding, out of range: inf)."""
+  if dt in (dtypes.float16, dtypes.bfloat16): return lambda v: float_bits(v, dt)
   if dt is dtypes.bool: return lambda v: 1 if v else 0
   if dt.kind in "iu": return lambda v: v
-  return float
+  return lambda v: float_value(v, dt)
 
 
 class _Launch:
@@ -267,6 +267,7 @@ class CUDAProgram(Program):
     self._launch_addr = ctypes.cast(self._launch, ctypes.c_void_p).value
     self._tramp = trampoline.make()  # the launch's eleven arguments as 8-byte slots, for the one-argument trampoline (see trampoline.py)
     self._prepared = _NONE
+    self.launch_limits = self.state.launch_limits
 
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:
@@ -283,9 +284,7 @@ class CUDAProgram(Program):
 
   def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> _Launch:
     """A new prepared launch for these arguments (cuLaunchKernel copies the parameter values when it is called)."""
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)
-    if math.prod(ls) > self.state.max_threads:
-      raise ValueError(f"program {self.name}: {math.prod(ls)} threads per group, {self.state.name} allows {self.state.max_threads}")
+    gs, ls = self.check_args(bufs, vals, global_size, local_size)  # with the GPU's grid and block limits
     values = [ctypes.c_uint64(b.handle) for b in bufs] + [t(set_(x)) for t, set_, x in zip(self._types, self._set, vals)]
     params = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
     u, stream = ctypes.c_uint, self.state.stream

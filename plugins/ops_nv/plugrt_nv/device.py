@@ -20,7 +20,6 @@ copies from 1 MiB run as a kernel (the copy engine moves about 43 GB/s device to
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import struct
 import time
@@ -30,11 +29,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from plugrt.device import Buffer
-from plugrt.dtype import DType, dtypes, f32_to_bf16
+from plugrt.dtype import DType, dtypes, float_bits, float_value
 from plugrt.errors import CompileError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import Signature
-from plugrt.runtime import Allocator, DeviceState, Program, buffer_address
+from plugrt.runtime import Allocator, DeviceState, LaunchLimits, Program, buffer_address
 from plugrt_nv import cmd, cubin, hw
 from plugrt_nv.iface import Channel, GPUInterface, Mem, NVError
 
@@ -320,9 +319,10 @@ _PACK = {dtypes.bool: "<B", dtypes.int8: "<b", dtypes.uint8: "<B", dtypes.int16:
 
 
 def _scalar(dt: DType) -> Any:
-  if dt is dtypes.bfloat16: return lambda v: int(f32_to_bf16(v))
+  """value -> what its _PACK format takes (IEEE rounding, out of range: inf)."""
+  if dt is dtypes.bfloat16: return lambda v: float_bits(v, dt)
   if dt is dtypes.bool: return lambda v: 1 if v else 0
-  return (lambda v: v) if dt.kind in "iu" else float
+  return (lambda v: v) if dt.kind in "iu" else lambda v: float_value(v, dt)
 
 
 def _release_program(state: NVState, *mems: Mem) -> None:
@@ -389,6 +389,8 @@ class NVProgram(Program):
     self.blob_buf = (ctypes.c_char * len(self.blob)).from_buffer(self.blob)
     self.blob_addr = ctypes.addressof(self.blob_buf)
     self.max_threads = min(1024, 65536 // round_up(max(1, k.regs) * 32, 256) // 4 * 4 * 32)
+    # the QMD's grid (x < 2**31, y and z < 65536) and block (1024, 1024, 64) fields; threads per block as this kernel's registers allow
+    self.launch_limits = LaunchLimits(str(device), ((1 << 31) - 1, 65535, 65535), (1024, 1024, 64), self.max_threads)
     self.kernel = k
     # resident entries: [arguments key, QMD address, last timeline value that used it, words 0..8 of the fast path]
     self.entry_size = round_up(self.cmd_off, 256)
@@ -465,10 +467,7 @@ class NVProgram(Program):
     return e if e[0] == key else None  # a key that does not compare equal to itself (a NaN value) never matches: slot path
 
   def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)
-    if math.prod(ls) > self.max_threads or ls[2] > 64:
-      raise ValueError(f"program {self.name}: {ls} threads per group; this kernel allows {self.max_threads} (and at most 64 along z)")
-    if gs[0] >= 1 << 31 or gs[1] > 65535 or gs[2] > 65535: raise ValueError(f"program {self.name}: grid {gs} is larger than the GPU takes")
+    gs, ls = self.check_args(bufs, vals, global_size, local_size)  # with the grid and block limits (self.launch_limits)
     self.qmd.set_dims(gs, ls)
     self.blob[:len(self.qmd.buf)] = self.qmd.buf
     struct.pack_into("<6I", self.blob, self.dims_off, *ls, *gs)

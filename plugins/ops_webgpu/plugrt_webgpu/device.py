@@ -17,17 +17,16 @@ a prepare queues must be followed by its own launch's submit, not another thread
 """
 from __future__ import annotations
 
-import math
 import struct
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from plugrt.dtype import DType, dtypes
+from plugrt.dtype import DType, dtypes, float_bits, float_packer, float_value
 from plugrt.errors import DeviceUnavailable, Reason
 from plugrt.hookspecs import DeviceInfo
-from plugrt.runtime import Allocator, Compiler, DeviceState, Program
+from plugrt.runtime import Allocator, Compiler, DeviceState, LaunchLimits, Program
 from plugrt_webgpu.engine import FEATURE_F16, Engine, Pipeline
 from plugrt_webgpu.wgsl import Header, WGSLRenderer, parse_header, specialize
 
@@ -173,26 +172,14 @@ def _fresh_modules(engine: Engine) -> OrderedDict[str, Any]:
 
 # ---------------------------------------------------------------- program
 
-def _f32_bits(v: float) -> int:
-  try: return struct.unpack("<I", struct.pack("<f", v))[0]
-  except OverflowError: return 0xFF800000 if v < 0 else 0x7F800000  # as numpy's float32(v): out of range is inf
-
-
 def _word_packer(dt: DType) -> Any:
   """A scalar -> its uniform word (the renderer's _scalar reads it back)."""
   if dt is dtypes.bool: return lambda v: 1 if v else 0
   if dt.kind in "iu": return lambda v: v & 0xFFFFFFFF
-  if dt is dtypes.float32: return _f32_bits
-  if dt is dtypes.float16:  # round once to half (as the interpreter's cast), then carry it exactly as float32
-    def half(v: float) -> int:
-      try: return _f32_bits(struct.unpack("<e", struct.pack("<e", v))[0])
-      except OverflowError: return 0xFF800000 if v < 0 else 0x7F800000
-    return half
-  def bf16(v: float) -> int:  # float32 first, then bfloat16 nearest even: the IR's cast to bfloat16
-    u = _f32_bits(v)
-    if (u & 0x7F800000) == 0x7F800000 and u & 0x7FFFFF: return (u | 0x400000) & 0xFFFF0000
-    return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000) & 0xFFFFFFFF
-  return bf16
+  if dt is dtypes.bfloat16: return lambda v: float_bits(v, dt) << 16  # bfloat16's bits are float32's high half
+  if dt is dtypes.float32: return float_packer(dt)
+  # float16: rounded once to half (IEEE, as the interpreter's cast), then carried exactly as float32
+  return lambda v: float_bits(float_value(v, dt), dtypes.float32)
 
 
 class WebGPUProgram(Program):
@@ -220,6 +207,8 @@ class WebGPUProgram(Program):
     self._last: tuple = (None, None, None, None)
     self._launch: Any = None
     self._timed: Any = None
+    lim = self.engine.limits
+    self.launch_limits = LaunchLimits(str(device), (lim.max_workgroups_per_dimension,) * 3, lim.max_workgroup_size, lim.max_invocations_per_workgroup)
     self.pipelines_built = 0   # for tests and `plugrt bench`: pipelines made so far
     self.bind_groups_built = 0
 
@@ -235,14 +224,7 @@ class WebGPUProgram(Program):
 
   # ---- everything below runs only when the arguments changed, with the engine's lock held
   def _prepare(self, bufs: Sequence[Any], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)
-    lim = self.engine.limits
-    if math.prod(ls) > lim.max_invocations_per_workgroup or any(a > b for a, b in zip(ls, lim.max_workgroup_size)):
-      raise ValueError(f"program {self.name}: local_size {ls} is over {self.device}'s limits ({lim.max_invocations_per_workgroup} "
-                       f"threads per group, at most {lim.max_workgroup_size} per axis)")
-    if max(gs) > lim.max_workgroups_per_dimension:
-      raise ValueError(f"program {self.name}: global_size {gs} is over {self.device}'s {lim.max_workgroups_per_dimension} groups per axis; "
-                       "use more threads per group or a 2-D/3-D grid")
+    gs, ls = self.check_args(bufs, vals, global_size, local_size)  # with the adapter's workgroup limits (self.launch_limits)
     alias, bindings, starts = self._bindings(bufs)
     words = [(b.handle.offset - starts[alias[k]]) // self._scale[k] for k, b in enumerate(bufs)]
     words += [pack(v) for pack, v in zip(self._word_of, vals)]
