@@ -26,7 +26,7 @@ $PY -m plugrt devices 2>&1 | tee "$OUT/devices.txt" | head -20
 if [ "$ONLY" != "bench" ] && [ "$ONLY" != "webgpu" ] && [ "$ONLY" != "nv" ]; then
   echo "== tests"
   timeout 300 $PY -m pytest -q -p no:cacheprovider --tb=short -rfE plugins/ops_cuda tests/test_dsl.py tests/test_tensor.py tests/test_interop.py \
-    tests/test_conformance.py 2>&1 | tee "$OUT/tests.txt" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -40
+    tests/test_conformance.py tests/test_adversarial_threads.py tests/test_adversarial_limits.py 2>&1 | tee "$OUT/tests.txt" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -40
 fi
 if [ "$ONLY" != "tests" ] && [ "$ONLY" != "webgpu" ] && [ "$ONLY" != "nv" ]; then
   echo "== bench"
@@ -73,7 +73,7 @@ if [ -z "$ONLY" ] || [ "$ONLY" = "nv" ]; then
   if [ "$nv_ok" -eq 0 ]; then
     NVENV="PLUGRT_PLUGINS=nv,nv-nvk,nv-pci,cpu,python PLUGRT_NV_TIMEOUT=10"
     env $NVENV timeout ${NV_TEST_S:-150} $PY -m pytest -v -p no:cacheprovider -o faulthandler_timeout=120 --tb=short -rfEsP \
-      plugins/ops_nv/tests tests/test_dsl.py tests/test_tensor.py > "$OUT/nv_tests.txt" 2>&1
+      plugins/ops_nv/tests tests/test_dsl.py tests/test_tensor.py tests/test_adversarial_threads.py tests/test_adversarial_limits.py > "$OUT/nv_tests.txt" 2>&1
     grep -E "^(FAILED|ERROR)|NVError|passed|failed" "$OUT/nv_tests.txt" | tail -30
     echo "NV-parametrized tests passed: $(grep -E '\[.*NV.*\] PASSED|::TestNV::.* PASSED' "$OUT/nv_tests.txt" | wc -l), failed: $(grep -E '\[.*NV.*\] FAILED|::TestNV::.* FAILED' "$OUT/nv_tests.txt" | wc -l)"
     echo "-- selection: NV=1, NV_PTX=1, DEV=NVK+NV, DEV=NV:PTX (the PCI interface is never named on this machine)"
