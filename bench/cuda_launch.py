@@ -49,9 +49,9 @@ def main() -> None:
         rows[label] = min(float(x) for x in out.stdout.split()) if out.returncode == 0 else float("nan")
     else: print("nvcc failed:", p.stderr[-500:])
   sync = dev.synchronize
-  prg(a, b)  # fills the program's parameter block, which the raw rows below reuse
+  prg(a, b)  # prepares the launch whose parameter array the raw rows below reuse
   u = ctypes.c_uint
-  params = prg._params
+  params = prg._prepared.args[9]  # the parameter array of the launch prg(a, b) prepared
   for loader, name in ((ctypes.CDLL, "CDLL (releases the GIL)"), (ctypes.PyDLL, "PyDLL (keeps the GIL)")):
     lib = loader("libcuda.so.1")
     for stream_kind in (0, 1):

@@ -20,7 +20,7 @@ from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import Kernel
 from plugrt.probing import which
 from plugrt.runtime import Compiler
-from plugrt_cpu import which_cc
+from plugrt_cpu import probe_clang, which_cc
 from plugrt_cpu.crender import CPUCRenderer
 
 CFLAGS = ("-O2", "-fPIC", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-asynchronous-unwind-tables",
@@ -60,7 +60,9 @@ class ClangCompiler(Compiler):
     super().__init__(device)
     self.renderer = CPUCRenderer()
     (cc, self.cc_named), ld = which_cc(), which("ld")
-    if cc is None or ld is None: raise CompileError("clang or ld is missing", hint="apt-get install clang")
+    if cc is None or ld is None:  # the probe's words: which of the two is missing, and CC when it names the compiler
+      missing = probe_clang()
+      raise CompileError(missing.detail, hint=missing.hint)
     self.cc, self.ld = cc, ld
 
   def render(self, kernel: Kernel) -> str: return self.renderer.render(kernel)
