@@ -11,6 +11,10 @@ DIRS=$(for f in core/pyproject.toml plugins/*/pyproject.toml plugins/*/iface_*/p
 # without build isolation when this Python has the build tools: an isolated build looks setuptools up on the index, ~7 s a wheel
 ISOLATION=""
 $PY -c "import setuptools, wheel, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 68)" 2>/dev/null && ISOLATION="--no-build-isolation"
+# setuptools leaves build/ and *.egg-info in each folder (and would reuse a stale build/lib): cleared before and after
+clean() { for d in $DIRS; do rm -rf "$d/build" "$d"/*.egg-info; done; }
+clean
+trap clean EXIT
 mkdir -p dist
 rm -f dist/plugrt-*.whl dist/plugrt_*.whl
 # shellcheck disable=SC2086
