@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from plugrt.errors import CompileError, PluginError
+from plugrt_webgpu.drivers import runtime_dir
 from plugrt_webgpu.engine import ADAPTER_ENV, FEATURE_F16, FEATURE_TIMESTAMP, AdapterInfo, Engine, Limits, NoAdapter, Pipeline, choose_adapter
 
 _LIMIT_KEYS = ("max-buffer-size", "max-storage-buffer-binding-size", "max-storage-buffers-per-shader-stage",
@@ -29,6 +30,7 @@ def _info(adapter: Any) -> AdapterInfo:
 
 
 def list_adapters() -> list[tuple[AdapterInfo, Any]]:
+  runtime_dir()
   import wgpu
   return [(_info(a), a) for a in wgpu.gpu.enumerate_adapters_sync()]
 
@@ -37,6 +39,7 @@ class WgpuEngine(Engine):
   name = "WGPU"
 
   def __init__(self, adapter: str = ""):
+    runtime_dir()
     import wgpu
     from wgpu.backends import wgpu_native
     self.wgpu = wgpu
