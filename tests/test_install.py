@@ -88,6 +88,27 @@ def test_no_install_command_for_what_is_not_written():
     assert dist not in DISTRIBUTIONS and install_hint(dist) == f"none from plugrt yet: {dist} is not written"
 
 
+# ---------------------------------------------------------------- scripts/setup.sh's environment
+
+MANAGED = sorted(glob.glob("/usr/lib/python3*/EXTERNALLY-MANAGED"))
+
+
+def test_scripts_run_uses_the_active_venv_or_else_the_checkouts(tmp_path):
+  (tmp_path / "scripts").mkdir()  # a checkout's scripts
+  for f in ("env.sh", "run"): shutil.copy2(os.path.join(ROOT, "scripts", f), tmp_path / "scripts" / f)
+  def where(path: str) -> subprocess.CompletedProcess:
+    env = {**_env(), "PATH": f"{path}:{os.environ['PATH']}"}
+    run = str(tmp_path / "scripts" / "run")
+    return subprocess.run([run, "python3", "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True, env=env)
+  user = os.path.dirname(_venv(tmp_path / "user-venv"))
+  assert where(user).stdout.strip() == str(tmp_path / "user-venv")  # the active venv: installed into, run from
+  if not MANAGED: pytest.skip("no externally managed python3 in /usr/bin here")
+  r = where("/usr/bin")  # Debian's python3 (PEP 668): the checkout's .venv, which does not exist yet
+  assert r.returncode == 1 and "run bash scripts/setup.sh first" in r.stderr
+  subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(tmp_path / ".venv")], check=True)
+  assert where("/usr/bin").stdout.strip() == str(tmp_path / ".venv")
+
+
 # ---------------------------------------------------------------- the wheelhouse, for real
 
 #: what `plugrt devices --json` shows installed for each extra (the core's PYTHON always)
