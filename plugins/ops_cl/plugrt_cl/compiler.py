@@ -40,22 +40,25 @@ def build(state: CLState, src: str | None, binary: bytes | None, options: str, n
 
   The build runs with the process's stderr (fd 2) sent to a file: clang inside PoCL prints its diagnostic summary
   ("4 warnings generated.", "1 error generated.") there, with no text and nothing a user can act on (the kernels are
-  plugrt's own; the diagnostics themselves are in the build log). What it printed joins the error on failure and is
-  dropped otherwise. A build is once per new kernel (cache hits load binaries), so the redirect costs nothing that matters;
-  another thread's stderr output during those milliseconds goes the same way."""
+  plugrt's own; the diagnostics themselves are in the build log). On a failure, what it printed stands in for the
+  build log when the driver gives none; otherwise it is dropped. A build happens once per new kernel (cache hits load
+  binaries), so the redirect costs nothing that matters; another thread's stderr output during those milliseconds
+  goes the same way."""
   prg = cl._cl._Program(state.context, src) if binary is None else cl._cl._Program(state.context, [state.device], [binary])
   import tempfile
   with tempfile.TemporaryFile() as printed:
-    sys.stderr.flush()
-    saved = os.dup(2)
-    os.dup2(printed.fileno(), 2)
+    if sys.stderr is not None: sys.stderr.flush()
+    try: saved = os.dup(2)
+    except OSError: saved = -1  # no fd 2 at all: nothing to keep quiet
+    if saved >= 0: os.dup2(printed.fileno(), 2)
     try:
       prg._build(options.encode(), [state.device])  # the raw build: pyopencl's Program.build adds its own caching and options
       return prg
     except cl.Error as e: failure = e
     finally:
-      os.dup2(saved, 2)
-      os.close(saved)
+      if saved >= 0:
+        os.dup2(saved, 2)
+        os.close(saved)
     printed.seek(0)
     text = printed.read().decode(errors="replace").strip()
   try: log = prg.get_build_info(state.device, cl.program_build_info.LOG)
