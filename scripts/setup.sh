@@ -4,21 +4,40 @@
 #                                  plugrt-webgpu with both engines, plugrt-cuda and plugrt-nv with its interfaces
 #                                  (pip; CUDA and NV stay "no device" without a GPU, but their compilers are tested)
 #   bash scripts/setup.sh --test   the same, plus what the test suite needs
+# pip installs into the active virtual or conda environment, or else into .venv in this checkout (scripts/env.sh);
+# scripts/run COMMAND runs a command there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/env.sh
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-# clang: the CPU backend; PoCL: OpenCL on the CPU; Mesa's lavapipe (Vulkan) and llvmpipe (OpenGL): WebGPU on the CPU
-APT="clang binutils pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1 libegl1 libgl1-mesa-dri"
+# clang: the CPU backend; PoCL: OpenCL on the CPU; Mesa's lavapipe (Vulkan) and llvmpipe (OpenGL): WebGPU on the CPU;
+# python3-venv: Debian and Ubuntu keep `python3 -m venv` (ensurepip) out of python3
+APT="clang binutils pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1 libegl1 libgl1-mesa-dri python3 python3-venv"
+KIND=$(plugrt_env_kind)
 if ! command -v clang >/dev/null || ! command -v ld >/dev/null || ! [ -e /etc/OpenCL/vendors/pocl.icd ] || \
-   ! ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1; then
+   ! ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || ! command -v python3 >/dev/null || \
+   { [ "$KIND" = venv ] && ! python3 -c "import ensurepip" 2>/dev/null; }; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $APT >/dev/null
+  KIND=$(plugrt_env_kind)
 fi
-PIP="python3 -m pip install -q --disable-pip-version-check"
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "plugrt needs Python >= 3.10; python3 is $(python3 -V)" >&2; exit 1; }
+PY=python3
+if [ "$KIND" = venv ]; then
+  # a .venv whose interpreter is gone (made by a Python since removed) is made again
+  "$PLUGRT_VENV/bin/python3" -c "" 2>/dev/null || python3 -m venv --clear "$PLUGRT_VENV"
+  PY="$PLUGRT_VENV/bin/python3"
+fi
+PIP="$PY -m pip install -q --disable-pip-version-check"
 $PIP ./core ./plugins/ops_cpu ./plugins/ops_cl ./plugins/ops_cuda \
   ./plugins/ops_webgpu ./plugins/ops_webgpu/iface_wgpu ./plugins/ops_webgpu/iface_dawn \
   ./plugins/ops_nv ./plugins/ops_nv/iface_nvk ./plugins/ops_nv/iface_pci
 if [ "${1:-}" = "--test" ]; then
   $PIP -r requirements-test.txt
+fi
+if [ "$KIND" = venv ]; then
+  echo "plugrt is installed in $PLUGRT_VENV: run commands there with scripts/run COMMAND, or . .venv/bin/activate"
+else
+  echo "plugrt is installed in $($PY -c 'import sys; print(sys.prefix)')"
 fi

@@ -1,7 +1,8 @@
 """Helpers for backends' probes, which must stay cheap: they run at discovery, in every process.
 
 `which` is shutil.which without importing shutil, which brings zlib, bz2 and lzma along (~3 ms of
-`import plugrt`, and a probe needs none of them).
+`import plugrt`, and a probe needs none of them). `install_hint` says how to install a missing plugrt
+distribution the way plugrt itself was installed.
 """
 from __future__ import annotations
 
@@ -15,3 +16,66 @@ def which(program: str) -> str | None:
   for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
     if d and runnable(candidate := os.path.join(d, program)): return candidate
   return None
+
+
+#: The distributions this repository ships, and each one's folder in a checkout. No index has them yet:
+#: `bash scripts/wheelhouse.sh` builds all of them into dist/, and `pip install --find-links dist 'plugrt[cl]'` picks.
+DISTRIBUTIONS: dict[str, str] = {
+  "plugrt": "core",
+  "plugrt-cpu": "plugins/ops_cpu",
+  "plugrt-cl": "plugins/ops_cl",
+  "plugrt-cuda": "plugins/ops_cuda",
+  "plugrt-nv": "plugins/ops_nv",
+  "plugrt-nv-nvk": "plugins/ops_nv/iface_nvk",
+  "plugrt-nv-pci": "plugins/ops_nv/iface_pci",
+  "plugrt-webgpu": "plugins/ops_webgpu",
+  "plugrt-webgpu-wgpu": "plugins/ops_webgpu/iface_wgpu",
+  "plugrt-webgpu-dawn": "plugins/ops_webgpu/iface_dawn",
+}
+
+_source: tuple[str, str] | None = None  # (how, where) plugrt was installed from, found once per process
+
+
+def installed_from(package_dir: str | None = None) -> tuple[str, str]:
+  """How plugrt (the package in `package_dir`, default the imported one) was installed: ("checkout", its root) when
+  it runs from a source tree (PYTHONPATH, `pip install -e`) or was installed from one (`pip install ./core`);
+  ("wheelhouse", the folder) when its wheel was installed by path; ("index", "") otherwise (an index, or
+  --find-links, which pip does not record). Reads the direct_url.json pip writes (PEP 610): one directory listing."""
+  global _source
+  if package_dir is None and _source is not None: return _source
+  here = os.path.dirname(os.path.abspath(package_dir or os.path.dirname(__file__)))  # the folder holding the plugrt package
+  found = ("index", "")
+  if os.path.isfile(os.path.join(here, "pyproject.toml")) and os.path.isdir(os.path.join(here, "..", "plugins")):
+    found = ("checkout", os.path.dirname(here))
+  else:
+    try: metas = [d for d in os.listdir(here) if d.startswith("plugrt-") and d[7:8].isdigit() and d.endswith(".dist-info")]
+    except OSError: metas = []
+    if metas: found = _from_direct_url(os.path.join(here, metas[0], "direct_url.json"))
+  if package_dir is None: _source = found
+  return found
+
+
+def _from_direct_url(path: str) -> tuple[str, str]:
+  import json
+  from urllib.parse import unquote, urlsplit
+  try:
+    with open(path, encoding="utf-8") as f: url = urlsplit(json.load(f).get("url", ""))
+  except (OSError, ValueError, AttributeError): return ("index", "")
+  if url.scheme != "file": return ("index", "")
+  where = unquote(url.path)
+  if where.endswith(".whl") and os.path.isdir(os.path.dirname(where)): return ("wheelhouse", os.path.dirname(where))
+  root = os.path.dirname(where.rstrip("/"))  # pip install <root>/core
+  if os.path.isdir(os.path.join(root, "plugins")): return ("checkout", root)
+  return ("index", "")
+
+
+def install_hint(*dists: str, package_dir: str | None = None) -> str:
+  """The command that installs plugrt distributions `dists` (names, no extras), for the way plugrt was installed:
+  `pip install <checkout>/plugins/ops_cl`, `pip install --find-links <wheelhouse> plugrt-cl`, or `pip install plugrt-cl`.
+  A name this repository does not ship gets no command: nothing installs it."""
+  missing = [d for d in dists if d not in DISTRIBUTIONS]
+  if missing: return f"none from plugrt yet: {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not written"
+  how, where = installed_from(package_dir)
+  if how == "checkout": return "pip install " + " ".join(os.path.join(where, DISTRIBUTIONS[d]) for d in dists)
+  if how == "wheelhouse": return f"pip install --find-links {where} {' '.join(dists)}"
+  return f"pip install {' '.join(dists)} (from the index or --find-links wheelhouse plugrt came from)"

@@ -30,6 +30,7 @@ from plugrt import hookspecs
 from plugrt._entrypoints import entry_points, foreign_modules, import_warning, name_warning, value_warning
 from plugrt.errors import DeviceUnavailable, EnvError, PluginError, PlugrtError, Reason, UnknownDeviceError, did_you_mean
 from plugrt.hookspecs import PLUGIN_API_VERSION, BackendSpec, DeviceInfo, InterfaceSpec, Probe
+from plugrt.probing import install_hint
 from plugrt.selection import BackendFacts, Selection, Target, parse_target, select
 
 GROUP = "plugrt"
@@ -48,7 +49,6 @@ FIRST_PARTY: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 DEFAULT_HINTS = {
-  Reason.NOT_INSTALLED: "pip install {package}",
   Reason.IMPORT_ERROR: "reinstall {package}, or disable it with PLUGRT_DISABLE={entry}",
   Reason.HOOK_ERROR: "report this to {package}'s authors, or disable it with PLUGRT_DISABLE={entry}",
   Reason.INCOMPATIBLE_API: "install versions of plugrt and {package} made for each other",
@@ -308,7 +308,7 @@ class Registry:
     for name, (package, _) in FIRST_PARTY.items():
       if name not in self.backends:
         self.backends[name] = BackendRecord(name, None, Reason.NOT_INSTALLED, f"{package.split()[0]} is not installed",
-                                            DEFAULT_HINTS[Reason.NOT_INSTALLED].format(package=package))
+                                            install_hint(*package.split()))
 
   # ------------------------------------------------------------ calling one plugin's hooks
   def _impl(self, rec: PluginRecord, hook: str) -> Any:

@@ -17,6 +17,8 @@ reject that, the first failure switches this compiler back to the full header fo
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
 from typing import Any
 
 import pyopencl as cl
@@ -36,16 +38,36 @@ def is_pocl(platform: Any) -> bool: return "portable computing language" in plat
 
 
 def build(state: CLState, src: str | None, binary: bytes | None, options: str, name: str = "") -> Any:
-  """A built cl.Program from source or from a binary; CompileError with the build log on failure."""
+  """A built cl.Program from source or from a binary; CompileError with the build log on failure.
+
+  The build runs with the process's stderr (fd 2) sent to a file: clang inside PoCL prints its diagnostic summary
+  ("4 warnings generated.", "1 error generated.") there, with no text and nothing a user can act on (the kernels are
+  plugrt's own; the diagnostics themselves are in the build log). On a failure, what it printed stands in for the
+  build log when the driver gives none; otherwise it is dropped. A build happens once per new kernel (cache hits load
+  binaries), so the redirect costs nothing that matters; another thread's stderr output during those milliseconds
+  goes the same way."""
   prg = cl._cl._Program(state.context, src) if binary is None else cl._cl._Program(state.context, [state.device], [binary])
-  try: prg._build(options.encode(), [state.device])  # the raw build: pyopencl's Program.build adds its own caching and options
-  except cl.Error as e:
-    try: log = prg.get_build_info(state.device, cl.program_build_info.LOG)
-    except cl.Error: log = ""
-    what = f"kernel {name}" if name else "a kernel"
-    raise CompileError(f"{state.label}: the OpenCL compiler rejected {what}: {e.what if hasattr(e, 'what') else e}", log or str(e),
-                       "this is a renderer bug if the kernel came from plugrt's IR; please report it") from None
-  return prg
+  import tempfile
+  with tempfile.TemporaryFile() as printed:
+    if sys.stderr is not None: sys.stderr.flush()
+    try: saved = os.dup(2)
+    except OSError: saved = -1  # no fd 2 at all: nothing to keep quiet
+    if saved >= 0: os.dup2(printed.fileno(), 2)
+    try:
+      prg._build(options.encode(), [state.device])  # the raw build: pyopencl's Program.build adds its own caching and options
+      return prg
+    except cl.Error as e: failure = e
+    finally:
+      if saved >= 0:
+        os.dup2(saved, 2)
+        os.close(saved)
+    printed.seek(0)
+    text = printed.read().decode(errors="replace").strip()
+  try: log = prg.get_build_info(state.device, cl.program_build_info.LOG)
+  except cl.Error: log = ""
+  what = f"kernel {name}" if name else "a kernel"
+  raise CompileError(f"{state.label}: the OpenCL compiler rejected {what}: {failure.what if hasattr(failure, 'what') else failure}",
+                     log or text or str(failure), "this is a renderer bug if the kernel came from plugrt's IR; please report it")
 
 
 class CLCompiler(Compiler):

@@ -191,6 +191,18 @@ def test_compile_error_has_the_log(dev):
   assert "undefined_name" in str(info.value)
 
 
+def test_a_build_prints_nothing_on_stderr(dev, capfd):
+  from plugrt_cl.compiler import build
+  # clang inside PoCL prints "1 warning generated." for this kernel (an assignment as a condition), and "1 error generated."
+  # for the broken one; the name is new each run so that PoCL's own kernel cache misses and clang runs
+  name = f"warns_{os.getpid()}_{os.urandom(4).hex()}"
+  src = f"__kernel void {name}(__global int* o) {{ int a = 0; if (a = o[1]) o[0] = a; }}"
+  build(dev.compiler.state, src, None, "")
+  with pytest.raises(CompileError) as info: build(dev.compiler.state, src.replace("o[0] = a", "o[0] = undefined_name"), None, "")
+  assert "undefined_name" in str(info.value)
+  assert capfd.readouterr().err == ""
+
+
 def test_bare_header_falls_back_to_the_full_header(dev, monkeypatch, tmp_path):
   import plugrt_cl.compiler as C
   comp = _fresh_compiler(dev, monkeypatch, tmp_path)

@@ -18,6 +18,7 @@ from typing import Any
 
 from plugrt.errors import Reason
 from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
+from plugrt.probing import install_hint
 
 __version__ = "0.1.0"
 #: first-party interfaces: (name, module, distribution)
@@ -52,7 +53,7 @@ def probe_nv() -> Probe:
     return Probe.missing(Reason.NO_DEVICE, f"plugrt-nv runs on x86-64 only for now (this is {machine})",
                          "use the CUDA device (plugrt-cuda)")
   if not any(_has(m) for _, m, _ in INTERFACES):
-    return Probe.missing(Reason.NOT_INSTALLED, "no NV interface is installed", "pip install plugrt-nv-nvk (the kernel-driver interface)")
+    return Probe.missing(Reason.NOT_INSTALLED, "no NV interface is installed", f"{install_hint('plugrt-nv-nvk')} (the kernel-driver interface)")
   ver = driver_version()
   return Probe.found(len(nodes), f"{len(nodes)} GPU{'s' if len(nodes) != 1 else ''}, driver {ver or 'version unknown'}", driver=ver or "")
 

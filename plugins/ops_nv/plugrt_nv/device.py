@@ -33,6 +33,7 @@ from plugrt.dtype import DType, dtypes, float_bits, float_value
 from plugrt.errors import CompileError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import Signature
+from plugrt.probing import install_hint
 from plugrt.runtime import Allocator, DeviceState, LaunchLimits, Program, buffer_address
 from plugrt_nv import cmd, cubin, hw
 from plugrt_nv.iface import Channel, GPUInterface, Mem, NVError
@@ -79,7 +80,7 @@ class NVState(DeviceState):
 
   def __init__(self, info: DeviceInfo):
     iface: GPUInterface | None = info.iface_object
-    if iface is None: raise UnsupportedError("NV needs an interface to reach the GPU, and none was opened", "pip install plugrt-nv-nvk")
+    if iface is None: raise UnsupportedError("NV needs an interface to reach the GPU, and none was opened", install_hint("plugrt-nv-nvk"))
     self.iface, self.index, self.broken = iface, info.index, ""
     # held around everything that writes the submission state (slots, rings, timeline, staging, programs' entries): one
     # device's commands go through one sequence of slots, so threads launching or copying on it take turns

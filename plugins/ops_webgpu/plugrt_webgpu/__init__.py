@@ -13,6 +13,7 @@ from typing import Any
 
 from plugrt.errors import Reason
 from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
+from plugrt.probing import install_hint
 
 __version__ = "0.1.0"
 
@@ -36,6 +37,11 @@ def _third_party_engines() -> list[str]:
   return [ep.name for ep in entry_points("plugrt") if ep.name.startswith(ENGINE_ENTRY_PREFIX) and ep.module not in known]
 
 
+def engine_hint() -> str:
+  """How to install the default engine, the way plugrt was installed."""
+  return f"{install_hint('plugrt-webgpu-wgpu')} (wgpu-native; or plugrt-webgpu-dawn: Dawn)"
+
+
 def probe_webgpu() -> Probe:
   """Is some engine installed? (Whether it finds an adapter is known only once it opens: that
   loads the native library and the Vulkan/OpenGL drivers, which a probe must not do.)"""
@@ -49,7 +55,7 @@ def probe_webgpu() -> Probe:
   if found or third: return Probe.found(1, f"engines installed: {', '.join(found + third)}", engines=",".join(found + third))
   return Probe.missing(Reason.NO_DEVICE,
                        "no WebGPU engine is installed (neither plugrt-webgpu-wgpu with wgpu nor plugrt-webgpu-dawn with dawn-python)",
-                       "pip install plugrt-webgpu-wgpu (wgpu-native) or plugrt-webgpu-dawn (Dawn)")
+                       engine_hint())
 
 
 @hookimpl

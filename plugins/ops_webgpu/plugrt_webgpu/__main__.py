@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from plugrt_webgpu import engine_hint
+
 
 def engines() -> list[dict[str, Any]]:
   """One entry per WEBGPU interface the registry knows: its probe, and its adapters when it can list them."""
@@ -43,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps(rows, indent=2))
     return 0
   if not rows:
-    print("no WebGPU engine is installed: pip install plugrt-webgpu-wgpu (wgpu-native) or plugrt-webgpu-dawn (Dawn)")
+    print(f"no WebGPU engine is installed: {engine_hint()}")
     return 1
   for r in rows:
     status = "usable" if r["ok"] else "unavailable"

@@ -27,6 +27,7 @@ from plugrt.dtype import DType, dtypes, float_bits, float_packer, float_value
 from plugrt.errors import DeviceUnavailable, Reason
 from plugrt.hookspecs import DeviceInfo
 from plugrt.runtime import Allocator, Compiler, DeviceState, LaunchLimits, Program
+from plugrt_webgpu import engine_hint
 from plugrt_webgpu.engine import FEATURE_F16, Engine, Pipeline
 from plugrt_webgpu.wgsl import Header, WGSLRenderer, parse_header, specialize
 
@@ -39,7 +40,7 @@ def engine_of(device: DeviceInfo) -> Engine:
   eng = device.iface_object
   if not isinstance(eng, Engine):
     raise DeviceUnavailable(f"{device.canonical}: no WebGPU engine was opened (interface {device.interface or 'none'})", Reason.NO_DEVICE,
-                            "pip install plugrt-webgpu-wgpu (wgpu-py) or plugrt-webgpu-dawn (dawn-python)")
+                            engine_hint())
   return eng
 
 

@@ -53,6 +53,29 @@ ADAPTER_ENV = "PLUGRT_WEBGPU_ADAPTER"
 DRIVER_HINT = "apt-get install mesa-vulkan-drivers libvulkan1 (lavapipe, a CPU Vulkan driver) or your GPU's Vulkan driver"
 
 
+def runtime_dir() -> None:
+  """Gives the process an XDG_RUNTIME_DIR when it has none (or a relative one), before an engine loads the drivers.
+
+  Mesa's EGL, which wgpu-native and Dawn load, tries Wayland, and libwayland prints "error: XDG_RUNTIME_DIR is invalid
+  or not set in the environment." for every attempt when the variable is unset (a headless machine, a container, a
+  shell without a login session): nothing a user can act on. The XDG base-directory spec's answer is a replacement
+  directory owned by the user with mode 0700, which this makes. A driver workaround, not selection: it writes the
+  process environment (the driver reads it with getenv) and nothing plugrt chooses depends on it; an absolute
+  XDG_RUNTIME_DIR the user set is kept."""
+  if os.name != "posix" or os.path.isabs(os.environ.get("XDG_RUNTIME_DIR", "")): return
+  import stat
+  import tempfile
+  path = os.path.join(tempfile.gettempdir(), f"plugrt-runtime-{os.getuid()}")
+  try: os.mkdir(path, 0o700)
+  except FileExistsError: pass
+  except OSError: path = ""
+  try: st = os.lstat(path) if path else None
+  except OSError: st = None
+  if st is None or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+    path = tempfile.mkdtemp(prefix="plugrt-runtime-")  # someone else's, or not private: a new one (mkdtemp makes it 0700)
+  os.environ["XDG_RUNTIME_DIR"] = path
+
+
 def engine_interface(**fields: Any) -> InterfaceSpec:
   """An engine's InterfaceSpec for the WEBGPU device. `priority` (which engine is the default) is given only where
   the core's InterfaceSpec has that field: cores before plugin API 1.1 do not."""

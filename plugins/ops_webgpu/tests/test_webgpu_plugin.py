@@ -20,6 +20,7 @@ from webgpu_engines import installed
 import plugrt_webgpu
 from plugrt.errors import DeviceUnavailable, Reason, UnknownDeviceError
 from plugrt.hookspecs import InterfaceSpec
+from plugrt.probing import install_hint
 from plugrt.registry import Registry
 
 ENGINE_MODULES = [m for m in ("plugrt_webgpu_wgpu", "plugrt_webgpu_dawn") if installed(m)]
@@ -120,14 +121,14 @@ def test_no_engine_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
   hide(monkeypatch, "plugrt_webgpu_wgpu", "plugrt_webgpu_dawn")
   monkeypatch.setattr(plugrt_webgpu, "_third_party_engines", list)
   p = plugrt_webgpu.probe_webgpu()
-  assert not p.ok and p.reason is Reason.NO_DEVICE and "no WebGPU engine is installed" in p.detail and "pip install plugrt-webgpu-wgpu" in p.hint
+  assert not p.ok and p.reason is Reason.NO_DEVICE and "no WebGPU engine is installed" in p.detail and install_hint("plugrt-webgpu-wgpu") in p.hint
 
 
 def test_device_without_an_engine_object(monkeypatch: pytest.MonkeyPatch) -> None:
   monkeypatch.setattr(plugrt_webgpu, "_third_party_engines", lambda: ["webgpu-elsewhere"])  # the probe sees an engine, but no plugin opens one
   reg = Registry(plugins=["plugrt.reference", "plugrt_webgpu"], env={"WEBGPU": "1"}, autoload=False)
   with pytest.raises(DeviceUnavailable, match="no WebGPU engine was opened") as ei: reg.open("WEBGPU")
-  assert "pip install plugrt-webgpu-wgpu" in ei.value.hint
+  assert install_hint("plugrt-webgpu-wgpu") in ei.value.hint
 
 
 #: a third party's engine: host memory standing in for a GPU, enough for copies (its kernels do not compile)

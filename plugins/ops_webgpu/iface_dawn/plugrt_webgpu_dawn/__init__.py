@@ -17,6 +17,7 @@ from typing import Any
 
 from plugrt.errors import Reason
 from plugrt.hookspecs import DeviceInfo, InterfaceSpec, Probe, hookimpl
+from plugrt.probing import install_hint
 
 __version__ = "0.1.0"
 NAME = "DAWN"
@@ -54,7 +55,7 @@ def probe() -> Probe:
   if lib is None:
     have = ", ".join(os.path.basename(p) for p in glob.glob(os.path.join(next(iter(spec.submodule_search_locations or ["."])), "lib", "*")))
     return Probe.missing(Reason.NOT_INSTALLED, f"dawn-python has no Dawn library for {sys.platform} {_machine()} "
-                         f"(it ships: {have or 'nothing'})", "use the WGPU engine (pip install plugrt-webgpu-wgpu) on this machine")
+                         f"(it ships: {have or 'nothing'})", f"use the WGPU engine ({install_hint('plugrt-webgpu-wgpu')}) on this machine")
   from plugrt_webgpu.drivers import DRIVER_HINT, drivers  # stdlib only
   ok, seen = drivers(opengl=False)  # this Dawn build opens Vulkan (or Metal/D3D12), not OpenGL
   if not ok: return Probe.missing(Reason.NO_DEVICE, f"dawn-python is installed, but this machine has {seen}", DRIVER_HINT)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from plugrt.errors import CompileError, PluginError
+from plugrt_webgpu.drivers import runtime_dir
 from plugrt_webgpu.engine import FEATURE_F16, FEATURE_TIMESTAMP, STAGING_BOUND, AdapterInfo, Engine, Limits, NoAdapter, Pipeline, choose_adapter
 
 V = ctypes.c_void_p
@@ -32,6 +33,7 @@ def _webgpu() -> tuple[Any, Any]:
   global _W, _INSTANCE
   with _LOCK:
     if _W is None:
+      runtime_dir()
       from pydawn import webgpu
       desc = webgpu.WGPUInstanceDescriptor()
       desc.features.timedWaitAnyEnable = True

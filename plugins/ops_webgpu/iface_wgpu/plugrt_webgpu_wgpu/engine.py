@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from plugrt.errors import CompileError, PluginError
+from plugrt_webgpu.drivers import runtime_dir
 from plugrt_webgpu.engine import (
   ADAPTER_ENV,
   FEATURE_F16,
@@ -40,6 +41,7 @@ def _info(adapter: Any) -> AdapterInfo:
 
 
 def list_adapters() -> list[tuple[AdapterInfo, Any]]:
+  runtime_dir()
   import wgpu
   return [(_info(a), a) for a in wgpu.gpu.enumerate_adapters_sync()]
 
@@ -48,6 +50,7 @@ class WgpuEngine(Engine):
   name = "WGPU"
 
   def __init__(self, adapter: str = ""):
+    runtime_dir()
     import wgpu
     from wgpu.backends import wgpu_native
     self.wgpu = wgpu

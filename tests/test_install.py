@@ -1,0 +1,172 @@
+"""Installing plugrt: the distributions and extras this repository ships, the wheelhouse, and the install hints."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from plugrt.probing import DISTRIBUTIONS, install_hint, installed_from
+from plugrt.registry import FIRST_PARTY
+
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _project(folder: str) -> dict:
+  with open(os.path.join(ROOT, folder, "pyproject.toml"), "rb") as f: return tomllib.load(f)["project"]
+
+
+def test_distributions_are_the_repository_folders():
+  folders = ["core"] + sorted(os.path.relpath(os.path.dirname(p), ROOT) for p in glob.glob(os.path.join(ROOT, "plugins", "*", "pyproject.toml"))
+                              + glob.glob(os.path.join(ROOT, "plugins", "*", "iface_*", "pyproject.toml")))
+  assert {_project(f)["name"]: f for f in folders} == DISTRIBUTIONS
+
+
+def test_every_extra_names_a_shipped_distribution():
+  def name(req: str) -> str: return req.split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip()
+  extras = _project("core")["optional-dependencies"]
+  for reqs in extras.values(): assert all(name(r) in DISTRIBUTIONS for r in reqs), reqs
+  for folder in DISTRIBUTIONS.values():  # the plugins' own extras, where they name plugrt distributions
+    for reqs in _project(folder).get("optional-dependencies", {}).values():
+      assert all(name(r) in DISTRIBUTIONS for r in reqs if name(r).startswith("plugrt")), reqs
+  assert set(extras["all"]) >= {r for k, v in extras.items() if k not in ("all", "dawn", "webgpu") for r in v}
+  assert any(r.startswith("plugrt-webgpu[wgpu") for r in extras["webgpu"])  # the WebGPU extra brings its default engine
+
+
+def _site(tmp_path, direct_url: dict | None) -> str:
+  """A site-packages folder with plugrt in it, installed as direct_url says; returns the package folder."""
+  site = tmp_path / "site-packages"
+  (site / "plugrt").mkdir(parents=True)
+  meta = site / "plugrt-0.1.0.dist-info"
+  meta.mkdir()
+  (meta / "METADATA").write_text("Name: plugrt\nVersion: 0.1.0\n")
+  if direct_url is not None: (meta / "direct_url.json").write_text(json.dumps(direct_url))
+  (site / "plugrt_cpu-0.1.0.dist-info").mkdir()  # another distribution's metadata is not plugrt's
+  return str(site / "plugrt")
+
+
+def test_hint_for_a_checkout_on_the_path(tmp_path):
+  (tmp_path / "core" / "plugrt").mkdir(parents=True)
+  (tmp_path / "core" / "pyproject.toml").write_text("")
+  (tmp_path / "plugins").mkdir()
+  pkg = str(tmp_path / "core" / "plugrt")
+  assert installed_from(pkg) == ("checkout", str(tmp_path))
+  assert install_hint("plugrt-webgpu", "plugrt-webgpu-wgpu", package_dir=pkg) == \
+    f"pip install {tmp_path}/plugins/ops_webgpu {tmp_path}/plugins/ops_webgpu/iface_wgpu"
+
+
+def test_hint_for_an_install_from_a_checkout(tmp_path):
+  checkout = tmp_path / "src"
+  (checkout / "plugins").mkdir(parents=True)
+  pkg = _site(tmp_path, {"url": f"file://{checkout}/core", "dir_info": {}})
+  assert install_hint("plugrt-cl", package_dir=pkg) == f"pip install {checkout}/plugins/ops_cl"
+
+
+def test_hint_for_a_wheel_installed_by_path(tmp_path):
+  (tmp_path / "my wheels").mkdir()
+  pkg = _site(tmp_path, {"url": f"file://{tmp_path}/my%20wheels/plugrt-0.1.0-py3-none-any.whl", "archive_info": {}})
+  assert install_hint("plugrt-cl", package_dir=pkg) == f"pip install --find-links {tmp_path}/my wheels plugrt-cl"
+
+
+@pytest.mark.parametrize("direct_url", [None, {"url": "https://example.com/plugrt-0.1.0-py3-none-any.whl", "archive_info": {}},
+                                        {"url": "file:///nowhere/core", "dir_info": {}}])
+def test_hint_for_an_index_or_a_source_gone(tmp_path, direct_url):
+  pkg = _site(tmp_path, direct_url)
+  assert installed_from(pkg) == ("index", "")
+  assert install_hint("plugrt-cl", package_dir=pkg).startswith("pip install plugrt-cl (")
+
+
+def test_no_install_command_for_what_is_not_written():
+  for name in ("AMD", "QCOM", "METAL"):
+    dist = FIRST_PARTY[name][0]
+    assert dist not in DISTRIBUTIONS and install_hint(dist) == f"none from plugrt yet: {dist} is not written"
+
+
+# ---------------------------------------------------------------- scripts/setup.sh's environment
+
+MANAGED = sorted(glob.glob("/usr/lib/python3*/EXTERNALLY-MANAGED"))
+
+
+def test_scripts_run_uses_the_active_venv_or_else_the_checkouts(tmp_path):
+  (tmp_path / "scripts").mkdir()  # a checkout's scripts
+  for f in ("env.sh", "run"): shutil.copy2(os.path.join(ROOT, "scripts", f), tmp_path / "scripts" / f)
+  def where(path: str) -> subprocess.CompletedProcess:
+    env = {**_env(), "PATH": f"{path}:{os.environ['PATH']}"}
+    run = str(tmp_path / "scripts" / "run")
+    return subprocess.run([run, "python3", "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True, env=env)
+  user = os.path.dirname(_venv(tmp_path / "user-venv"))
+  assert where(user).stdout.strip() == str(tmp_path / "user-venv")  # the active venv: installed into, run from
+  if not MANAGED: pytest.skip("no externally managed python3 in /usr/bin here")
+  r = where("/usr/bin")  # Debian's python3 (PEP 668): the checkout's .venv, which does not exist yet
+  assert r.returncode == 1 and "run bash scripts/setup.sh first" in r.stderr
+  subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(tmp_path / ".venv")], check=True)
+  assert where("/usr/bin").stdout.strip() == str(tmp_path / ".venv")
+
+
+# ---------------------------------------------------------------- the wheelhouse, for real
+
+#: what `plugrt devices --json` shows installed for each extra (the core's PYTHON always)
+EXTRA_DEVICES = {"cpu": {"CPU"}, "cl": {"CL"}, "cuda": {"CUDA"}, "nv": {"NV", "CUDA"}, "webgpu": {"WEBGPU"}, "dawn": {"WEBGPU"},
+                 "all": {"CPU", "CL", "CUDA", "NV", "WEBGPU"}}
+
+
+def _venv(path) -> str:
+  subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+  return str(path / "bin" / "python")
+
+
+def _env() -> dict[str, str]:  # the venv's own packages only
+  return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PLUGRT_PLUGINS", "PLUGRT_DISABLE", "PLUGRT_EXTRA_PLUGINS")}
+
+
+def _pip(python: str, *args: str) -> None:
+  r = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--disable-pip-version-check", *args],
+                     capture_output=True, text=True, env=_env())
+  assert r.returncode == 0, r.stderr[-3000:]
+
+
+def _devices(python: str) -> dict:
+  r = subprocess.run([python, "-m", "plugrt", "devices", "--json"], capture_output=True, text=True, env=_env(), cwd="/")
+  assert r.returncode == 0, r.stderr
+  return {b["device"]: b for b in json.loads(r.stdout)["backends"]}
+
+
+def _installed(rows: dict) -> set[str]: return {d for d, b in rows.items() if b["reason"] != "not installed" and d != "PYTHON"}
+
+
+@pytest.mark.slow
+def test_wheelhouse_installs_every_extra_and_hints_work(tmp_path):
+  r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "wheelhouse.sh")], capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr[-3000:]
+  dist = os.path.join(ROOT, "dist")
+  wheels = {os.path.basename(w).split("-")[0].replace("_", "-") for w in glob.glob(os.path.join(dist, "plugrt*.whl"))}
+  assert wheels == set(DISTRIBUTIONS)
+  def install(extra: str) -> dict:
+    py = _venv(tmp_path / extra)
+    _pip(py, "--find-links", dist, f"plugrt[{extra}]")
+    return _devices(py)
+  with ThreadPoolExecutor(3) as pool: found = dict(zip(EXTRA_DEVICES, pool.map(install, EXTRA_DEVICES)))  # pip waits on the network
+  for extra, rows in found.items():
+    assert _installed(rows) == EXTRA_DEVICES[extra], (extra, {d: b["reason"] for d, b in rows.items()})
+    assert rows["PYTHON"]["available"]
+    if extra == "webgpu": assert rows["WEBGPU"]["available"], rows["WEBGPU"]  # its engine came along
+  # the hint of a missing backend is a command that installs it: plugrt's wheel installed by path, and from the checkout
+  left = ["core/build", "core/plugrt.egg-info", "plugins/ops_cpu/build", "plugins/ops_cpu/plugrt_cpu.egg-info"]  # by in-tree builds
+  made = [p for p in (os.path.join(ROOT, f) for f in left) if not os.path.exists(p)]
+  try:
+    for how, core in (("wheel", glob.glob(os.path.join(dist, "plugrt-0.1.0-*.whl"))[0]), ("checkout", os.path.join(ROOT, "core"))):
+      py = _venv(tmp_path / how)
+      _pip(py, core)
+      hint = _devices(py)["CPU"]["hint"]
+      where = f"--find-links {dist} " if how == "wheel" else os.path.join(ROOT, "plugins", "ops_cpu")
+      assert hint.startswith("pip install ") and where in hint, hint
+      _pip(py, *hint.split()[2:])
+      assert "CPU" in _installed(_devices(py)), how
+  finally:
+    for p in made: shutil.rmtree(p, ignore_errors=True)  # what the in-tree builds left in the checkout
