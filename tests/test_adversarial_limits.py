@@ -269,11 +269,13 @@ def test_float_scalars_out_of_range_round_to_inf_everywhere(target, dtype):
 @pytest.mark.parametrize("cc", [shutil.which("false") or "/bin/false", shutil.which("true") or "/bin/true"])
 def test_broken_c_compiler_is_a_toolchain_problem(monkeypatch, cc):
   from plugrt_cpu.clang import ClangCompiler
+  usual_cc = os.environ.get("CC")  # the compiler CPU:CLANG found (a machine may name it by CC, with no clang on PATH)
   monkeypatch.setenv("CC", cc)
   comp = ClangCompiler(Device["CPU"].info)
   with pytest.raises(CompileError) as info: comp.compile_uncached(comp.render(saxpy()))
   msg = str(info.value)
   assert f"CC={cc}" in msg and "toolchain" in msg and "renderer bug" not in msg
-  monkeypatch.delenv("CC")
+  if usual_cc is None: monkeypatch.delenv("CC")
+  else: monkeypatch.setenv("CC", usual_cc)
   comp = ClangCompiler(Device["CPU"].info)
   with pytest.raises(CompileError, match="renderer bug"): comp.compile_uncached("void f(void) { int x = ; }")  # a real source error
