@@ -667,12 +667,13 @@ def test_import_is_cheap(fake_plugins):
 
 
 def test_discovery_leaves_out_the_slow_stdlib(fake_plugins):
-  """Discovery's own budget: no dataclasses (exec per method), shutil (zlib, bz2, lzma), threading,
-  importlib.metadata or ctypes, in a process that has not imported them before."""
+  """Discovery's own budget: no dataclasses (exec per method), shutil (zlib, bz2, lzma), importlib.metadata or ctypes,
+  in a process that has not imported them before. (threading is imported on purpose before the plugin worker starts:
+  see test_a_plugin_importing_threading_on_the_worker_lets_the_process_exit.)"""
   fake_plugins.backend("CHEAP", priority=20)
   r = fake_plugins.run_python("""
     import sys
-    slow = ("dataclasses", "shutil", "threading", "importlib.metadata", "ctypes")
+    slow = ("dataclasses", "shutil", "importlib.metadata", "ctypes")
     before = [m for m in slow if m in sys.modules]
     import plugrt
     plugrt.Device.available()
@@ -680,6 +681,29 @@ def test_discovery_leaves_out_the_slow_stdlib(fake_plugins):
   """)
   assert r.returncode == 0, r.stderr
   assert r.stdout.strip() == "[]"
+
+
+def test_a_plugin_importing_threading_on_the_worker_lets_the_process_exit(fake_plugins):
+  """Plugin code runs on a worker thread. Were threading first imported there (a plugin's import of wgpu), threading would
+  take the worker for the main thread, and the interpreter's exit would wait forever on a non-daemon thread the plugin
+  started (wgpu's poller hung `plugrt devices --json` in a fresh venv)."""
+  import subprocess
+  fake_plugins.backend("THREADY", priority=20, extra='''
+import threading as _threading
+_stop = _threading.Event()
+_threading.Thread(target=_stop.wait, name="poller").start()  # a non-daemon thread, stopped at exit as wgpu stops its own
+import atexit as _atexit
+_atexit.register(_stop.set)
+''')
+  try: r = fake_plugins.run_python("""
+    import sys
+    sys.modules.pop("threading", None)  # as in a process that has not imported it yet (here a .pth may have)
+    import plugrt
+    plugrt.Device.available()
+    print("done")
+  """)
+  except subprocess.TimeoutExpired: raise AssertionError("the process did not exit: threading took the plugin worker for the main thread") from None
+  assert r.returncode == 0 and r.stdout.strip() == "done", r.stderr
 
 
 def test_pluggy_registers_only_the_hook_functions():

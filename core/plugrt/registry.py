@@ -695,6 +695,9 @@ class _Runner:
 
   def _worker(self) -> tuple[Any, list, int]:
     if self._inbox is None or self._pid != os.getpid():  # none yet, its worker overran, or this is a forked child (no worker)
+      # threading takes the thread that first imports it for the main thread: were that the worker (a plugin importing
+      # wgpu, say), the interpreter's exit would wait forever on the plugin's threads. So it is imported here, first.
+      import threading  # noqa: F401
       inbox, slot = allocate_lock(), [None]
       inbox.acquire()
       self._ident = start_new_thread(_serve, (inbox, slot))
