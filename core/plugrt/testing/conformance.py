@@ -59,6 +59,9 @@ class ConformanceSuite:
   #: True when the device's compiler may reassociate float additions (WGSL's fast math): the chain cases leave out
   #: the chains reassociation folds ((a+b)-a), and still check every other chain's per-op rounding
   reassociates_floats: bool = False
+  #: True when the device's compiler may fuse a multiply and an add into one fma (SPIR-V and WGSL compilers do, unless
+  #: told not to): the chain cases leave out the multiply-then-add chains, and still check every other chain's rounding
+  contracts_floats: bool = False
 
   @pytest.fixture
   def dev(self, compiler: str) -> RuntimeDevice:
@@ -190,7 +193,7 @@ class ConformanceSuite:
   def test_chains(self, dev: RuntimeDevice, compiler: str, dt: DType) -> None:
     """Ops feeding ops: each intermediate result is rounded (wrapped) to dt, as the IR defines, not kept wider."""
     self.skip_dtype(dt)
-    self.run(dev, K.chain_case(dt, reassociates=self.reassociates_floats), compiler)
+    self.run(dev, K.chain_case(dt, reassociates=self.reassociates_floats, contracts=self.contracts_floats), compiler)
 
   @pytest.mark.parametrize("dt", ALL, ids=lambda d: d.name)
   def test_casts(self, dev: RuntimeDevice, compiler: str, dt: DType) -> None:

@@ -178,9 +178,10 @@ def ops_case(dt: DType, n: int = 64, seed: int = 0) -> Case:
 #: chains of ops whose intermediate results must be brought back into the dtype after every op (rounded for floats,
 #: wrapped for integers): (name, the chain over the operand values a, b, c, s). Only the last op of a chain may be
 #: approximate (DIV), so the chain's result is allowed exactly that op's ulps.
-_FLOAT_CHAINS = (("(a*b)+c", lambda a, b, c, s: a * b + c), ("(a*b)*c", lambda a, b, c, s: (a * b) * c),
-                 ("((a-b)*c)+b", lambda a, b, c, s: (a - b) * c + b), ("(a+b)+c", lambda a, b, c, s: (a + b) + c),
+_FLOAT_CHAINS = (("(a*b)*c", lambda a, b, c, s: (a * b) * c), ("(a+b)+c", lambda a, b, c, s: (a + b) + c),
                  ("(a*b)/c", lambda a, b, c, s: (a * b) / c))
+#: chains that a compiler allowed to contract a multiply and an add (an fma, rounded once) computes differently
+_CONTRACTIBLE_CHAINS = (("(a*b)+c", lambda a, b, c, s: a * b + c), ("((a-b)*c)+b", lambda a, b, c, s: (a - b) * c + b))
 #: chains that a compiler allowed to reassociate (WGSL's fast math) may fold: (a+b)-a becomes b
 _REASSOCIABLE_CHAINS = (("(a+b)-a", lambda a, b, c, s: (a + b) - a),)
 _INT_CHAINS = (("(a*b)//c", lambda a, b, c, s: (a * b) // c), ("(a+b)%c", lambda a, b, c, s: (a + b) % c),
@@ -188,14 +189,16 @@ _INT_CHAINS = (("(a*b)//c", lambda a, b, c, s: (a * b) // c), ("(a+b)%c", lambda
                ("(a*a)*b", lambda a, b, c, s: (a * a) * b))
 
 
-def chain_case(dt: DType, n: int = 64, seed: int = 7, reassociates: bool = False) -> Case:
+def chain_case(dt: DType, n: int = 64, seed: int = 7, reassociates: bool = False, contracts: bool = False) -> Case:
   """Short chains of ops on dt ((a*b)+c, (a+b)-a, ...), each into its own range of `out`. The IR rounds (floats) or
   wraps (integers) every op's result to its dtype, so a float16/bfloat16 backend that computes in float32 and rounds
   only when it stores, an fma where the IR has a multiply and an add, or an int8 product kept in a 32-bit register
   before a division, gets a different result. Inputs are chosen so that those intermediates need rounding (or wrap).
-  reassociates: leave out the chains that a compiler allowed to reassociate float additions may fold."""
+  reassociates: leave out the chains that a compiler allowed to reassociate float additions may fold; contracts: the
+  chains that one allowed to fuse a multiply and an add computes with a single rounding."""
   rng = np.random.default_rng(seed)
-  chains = _INT_CHAINS if dt.kind != "f" else _FLOAT_CHAINS if reassociates else _FLOAT_CHAINS + _REASSOCIABLE_CHAINS
+  chains = _INT_CHAINS if dt.kind != "f" else \
+    _FLOAT_CHAINS + (() if contracts else _CONTRACTIBLE_CHAINS) + (() if reassociates else _REASSOCIABLE_CHAINS)
   b = KernelBuilder(f"chains_{dt.name}")
   out = b.buffer("out", dt)
   xa, xb, xc, xs = (b.buffer(nm, dt) for nm in ("a", "b", "c", "s"))
