@@ -39,6 +39,7 @@ scalar count): the compiled "binary" of a WGSL kernel is this text.
 """
 from __future__ import annotations
 
+import copy
 import math
 import re
 import struct
@@ -327,6 +328,11 @@ class WGSLRenderer:
 
   # ------------------------------------------------------------ rendering
   def render(self, kernel: Kernel) -> str:
+    """The WGSL source of `kernel`. A render keeps per-kernel state (helpers, private arrays, buffer indices) on a copy
+    of this renderer, so threads sharing it (one compiler per device) render at once without mixing kernels."""
+    return copy.copy(self)._render(kernel)
+
+  def _render(self, kernel: Kernel) -> str:
     self.check(kernel)
     self._helpers, self._private = set(), []
     sig = kernel.signature
