@@ -121,13 +121,32 @@ def test_webgpu_uploads_keep_staging_bounded(engine):
     eng, n = dev.info.iface_object, 4 << 20
     buf, data = Buffer(dev, n // 4, dtypes.float32), np.arange(n // 4, dtype=np.float32)
     def rss() -> int: return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    buf.copyin(data); dev.synchronize()
-    before = rss()
-    for i in range(8 * STAGING_BOUND // n):
-      data[0] = i
-      buf.copyin(data)
-      assert eng.staged_bytes < STAGING_BOUND
-    assert rss() - before < 2.5 * STAGING_BOUND, f"{(rss() - before) >> 20} MiB more after {8 * STAGING_BOUND >> 20} MiB of uploads"
+    def upload(nbytes: int, first: int) -> None:
+      for i in range(first, first + nbytes // n):
+        data[0] = i
+        buf.copyin(data)
+        assert eng.staged_bytes < STAGING_BOUND
+    # an engine's staging may settle at a size of its own (Dawn over NVIDIA's driver keeps ~190 MiB of ring): what must
+    # not happen is growth with every upload, so the second run of uploads, after the first, adds less than the bound
+    upload(4 * STAGING_BOUND, 0)
+    settled = rss()
+    upload(8 * STAGING_BOUND, 4 * STAGING_BOUND // n)
+    assert rss() - settled < STAGING_BOUND, f"{(rss() - settled) >> 20} MiB more after {8 * STAGING_BOUND >> 20} MiB more uploads"
     dev.synchronize()
-    assert eng.staged_bytes == 0 and buf.numpy()[0] == 8 * STAGING_BOUND // n - 1
+    assert eng.staged_bytes == 0 and buf.numpy()[0] == 12 * STAGING_BOUND // n - 1
   finally: reg.close()
+
+
+def test_rendering_from_threads(target):
+  """Renderers are shared by every thread using a device's compiler: rendering different kernels at once gives each
+  the source it gets alone (WGSL kept its per-kernel state on the renderer: the 16-core GPU machine mixed kernels)."""
+  from plugrt.testing.kernels import chain_case, ops_case
+  comp = Device[target].compiler
+  kernels = [ops_case(dt).kernel for dt in (dtypes.float32, dtypes.int32, dtypes.uint8)] + [chain_case(dtypes.float32).kernel]
+  alone = [comp.render(k) for k in kernels]
+  got: list[list[str]] = [[] for _ in range(NTHREADS)]
+  def work(t: int) -> None:
+    for i in range(12): got[t].append(comp.render(kernels[(t + i) % len(kernels)]))
+  run_threads(work)
+  for t in range(NTHREADS):
+    assert got[t] == [alone[(t + i) % len(kernels)] for i in range(12)], f"thread {t} rendered a mix of kernels"
