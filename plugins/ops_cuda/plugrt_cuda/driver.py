@@ -38,11 +38,11 @@ _cuda: Any = None
 def libcuda() -> Any:
   """The driver library, loaded once; None when it is not installed."""
   global _cuda
-  if _cuda is None:
-    try: _cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError: _cuda = False
-    else:
-      _cuda.cuGetErrorName.argtypes = _cuda.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+  if _cuda is None:  # set once complete: another thread never sees a half-made library (two may both load it: harmless)
+    try: lib = ctypes.CDLL("libcuda.so.1")
+    except OSError: lib = False
+    else: lib.cuGetErrorName.argtypes = lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    _cuda = lib
   return _cuda or None
 
 
@@ -93,8 +93,8 @@ def nvrtc_candidates() -> list[str]:
 
 def libnvrtc() -> Any:
   global _nvrtc
-  if _nvrtc is None:
-    _nvrtc = False
+  if _nvrtc is None:  # set once complete: a thread that came second saw the loading one's False, "not installed"
+    found: Any = False
     for path in nvrtc_candidates():
       try: lib = ctypes.CDLL(path)
       except OSError: continue
@@ -107,8 +107,9 @@ def libnvrtc() -> Any:
       for f in ("nvrtcGetProgramLog", "nvrtcGetCUBIN", "nvrtcGetPTX"): getattr(lib, f).argtypes = [ctypes.c_void_p, ctypes.c_char_p]
       lib.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
       lib.path = path
-      _nvrtc = lib
+      found = lib
       break
+    _nvrtc = found
   return _nvrtc or None
 
 
