@@ -176,14 +176,13 @@ def ops_case(dt: DType, n: int = 64, seed: int = 0) -> Case:
 
 
 #: chains of ops whose intermediate results must be brought back into the dtype after every op (rounded for floats,
-#: wrapped for integers): (name, the chain over the operand values a, b, c, s). Only the last op of a chain may be
-#: approximate (DIV), so the chain's result is allowed exactly that op's ulps.
-_FLOAT_CHAINS = (("(a*b)*c", lambda a, b, c, s: (a * b) * c), ("(a+b)+c", lambda a, b, c, s: (a + b) + c),
-                 ("(a*b)/c", lambda a, b, c, s: (a * b) / c))
-#: chains that a compiler allowed to contract a multiply and an add (an fma, rounded once) computes differently
-_CONTRACTIBLE_CHAINS = (("(a*b)+c", lambda a, b, c, s: a * b + c), ("((a-b)*c)+b", lambda a, b, c, s: (a - b) * c + b))
-#: chains that a compiler allowed to reassociate (WGSL's fast math) may fold: (a+b)-a becomes b
-_REASSOCIABLE_CHAINS = (("(a+b)-a", lambda a, b, c, s: (a + b) - a),)
+#: wrapped for integers): (name, the chain over the operand values a, b, c, s, what a fast-math compiler may do to it).
+#: Only the last op of a chain may be approximate (DIV), so the chain's result is allowed exactly that op's ulps.
+#: "contracts": a compiler allowed to fuse a multiply and an add (one fma, rounded once) computes it differently;
+#: "reassociates": one allowed to reassociate float additions may fold it ((a+b)-a becomes b).
+_FLOAT_CHAINS = (("(a*b)+c", lambda a, b, c, s: a * b + c, "contracts"), ("(a*b)*c", lambda a, b, c, s: (a * b) * c, ""),
+                 ("((a-b)*c)+b", lambda a, b, c, s: (a - b) * c + b, "contracts"), ("(a+b)+c", lambda a, b, c, s: (a + b) + c, ""),
+                 ("(a*b)/c", lambda a, b, c, s: (a * b) / c, ""), ("(a+b)-a", lambda a, b, c, s: (a + b) - a, "reassociates"))
 _INT_CHAINS = (("(a*b)//c", lambda a, b, c, s: (a * b) // c), ("(a+b)%c", lambda a, b, c, s: (a + b) % c),
                ("((a*b)+a)>>s", lambda a, b, c, s: ((a * b) + a) >> s), ("(a-b)*c", lambda a, b, c, s: (a - b) * c),
                ("(a*a)*b", lambda a, b, c, s: (a * a) * b))
@@ -197,8 +196,9 @@ def chain_case(dt: DType, n: int = 64, seed: int = 7, reassociates: bool = False
   reassociates: leave out the chains that a compiler allowed to reassociate float additions may fold; contracts: the
   chains that one allowed to fuse a multiply and an add computes with a single rounding."""
   rng = np.random.default_rng(seed)
-  chains = _INT_CHAINS if dt.kind != "f" else \
-    _FLOAT_CHAINS + (() if contracts else _CONTRACTIBLE_CHAINS) + (() if reassociates else _REASSOCIABLE_CHAINS)
+  skip = {"contracts"} if contracts else set()
+  if reassociates: skip.add("reassociates")
+  chains = _INT_CHAINS if dt.kind != "f" else tuple((name, fn) for name, fn, may in _FLOAT_CHAINS if may not in skip)
   b = KernelBuilder(f"chains_{dt.name}")
   out = b.buffer("out", dt)
   xa, xb, xc, xs = (b.buffer(nm, dt) for nm in ("a", "b", "c", "s"))
