@@ -149,3 +149,9 @@ def test_a_failing_bench_keeps_stdout_json_and_exits_1(monkeypatch, capsys):
   out, err = capsys.readouterr()
   assert list(json.loads(out, parse_constant=_refuse)) == ["PYTHON:PY"]
   assert "plugrt: bench of CPU:CLANG failed: the compiler crashed" in err
+
+
+def test_a_mistyped_command_gets_a_did_you_mean(capsys):
+  from plugrt.cli import main
+  with pytest.raises(SystemExit) as info: main(["devicez"])
+  assert info.value.code == 2 and "unknown command 'devicez' (did you mean devices?)" in capsys.readouterr().err

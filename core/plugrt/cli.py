@@ -339,6 +339,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   b.add_argument("--json", action="store_true", help="machine-readable output")
   b.set_defaults(fn=cmd_bench)
   _add_cache_command(sub)
+  words = list(sys.argv[1:] if argv is None else argv)
+  if words and not words[0].startswith("-") and words[0] not in sub.choices:  # argparse (before 3.12) names no close match
+    from plugrt.errors import did_you_mean
+    p.error(f"unknown command {words[0]!r}{did_you_mean(words[0], sub.choices)}; commands: {', '.join(sub.choices)}")
   args = p.parse_args(argv)
   if args.cmd is None:  # as argparse answers a missing argument: the usage, on stderr, exit 2 (here with the commands listed)
     p.print_help(sys.stderr)
