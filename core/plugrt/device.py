@@ -11,28 +11,14 @@ import math
 from _thread import allocate_lock  # threading's locks, without importing threading (~1 ms of discovery)
 from typing import TYPE_CHECKING, Any
 
+from plugrt.context import DeviceInfo, canonicalize
 from plugrt.dtype import DType, dtypes
 from plugrt.errors import UnknownDeviceError
-from plugrt.hookspecs import DeviceInfo
 
 if TYPE_CHECKING:
   from plugrt.ir import Kernel
   from plugrt.registry import BackendRecord, Registry
   from plugrt.runtime import Allocator, Compiler, Program
-
-
-def split_device(device: str) -> tuple[str, int]:
-  """"cuda:1" -> ("CUDA", 1); "CPU" -> ("CPU", 0)."""
-  if not isinstance(device, str): raise TypeError(f"a device is named by a string like 'CPU' or 'CUDA:1', not {type(device).__name__}")
-  name, sep, idx = device.strip().partition(":")
-  if not name or (sep and not idx.isdigit()):
-    raise UnknownDeviceError(f"{device!r} is not a device name", "write NAME or NAME:INDEX, e.g. 'CUDA:1'; pick compilers with DEV=CPU:LLVM")
-  return name.upper(), int(idx) if sep else 0
-
-
-def canonicalize(device: str) -> str:
-  name, index = split_device(device)
-  return name if index == 0 else f"{name}:{index}"
 
 
 class RuntimeDevice:

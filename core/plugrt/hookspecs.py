@@ -38,11 +38,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 import pluggy
 
+from plugrt.context import DeviceInfo, PluginContext
 from plugrt.errors import Reason
 
 if TYPE_CHECKING:
   from plugrt.ir import Signature
   from plugrt.runtime import Allocator, Compiler, DeviceState, Program
+
+__all__ = ["DeviceInfo", "PluginContext"]  # re-exported: they live in the leaf module plugrt.context
 
 PROJECT = "plugrt"
 #: The plugin API this core implements. A backend declaring another major version is
@@ -115,26 +118,6 @@ class BackendSpec(NamedTuple):
   aliases: tuple[Alias, ...] = ()
   interfaces: tuple[InterfaceSpec, ...] = ()   # interfaces this package ships itself
   description: str = ""
-
-
-class DeviceInfo:
-  """The device being opened, as the hooks see it."""
-
-  def __init__(self, name: str, index: int, compiler: str, interface: Optional[str] = None, arch: str = "",
-               iface_object: Any = None, state: Optional[DeviceState] = None):
-    self.name = name                  # "CUDA"
-    self.index = index                # 1 for "CUDA:1"
-    self.compiler = compiler          # the compiler chosen for it
-    self.interface = interface        # the interface chosen for it, if the backend has any
-    self.arch = arch                  # a target architecture the user asked for (DEV=AMD:LLVM:gfx1100), else ""
-    self.iface_object = iface_object  # what plugrt_open_interface returned
-    self.state = state                # what plugrt_open_device returned
-
-  def __repr__(self) -> str:
-    return f"DeviceInfo({self.canonical!r}, compiler={self.compiler!r}, interface={self.interface!r}, arch={self.arch!r})"
-
-  @property
-  def canonical(self) -> str: return self.name if self.index == 0 else f"{self.name}:{self.index}"
 
 
 #: Loads a compiled binary as a Program on an opened device: factory(device, name, binary, signature).

@@ -1,7 +1,10 @@
 """Helpers for backends' probes, which must stay cheap: they run at discovery, in every process.
 
 `which` is shutil.which without importing shutil, which brings zlib, bz2 and lzma along (~3 ms of
-`import plugrt`, and a probe needs none of them). `install_hint` says how to install a missing plugrt
+`import plugrt`, and a probe needs none of them). `library_dirs`, `find_library`, `has_module` and `device_nodes`
+are the looks at the machine that backends share; a plugin reaches the environment-dependent ones through its
+plugrt.context.PluginContext (``ctx.which``, ``ctx.find_library``) so that ``Registry(env=...)`` governs them.
+`install_hint` says how to install a missing plugrt
 distribution the way plugrt itself was installed.
 """
 from __future__ import annotations
@@ -9,13 +12,60 @@ from __future__ import annotations
 import os
 
 
-def which(program: str) -> str | None:
-  """The path of `program` as the shell would run it (a path is checked as given, a name searched on PATH), or None."""
-  def runnable(path: str) -> bool: return os.path.isfile(path) and os.access(path, os.X_OK)
+def which(program: str, path: str | None = None) -> str | None:
+  """The path of `program` as the shell would run it (a path is checked as given, a name searched on `path`,
+  default the process's PATH; plugins pass their context's: ``ctx.which``), or None."""
+  def runnable(p: str) -> bool: return os.path.isfile(p) and os.access(p, os.X_OK)
   if os.path.dirname(program): return program if runnable(program) else None
-  for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+  for d in (os.environ.get("PATH", os.defpath) if path is None else path).split(os.pathsep):
     if d and runnable(candidate := os.path.join(d, program)): return candidate
   return None
+
+
+#: where shared libraries usually live when the dynamic loader is not told otherwise (ld.so.conf may add more)
+SYSTEM_LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib/aarch64-linux-gnu",
+                       "/usr/lib64", "/lib64", "/usr/lib", "/lib", "/usr/local/lib")
+
+
+def library_dirs(first: list[str] | tuple[str, ...] = (), *extra: str) -> list[str]:
+  """Folders to look for a shared library in, in the loader's order: `first` (LD_LIBRARY_PATH), `extra`, the system's."""
+  out: list[str] = []
+  for d in (*first, *extra, *SYSTEM_LIBRARY_DIRS):
+    if d and d not in out: out.append(d)
+  return out
+
+
+def find_library(*patterns: str, dirs: list[str] | tuple[str, ...] | None = None) -> str | None:
+  """The first existing file matching one of `patterns` ("libOpenCL.so.1", or a glob like "libcuda.so*"), looked for
+  folder by folder in `dirs` (default: library_dirs() with no LD_LIBRARY_PATH), or None. A pattern with a folder
+  in it is checked as given."""
+  import glob
+  for pat in patterns:
+    if os.path.dirname(pat) and (hits := sorted(glob.glob(pat))): return hits[0]
+  for d in library_dirs() if dirs is None else dirs:
+    for pat in patterns:
+      if os.path.dirname(pat): continue
+      if not glob.has_magic(pat):
+        if os.path.exists(p := os.path.join(d, pat)): return p
+      elif hits := sorted(glob.glob(os.path.join(glob.escape(d), pat))): return hits[0]
+  return None
+
+
+def has_module(name: str) -> bool:
+  """Whether `name` can be imported, found without importing it (a broken parent package counts as missing)."""
+  import importlib.util
+  try: return importlib.util.find_spec(name) is not None
+  except (ImportError, ValueError): return False
+
+
+def device_nodes(prefix: str) -> list[str]:
+  """The numbered nodes of a driver, sorted by number: device_nodes("/dev/nvidia") -> ["/dev/nvidia0", ...]
+  (/dev/nvidiactl and /dev/nvidia-uvm are not numbered, so not listed)."""
+  folder, stem = os.path.split(prefix)
+  try: names = os.listdir(folder or ".")
+  except OSError: return []
+  found = [n for n in names if n.startswith(stem) and n[len(stem):].isdigit()]
+  return [os.path.join(folder, n) for n in sorted(found, key=lambda n: int(n[len(stem):]))]
 
 
 #: The distributions this repository ships, and each one's folder in a checkout. No index has them yet:

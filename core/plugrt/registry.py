@@ -437,7 +437,7 @@ class Registry:
   def alias_target(self, device: str) -> Target | None:
     """The target an older device name stands for (CLANG -> CPU:CLANG, GPU -> CL), as its backend declares
     it (or, for a backend not installed, as plugrt knows it); None for any other name."""
-    from plugrt.device import split_device
+    from plugrt.context import split_device
     name = split_device(device)[0]
     if name in self.load().backends and self.backends[name].spec is not None: return None  # a backend's own name wins
     for br in self.backends.values():
@@ -451,7 +451,7 @@ class Registry:
     An older name opens what it stands for: Device["GPU"] is Device["CL"]; Device["CLANG"] and Device["LLVM"]
     are Device["CPU"] when CPU's compiler already is that one, else CPU opened with it as a device of its
     own, canonically named as written ("LLVM"), so that Device[t.device] gives it back."""
-    from plugrt.device import split_device
+    from plugrt.context import split_device
     name, index = split_device(device)
     key = name if index == 0 else f"{name}:{index}"
     if (dev := self._devices.get(key)) is not None: return dev
