@@ -64,7 +64,7 @@ _api.PyCapsule_SetName.restype, _api.PyCapsule_SetName.argtypes = ctypes.c_int, 
 _api.PyCapsule_IsValid.restype, _api.PyCapsule_IsValid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
 # The capsule destructor runs while the capsule is being destroyed, often while the consumer's own exception is
 # pending (numpy refusing a GPU tensor). CPython rejects a Python callback returning in that state and the
-# consumer's error is lost, so the destructor is machine code (plugrt._native): if the capsule still carries one
+# consumer's error is lost, so the destructor is machine code (plugrt.machinecode): if the capsule still carries one
 # of our names (it was never consumed; PyCapsule_New keeps the pointer it is given), it appends the capsule's
 # pointer to a ring that Python drains on the next DLPack call. Without it (not x86-64) capsules get no
 # destructor, and one that is never consumed keeps its tensor alive until the process ends.
@@ -75,22 +75,22 @@ _drained = 0
 
 
 def _make_destructor() -> int | None:
-  from plugrt import _native
+  from plugrt import machinecode
   name = lambda b: ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value or 0
-  second = bytes.fromhex("48ba") + _native.imm64(name(_NAME_V)) + bytes.fromhex("4839d0")  # mov rdx, _NAME_V; cmp rax, rdx
+  second = bytes.fromhex("48ba") + machinecode.imm64(name(_NAME_V)) + bytes.fromhex("4839d0")  # mov rdx, _NAME_V; cmp rax, rdx
   found = b"".join([
     bytes.fromhex("488b4710"),                                       # mov rax, [rdi+16]  the capsule's pointer
-    bytes.fromhex("48b9") + _native.imm64(ctypes.addressof(_ring)),  # mov rcx, ring
+    bytes.fromhex("48b9") + machinecode.imm64(ctypes.addressof(_ring)),  # mov rcx, ring
     bytes.fromhex("ba01000000" "f0480fc111"),                       # mov edx, 1; lock xadd [rcx], rdx
     bytes.fromhex("4881e2") + struct.pack("<I", _RING_SLOTS - 1),   # and rdx, slots-1
     bytes.fromhex("488944d108")])                                    # mov [rcx+8+rdx*8], rax
   asm = b"".join([
     bytes.fromhex("488b4718"),                                       # mov rax, [rdi+24]  the capsule's name
-    bytes.fromhex("48ba") + _native.imm64(name(_NAME)) + bytes.fromhex("4839d0"),  # mov rdx, _NAME; cmp rax, rdx
+    bytes.fromhex("48ba") + machinecode.imm64(name(_NAME)) + bytes.fromhex("4839d0"),  # mov rdx, _NAME; cmp rax, rdx
     bytes([0x74, len(second) + 2]),                                  # je found
     second, bytes([0x75, len(found)]),                               # jne done
     found, bytes.fromhex("c3")])                                     # done: ret
-  return _native.code(asm)
+  return machinecode.code(asm)
 
 
 _DESTRUCTOR = _make_destructor()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from plugrt import _native
+from plugrt import machinecode
 
 SLOTS = 12
 
@@ -40,7 +40,7 @@ def make() -> Any:
   """The trampoline as a ctypes function taking the struct's address, or None where it cannot run."""
   global _fn
   if _fn is None:
-    addr = _native.code(_CODE)
+    addr = machinecode.code(_CODE)
     # PYFUNCTYPE keeps the GIL: a launch returns in microseconds, and releasing and taking the GIL
     # back cost more than that (measured on the H200 machine: 4.6 against 6.2 us per raw launch)
     _fn = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(addr) if addr else False

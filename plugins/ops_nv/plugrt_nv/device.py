@@ -90,8 +90,8 @@ class NVState(DeviceState):
       raise UnsupportedError(f"NV:{info.index} is a {fam.name} GPU: plugrt-nv does not know its constant-bank layout yet, so it cannot launch there",
                              "use the CUDA device (plugrt-cuda) on this GPU")
     self.family, self.layout, self.arch = fam, hw.QMD[fam.qmd], iface.arch
-    from plugrt import _native
-    addr = _native.code(FENCE)
+    from plugrt import machinecode
+    addr = machinecode.code(FENCE)
     if addr is None: raise UnsupportedError("NV needs an executable page for its store fence (x86-64, no W^X policy)", "use the CUDA device")
     self._fence = ctypes.CFUNCTYPE(None)(addr)
     self.timeout = _timeout()

@@ -1,4 +1,4 @@
-"""Tiny pieces of x86-64 machine code, for the two places where a Python function cannot be used:
+"""Tiny pieces of x86-64 machine code (public: backends use it), for the places where a Python function cannot be used:
 a call made so often that ctypes' per-argument cost shows (CUDA's launch trampoline), and a C callback
 that may run while another exception is pending (DLPack's capsule destructor: CPython rejects a Python
 callback that returns in that state). Elsewhere `code()` returns None and callers take a slower, safe path.
