@@ -203,7 +203,7 @@ def test_incompatible_api_version(fake_plugins, version, problem):
   assert br.detail.startswith(f"APIDEV is written for plugin API {version!r}, plugrt implements {PLUGIN_API_VERSION[0]}.{PLUGIN_API_VERSION[1]}: "
                               f"{problem}")
   if "MAJOR.MINOR" in problem:  # the message shows the forms plugrt accepts
-    assert br.detail.endswith(': write api_version="1.1" or api_version=plugrt.PLUGIN_API_VERSION'), br.detail
+    assert br.detail.endswith(': write api_version="1.2" or api_version=plugrt.PLUGIN_API_VERSION'), br.detail
   assert br.hint == "install versions of plugrt and plugrt-apidev made for each other"
   assert br.package == "plugrt-apidev" and br.version == "3.1"
   assert fake_plugins.calls(mod) == []  # no factory ran
@@ -627,7 +627,7 @@ def test_no_hook_on_the_launch_path(monkeypatch):
   from plugrt.device import Buffer
   from plugrt.testing.kernels import tiny_kernel
   calls: list[str] = []
-  orig = Registry._call
+  orig = Registry.call_hook
 
   def counting(self, rec, hook, **kw):
     calls.append(hook)
@@ -638,13 +638,13 @@ def test_no_hook_on_the_launch_path(monkeypatch):
       dev = reg.open(name)
       prg = dev.program(tiny_kernel())
       out, x = Buffer(dev, 1), Buffer(dev, 1).copyin(np.array([1.0], np.float32))
-      monkeypatch.setattr(Registry, "_call", counting)
+      monkeypatch.setattr(Registry, "call_hook", counting)
       for _ in range(1000): prg(out, x)
       dev.synchronize()
       assert calls == [], name
       assert float(out.numpy()[0]) == 2.0
-      monkeypatch.setattr(Registry, "_call", orig)
-    monkeypatch.setattr(Registry, "_call", counting)
+      monkeypatch.setattr(Registry, "call_hook", orig)
+    monkeypatch.setattr(Registry, "call_hook", counting)
     reg.open("PYTHON:0")  # cached: no hook either
     assert calls == []
   with isolated(["plugrt.reference"]) as reg:

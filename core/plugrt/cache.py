@@ -33,7 +33,7 @@ import os
 import stat
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
 from plugrt.errors import EnvError
@@ -62,21 +62,23 @@ def cache_key(*parts: str | bytes) -> str:
   return h.hexdigest()
 
 
-def cache_enabled() -> bool:
-  v = os.environ.get("PLUGRT_CACHE", "1")
+def cache_enabled(env: Mapping[str, str] | None = None) -> bool:
+  """PLUGRT_CACHE of `env` (a device's context.env; default the process environment)."""
+  v = (os.environ if env is None else env).get("PLUGRT_CACHE", "1")
   if v not in ("0", "1", ""): raise EnvError(f"PLUGRT_CACHE={v!r} is not 0 or 1", "set PLUGRT_CACHE=0 to turn the cache off, 1 (or unset) to use it")
   return v != "0"
 
 
-def cache_dir() -> str:
-  if d := os.environ.get("PLUGRT_CACHE_DIR"): return os.path.abspath(os.path.expanduser(d))
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+def cache_dir(env: Mapping[str, str] | None = None) -> str:
+  env = os.environ if env is None else env
+  if d := env.get("PLUGRT_CACHE_DIR"): return os.path.abspath(os.path.expanduser(d))
+  base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
   return os.path.join(base, "plugrt")
 
 
-def cache_max_bytes() -> int:
+def cache_max_bytes(env: Mapping[str, str] | None = None) -> int:
   """PLUGRT_CACHE_MAX_MB in bytes: the size past which least recently used entries are evicted."""
-  v = os.environ.get("PLUGRT_CACHE_MAX_MB", "")
+  v = (os.environ if env is None else env).get("PLUGRT_CACHE_MAX_MB", "")
   if not v: return DEFAULT_MAX_MB << 20
   try: mb = int(v)
   except ValueError:
@@ -164,9 +166,10 @@ def _unpack(data: bytes, key: str) -> tuple[bytes | None, str | None]:
 class DiskCache:
   """One namespace (a compiler) of the cache."""
 
-  def __init__(self, namespace: str, root: str | None = None):
+  def __init__(self, namespace: str, root: str | None = None, env: Mapping[str, str] | None = None):
+    """`root` (default: PLUGRT_CACHE_DIR of `env`), `env`: where the settings are read (a device's context.env)."""
     if not _valid_namespace(namespace): raise ValueError(f"bad cache namespace {namespace!r}")
-    self.namespace, self.root = namespace, root
+    self.namespace, self.root, self.env = namespace, root, env
     self._dir: str | None = None
     self._root = ""
     self._checked: set[str] = set()  # directories found ours and closed to others (nobody else can change that)
@@ -175,8 +178,8 @@ class DiskCache:
   def _base(self) -> str | None:
     """The namespace's directory, or None when the cache root cannot be trusted."""
     if self._dir is None:
-      root = self.root or cache_dir()
-      cache_max_bytes()  # a bad PLUGRT_CACHE_MAX_MB fails the first compile, not only the first miss
+      root = self.root or cache_dir(self.env)
+      cache_max_bytes(self.env)  # a bad PLUGRT_CACHE_MAX_MB fails the first compile, not only the first miss
       self._root = root
       self._dir = os.path.join(root, self.namespace) if open_root(root) else ""
     return self._dir or None
@@ -242,7 +245,7 @@ class DiskCache:
   def put(self, key: str, payload: bytes) -> None:
     if not (base := self._base()) or not _valid_key(key): return
     entry = _pack(key, payload)
-    if len(entry) > min(MAX_ENTRY, cache_max_bytes()): return  # more than the cache may hold: not kept
+    if len(entry) > min(MAX_ENTRY, cache_max_bytes(self.env)): return  # more than the cache may hold: not kept
     shard = os.path.join(base, key[:2])
     import tempfile
     for _ in range(2):
@@ -276,7 +279,7 @@ class DiskCache:
       fcntl.flock(fd, fcntl.LOCK_EX)  # one writer of the total at a time; released by close
       try: total: int | None = int(os.pread(fd, 32, 0)) + nbytes
       except ValueError: total = None  # new or unreadable: count once
-      cap = cache_max_bytes()
+      cap = cache_max_bytes(self.env)
       if total is None or total > cap: total = evict_to(self._root, cap * 7 // 8 if total is not None else cap)
       os.ftruncate(fd, 0)
       os.pwrite(fd, str(total).encode(), 0)

@@ -245,18 +245,13 @@ def bench_target(name: str, compiler: str, quick: bool = False) -> dict[str, flo
     times.append(time.perf_counter() - t)
   res["compile_ms"] = statistics.median(times) * 1e3
   with tempfile.TemporaryDirectory() as d:
-    old = os.environ.get("PLUGRT_CACHE_DIR")
-    os.environ["PLUGRT_CACHE_DIR"] = d
+    from plugrt.cache import DiskCache
+    disk, comp._disk = comp._disk, DiskCache(comp.cache_namespace, root=d, env=getattr(comp, "_env", None)) if comp.cache_namespace else None
     try:
-      from plugrt.cache import DiskCache
-      comp._disk = DiskCache(comp.cache_namespace) if comp.cache_namespace else None
       src = comp.render(tiny_kernel(f"cached_{stamp}"))
       comp.compile(src)
       res["cache_hit_ms"] = _median_us(lambda: comp.compile(src), 20 if quick else 200) / 1e3 if comp._disk else float("nan")
-    finally:
-      if old is None: os.environ.pop("PLUGRT_CACHE_DIR", None)
-      else: os.environ["PLUGRT_CACHE_DIR"] = old
-      comp._disk = DiskCache(comp.cache_namespace) if comp.cache_namespace else None
+    finally: comp._disk = disk
   size = (1 << 20) if name == "PYTHON" or quick else (64 << 20)
   host = np.ones(size, dtype=np.uint8)
   buf = Buffer(dev, size, "uint8")

@@ -11,7 +11,7 @@ This module is a leaf: it imports only the standard library and plugrt.errors / 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 from plugrt import probing
@@ -29,14 +29,14 @@ class PluginContext:
 
   __slots__ = ("env", "_targets")
 
-  def __init__(self, env: Mapping[str, str], targets: Iterable[Target] = ()):
+  def __init__(self, env: Mapping[str, str], targets: Iterable[Target] | Callable[[], Iterable[Target]] = ()):
     self.env: Mapping[str, str] = env  # the registry's environment: read it, never os.environ
-    self._targets = tuple(targets)
+    self._targets = targets  # a callable: the registry's selection, parsed when first asked (a bad DEV raises there)
 
   @classmethod
   def from_process(cls) -> PluginContext:
-    """A context over a snapshot of the process environment (objects built outside a registry)."""
-    return cls(dict(os.environ))
+    """A context over the process environment itself (live: a later change is seen), as the default registry has."""
+    return cls(os.environ)
 
   def __repr__(self) -> str: return f"PluginContext({len(self.env)} variables, targets={[str(t) for t in self._targets]})"
 
@@ -93,13 +93,16 @@ class PluginContext:
   # ------------------------------------------------------------- the user's selection
   @property
   def targets(self) -> tuple[Target, ...]:
-    """What the user asked for (DEV, <DEVICE>=1, aliases), parsed: the first is the default device."""
+    """What the user asked for (DEV, <DEVICE>=1, <DEVICE>_<COMPILER>=1, aliases), parsed: the default device's first.
+    A malformed request raises its EnvError here."""
+    if callable(self._targets): self._targets = self._targets()
+    if not isinstance(self._targets, tuple): self._targets = tuple(self._targets)
     return self._targets
 
   def target(self, device: str) -> Target | None:
     """The user's request for `device` (its compiler, arch, interface), or None when the user named none."""
     device = device.upper()
-    return next((t for t in self._targets if t.device == device), None)
+    return next((t for t in self.targets if t.device == device), None)
 
   # ------------------------------------------------------------- the machine, as this environment sees it
   def which(self, program: str) -> str | None:

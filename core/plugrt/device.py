@@ -111,7 +111,7 @@ class RuntimeDevice:
     """A Graph replaying `launches` (plugrt.runtime.Launch) as one batch, natively where the backend can."""
     from plugrt.runtime import Graph
     if self._graph_factory is None:
-      self._graph_factory = self.registry._call(self.backend.plugin, "plugrt_graph", device=self.info) or Graph
+      self._graph_factory = self.registry.call_hook(self.backend.plugin, "plugrt_graph", device=self.info) or Graph
     return self._graph_factory(self, list(launches))
 
   def synchronize(self) -> None:

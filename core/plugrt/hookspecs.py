@@ -12,12 +12,19 @@ A backend's life, and when each hook runs:
    ``plugrt_backends()`` and ``plugrt_interfaces()``. The declarations they return
    are plain data: names, priorities, compilers, interfaces, probes, and the plugin
    API version the module was written against (checked before anything else runs).
-2. Probing, whenever a device list is wanted: ``BackendSpec.probe()`` and the
+2. Probing, whenever a device list is wanted: ``BackendSpec.probe(ctx)`` and the
    compilers' and interfaces' probes look at the machine cheaply (files, paths,
-   importable modules) and change nothing: no allocation, no driver state.
+   importable modules) and change nothing: no allocation, no driver state. `ctx`
+   is the registry's plugrt.context.PluginContext: its environment (``ctx.env``,
+   validated readers like ``ctx.integer("PLUGRT_X", 4, lo=1)``), the user's
+   selection (``ctx.target("CL")``) and looks at the machine through that
+   environment (``ctx.which``, ``ctx.find_library``). A backend reads settings
+   there and never from os.environ, so ``Registry(env=...)`` governs all of them.
+   (A probe with no parameter, as plugin API 1.0 and 1.1 wrote them, still works.)
 3. Opening, once per device (``Device["CUDA:1"]``): ``plugrt_open_device`` may set
    up shared state (a context, a queue), then ``plugrt_allocator``,
    ``plugrt_program`` and ``plugrt_compiler`` each build their object once.
+   Every hook gets the DeviceInfo; ``device.context`` is the same PluginContext.
 4. Launching: the core calls the objects built in step 3 directly. No hook, no
    registry lookup and no pluggy call sits between a user and a kernel launch.
 
@@ -50,7 +57,7 @@ __all__ = ["DeviceInfo", "PluginContext"]  # re-exported: they live in the leaf 
 PROJECT = "plugrt"
 #: The plugin API this core implements. A backend declaring another major version is
 #: refused; one declaring a newer minor version than this is refused too.
-PLUGIN_API_VERSION = (1, 1)  # 1.1: plugrt_graph
+PLUGIN_API_VERSION = (1, 2)  # 1.1: plugrt_graph; 1.2: probes may take the PluginContext, DeviceInfo.context
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
@@ -75,6 +82,10 @@ class Probe(NamedTuple):
   def missing(reason: Reason, detail: str, hint: str = "", **info: str) -> Probe: return Probe(False, 0, reason, detail, hint, info)
 
 
+#: A probe: ``probe(ctx)`` (plugin API 1.2), or ``probe()`` (1.0, 1.1). plugrt.registry.takes_context tells them apart.
+ProbeFn = Callable[[PluginContext], Probe] | Callable[[], Probe]
+
+
 class CompilerSpec(NamedTuple):
   """A way to turn kernel IR into a binary for the device.
 
@@ -83,7 +94,7 @@ class CompilerSpec(NamedTuple):
   """
   name: str
   description: str = ""
-  probe: Optional[Callable[[], Probe]] = None   # is its toolchain here? None: always
+  probe: Optional[ProbeFn] = None   # is its toolchain here? None: always
 
 
 class InterfaceSpec(NamedTuple):
@@ -96,7 +107,7 @@ class InterfaceSpec(NamedTuple):
   """
   device: str
   name: str
-  probe: Callable[[], Probe]
+  probe: ProbeFn
   auto: bool = True
   description: str = ""
   priority: int = 0   # automatic choice among a device's interfaces: highest first, then declaration order
@@ -112,7 +123,7 @@ class BackendSpec(NamedTuple):
   """One device kind: what ``plugrt_backends`` returns."""
   name: str                                    # upper case: CPU, CUDA, ... (also the <NAME>=1 variable)
   api_version: str | tuple[int, int]           # the plugin API it was written for: "1.1", or (1, 1) (PLUGIN_API_VERSION)
-  probe: Callable[[], Probe]                   # are there devices of this kind here?
+  probe: ProbeFn                               # are there devices of this kind here?
   compilers: tuple[CompilerSpec, ...] = ()     # in order of preference
   priority: int = 0                            # automatic choice: highest first, ties by name
   aliases: tuple[Alias, ...] = ()

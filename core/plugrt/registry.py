@@ -28,8 +28,9 @@ import pluggy
 
 from plugrt import hookspecs
 from plugrt._entrypoints import entry_points, foreign_modules, import_warning, name_warning, value_warning
+from plugrt.context import DeviceInfo, PluginContext
 from plugrt.errors import DeviceUnavailable, EnvError, PluginError, PlugrtError, Reason, UnknownDeviceError, did_you_mean
-from plugrt.hookspecs import PLUGIN_API_VERSION, BackendSpec, DeviceInfo, InterfaceSpec, Probe
+from plugrt.hookspecs import PLUGIN_API_VERSION, BackendSpec, InterfaceSpec, Probe
 from plugrt.probing import install_hint
 from plugrt.selection import BackendFacts, Selection, Target, parse_target, select
 
@@ -168,6 +169,9 @@ class Registry:
     self._devices: dict[str, Any] = {}
     self._default: str | None = None
     self._probe_limit, self._open_limit = DEFAULT_TIMEOUTS[PROBE_TIMEOUT], DEFAULT_TIMEOUTS[OPEN_TIMEOUT]
+    #: what probes and hooks see: the environment given, and nothing of the process's; without one, the process
+    #: environment itself, so a setting read where it is used (PLUGRT_CACHE_DIR at a compile) sees a later change
+    self.context = PluginContext(os.environ if env is None else self.env, lambda: self.selection.targets())
     self.pm = pluggy.PluginManager(hookspecs.PROJECT)
     self.pm.add_hookspecs(hookspecs)
 
@@ -316,7 +320,9 @@ class Registry:
       if impl.plugin is rec.hooks: return impl
     return None
 
-  def _call(self, rec: PluginRecord, hook: str, **kwargs: Any) -> Any:
+  def call_hook(self, rec: PluginRecord, hook: str, **kwargs: Any) -> Any:
+    """Call plugin `rec`'s implementation of `hook` directly (no pluggy dispatch), or return None when it has none.
+    Only for building objects: nothing calls a hook per launch."""
     impl = self._impl(rec, hook)
     if impl is None: return None
     return impl.function(*[kwargs[a] for a in impl.argnames])
@@ -341,7 +347,8 @@ class Registry:
     if key not in self._probes:
       what = " ".join(key[:1] + key[2:]) if key[0] != "backend" else "its probe"  # "compiler LLVM", "iface NVK"
       try:
-        p = self._run(rec, f"running {what}", fn, limit=self._probe_limit) if fn is not None else Probe.found()
+        args = (self.context,) if fn is not None and takes_context(fn) else ()
+        p = self._run(rec, f"running {what}", fn, *args, limit=self._probe_limit) if fn is not None else Probe.found()
         if not isinstance(p, Probe): raise TypeError(f"probe returned {type(p).__name__}, not Probe")
       except _Overran as e:
         return self._stall(rec, f"{what} of {key[1]} {e}", PROBE_TIMEOUT)
@@ -486,7 +493,7 @@ class Registry:
       compiler = compiler or chosen
       iface = self.choose_interface(name)
       arch = self.selection.arch.get(name)
-      info = DeviceInfo(name, index, compiler, iface[0].name if iface else None, arch.arch if arch else "")
+      info = DeviceInfo(name, index, compiler, iface[0].name if iface else None, arch.arch if arch else "", context=self.context)
       rec = br.plugin
       assert rec is not None and br.spec is not None
       running = [rec]  # whose hook the worker is in, to blame the right plugin if it overruns
@@ -495,10 +502,10 @@ class Registry:
         iface_object = None
         if iface is not None and iface[1] is not rec:
           running[0] = iface[1]
-          iface_object = self._call(iface[1], "plugrt_open_interface", device=info, interface=iface[0].name)
+          iface_object = self.call_hook(iface[1], "plugrt_open_interface", device=info, interface=iface[0].name)
           running[0] = rec
         info.iface_object = iface_object
-        return iface_object, self._call(rec, "plugrt_open_device", device=info)
+        return iface_object, self.call_hook(rec, "plugrt_open_device", device=info)
       try:
         info.iface_object, info.state = self._run(rec, f"opening {key}", open_hooks, limit=self._open_limit)
         dev = RuntimeDevice(self, br, info)
@@ -517,7 +524,7 @@ class Registry:
   def build(self, info: DeviceInfo, br: BackendRecord, hook: str, **kwargs: Any) -> Any:
     """Call one of the device's factory hooks (used by RuntimeDevice, once per object)."""
     assert br.plugin is not None
-    try: obj = self._call(br.plugin, hook, device=info, **kwargs)
+    try: obj = self.call_hook(br.plugin, hook, device=info, **kwargs)
     except PlugrtError: raise
     except (Exception, SystemExit) as e:
       raise DeviceUnavailable(f"{info.canonical}: {hook} raised {_short_error(e)}", Reason.HOOK_ERROR,
@@ -552,6 +559,17 @@ class Registry:
   def close(self) -> None:
     for dev in {id(d): d for d in self._devices.values()}.values(): dev.close()  # an older name may share its device
     self._devices.clear()
+
+
+def takes_context(probe: Any) -> bool:
+  """Whether a probe takes the plugin context (plugin API 1.2: ``def probe(ctx)``) or nothing (1.0, 1.1: ``def probe()``),
+  read from its code object: a positional parameter, default or not, receives the context."""
+  fn = getattr(probe, "__func__", probe)
+  code = getattr(fn, "__code__", None)
+  if code is None: code = getattr(getattr(type(probe), "__call__", None), "__code__", None)  # noqa: B004  # a callable object
+  if code is None: return False  # a builtin or a partial: called with nothing, as before 1.2
+  bound = 1 if getattr(probe, "__self__", None) is not None or getattr(fn, "__code__", None) is None else 0
+  return code.co_argcount - bound >= 1
 
 
 def _hook_functions(module: ModuleType) -> ModuleType:

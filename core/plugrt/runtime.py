@@ -6,14 +6,13 @@ compiler's disk cache, and the program's argument checking.
 """
 from __future__ import annotations
 
-import os
 from _thread import allocate_lock  # threading's locks, without importing threading (~1 ms of discovery)
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from plugrt.context import DeviceInfo
 from plugrt.errors import EnvError, LaunchError, OutOfMemoryError, UnsupportedError
-from plugrt.hookspecs import DeviceInfo
 
 if TYPE_CHECKING:  # (the IR and the disk cache load when something compiles, not when a device opens)
   from plugrt.device import Buffer
@@ -36,8 +35,8 @@ def size_str(n: int) -> str:
   return f"{n} B"
 
 
-def _cache_limit() -> int:
-  v = os.environ.get("PLUGRT_ALLOC_CACHE_MB", "")
+def _cache_limit(env: Mapping[str, str]) -> int:
+  v = env.get("PLUGRT_ALLOC_CACHE_MB", "")
   if not v: return 1 << 30
   try: mb = int(v)
   except ValueError:
@@ -76,7 +75,7 @@ class Allocator(Generic[H]):
 
   def __init__(self, device: DeviceInfo):
     self.device = device
-    self.cache_limit = _cache_limit()
+    self.cache_limit = _cache_limit(device.context.env)
     self._lru: OrderedDict[int, tuple[tuple[int, Any], H]] = OrderedDict()  # seq -> ((nbytes, options), handle), oldest first
     self._by_key: dict[tuple[int, Any], list[int]] = {}  # (nbytes, options) -> seqs of its cached blocks, oldest first
     self._seq = 0
@@ -202,7 +201,8 @@ class Compiler:
     self.device = device
     self._key_prefix: tuple[str, ...] | None = None
     from plugrt.cache import DiskCache
-    self._disk = DiskCache(self.cache_namespace) if self.cache_namespace else None
+    self._env = device.context.env  # PLUGRT_CACHE, PLUGRT_CACHE_DIR, PLUGRT_CACHE_MAX_MB come from the device's context
+    self._disk = DiskCache(self.cache_namespace, env=self._env) if self.cache_namespace else None
 
   def render(self, kernel: Kernel) -> str: raise NotImplementedError
   def compile_uncached(self, src: str) -> bytes: raise NotImplementedError
@@ -221,7 +221,7 @@ class Compiler:
     """(binary of `src`, whether it came from the disk cache). A binary from the cache that then fails
     to load is no reason to fail: the caller hands it to recompile()."""
     from plugrt.cache import cache_enabled
-    if self._disk is None or not cache_enabled(): return self.compile_uncached(src), False
+    if self._disk is None or not cache_enabled(self._env): return self.compile_uncached(src), False
     key = self.cache_key(src)
     if (lib := self._disk.get(key)) is not None: return lib, True
     lib = self.compile_uncached(src)
@@ -231,7 +231,7 @@ class Compiler:
   def forget(self, src: str) -> None:
     """Remove `src`'s binary from the disk cache."""
     from plugrt.cache import cache_enabled
-    if self._disk is not None and cache_enabled(): self._disk.evict(self.cache_key(src))
+    if self._disk is not None and cache_enabled(self._env): self._disk.evict(self.cache_key(src))
 
   def recompile(self, src: str, error: BaseException) -> bytes:
     """`src`'s binary from the disk cache failed to load with `error`: evict the entry, compile again
@@ -243,7 +243,7 @@ class Compiler:
     warnings.warn(f"plugrt: {self.name}: a cached binary failed to load ({type(error).__name__}: {error}); "
                   f"removed it from the compile cache and compiled again", stacklevel=3)
     lib = self.compile_uncached(src)
-    if self._disk is not None and cache_enabled(): self._disk.put(self.cache_key(src), lib)
+    if self._disk is not None and cache_enabled(self._env): self._disk.put(self.cache_key(src), lib)
     return lib
 
 

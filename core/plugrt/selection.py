@@ -95,6 +95,13 @@ class Selection:
     self.arch: dict[str, Target] = {}
 
   def _fields(self) -> tuple: return (self.default, self.compiler, self.interface, self.arch)
+
+  def targets(self) -> tuple[Target, ...]:
+    """Every request once, the default device's first (what plugrt.context.PluginContext.targets shows plugins)."""
+    out: list[Target] = [self.default] if self.default is not None else []
+    for t in (*self.compiler.values(), *self.interface.values(), *self.arch.values()):
+      if t not in out: out.append(t)
+    return tuple(out)
   def __eq__(self, other: object) -> bool: return isinstance(other, Selection) and self._fields() == other._fields()
   __hash__ = None  # type: ignore[assignment]  # mutable
 

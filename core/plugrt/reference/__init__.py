@@ -10,16 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from plugrt.context import PluginContext
 from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
 
 
-def probe() -> Probe:
+def probe(ctx: PluginContext) -> Probe:  # ctx: the registry's environment and selection (this backend reads no setting)
   return Probe.found(1, "pure Python, one thread")
 
 
 @hookimpl
 def plugrt_backends() -> list[BackendSpec]:
-  return [BackendSpec(name="PYTHON", api_version="1.0", probe=probe, priority=-100,
+  return [BackendSpec(name="PYTHON", api_version="1.2", probe=probe, priority=-100,
                       compilers=(CompilerSpec("PY", "IR -> Python source"),),
                       description="reference backend in pure Python (slow; for testing and as a template)")]
 
