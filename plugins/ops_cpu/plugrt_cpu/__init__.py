@@ -6,40 +6,40 @@ allocator and loader live in their own modules and load when a device opens.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Any
 
+from plugrt.context import PluginContext
 from plugrt.errors import Reason
 from plugrt.hookspecs import Alias, BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
-from plugrt.probing import which
+from plugrt.probing import has_module
 
 __version__ = "0.1.0"
 
 
-def which_cc() -> tuple[str | None, str]:
-  """(path of the C compiler, how it was named): CC when set, else clang from PATH."""
-  cc = os.environ.get("CC", "").strip()
-  return (which(cc), f"CC={cc}") if cc else (which("clang"), "clang")
+def which_cc(ctx: PluginContext) -> tuple[str | None, str]:
+  """(path of the C compiler, how it was named): the context's CC when set, else clang from its PATH."""
+  cc = ctx.get("CC")
+  return (ctx.which(cc), f"CC={cc}") if cc else (ctx.which("clang"), "clang")
 
 
-def probe_clang() -> Probe:
-  cc, what = which_cc()
+def probe_clang(ctx: PluginContext) -> Probe:
+  cc, what = which_cc(ctx)
   if cc is None:
     hint = "install it or unset CC" if what.startswith("CC=") else "apt-get install clang (or set CC to a C compiler)"
     return Probe.missing(Reason.MISSING_TOOLCHAIN, f"{what} is not on PATH", hint)
-  if which("ld") is None: return Probe.missing(Reason.MISSING_TOOLCHAIN, "the linker ld is not on PATH", "apt-get install binutils")
+  if ctx.which("ld") is None: return Probe.missing(Reason.MISSING_TOOLCHAIN, "the linker ld is not on PATH", "apt-get install binutils")
   return Probe.found(1, cc)
 
 
-def probe_llvm() -> Probe:
-  if importlib.util.find_spec("llvmlite") is None:
+def probe_llvm(ctx: PluginContext) -> Probe:
+  if not has_module("llvmlite"):
     return Probe.missing(Reason.MISSING_TOOLCHAIN, "llvmlite is not installed", "pip install llvmlite")
   return Probe.found(1, "llvmlite")
 
 
-def probe_cpu() -> Probe:
-  if not probe_clang().ok and not probe_llvm().ok:
+def probe_cpu(ctx: PluginContext) -> Probe:
+  if not probe_clang(ctx).ok and not probe_llvm(ctx).ok:
     return Probe.missing(Reason.MISSING_TOOLCHAIN, "neither clang nor llvmlite is installed",
                          "apt-get install clang, or pip install llvmlite")
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -49,7 +49,7 @@ def probe_cpu() -> Probe:
 @hookimpl
 def plugrt_backends() -> list[BackendSpec]:
   return [BackendSpec(
-    name="CPU", api_version="1.0", probe=probe_cpu, priority=10,
+    name="CPU", api_version="1.2", probe=probe_cpu, priority=10,
     compilers=(CompilerSpec("CLANG", "C through clang, loaded from memory", probe_clang),
                CompilerSpec("LLVM", "LLVM IR through llvmlite, in-process", probe_llvm)),
     aliases=(Alias("CLANG", "CPU:CLANG"), Alias("LLVM", "CPU:LLVM")),
@@ -74,6 +74,6 @@ def plugrt_compiler(device: DeviceInfo, compiler: str) -> Any:
 @hookimpl
 def plugrt_program(device: DeviceInfo) -> Any:
   from plugrt_cpu.loader import load_program
-  from plugrt_cpu.program import thread_count
-  thread_count()  # a bad PLUGRT_CPU_THREADS is an EnvError when the device opens, not at its first large launch
+  from plugrt_cpu.program import POOL, thread_count
+  POOL.configure(thread_count(device.context.env))  # a bad PLUGRT_CPU_THREADS is an EnvError when the device opens
   return load_program

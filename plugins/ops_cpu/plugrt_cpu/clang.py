@@ -18,7 +18,6 @@ from typing import Any
 from plugrt.errors import CompileError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import Kernel
-from plugrt.probing import which
 from plugrt.runtime import Compiler
 from plugrt_cpu import probe_clang, which_cc
 from plugrt_cpu.crender import CPUCRenderer
@@ -59,9 +58,10 @@ class ClangCompiler(Compiler):
   def __init__(self, device: DeviceInfo):
     super().__init__(device)
     self.renderer = CPUCRenderer()
-    (cc, self.cc_named), ld = which_cc(), which("ld")
+    ctx = device.context
+    (cc, self.cc_named), ld = which_cc(ctx), ctx.which("ld")
     if cc is None or ld is None:  # the probe's words: which of the two is missing, and CC when it names the compiler
-      missing = probe_clang()
+      missing = probe_clang(ctx)
       raise CompileError(missing.detail, hint=missing.hint)
     self.cc, self.ld = cc, ld
 

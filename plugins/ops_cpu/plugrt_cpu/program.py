@@ -15,7 +15,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from plugrt.device import Buffer
@@ -37,9 +37,10 @@ MAX_GROUP_THREADS = 4096
 THREADS_PER_CORE_MAX = 4
 
 
-def thread_count() -> int:
+def thread_count(env: Mapping[str, str]) -> int:
+  """PLUGRT_CPU_THREADS of `env` (the device's context), checked; unset: every core this process may use."""
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-  v = os.environ.get("PLUGRT_CPU_THREADS", "")
+  v = env.get("PLUGRT_CPU_THREADS", "")
   if not v: return cores
   if not v.isdigit() or int(v) < 1:
     raise EnvError(f"PLUGRT_CPU_THREADS={v!r} is not a positive whole number", "e.g. PLUGRT_CPU_THREADS=4; 1 runs every kernel on the calling thread")
@@ -50,16 +51,22 @@ def thread_count() -> int:
 
 
 class _Pool:
-  """Worker threads for splitting big grids; created on first use."""
+  """Worker threads for splitting big grids, shared by the process's CPU devices; created on first use, as many as
+  the first CPU device opened asked for (its context's PLUGRT_CPU_THREADS: see configure)."""
   def __init__(self) -> None:
-    self.lock, self.executor, self.n = threading.Lock(), None, 0
+    self.lock, self.executor, self.n, self.wanted = threading.Lock(), None, 0, 0
+
+  def configure(self, n: int) -> None:
+    """Size the pool, if no launch has started it yet (a pool cannot shrink under running launches)."""
+    with self.lock:
+      if self.n == 0 and not self.wanted: self.wanted = n
 
   def get(self) -> tuple[Any, int]:
     if self.executor is None and self.n == 0:
       with self.lock:
         if self.n == 0:
           from concurrent.futures import ThreadPoolExecutor
-          self.n = thread_count()
+          self.n = self.wanted or thread_count({})
           if self.n > 1: self.executor = ThreadPoolExecutor(self.n - 1, thread_name_prefix="plugrt-cpu")
     return self.executor, self.n
 
