@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from plugrt.context import PluginContext
 from plugrt.errors import Reason
 from plugrt.hookspecs import Alias, BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
 from plugrt_cl import icd
@@ -25,7 +26,7 @@ NO_PLATFORM_HINT = ("install an OpenCL platform: apt-get install pocl-opencl-icd
                     "pip install pocl-binary-distribution; for a GPU, its vendor's OpenCL driver (NVIDIA: the driver's libnvidia-opencl ICD)")
 
 
-def enumerate_platforms() -> tuple[int, dict[str, str]]:
+def enumerate_platforms(ctx: PluginContext) -> tuple[int, dict[str, str]]:
   """(devices on the platform plugrt would use, facts for `plugrt devices`), asking the ICD loader through pyopencl.
   Loads every driver; called only when a count or the listing is wanted, never by the probe itself."""
   try:
@@ -35,8 +36,10 @@ def enumerate_platforms() -> tuple[int, dict[str, str]]:
     return 0, {"error": f"{type(e).__name__}: {e}".strip()}
   info: dict[str, str] = {}
   chosen, count = None, 0
-  try: selector, _ = icd.requested_platform(icd.dev_arch())
-  except Exception: selector = ""
+  try:
+    target = ctx.target("CL")
+    selector, _ = icd.requested_platform(target.arch if target else "", ctx.env)
+  except Exception: selector = ""  # a malformed DEV or CL_PLATFORM is reported where a device is chosen
   for i, p in enumerate(platforms):
     try: devs = p.get_devices()
     except Exception: devs = []
@@ -64,14 +67,14 @@ class ICDProbe(Probe):
   reads only `ok`); `count` is read when a device is opened by index (the open loads the
   drivers anyway) and by `plugrt devices`, and asks the loader then, once."""
 
-  def __new__(cls, detail: str, found: Mapping[str, str]) -> ICDProbe:
+  def __new__(cls, detail: str, found: Mapping[str, str], ctx: PluginContext) -> ICDProbe:
     self = super().__new__(cls, True, 0, None, detail)
-    self._manifests, self._facts = dict(found), None
+    self._manifests, self._facts, self._ctx = dict(found), None, ctx
     return self
 
   def facts(self) -> tuple[int, dict[str, str]]:
     if self._facts is None:
-      count, info = enumerate_platforms()
+      count, info = enumerate_platforms(self._ctx)
       self._facts = (count, {**self._manifests, **info})
     return self._facts
 
@@ -81,21 +84,21 @@ class ICDProbe(Probe):
   def __repr__(self) -> str: return f"ICDProbe(ok=True, detail={self.detail!r}; count and info are looked up when first read)"
 
 
-def probe_cl() -> Probe:
+def probe_cl(ctx: PluginContext) -> Probe:
   if not icd.pyopencl_installed():
     return Probe.missing(Reason.MISSING_TOOLCHAIN, "pyopencl is not installed", "pip install pyopencl")
-  found = icd.manifests()
+  found = icd.manifests(ctx.env)
   if not found:
-    where = icd.vendors_dir() if not os.environ.get("OCL_ICD_VENDORS") else "OCL_ICD_VENDORS=" + os.environ["OCL_ICD_VENDORS"]
+    where = "OCL_ICD_VENDORS=" + named if (named := ctx.get("OCL_ICD_VENDORS")) else icd.vendors_dir(ctx.env)
     return Probe.missing(Reason.NO_DEVICE, f"no OpenCL platform is installed ({where} has no .icd manifest)", NO_PLATFORM_HINT)
   names = ", ".join(os.path.basename(m.library) + ("" if m.found else " (library not located)") for m in found)
-  return ICDProbe(f"OpenCL ICD{'s' if len(found) > 1 else ''}: {names}", {f"icd {m.path}": m.library for m in found})
+  return ICDProbe(f"OpenCL ICD{'s' if len(found) > 1 else ''}: {names}", {f"icd {m.path}": m.library for m in found}, ctx)
 
 
 @hookimpl
 def plugrt_backends() -> list[BackendSpec]:
   return [BackendSpec(
-    name="CL", api_version="1.0", probe=probe_cl, priority=5,
+    name="CL", api_version="1.2", probe=probe_cl, priority=5,
     compilers=(CompilerSpec("CL", "OpenCL C, built by the platform's own compiler"),),
     aliases=(Alias("GPU", "CL"),),
     description="OpenCL through pyopencl (PoCL on the CPU, or a GPU driver)")]

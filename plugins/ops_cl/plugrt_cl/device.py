@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +34,9 @@ def describe(platforms: list[Any]) -> str:
   return "; ".join(out)
 
 
-def choose_platform(platforms: list[Any], arch: str) -> Any:
-  """The platform DEV=CL::<arch> or CL_PLATFORM names, else the first that has a device."""
-  selector, source = icd.requested_platform(arch)
+def choose_platform(platforms: list[Any], arch: str, env: Mapping[str, str]) -> Any:
+  """The platform DEV=CL::<arch> or CL_PLATFORM (of `env`, the device's context) names, else the first that has a device."""
+  selector, source = icd.requested_platform(arch, env)
   if selector:
     for i, p in enumerate(platforms):
       if icd.matches(selector, i, p.name, p.vendor, p.version): return p
@@ -92,7 +93,7 @@ def open_device(info: DeviceInfo) -> CLState:
   try: platforms = cl.get_platforms()
   except cl.Error as e:
     raise DeviceUnavailable(f"{info.canonical}: the OpenCL ICD loader found no platform ({e})", Reason.NO_DEVICE, NO_PLATFORM_HINT) from None
-  plat = choose_platform(platforms, info.arch)
+  plat = choose_platform(platforms, info.arch, info.context.env)
   devs = plat.get_devices()
   if info.index >= len(devs):
     raise DeviceUnavailable(f"{info.canonical} does not exist: platform {plat.name} has {len(devs)} device{'s' if len(devs) != 1 else ''}",

@@ -14,6 +14,7 @@ import pytest
 
 import plugrt_cl
 from plugrt import Buffer, KernelBuilder, dtypes
+from plugrt.context import PluginContext
 from plugrt.errors import CompileError, DeviceUnavailable, EnvError, Reason, RenderError, UnsupportedError
 from plugrt.testing.kernels import saxpy_kernel, tiny_kernel
 from plugrt_cl import icd
@@ -42,7 +43,8 @@ def run_py(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 def test_probe_reads_manifests_only():
   r = run_py("""
     import sys, plugrt_cl
-    p = plugrt_cl.probe_cl()
+    from plugrt.context import PluginContext
+    p = plugrt_cl.probe_cl(PluginContext.from_process())
     print(p.ok, 'pyopencl' in sys.modules, 'numpy' in sys.modules)
   """)
   assert r.returncode == 0, r.stderr
@@ -51,8 +53,8 @@ def test_probe_reads_manifests_only():
 
 
 def test_no_platform_says_so_with_the_fix(tmp_path, monkeypatch):
-  monkeypatch.setenv("OCL_ICD_VENDORS", str(tmp_path))  # an empty vendors directory: what a machine without OpenCL has
-  p = plugrt_cl.probe_cl()
+  # an empty vendors directory: what a machine without OpenCL has
+  p = plugrt_cl.probe_cl(PluginContext({"OCL_ICD_VENDORS": str(tmp_path)}))
   assert not p.ok and p.reason is Reason.NO_DEVICE
   assert "no OpenCL platform" in p.detail and "pocl-opencl-icd" in p.hint
   r = run_py("import plugrt.cli as c; c.main(['devices'])", OCL_ICD_VENDORS=str(tmp_path))
@@ -62,7 +64,7 @@ def test_no_platform_says_so_with_the_fix(tmp_path, monkeypatch):
 
 def test_missing_pyopencl(monkeypatch):
   monkeypatch.setattr(icd, "pyopencl_installed", lambda: False)
-  p = plugrt_cl.probe_cl()
+  p = plugrt_cl.probe_cl(PluginContext({}))
   assert not p.ok and p.reason is Reason.MISSING_TOOLCHAIN and p.hint == "pip install pyopencl"
 
 
@@ -71,13 +73,10 @@ def test_manifest_rules(tmp_path, monkeypatch):
   (tmp_path / "b.icd").write_text(str(tmp_path / "libb.so") + "\n")
   (tmp_path / "libb.so").write_bytes(b"")
   (tmp_path / "notes.txt").write_text("not a manifest")
-  monkeypatch.setenv("OCL_ICD_VENDORS", str(tmp_path))
-  ms = icd.manifests()
+  ms = icd.manifests({"OCL_ICD_VENDORS": str(tmp_path)})
   assert [(os.path.basename(m.path), m.found) for m in ms] == [("a.icd", False), ("b.icd", True)]
-  monkeypatch.setenv("OCL_ICD_VENDORS", str(tmp_path / "b.icd"))  # one manifest
-  assert [m.library for m in icd.manifests()] == [str(tmp_path / "libb.so")]
-  monkeypatch.setenv("OCL_ICD_VENDORS", "libdirect.so")  # a driver library itself
-  assert [m.library for m in icd.manifests()] == ["libdirect.so"]
+  assert [m.library for m in icd.manifests({"OCL_ICD_VENDORS": str(tmp_path / "b.icd")})] == [str(tmp_path / "libb.so")]  # one manifest
+  assert [m.library for m in icd.manifests({"OCL_ICD_VENDORS": "libdirect.so"})] == ["libdirect.so"]  # a driver library itself
 
 
 def _platform(name: str, vendor: str, version: str, ndev: int) -> SimpleNamespace:
@@ -88,29 +87,25 @@ PLATFORMS = [_platform("Empty", "Nobody", "OpenCL 1.2", 0), _platform("Portable 
              _platform("NVIDIA CUDA", "NVIDIA Corporation", "OpenCL 3.0 CUDA 13.0", 2)]
 
 
-def test_platform_choice(monkeypatch):
+def test_platform_choice():
   pytest.importorskip("pyopencl")
   from plugrt_cl.device import choose_platform
-  monkeypatch.delenv("CL_PLATFORM", raising=False)
-  assert choose_platform(PLATFORMS, "") is PLATFORMS[1]  # the first that has a device
-  assert choose_platform(PLATFORMS, "nvidia") is PLATFORMS[2]  # DEV=CL::nvidia
-  assert choose_platform(PLATFORMS, "2") is PLATFORMS[2]
-  monkeypatch.setenv("CL_PLATFORM", "pocl")
-  assert choose_platform(PLATFORMS, "") is PLATFORMS[1]
-  with pytest.raises(EnvError, match="CL_PLATFORM"): choose_platform(PLATFORMS, "nvidia")  # DEV and CL_PLATFORM disagree
-  monkeypatch.setenv("CL_PLATFORM", "intel")
+  assert choose_platform(PLATFORMS, "", {}) is PLATFORMS[1]  # the first that has a device
+  assert choose_platform(PLATFORMS, "nvidia", {}) is PLATFORMS[2]  # DEV=CL::nvidia
+  assert choose_platform(PLATFORMS, "2", {}) is PLATFORMS[2]
+  assert choose_platform(PLATFORMS, "", {"CL_PLATFORM": "pocl"}) is PLATFORMS[1]
+  with pytest.raises(EnvError, match="CL_PLATFORM"): choose_platform(PLATFORMS, "nvidia", {"CL_PLATFORM": "pocl"})  # DEV and CL_PLATFORM disagree
   with pytest.raises(DeviceUnavailable, match=r"no OpenCL platform matches 'intel'.*1: Portable Computing Language") as info:
-    choose_platform(PLATFORMS, "")
+    choose_platform(PLATFORMS, "", {"CL_PLATFORM": "intel"})
   assert info.value.reason is Reason.NO_DEVICE
 
 
-def test_dev_arch_names_the_platform(monkeypatch):
-  monkeypatch.setenv("DEV", "CL:1::nvidia")
-  assert icd.dev_arch() == "nvidia"
-  monkeypatch.setenv("DEV", "CPU;CL::pocl")
-  assert icd.dev_arch() == "pocl"
-  monkeypatch.setenv("DEV", "CL")
-  assert icd.dev_arch() == ""
+def test_the_probe_reads_the_platform_dev_names_from_its_context(plugrt_registry):
+  import plugrt_cpu
+  for dev, arch in (("CL:1::nvidia", "nvidia"), ("CPU;CL::pocl", "pocl"), ("CL", "")):
+    with plugrt_registry([plugrt_cl, plugrt_cpu], env={"DEV": dev}) as reg:
+      target = reg.context.target("CL")
+      assert target is not None and target.arch == arch, dev
 
 
 def test_selection_through_the_registry(plugrt_registry):
