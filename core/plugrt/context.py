@@ -11,7 +11,7 @@ This module is a leaf: it imports only the standard library and plugrt.errors / 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from plugrt import probing
@@ -27,11 +27,13 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 class PluginContext:
   """The registry's environment and the user's selection, with validated readers and machine helpers."""
 
-  __slots__ = ("env", "_targets")
+  __slots__ = ("_interfaces", "_targets", "env")
 
-  def __init__(self, env: Mapping[str, str], targets: Iterable[Target] | Callable[[], Iterable[Target]] = ()):
+  def __init__(self, env: Mapping[str, str], targets: Iterable[Target] | Callable[[], Iterable[Target]] = (),
+               interfaces: Callable[[str], Sequence[str]] | None = None):
     self.env: Mapping[str, str] = env  # the registry's environment: read it, never os.environ
     self._targets = targets  # a callable: the registry's selection, parsed when first asked (a bad DEV raises there)
+    self._interfaces = interfaces
 
   @classmethod
   def from_process(cls) -> PluginContext:
@@ -103,6 +105,11 @@ class PluginContext:
     """The user's request for `device` (its compiler, arch, interface), or None when the user named none."""
     device = device.upper()
     return next((t for t in self.targets if t.device == device), None)
+
+  def interfaces(self, device: str) -> tuple[str, ...]:
+    """The interfaces the registry's plugins declare for `device` (its own package's and separate interface
+    plugins', e.g. a third party's WebGPU engine), in declaration order; nothing is imported or opened."""
+    return tuple(self._interfaces(device.upper())) if self._interfaces is not None else ()
 
   # ------------------------------------------------------------- the machine, as this environment sees it
   def which(self, program: str) -> str | None:

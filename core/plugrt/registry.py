@@ -171,7 +171,8 @@ class Registry:
     self._probe_limit, self._open_limit = DEFAULT_TIMEOUTS[PROBE_TIMEOUT], DEFAULT_TIMEOUTS[OPEN_TIMEOUT]
     #: what probes and hooks see: the environment given, and nothing of the process's; without one, the process
     #: environment itself, so a setting read where it is used (PLUGRT_CACHE_DIR at a compile) sees a later change
-    self.context = PluginContext(os.environ if env is None else self.env, lambda: self.selection.targets())
+    self.context = PluginContext(os.environ if env is None else self.env, lambda: self.selection.targets(),
+                                 lambda device: [i.name for i, _ in self.interfaces.get(device, ())])
     self.pm = pluggy.PluginManager(hookspecs.PROJECT)
     self.pm.add_hookspecs(hookspecs)
 

@@ -8,33 +8,23 @@ allocator, compiler and program load when a device opens.
 """
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
+from plugrt.context import PluginContext
 from plugrt.errors import Reason
 from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
-from plugrt.probing import install_hint
+from plugrt.probing import has_module, install_hint
 
 __version__ = "0.1.0"
 
 #: first-party engines: (interface, its package's module, the library it drives, distribution to install)
 ENGINES = (("WGPU", "plugrt_webgpu_wgpu", "wgpu", "plugrt-webgpu-wgpu"), ("DAWN", "plugrt_webgpu_dawn", "pydawn", "plugrt-webgpu-dawn"))
-#: entry points named webgpu-<engine> in group plugrt are engines too (third parties follow this convention)
-ENGINE_ENTRY_PREFIX = "webgpu-"
 
 
-def _has(module: str) -> bool:
-  try: return importlib.util.find_spec(module) is not None
-  except (ImportError, ValueError): return False
-
-
-def _third_party_engines() -> list[str]:
-  """Entry points in group plugrt named webgpu-*, other than the first-party ones (no import happens)."""
-  try:
-    from plugrt._entrypoints import entry_points  # the core's cached reader: free after discovery
-  except ImportError: return []
-  known = {m for _, m, _, _ in ENGINES}
-  return [ep.name for ep in entry_points("plugrt") if ep.name.startswith(ENGINE_ENTRY_PREFIX) and ep.module not in known]
+def _third_party_engines(ctx: PluginContext) -> list[str]:
+  """Interfaces other plugins declare for WEBGPU (a third party's engine), as the registry found them."""
+  known = {name for name, _, _, _ in ENGINES}
+  return [name for name in ctx.interfaces("WEBGPU") if name not in known]
 
 
 def engine_hint() -> str:
@@ -42,14 +32,14 @@ def engine_hint() -> str:
   return f"{install_hint('plugrt-webgpu-wgpu')} (wgpu-native; or plugrt-webgpu-dawn: Dawn)"
 
 
-def probe_webgpu() -> Probe:
+def probe_webgpu(ctx: PluginContext) -> Probe:
   """Is some engine installed? (Whether it finds an adapter is known only once it opens: that
   loads the native library and the Vulkan/OpenGL drivers, which a probe must not do.)"""
-  found = [name for name, pkg, lib, _ in ENGINES if _has(pkg) and _has(lib)]
-  third = _third_party_engines()
+  found = [name for name, pkg, lib, _ in ENGINES if has_module(pkg) and has_module(lib)]
+  third = _third_party_engines(ctx)
   if found and not third:
     from plugrt_webgpu.drivers import DRIVER_HINT, drivers
-    ok, seen = drivers(opengl="WGPU" in found)
+    ok, seen = drivers(opengl="WGPU" in found, env=ctx.env)
     if not ok: return Probe.missing(Reason.NO_DEVICE, f"engines installed ({', '.join(found)}), but this machine has {seen}", DRIVER_HINT)
     return Probe.found(1, f"engines installed: {', '.join(found)}; drivers: {seen}", engines=",".join(found), drivers=seen)
   if found or third: return Probe.found(1, f"engines installed: {', '.join(found + third)}", engines=",".join(found + third))
@@ -61,7 +51,7 @@ def probe_webgpu() -> Probe:
 @hookimpl
 def plugrt_backends() -> list[BackendSpec]:
   return [BackendSpec(
-    name="WEBGPU", api_version="1.0", probe=probe_webgpu, priority=4,
+    name="WEBGPU", api_version="1.2", probe=probe_webgpu, priority=4,
     compilers=(CompilerSpec("WGSL", "WGSL text; the engine compiles it when a pipeline is created"),),
     description="WebGPU compute through a pluggable engine (WGPU: wgpu-native, DAWN: Dawn)")]
 

@@ -7,40 +7,36 @@ from __future__ import annotations
 import glob
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from plugrt.hookspecs import InterfaceSpec
-
-_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib64",
-             "/usr/lib", "/lib64", "/lib", "/usr/local/lib")
+from plugrt.probing import find_library, library_dirs
 
 
-def _find_lib(*names: str) -> str | None:
-  dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d] + list(_LIB_DIRS)
-  for d in dirs:
-    for n in names:
-      if os.path.exists(p := os.path.join(d, n)): return p
-  return None
+def _find_lib(env: Mapping[str, str], *names: str) -> str | None:
+  return find_library(*names, dirs=library_dirs([d for d in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]))
 
 
-def vulkan_icds() -> list[str]:
-  """The Vulkan driver manifests the loader would read (its own search order, files only)."""
+def vulkan_icds(env: Mapping[str, str]) -> list[str]:
+  """The Vulkan driver manifests a loader started with `env` would read (its own search order, files only)."""
   for var in ("VK_DRIVER_FILES", "VK_ICD_FILENAMES"):  # these replace the search
-    if v := os.environ.get(var, "").strip():
+    if v := env.get(var, "").strip():
       return [f for f in v.split(os.pathsep) if os.path.isfile(f) or (os.path.isdir(f) and glob.glob(os.path.join(f, "*.json")))]
-  dirs = [os.path.join(d, "vulkan", "icd.d") for d in (os.environ.get("XDG_DATA_DIRS") or "/usr/local/share:/usr/share").split(os.pathsep)]
+  dirs = [os.path.join(d, "vulkan", "icd.d") for d in (env.get("XDG_DATA_DIRS") or "/usr/local/share:/usr/share").split(os.pathsep)]
   dirs += ["/etc/vulkan/icd.d", "/usr/share/vulkan/icd.d", "/usr/local/share/vulkan/icd.d"]
-  extra = [f for f in os.environ.get("VK_ADD_DRIVER_FILES", "").split(os.pathsep) if f and os.path.isfile(f)]
+  extra = [f for f in env.get("VK_ADD_DRIVER_FILES", "").split(os.pathsep) if f and os.path.isfile(f)]
   return sorted(set(extra + [f for d in dirs for f in glob.glob(os.path.join(d, "*.json"))]))
 
 
-def drivers(opengl: bool) -> tuple[bool, str]:
+def drivers(opengl: bool, env: Mapping[str, str]) -> tuple[bool, str]:
   """(a driver an engine can use is installed, what was found): looks at files only, loads nothing.
   Linux needs the Vulkan loader and a driver manifest, or (opengl=True, for wgpu-native) an EGL library;
-  other systems have their native API (Metal, D3D12)."""
+  other systems have their native API (Metal, D3D12). `env` is the plugin context's: the loader reads the
+  same variables (VK_DRIVER_FILES, LD_LIBRARY_PATH) from the process environment."""
   if sys.platform != "linux": return True, sys.platform
-  loader, icds = _find_lib("libvulkan.so.1", "libvulkan.so"), vulkan_icds()
-  egl = _find_lib("libEGL.so.1", "libEGL.so") if opengl else None
+  loader, icds = _find_lib(env, "libvulkan.so.1", "libvulkan.so"), vulkan_icds(env)
+  egl = _find_lib(env, "libEGL.so.1", "libEGL.so") if opengl else None
   found = []
   if loader and icds: found.append(f"Vulkan ({', '.join(os.path.basename(i).removesuffix('.json') for i in icds)})")
   if egl: found.append("OpenGL through EGL")

@@ -18,6 +18,7 @@ pytest.importorskip("plugrt_webgpu")
 from webgpu_engines import installed
 
 import plugrt_webgpu
+from plugrt.context import PluginContext
 from plugrt.errors import DeviceUnavailable, Reason, UnknownDeviceError
 from plugrt.hookspecs import InterfaceSpec
 from plugrt.probing import install_hint
@@ -45,8 +46,9 @@ def test_entry_modules_import_only_stdlib_and_plugrt() -> None:
     for m in ("plugrt_webgpu_wgpu", "plugrt_webgpu_dawn"):
       try: __import__(m)
       except ImportError: pass
+    from plugrt.context import PluginContext
     for p in (plugrt_webgpu.probe_webgpu, *(getattr(sys.modules.get(m), "probe", None) for m in ("plugrt_webgpu_wgpu", "plugrt_webgpu_dawn"))):
-      if p: p()
+      if p: p(PluginContext.from_process())
     new = {m.split(".")[0] for m in set(sys.modules) - before}
     print(sorted(new))
   """)
@@ -86,7 +88,7 @@ def test_dawn_missing_is_explained_down_to_the_boundary(monkeypatch: pytest.Monk
   import plugrt_webgpu_dawn
   monkeypatch.delitem(sys.modules, "pydawn", raising=False)  # find_spec answers from sys.modules first
   hide(monkeypatch, "pydawn")
-  p = plugrt_webgpu_dawn.probe()
+  p = plugrt_webgpu_dawn.probe(PluginContext({}))
   assert not p.ok and p.reason is Reason.NOT_INSTALLED
   assert p.detail == "dawn-python is not installed" and p.hint == "pip install dawn-python"
   reg = reg_with({"WEBGPU_IFACE": "DAWN"})
@@ -104,7 +106,7 @@ def test_dawn_without_a_library_for_this_machine(tmp_path: Path, monkeypatch: py
   monkeypatch.delitem(sys.modules, "pydawn", raising=False)
   monkeypatch.syspath_prepend(str(tmp_path))
   importlib.invalidate_caches()
-  p = plugrt_webgpu_dawn.probe()
+  p = plugrt_webgpu_dawn.probe(PluginContext({}))
   assert not p.ok and "has no Dawn library for" in p.detail and "libwebgpu_dawn.dll" in p.detail and "WGPU" in p.hint
 
 
@@ -113,19 +115,19 @@ def test_wgpu_missing(monkeypatch: pytest.MonkeyPatch) -> None:
   import plugrt_webgpu_wgpu
   monkeypatch.delitem(sys.modules, "wgpu", raising=False)
   hide(monkeypatch, "wgpu")
-  p = plugrt_webgpu_wgpu.probe()
+  p = plugrt_webgpu_wgpu.probe(PluginContext({}))
   assert not p.ok and p.detail == "wgpu-py is not installed" and p.hint == "pip install wgpu"
 
 
 def test_no_engine_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
   hide(monkeypatch, "plugrt_webgpu_wgpu", "plugrt_webgpu_dawn")
-  monkeypatch.setattr(plugrt_webgpu, "_third_party_engines", list)
-  p = plugrt_webgpu.probe_webgpu()
+  p = plugrt_webgpu.probe_webgpu(PluginContext({}))  # and no other plugin declares an engine
   assert not p.ok and p.reason is Reason.NO_DEVICE and "no WebGPU engine is installed" in p.detail and install_hint("plugrt-webgpu-wgpu") in p.hint
 
 
 def test_device_without_an_engine_object(monkeypatch: pytest.MonkeyPatch) -> None:
-  monkeypatch.setattr(plugrt_webgpu, "_third_party_engines", lambda: ["webgpu-elsewhere"])  # the probe sees an engine, but no plugin opens one
+  # the probe sees an engine, but no plugin opens one
+  monkeypatch.setattr(plugrt_webgpu, "_third_party_engines", lambda ctx: ["ELSEWHERE"])
   reg = Registry(plugins=["plugrt.reference", "plugrt_webgpu"], env={"WEBGPU": "1"}, autoload=False)
   with pytest.raises(DeviceUnavailable, match="no WebGPU engine was opened") as ei: reg.open("WEBGPU")
   assert install_hint("plugrt-webgpu-wgpu") in ei.value.hint
@@ -178,7 +180,6 @@ def test_a_third_party_engine_plugs_in(tmp_path: Path, monkeypatch: pytest.Monke
   from plugrt.testing.kernels import tiny_kernel
   (tmp_path / "stub_webgpu_engine.py").write_text(STUB_ENGINE)
   monkeypatch.syspath_prepend(str(tmp_path))
-  monkeypatch.setattr(plugrt_webgpu, "_third_party_engines", lambda: ["webgpu-stub"])  # as its entry point would
   reg = reg_with({"WEBGPU_IFACE": "STUB"}, "stub_webgpu_engine")
   dev = reg.open("WEBGPU")
   assert dev.info.interface == "STUB" and type(dev.info.iface_object).__name__ == "StubEngine"
@@ -193,17 +194,13 @@ def test_a_third_party_engine_plugs_in(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_a_third_party_engine_makes_the_device_available(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-  from plugrt import _entrypoints
-  meta = tmp_path / "stub_engine_dist-1.0.dist-info"
-  meta.mkdir()
-  (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: stub-engine-dist\nVersion: 1.0\n")
-  (meta / "entry_points.txt").write_text("[plugrt]\nwebgpu-stub = stub_webgpu_engine\n")
+  (tmp_path / "stub_webgpu_engine.py").write_text(STUB_ENGINE)
   monkeypatch.syspath_prepend(str(tmp_path))
-  _entrypoints.clear_cache()
   hide(monkeypatch, "plugrt_webgpu_wgpu", "plugrt_webgpu_dawn")
-  p = plugrt_webgpu.probe_webgpu()
-  assert p.ok and "webgpu-stub" in p.detail
-  _entrypoints.clear_cache()
+  reg = Registry(plugins=["plugrt_webgpu", "stub_webgpu_engine"], env={}, autoload=False)  # what its entry point would load
+  p = reg.probe("WEBGPU")
+  assert p.ok and "engines installed: STUB" in p.detail, p
+  monkeypatch.delitem(sys.modules, "stub_webgpu_engine", raising=False)
 
 
 def test_adapter_listing_command() -> None:
@@ -222,18 +219,18 @@ def test_probes_look_for_drivers_without_loading_them(tmp_path: Path, monkeypatc
   icd = tmp_path / "lvp_icd.x86_64.json"
   icd.write_text("{}")
   libs = {"libvulkan.so.1": "/x/libvulkan.so.1", "libEGL.so.1": "/x/libEGL.so.1"}
-  monkeypatch.setattr(engine, "_find_lib", lambda *names: next((libs[n] for n in names if n in libs), None))
-  monkeypatch.setenv("VK_DRIVER_FILES", str(icd))
-  assert engine.drivers(opengl=False) == (True, "Vulkan (lvp_icd.x86_64)")
-  assert engine.drivers(opengl=True) == (True, "Vulkan (lvp_icd.x86_64) and OpenGL through EGL")
-  monkeypatch.setenv("VK_DRIVER_FILES", str(tmp_path / "missing.json"))
-  assert engine.drivers(opengl=True) == (True, "OpenGL through EGL")  # wgpu-native falls back to OpenGL
-  assert engine.drivers(opengl=False) == (False, "no Vulkan driver manifest (icd.d/*.json)")
+  monkeypatch.setattr(engine, "_find_lib", lambda env, *names: next((libs[n] for n in names if n in libs), None))
+  env = {"VK_DRIVER_FILES": str(icd)}
+  assert engine.drivers(opengl=False, env=env) == (True, "Vulkan (lvp_icd.x86_64)")
+  assert engine.drivers(opengl=True, env=env) == (True, "Vulkan (lvp_icd.x86_64) and OpenGL through EGL")
+  env = {"VK_DRIVER_FILES": str(tmp_path / "missing.json")}
+  assert engine.drivers(opengl=True, env=env) == (True, "OpenGL through EGL")  # wgpu-native falls back to OpenGL
+  assert engine.drivers(opengl=False, env=env) == (False, "no Vulkan driver manifest (icd.d/*.json)")
   del libs["libvulkan.so.1"], libs["libEGL.so.1"]
-  assert engine.drivers(opengl=True) == (False, "no Vulkan loader (libvulkan.so.1) and no EGL library")
-  p = plugrt_webgpu.probe_webgpu()
+  assert engine.drivers(opengl=True, env=env) == (False, "no Vulkan loader (libvulkan.so.1) and no EGL library")
+  p = plugrt_webgpu.probe_webgpu(PluginContext(env))
   if ENGINE_MODULES: assert not p.ok and p.reason is Reason.NO_DEVICE and "mesa-vulkan-drivers" in p.hint
   if "plugrt_webgpu_dawn" in ENGINE_MODULES:
     import plugrt_webgpu_dawn
-    p = plugrt_webgpu_dawn.probe()
+    p = plugrt_webgpu_dawn.probe(PluginContext(env))
     assert not p.ok and p.reason is Reason.NO_DEVICE and "no Vulkan loader" in p.detail and "mesa-vulkan-drivers" in p.hint

@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+from plugrt.context import PluginContext
 from plugrt.errors import Reason
 from plugrt.hookspecs import DeviceInfo, InterfaceSpec, Probe, hookimpl
 from plugrt.probing import install_hint
@@ -24,7 +25,9 @@ NAME = "DAWN"
 
 
 def _machine() -> str:  # not platform.machine(): importing platform costs milliseconds of discovery
-  if sys.platform == "win32": return os.environ.get("PROCESSOR_ARCHITECTURE", "").lower()
+  if sys.platform == "win32":
+    import platform  # Windows has no os.uname
+    return platform.machine().lower()
   return os.uname().machine.lower()
 
 
@@ -47,7 +50,7 @@ def library() -> str | None:
   return None
 
 
-def probe() -> Probe:
+def probe(ctx: PluginContext) -> Probe:
   try: spec = importlib.util.find_spec("pydawn")
   except (ImportError, ValueError): spec = None
   if spec is None: return Probe.missing(Reason.NOT_INSTALLED, "dawn-python is not installed", "pip install dawn-python")
@@ -57,7 +60,7 @@ def probe() -> Probe:
     return Probe.missing(Reason.NOT_INSTALLED, f"dawn-python has no Dawn library for {sys.platform} {_machine()} "
                          f"(it ships: {have or 'nothing'})", f"use the WGPU engine ({install_hint('plugrt-webgpu-wgpu')}) on this machine")
   from plugrt_webgpu.drivers import DRIVER_HINT, drivers  # stdlib only
-  ok, seen = drivers(opengl=False)  # this Dawn build opens Vulkan (or Metal/D3D12), not OpenGL
+  ok, seen = drivers(opengl=False, env=ctx.env)  # this Dawn build opens Vulkan (or Metal/D3D12), not OpenGL
   if not ok: return Probe.missing(Reason.NO_DEVICE, f"dawn-python is installed, but this machine has {seen}", DRIVER_HINT)
   return Probe.found(1, f"dawn-python ({os.path.basename(lib)}) over {seen}; list adapters with `python -m plugrt_webgpu`", library=lib, drivers=seen)
 
@@ -72,7 +75,7 @@ def plugrt_interfaces() -> list[InterfaceSpec]:
 def plugrt_open_interface(device: DeviceInfo, interface: str) -> Any:
   from plugrt_webgpu.drivers import ADAPTER_ENV
   from plugrt_webgpu_dawn.engine import DawnEngine
-  return DawnEngine(os.environ.get(ADAPTER_ENV, ""))
+  return DawnEngine(device.context.get(ADAPTER_ENV))
 
 
 def adapters() -> list[Any]:

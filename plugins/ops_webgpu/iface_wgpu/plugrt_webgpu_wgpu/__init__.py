@@ -13,6 +13,7 @@ import os
 import re
 from typing import Any
 
+from plugrt.context import PluginContext
 from plugrt.errors import Reason
 from plugrt.hookspecs import DeviceInfo, InterfaceSpec, Probe, hookimpl
 
@@ -27,7 +28,7 @@ def _wgpu_dir() -> str | None:
   return next(iter(spec.submodule_search_locations))
 
 
-def probe() -> Probe:
+def probe(ctx: PluginContext) -> Probe:
   """wgpu-py is importable and ships its wgpu-native library: files only, nothing loads."""
   d = _wgpu_dir()
   if d is None: return Probe.missing(Reason.NOT_INSTALLED, "wgpu-py is not installed", "pip install wgpu")
@@ -41,7 +42,7 @@ def probe() -> Probe:
     version = m.group(1) if m else ""
   except OSError: pass
   from plugrt_webgpu.drivers import DRIVER_HINT, drivers  # stdlib only
-  ok, seen = drivers(opengl=True)
+  ok, seen = drivers(opengl=True, env=ctx.env)
   if not ok: return Probe.missing(Reason.NO_DEVICE, f"wgpu-py {version or '?'} is installed, but this machine has {seen}", DRIVER_HINT)
   return Probe.found(1, f"wgpu-py {version or '?'} (wgpu-native) over {seen}; list adapters with `python -m plugrt_webgpu`",
                      version=version, library=libs[0], drivers=seen)
@@ -57,7 +58,7 @@ def plugrt_interfaces() -> list[InterfaceSpec]:
 def plugrt_open_interface(device: DeviceInfo, interface: str) -> Any:
   from plugrt_webgpu.drivers import ADAPTER_ENV
   from plugrt_webgpu_wgpu.engine import WgpuEngine
-  return WgpuEngine(os.environ.get(ADAPTER_ENV, ""))
+  return WgpuEngine(device.context.get(ADAPTER_ENV))
 
 
 def adapters() -> list[Any]:
