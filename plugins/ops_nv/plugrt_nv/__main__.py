@@ -52,7 +52,7 @@ def main() -> None:
   step("interface: driver, classes, VA space, memory", iface_alone)
   dev = step("device: channels, doorbell, first commands", lambda: Device[f"NV:{index}" if index else "NV"])
   st = dev.info.state
-  print(f"       slots at {st.slots.va:#x}, signals at {st.sem:#x}, local memory {st.slm} B/thread, tokens {st.compute.token}/{st.copy.token}")
+  print(f"       slots at {st.slots.base:#x}, signals at {st.sem:#x}, local memory {st.slm} B/thread, tokens {st.compute.token}/{st.copy.token}")
 
   def copies() -> str:
     rng = np.random.default_rng(0)
@@ -76,7 +76,8 @@ def main() -> None:
     between a numpy array and that buffer (one thread, and the allocator's parallel pieces)."""
     from plugrt_nv import cmd
     st, al = dev.info.state, dev.allocator
-    stage, n, reps = al._staging(0), al.STAGE, 8
+    staging = al.staging
+    stage, n, reps = staging.buffer(0), staging.chunk, 8
     d = Buffer(dev, n, dtypes.uint8)
     host = np.ones(n, np.uint8)
     addr = host.ctypes.data
@@ -86,11 +87,11 @@ def main() -> None:
       for _ in range(reps): fn()
       dev.synchronize()
       return n * reps / (time.perf_counter() - t) / 1e9
-    out = {"DMA host->GPU": rate(lambda: st.submit(st.copy, cmd.copy(d.handle, stage.va, n))),
-           "DMA GPU->host": rate(lambda: st.submit(st.copy, cmd.copy(stage.va, d.handle, n))),
-           "CPU copy, 1 thread": rate(lambda: ctypes.memmove(stage.va, addr, n)),
-           f"CPU copy, {max(al.workers, 1)} threads": rate(lambda: al._memmove(stage.va, addr, n)),
-           "CPU copy back, threads": rate(lambda: al._memmove(addr, stage.va, n))}
+    out = {"DMA host->GPU": rate(lambda: st.submit(st.copy, cmd.copy(d.handle, stage, n))),
+           "DMA GPU->host": rate(lambda: st.submit(st.copy, cmd.copy(stage, d.handle, n))),
+           "CPU copy, 1 thread": rate(lambda: ctypes.memmove(stage, addr, n)),
+           f"CPU copy, {staging.threads} threads": rate(lambda: staging.memcpy(stage, addr, n)),
+           "CPU copy back, threads": rate(lambda: staging.memcpy(addr, stage, n))}
     return ", ".join(f"{k} {v:.1f} GB/s" for k, v in out.items()) + f" ({n >> 20} MiB pieces)"
   step("where a host copy's time goes", copy_parts)
 

@@ -39,7 +39,7 @@ def fake_plugins(gpu: FakeGPU) -> list[types.ModuleType]:
 def fake(plugrt_registry, monkeypatch):
   monkeypatch.setenv("PLUGRT_NV_TIMEOUT", "5")
   gpu = FakeGPU()
-  with plugrt_registry(fake_plugins(gpu), env={"NV": "1", "NV_PTX": "1", "PLUGRT_CACHE": "0"}) as reg:
+  with plugrt_registry(fake_plugins(gpu), env={"NV": "1", "NV_PTX": "1", "PLUGRT_CACHE": "0", "PLUGRT_NV_TIMEOUT": "5"}) as reg:
     dev = reg.open("NV")
     assert dev.compiler.name == "PTX"  # the kernels are real cubins from ptxas (NVRTC may be missing)
     yield gpu, dev
@@ -58,7 +58,7 @@ def test_open_sets_up_both_channels(fake):
 def test_copies_through_the_copy_engine(fake):
   _, dev = fake
   x = np.random.default_rng(1).integers(0, 1 << 30, 3 << 20, dtype=np.int32)  # 12 MiB: several staging rounds with a small stage
-  dev.allocator.STAGE = 1 << 20
+  dev.allocator.staging.chunk = 1 << 20
   dev.allocator.kcopy = False  # large device-to-device copies would run as a kernel, which the fake cannot run: the copy engine here
   b = Buffer(dev, x.size, dtypes.int32).copyin(x)
   assert np.array_equal(b.numpy(), x)
