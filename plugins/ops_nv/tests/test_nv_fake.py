@@ -12,7 +12,7 @@ from fake_gpu import FakeGPU
 
 import plugrt_nv
 from plugrt import Buffer, dtypes
-from plugrt.errors import UnsupportedError
+from plugrt.errors import EnvError, UnsupportedError
 from plugrt.hookspecs import InterfaceSpec, Probe, hookimpl
 from plugrt.testing import kernels as K
 from plugrt_nv import hw
@@ -178,4 +178,25 @@ def test_blackwell_is_refused_not_guessed(plugrt_registry):
   gpu = FakeGPU({0xCEC0, 0xCAB5, 0xCA6F, 0xC761})
   with plugrt_registry(fake_plugins(gpu), env={"NV": "1"}) as reg, pytest.raises(UnsupportedError, match="Blackwell"):
     reg.open("NV")
+  gpu.close()
+
+
+@pytest.mark.parametrize("env,match", [({"PLUGRT_NV_TIMEOUT": "soon"}, "PLUGRT_NV_TIMEOUT='soon' is not a number"),
+                                       ({"PLUGRT_NV_TIMEOUT": "0"}, "PLUGRT_NV_TIMEOUT='0' is out of range"),
+                                       ({"PLUGRT_NV_SLOTS": "vram"}, "PLUGRT_NV_SLOTS='vram' is not one of mapped, host")])
+def test_bad_settings_are_env_errors(plugrt_registry, monkeypatch, env, match):
+  """The device reads its settings through its context (the registry's environment) and names a bad one."""
+  for k, v in env.items(): monkeypatch.setenv(k, v)  # the process environment too, while DeviceInfo.context may fall back to it
+  gpu = FakeGPU()
+  with plugrt_registry(fake_plugins(gpu), env={"NV": "1", **env}) as reg, pytest.raises(EnvError, match=match): reg.open("NV")
+  gpu.close()
+
+
+def test_settings_from_the_context(plugrt_registry, monkeypatch):
+  env = {"PLUGRT_NV_TIMEOUT": "7.5", "PLUGRT_NV_SLOTS": "HOST"}
+  for k, v in env.items(): monkeypatch.setenv(k, v)
+  gpu = FakeGPU()
+  with plugrt_registry(fake_plugins(gpu), env={"NV": "1", "NV_PTX": "1", "PLUGRT_CACHE": "0", **env}) as reg:
+    st = reg.open("NV").info.state
+    assert st.timeout == 7.5 and st.slots_mem.kind == "host" and st.timeout_setting == "PLUGRT_NV_TIMEOUT"
   gpu.close()
