@@ -135,7 +135,7 @@ def main() -> None:
     """The stores a fast-path launch makes, each timed alone (the doorbell is rung with no new work: harmless)."""
     import struct
     st = dev.info.state
-    ch, mv, n = st.compute, st.slots_mv, 4000
+    ch, mv, n = st.compute, st.slots.view, 4000
     data = bytes(48)
     dev.synchronize()
     def timed(fn) -> float:
@@ -143,16 +143,16 @@ def main() -> None:
       for i in range(n): fn(i)
       return (time.perf_counter() - t) / n * 1e6
     put = ch.put % ch.entries
-    entry = ch.ring_arr[put]
+    entry = ch.ring[put]
     rows = {"48 B into a slot": timed(lambda i: mv.__setitem__(slice(i % 256 * 4096, i % 256 * 4096 + 48), data)),
             "payload word": timed(lambda i: struct.pack_into("<I", mv, i % 256 * 4096 + 36, i)),
-            "ring entry": timed(lambda i: ch.ring_arr.__setitem__(put, entry)),
-            "GP_PUT": timed(lambda i: setattr(ch.gp_put, "value", put)),
+            "ring entry": timed(lambda i: ch.ring.__setitem__(put, entry)),
+            "GP_PUT": timed(lambda i: setattr(ch.put_register, "value", put)),
             "fence": timed(lambda i: st._fence()),
-            "doorbell": timed(lambda i: setattr(st._doorbell, "value", ch.token)),
+            "doorbell": timed(lambda i: setattr(ch.doorbell, "value", ch.token)),
             "empty loop": timed(lambda i: None)}
     dev.synchronize()
-    return ", ".join(f"{k} {v:.3f} us" for k, v in rows.items()) + f" (slots: {st.slots.kind})"
+    return ", ".join(f"{k} {v:.3f} us" for k, v in rows.items()) + f" (slots: {st.slots_mem.kind})"
   step("where a launch's time goes", breakdown)
   print("NV works on this machine")
 
