@@ -17,6 +17,7 @@ from plugrt.device import Buffer
 from plugrt.dtype import DType, dtypes, float_bits, float_value
 from plugrt.errors import UnsupportedError
 from plugrt.hookspecs import DeviceInfo
+from plugrt.hwqueue import PinnedStaging
 from plugrt.ir import Signature
 from plugrt.runtime import Allocator, DeviceState, Graph, Launch, LaunchLimits, Program, buffer_address
 from plugrt_cuda import driver as D
@@ -76,74 +77,47 @@ class CUDAState(DeviceState):
     return ms.value / 1e3
 
 
-class Staging:
+class Staging(PinnedStaging):
   """Host <-> device copies of pageable memory through pinned buffers (memory from host_array skips this).
 
-  A copy is cut into chunks; each goes through one of a ring of pinned buffers. The host
-  side (memcpy between the user's memory and a pinned buffer) is split across threads,
-  which run in parallel because ctypes releases the GIL; the DMA of one chunk overlaps
-  the memcpy of the next. Everything is on the device's stream, so copies stay ordered
-  with kernels.
+  plugrt.hwqueue.PinnedStaging cuts a copy into chunks, each through one of a ring of pinned buffers, the host side
+  split across threads, the DMA of one chunk overlapping the memcpy of the next. Here the buffers come from
+  cuMemHostAlloc and each has an event recorded after its DMA (the token a later use of the buffer waits for).
+  Everything is on the device's stream, so copies stay ordered with kernels; a copy-in returns once its DMAs ended.
   """
   CHUNK, RING = 64 << 20, 2  # best of 8-64 MiB x 2-4 buffers x 4-16 threads on the H200 machine (bench/cuda_copy.py)
 
   def __init__(self, state: CUDAState):
-    import os
+    # host memcpy scales with threads (8.5 GB/s on one, 36 on 16): pieces of a chunk from 1 MiB go to the pool
+    super().__init__(threading.Lock(), chunk=self.CHUNK, buffers=self.RING, parallel_min=1 << 20, thread_name="plugrt-cuda-copy")
     self.state, self.lib = state, state.lib
-    self.threads = max(1, min(16, os.cpu_count() or 2))  # host memcpy scales with threads: 8.5 GB/s on one, 36 on 16
-    self.bufs: list[int] = []
     self.events: list[ctypes.c_void_p] = []
-    self.pool: Any = None
-    self.lock = threading.Lock()
 
-  def _ready(self) -> None:
-    if self.bufs: return
-    from concurrent.futures import ThreadPoolExecutor
-    for _ in range(self.RING):
-      p, ev = ctypes.c_void_p(), ctypes.c_void_p()
-      D.call("cuMemHostAlloc", ctypes.byref(p), ctypes.c_size_t(self.CHUNK), D.CU_MEMHOSTALLOC_PORTABLE)
-      D.call("cuEventCreate", ctypes.byref(ev), 2)  # CU_EVENT_DISABLE_TIMING
-      self.bufs.append(p.value)  # type: ignore[arg-type]
-      self.events.append(ev)
-    self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="plugrt-cuda-copy") if self.threads > 1 else None
+  def _new_buffer(self) -> int:
+    p, ev = ctypes.c_void_p(), ctypes.c_void_p()
+    D.call("cuMemHostAlloc", ctypes.byref(p), ctypes.c_size_t(self.chunk), D.CU_MEMHOSTALLOC_PORTABLE)
+    D.call("cuEventCreate", ctypes.byref(ev), 2)  # CU_EVENT_DISABLE_TIMING
+    self.events.append(ev)
+    return p.value  # type: ignore[return-value]
 
-  def _memcpy(self, dst: int, src: int, n: int) -> None:
-    """A host memcpy split across the pool's threads."""
-    if self.pool is None or n < (1 << 20): return ctypes.memmove(dst, src, n)
-    step = -(-n // self.threads)
-    futures = [self.pool.submit(ctypes.memmove, dst + o, src + o, min(step, n - o)) for o in range(0, n, step)]
-    for f in futures: f.result()
+  def _to_device(self, dest: int, k: int, n: int) -> ctypes.c_void_p:
+    lib = self.lib
+    D.check(lib.cuMemcpyHtoDAsync_v2(ctypes.c_uint64(dest), ctypes.c_void_p(self.buffers[k]), ctypes.c_size_t(n), self.state.stream),
+            "cuMemcpyHtoDAsync")
+    D.check(lib.cuEventRecord(self.events[k], self.state.stream), "cuEventRecord")
+    return self.events[k]
 
-  def copyin(self, dest: int, host: int, n: int) -> None:
-    with self.lock:
-      self._ready()
-      st, lib = self.state, self.lib
-      for i, off in enumerate(range(0, n, self.CHUNK)):
-        k, size = i % self.RING, min(self.CHUNK, n - off)
-        D.check(lib.cuEventSynchronize(self.events[k]), "cuEventSynchronize")  # the DMA that last used this buffer is done
-        self._memcpy(self.bufs[k], host + off, size)
-        D.check(lib.cuMemcpyHtoDAsync_v2(ctypes.c_uint64(dest + off), ctypes.c_void_p(self.bufs[k]), ctypes.c_size_t(size), st.stream),
-                "cuMemcpyHtoDAsync")
-        D.check(lib.cuEventRecord(self.events[k], st.stream), "cuEventRecord")
-      for ev in self.events: D.check(lib.cuEventSynchronize(ev), "cuEventSynchronize")  # the caller may reuse its memory now
+  def _from_device(self, k: int, src: int, n: int) -> ctypes.c_void_p:
+    lib = self.lib
+    D.check(lib.cuMemcpyDtoHAsync_v2(ctypes.c_void_p(self.buffers[k]), ctypes.c_uint64(src), ctypes.c_size_t(n), self.state.stream),
+            "cuMemcpyDtoHAsync")
+    D.check(lib.cuEventRecord(self.events[k], self.state.stream), "cuEventRecord")
+    return self.events[k]
 
-  def copyout(self, host: int, src: int, n: int) -> None:
-    with self.lock:
-      self._ready()
-      st, lib = self.state, self.lib
-      chunks = list(enumerate(range(0, n, self.CHUNK)))
+  def _wait(self, token: ctypes.c_void_p) -> None: D.check(self.lib.cuEventSynchronize(token), "cuEventSynchronize")
 
-      def start(i: int, off: int) -> None:
-        k, size = i % self.RING, min(self.CHUNK, n - off)
-        D.check(lib.cuMemcpyDtoHAsync_v2(ctypes.c_void_p(self.bufs[k]), ctypes.c_uint64(src + off), ctypes.c_size_t(size), st.stream),
-                "cuMemcpyDtoHAsync")
-        D.check(lib.cuEventRecord(self.events[k], st.stream), "cuEventRecord")
-      for i, off in chunks[:self.RING - 1]: start(i, off)  # keep DMAs ahead of the host copies
-      for i, off in chunks:
-        if i + self.RING - 1 < len(chunks): start(*chunks[i + self.RING - 1])
-        k, size = i % self.RING, min(self.CHUNK, n - off)
-        D.check(lib.cuEventSynchronize(self.events[k]), "cuEventSynchronize")
-        self._memcpy(host + off, self.bufs[k], size)
+  def _copied_in(self) -> None:
+    for ev in self.events: self._wait(ev)  # the caller may reuse its memory now
 
 
 class CUDAAllocator(Allocator[int]):

@@ -52,7 +52,7 @@ def main() -> None:
   step("interface: driver, classes, VA space, memory", iface_alone)
   dev = step("device: channels, doorbell, first commands", lambda: Device[f"NV:{index}" if index else "NV"])
   st = dev.info.state
-  print(f"       slots at {st.slots.va:#x}, signals at {st.sem:#x}, local memory {st.slm} B/thread, tokens {st.compute.token}/{st.copy.token}")
+  print(f"       slots at {st.slots.base:#x}, signals at {st.sem:#x}, local memory {st.slm} B/thread, tokens {st.compute.token}/{st.copy.token}")
 
   def copies() -> str:
     rng = np.random.default_rng(0)
@@ -76,7 +76,8 @@ def main() -> None:
     between a numpy array and that buffer (one thread, and the allocator's parallel pieces)."""
     from plugrt_nv import cmd
     st, al = dev.info.state, dev.allocator
-    stage, n, reps = al._staging(0), al.STAGE, 8
+    staging = al.staging
+    stage, n, reps = staging.buffer(0), staging.chunk, 8
     d = Buffer(dev, n, dtypes.uint8)
     host = np.ones(n, np.uint8)
     addr = host.ctypes.data
@@ -86,11 +87,11 @@ def main() -> None:
       for _ in range(reps): fn()
       dev.synchronize()
       return n * reps / (time.perf_counter() - t) / 1e9
-    out = {"DMA host->GPU": rate(lambda: st.submit(st.copy, cmd.copy(d.handle, stage.va, n))),
-           "DMA GPU->host": rate(lambda: st.submit(st.copy, cmd.copy(stage.va, d.handle, n))),
-           "CPU copy, 1 thread": rate(lambda: ctypes.memmove(stage.va, addr, n)),
-           f"CPU copy, {max(al.workers, 1)} threads": rate(lambda: al._memmove(stage.va, addr, n)),
-           "CPU copy back, threads": rate(lambda: al._memmove(addr, stage.va, n))}
+    out = {"DMA host->GPU": rate(lambda: st.submit(st.copy, cmd.copy(d.handle, stage, n))),
+           "DMA GPU->host": rate(lambda: st.submit(st.copy, cmd.copy(stage, d.handle, n))),
+           "CPU copy, 1 thread": rate(lambda: ctypes.memmove(stage, addr, n)),
+           f"CPU copy, {staging.threads} threads": rate(lambda: staging.memcpy(stage, addr, n)),
+           "CPU copy back, threads": rate(lambda: staging.memcpy(addr, stage, n))}
     return ", ".join(f"{k} {v:.1f} GB/s" for k, v in out.items()) + f" ({n >> 20} MiB pieces)"
   step("where a host copy's time goes", copy_parts)
 
@@ -134,7 +135,7 @@ def main() -> None:
     """The stores a fast-path launch makes, each timed alone (the doorbell is rung with no new work: harmless)."""
     import struct
     st = dev.info.state
-    ch, mv, n = st.compute, st.slots_mv, 4000
+    ch, mv, n = st.compute, st.slots.view, 4000
     data = bytes(48)
     dev.synchronize()
     def timed(fn) -> float:
@@ -142,16 +143,16 @@ def main() -> None:
       for i in range(n): fn(i)
       return (time.perf_counter() - t) / n * 1e6
     put = ch.put % ch.entries
-    entry = ch.ring_arr[put]
+    entry = ch.ring[put]
     rows = {"48 B into a slot": timed(lambda i: mv.__setitem__(slice(i % 256 * 4096, i % 256 * 4096 + 48), data)),
             "payload word": timed(lambda i: struct.pack_into("<I", mv, i % 256 * 4096 + 36, i)),
-            "ring entry": timed(lambda i: ch.ring_arr.__setitem__(put, entry)),
-            "GP_PUT": timed(lambda i: setattr(ch.gp_put, "value", put)),
+            "ring entry": timed(lambda i: ch.ring.__setitem__(put, entry)),
+            "GP_PUT": timed(lambda i: setattr(ch.put_register, "value", put)),
             "fence": timed(lambda i: st._fence()),
-            "doorbell": timed(lambda i: setattr(st._doorbell, "value", ch.token)),
+            "doorbell": timed(lambda i: setattr(ch.doorbell, "value", ch.token)),
             "empty loop": timed(lambda i: None)}
     dev.synchronize()
-    return ", ".join(f"{k} {v:.3f} us" for k, v in rows.items()) + f" (slots: {st.slots.kind})"
+    return ", ".join(f"{k} {v:.3f} us" for k, v in rows.items()) + f" (slots: {st.slots_mem.kind})"
   step("where a launch's time goes", breakdown)
   print("NV works on this machine")
 

@@ -1,12 +1,15 @@
 """NV's runtime objects: the device state (channels, timeline, command slots), the allocator, programs.
 
-Everything the GPU runs goes through one timeline: every submission, on the compute or the copy channel, ends by
-writing the next value of a 32-bit counter in host memory (with the GPU's timestamp beside it), and a submission
-that follows one on the other channel first makes that channel wait for the previous value. Waiting is reading
-that counter; it is bounded (PLUGRT_NV_TIMEOUT seconds, 30 by default) and checks the driver's error notifiers,
-so a faulting or hung kernel becomes an NVError with the driver's reason, never a hang.
+The device-independent parts (timeline, command slots, doorbell rings, resident launches, pinned staging) are
+plugrt.hwqueue's; what is here is how NV uses them and encodes its commands.
 
-Commands live in a ring of fixed slots in GPU memory that the CPU writes (write-combined). A program keeps its
+Everything the GPU runs goes through one timeline (hwqueue.Timeline): every submission, on the compute or the copy
+channel, ends by writing the next value of a 32-bit counter in host memory (with the GPU's timestamp beside it), and
+a submission that follows one on the other channel first makes that channel wait for the previous value. Waiting is
+reading that counter; it is bounded (PLUGRT_NV_TIMEOUT seconds, 30 by default) and checks the driver's error
+notifiers, so a faulting or hung kernel becomes an NVError with the driver's reason, never a hang.
+
+Commands live in a ring of fixed slots (hwqueue.CommandSlots) in GPU memory that the CPU writes (write-combined). A program keeps its
 launch descriptors (QMD + constant bank 0 with the arguments) in a few resident entries of its own, one per set of
 arguments; a launch whose arguments an entry holds writes 12 words into a slot (invalidate the SMs' data caches,
 start the grid, release the timeline), appends one GPFIFO entry, fences (sfence), moves GP_PUT and writes the
@@ -20,18 +23,18 @@ copies from 1 MiB run as a kernel (the copy engine moves about 43 GB/s device to
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
 import time
 import weakref
 from _thread import RLock
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from plugrt.device import Buffer
 from plugrt.dtype import DType, dtypes, float_bits, float_value
 from plugrt.errors import CompileError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
+from plugrt.hwqueue import CommandSlots, DoorbellRing, PinnedStaging, ResidentLaunch, ResidentLaunches, Timeline, queue_timeout, round_up
 from plugrt.ir import Signature
 from plugrt.probing import install_hint
 from plugrt.runtime import Allocator, DeviceState, LaunchLimits, Program, buffer_address
@@ -66,17 +69,10 @@ FAST_ENTRY = 1 << 41 | FAST_WORDS << 42    # its GPFIFO entry's flags and length
 _PAYLOAD = struct.Struct("<I").pack_into
 
 
-def round_up(x: int, a: int) -> int: return (x + a - 1) // a * a
-
-
-def _timeout() -> float:
-  v = os.environ.get("PLUGRT_NV_TIMEOUT", "")
-  try: return float(v) if v else 30.0
-  except ValueError: raise NVError(f"PLUGRT_NV_TIMEOUT={v!r} is not a number of seconds", "e.g. PLUGRT_NV_TIMEOUT=60") from None
-
-
-class NVState(DeviceState):
-  """One GPU opened through an interface: its channels, the timeline, the command slots, local memory."""
+class NVState(Timeline, DeviceState):  # Timeline first: its synchronize() is the device's
+  """One GPU opened through an interface: its channels, the timeline (inherited: `value`, `done`, `wait`), the
+  command slots, local memory."""
+  error = NVError
 
   def __init__(self, info: DeviceInfo):
     iface: GPUInterface | None = info.iface_object
@@ -94,24 +90,17 @@ class NVState(DeviceState):
     addr = machinecode.code(FENCE)
     if addr is None: raise UnsupportedError("NV needs an executable page for its store fence (x86-64, no W^X policy)", "use the CUDA device")
     self._fence = ctypes.CFUNCTYPE(None)(addr)
-    self.timeout = _timeout()
-    self.compute, self.copy = iface.channels(ENTRIES)
-    for ch in (self.compute, self.copy):
-      ch.put = 0  # type: ignore[attr-defined]
-      ch.ring_arr = (ctypes.c_uint64 * ch.entries).from_address(ch.ring)  # type: ignore[attr-defined]
-      ch.gp_put = ctypes.c_uint32.from_address(ch.userd + hw.USERD_GP_PUT)  # type: ignore[attr-defined]
-    self._doorbell = ctypes.c_uint32.from_address(iface.doorbell)
+    ctx = info.context
+    timeout = queue_timeout(ctx, "PLUGRT_NV_TIMEOUT")
+    kind = ctx.choice("PLUGRT_NV_SLOTS", ("mapped", "host"), "mapped")  # where the command slots live: GPU memory the CPU writes, or host memory
+    doorbell = ctypes.c_uint32.from_address(iface.doorbell)
+    self.compute, self.copy = (self._ring(ch, doorbell) for ch in iface.channels(ENTRIES))
     self.signals = iface.alloc(0x1000, "host")
     self.sem, self.ts = self.signals.va, self.signals.va + 16  # the timeline (value, pad, timestamp) and a start-timestamp slot
-    self._sem = ctypes.c_uint32.from_address(self.sem)
-    self.value = self.done = 0
-    self.last: Channel | None = None
-    kind = os.environ.get("PLUGRT_NV_SLOTS", "mapped")  # where the command slots live: GPU memory the CPU writes, or host memory
-    if kind not in ("mapped", "host"): raise NVError(f"PLUGRT_NV_SLOTS={kind!r}: use mapped (GPU memory, the default) or host")
-    self.slots = iface.alloc(SLOT * SLOTS, kind)
-    self.slots_mv = memoryview((ctypes.c_char * (SLOT * SLOTS)).from_address(self.slots.va)).cast("B")
-    self.slots_va = self.slots.va
-    self.slot_value, self.next_slot = [0] * SLOTS, 0
+    Timeline.__init__(self, self.sem, timeout=timeout, label=f"NV:{info.index}", setting="PLUGRT_NV_TIMEOUT")
+    self.last: DoorbellRing | None = None
+    self.slots_mem = iface.alloc(SLOT * SLOTS, kind)
+    self.slots = CommandSlots(self.slots_mem.va, SLOT, SLOTS)
     self.slm, self.local_mem = 0, None
     # may the next launch take the fast path? Not after work on the copy channel (the launch must wait for it), nor after new
     # code or constants were written where the GPU may have cached old ones (the launch invalidates those caches first)
@@ -124,32 +113,31 @@ class NVState(DeviceState):
                     "the channel, doorbell or semaphore path does not work with this GPU and driver; use the CUDA device") from None
     self.ensure_local(hw.LOCAL_ABI)
 
-  # ------------------------------------------------------------ submission
-  def _slot(self) -> tuple[int, int]:
-    i = self.next_slot
-    self.next_slot = (i + 1) % SLOTS
-    if self.slot_value[i] > self.done: self.wait(self.slot_value[i])
-    return self.slots.va + i * SLOT, i
+  @staticmethod
+  def _ring(ch: Channel, doorbell: ctypes.c_uint32) -> DoorbellRing:
+    """A channel's GPFIFO as a doorbell ring: 8-byte entries, GP_PUT wraps, the doorbell takes the channel's token."""
+    return DoorbellRing(ch.name, (ctypes.c_uint64 * ch.entries).from_address(ch.ring), ch.entries,
+                        ctypes.c_uint32.from_address(ch.userd + hw.USERD_GP_PUT), ctypes.c_uint32.from_address(ch.userd + hw.USERD_GP_GET),
+                        doorbell, ch.token)
 
-  def _kick(self, ch: Any, va: int, nwords: int, value: int, slot: int) -> None:
-    ch.ring_arr[ch.put % ch.entries] = va | 1 << 41 | nwords << 42
-    ch.put += 1
+  # ------------------------------------------------------------ submission
+  def _kick(self, ch: DoorbellRing, va: int, nwords: int, value: int, slot: int) -> None:
+    ch.push(va | 1 << 41 | nwords << 42)
     # The fence comes before GP_PUT: a busy channel reads GP_PUT on its own, without waiting for the doorbell, and
     # write-combined stores reach the GPU in any order, so it could fetch the new entry, or run the slot's words of
     # an earlier launch, before they arrive (on the H200, 2 of 5000 dependent launches read stale data that way).
     # The doorbell is an uncached store, which drains the write-combining buffers (GP_PUT) before it.
     self._fence()
-    ch.gp_put.value = ch.put % ch.entries
-    self._doorbell.value = ch.token
-    self.value, self.slot_value[slot], self.last = value, value, ch
+    ch.publish()
+    self.value, self.slots.last_use[slot], self.last = value, value, ch
     if ch is not self.compute: self.fast = False
 
-  def submit(self, ch: Channel, body: list[int]) -> int:
+  def submit(self, ch: DoorbellRing, body: list[int]) -> int:
     """Run `body` (command words) on channel `ch` after everything submitted before; returns its timeline value."""
     with self.lock:
       if self.broken: raise NVError(f"NV:{self.index} cannot run more work: {self.broken}", "restart the process")
-      va, slot = self._slot()
-      value = self.value + 1
+      slot = self.slots.take(self)
+      va, value = self.slots.address(slot), self.value + 1
       words = (cmd.sem_acquire(self.sem, self.value) if self.last is not ch else []) + body
       words += cmd.copy_release(self.sem, value) if ch is self.copy else cmd.sem_release(self.sem, value)
       if len(words) * 4 > SLOT: raise NVError(f"internal: {len(words)} command words do not fit a {SLOT}-byte slot")
@@ -158,36 +146,17 @@ class NVState(DeviceState):
       self._kick(ch, va, len(words), value, slot)
       return value
 
-  # ------------------------------------------------------------ waiting
-  def completed(self) -> int:
-    done = self.value - ((self.value - self._sem.value) & M32)  # the counter is 32 bits; at most 2^31 submissions are in flight
-    if done > self.done: self.done = done
-    return self.done
+  # ------------------------------------------------------------ waiting (Timeline's wait, with the driver's account of faults)
+  def fault(self) -> str: return self.iface.fault()  # the error notifiers: plain memory reads
 
-  def wait(self, value: int, timeout: float | None = None) -> None:
-    if self.done >= value: return
-    for _ in range(1000):
-      if self.completed() >= value: return
-    limit = self.timeout if timeout is None else timeout
-    deadline, check = time.monotonic() + limit, 0.0
-    while self.completed() < value:
-      now = time.monotonic()
-      if now >= check:  # the error notifiers: plain memory reads
-        if self.iface.fault(): self._fail(f"the GPU reported an error while running submission {value}")
-        check = now + 0.02
-      if now > deadline: self._fail(f"the GPU did not finish submission {value} within {limit:g} s (timeline at {self.completed()})")
-      time.sleep(0)
+  def fault_report(self) -> str:
+    rings = ", ".join(f"{c.name} ring GP_GET {c.consumed()} / GP_PUT {c.put % c.entries}" for c in (self.compute, self.copy))
+    return f"{self.iface.fault(deep=True) or 'the driver reports no channel error'} ({rings})"
 
-  def _fail(self, what: str) -> None:
-    rings = ", ".join(f"{c.name} ring GP_GET {ctypes.c_uint32.from_address(c.userd + hw.USERD_GP_GET).value} / GP_PUT {c.put % c.entries}"  # type: ignore[attr-defined]
-                      for c in (self.compute, self.copy))
-    why = self.iface.fault(deep=True) or "the driver reports no channel error"
-    self.broken, self.fast = f"{what}; {why} ({rings})", False
-    raise NVError(f"NV:{self.index}: {self.broken}",
-                  "a kernel that faults or never ends leaves this device unusable in this process: fix it and restart; "
-                  "PLUGRT_NV_TIMEOUT=<seconds> allows longer work")
+  def fail(self, what: str, value: int | None = None, timed_out: bool = False) -> NoReturn:
+    self.fast = False
+    super().fail(what, value, timed_out)
 
-  def synchronize(self) -> None: self.wait(self.value)
 
   def ensure_local(self, need: int) -> None:
     """Enough local memory (stacks) for `need` bytes per thread on every thread the GPU can hold at once."""
@@ -207,22 +176,43 @@ class NVState(DeviceState):
     finally: self.iface.close()
 
 
+class NVStaging(PinnedStaging):
+  """Host copies through two pinned staging buffers in host memory and the copy engine; a staging buffer's token is
+  the timeline value of the copy that used it (the copy channel runs in submission order)."""
+
+  def __init__(self, state: NVState, chunk: int, piece: int):
+    # pieces of the CPU copy start on page boundaries; below two pieces one thread copies
+    super().__init__(state.lock, chunk=chunk, buffers=2, parallel_min=piece * 2, align=4096, thread_name="plugrt-nv-copy")
+    self.state = state
+    self.mems: list[Mem] = []
+
+  def _new_buffer(self) -> int:
+    self.mems.append(mem := self.state.iface.alloc(self.chunk, "host"))
+    return mem.va
+
+  def _to_device(self, dest: int, k: int, n: int) -> int:
+    st = self.state
+    return st.submit(st.copy, cmd.copy(dest, self.buffers[k], n))
+
+  def _from_device(self, k: int, src: int, n: int) -> int:
+    st = self.state
+    return st.submit(st.copy, cmd.copy(self.buffers[k], src, n))
+
+  def _wait(self, token: int) -> None: self.state.wait(token)
+
+
 class NVAllocator(Allocator[int]):
   """GPU memory in the device's VA space; a handle is its GPU address. Host copies go through two pinned staging
-  buffers and the copy engine; device-to-device copies are one copy-engine command."""
+  buffers and the copy engine (NVStaging); device-to-device copies are one copy-engine command, or a kernel."""
   STAGE, PIECE = 64 << 20, 4 << 20  # two staging buffers of 64 MiB, CPU copies in up to 16 pieces: what the CUDA backend found best here
   supports_transfer = True
-  pool: Any = None
-  workers = 1
   kcopy: Any = None  # the device-to-device copy kernel (None: not built yet, False: not available)
 
   def __init__(self, device: DeviceInfo):
     super().__init__(device)
     self.state: NVState = device.state  # type: ignore[assignment]
     self.mems: dict[int, Mem] = {}
-    self.stage: list[Mem] = []
-    self.stage_value = [0, 0]
-    self.k = 0
+    self.staging = NVStaging(self.state, self.STAGE, self.PIECE)
 
   def _alloc(self, nbytes: int, options: Any) -> int:
     with self.state.lock:
@@ -240,48 +230,9 @@ class NVAllocator(Allocator[int]):
 
   def _offset(self, handle: int, offset: int, nbytes: int) -> int: return handle + offset
 
-  def _memmove(self, dst: int, src: int, n: int) -> None:
-    """CPU copy between host memory and a staging buffer, in parallel pieces for large ones (ctypes.memmove lets
-    the GIL go, so the pieces run at once): one core's copy is well below what the copy engine moves."""
-    if n < self.PIECE * 2:
-      ctypes.memmove(dst, src, n)
-      return
-    if self.pool is None:
-      from concurrent.futures import ThreadPoolExecutor
-      self.workers = max(1, min(16, os.cpu_count() or 2))
-      self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="plugrt-nv-copy")
-    step = round_up(-(-n // self.workers), 4096)
-    list(self.pool.map(lambda o: ctypes.memmove(dst + o, src + o, min(step, n - o)), range(0, n, step)))
+  def _copyin(self, dest: int, src: memoryview) -> None: self.staging.copyin(dest, buffer_address(src), src.nbytes)
 
-  def _staging(self, k: int) -> Mem:
-    while len(self.stage) <= k: self.stage.append(self.state.iface.alloc(self.STAGE, "host"))
-    return self.stage[k]
-
-  def _copyin(self, dest: int, src: memoryview) -> None:
-    st, n = self.state, src.nbytes
-    addr = buffer_address(src)
-    with st.lock:  # the staging buffers are the device's, one copy at a time
-      for off in range(0, n, self.STAGE):
-        k, m = self.k, min(self.STAGE, n - off)
-        self.k ^= 1
-        buf = self._staging(k)
-        st.wait(self.stage_value[k])
-        self._memmove(buf.va, addr + off, m)
-        self.stage_value[k] = st.submit(st.copy, cmd.copy(dest + off, buf.va, m))
-
-  def _copyout(self, dest: memoryview, src: int) -> None:
-    st, n = self.state, dest.nbytes
-    addr = buffer_address(dest)
-    chunks = [(off, min(self.STAGE, n - off)) for off in range(0, n, self.STAGE)]
-    # the GPU runs everything in submission order, so a staging buffer a copy-in still reads is safe to copy into
-    start = lambda i: st.submit(st.copy, cmd.copy(self._staging(i % 2).va, src + chunks[i][0], chunks[i][1]))
-    with st.lock:  # the staging buffers are the device's, one copy at a time
-      nxt = start(0) if chunks else 0
-      for i, (off, m) in enumerate(chunks):
-        v = nxt
-        if i + 1 < len(chunks): nxt = start(i + 1)  # the next chunk's DMA runs while the CPU copies this one out
-        st.wait(v)
-        self._memmove(addr + off, self._staging(i % 2).va, m)
+  def _copyout(self, dest: memoryview, src: int) -> None: self.staging.copyout(buffer_address(dest), src, dest.nbytes)
 
   def _copy(self, dest: int, src: int, nbytes: int) -> None:
     """Device to device: large copies between ranges that do not overlap run as a kernel (the SMs move memory far
@@ -393,10 +344,11 @@ class NVProgram(Program):
     # the QMD's grid (x < 2**31, y and z < 65536) and block (1024, 1024, 64) fields; threads per block as this kernel's registers allow
     self.launch_limits = LaunchLimits(str(device), ((1 << 31) - 1, 65535, 65535), (1024, 1024, 64), self.max_threads)
     self.kernel = k
-    # resident entries: [arguments key, QMD address, last timeline value that used it, words 0..8 of the fast path]
+    # resident launches: each a QMD with its constant bank 0 (the descriptor), in GPU memory the CPU writes
     self.entry_size = round_up(self.cmd_off, 256)
     with st.lock: self.res = st.iface.alloc(self.entry_size * self.ENTRIES, "mapped")
-    self.entries: list[list[Any]] = []
+    self.resident = ResidentLaunches(self.res.va, self.entry_size, self.ENTRIES)
+    self.entries = self.resident.entries  # the launch path searches this list inline
     weakref.finalize(self, _release_program, st, self.mem, self.res)
 
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
@@ -405,36 +357,37 @@ class NVProgram(Program):
     with st.lock:  # the device's slots, rings and timeline, and this program's entries, are shared by all threads
       key = (bufs, vals, global_size, local_size)
       for e in self.entries:
-        if e[0] == key: break
+        if e.key == key: break
       else: e = self._entry(key, bufs, vals, global_size, local_size)
       if e is not None and st.fast and not wait:  # the fast path: 12 words into a slot, a ring entry, GP_PUT, the doorbell
-        i = st.next_slot
-        if st.slot_value[i] > st.done: st.wait(st.slot_value[i])
-        st.next_slot = (i + 1) % SLOTS
-        o, value, ch, words = i * SLOT, st.value + 1, st.compute, e[3]
+        slots = st.slots  # CommandSlots.take and DoorbellRing.push/publish, inline
+        i = slots.next
+        if slots.last_use[i] > st.done: st.wait(slots.last_use[i])
+        slots.next = (i + 1) % SLOTS
+        o, value, ch, words = i * SLOT, st.value + 1, st.compute, e.commands
         _PAYLOAD(words, FAST_PAYLOAD, value & M32)
-        st.slots_mv[o:o + FAST_WORDS * 4] = words
-        put = ch.put  # type: ignore[attr-defined]
-        ch.ring_arr[put % ch.entries] = st.slots_va + o | FAST_ENTRY  # type: ignore[attr-defined]
-        ch.put = put = put + 1  # type: ignore[attr-defined]
+        slots.view[o:o + FAST_WORDS * 4] = words
+        put = ch.put
+        ch.ring[put % ch.entries] = slots.base + o | FAST_ENTRY
+        ch.put = put = put + 1
         st._fence()  # the slot and the ring entry first: see _kick
-        ch.gp_put.value = put % ch.entries  # type: ignore[attr-defined]
-        st._doorbell.value = ch.token
-        st.value = st.slot_value[i] = e[2] = value
+        ch.put_register.value = put % ch.entries
+        ch.doorbell.value = ch.token
+        st.value = slots.last_use[i] = e.last_use = value
         return None
       if st.broken: raise NVError(f"NV:{st.index} cannot run {self.name}: {st.broken}", "restart the process")
-      va, slot = st._slot()
-      value = st.value + 1
+      slot = st.slots.take(st)
+      va, value = st.slots.address(slot), st.value + 1
       if e is None:  # no resident entry free: QMD and constant bank travel in the slot
         off, shift, hi = self.cbuf_patch
         cb = (va + CBUF_OFF) >> shift
         struct.pack_into("<II", self.blob, off, cb & M32, hi | cb >> 32)
         ctypes.memmove(va, self.blob_addr, self.cmd_off)
         qmd, c = va, self.cmd_off
-      else: qmd, c, e[2] = e[1], 0, value
+      else: qmd, c, e.last_use = e.descriptor, 0, value
       words = (cmd.sem_acquire(st.sem, st.value) if st.last is not st.compute else []) + (cmd.sem_release(st.ts, value) if wait else [])
       words += cmd.launch(qmd) + cmd.sem_release(st.sem, value)  # with the cache invalidation
-      struct.pack_into(f"<{len(words)}I", st.slots_mv, va - st.slots.va + c, *words)
+      struct.pack_into(f"<{len(words)}I", st.slots.view, slot * SLOT + c, *words)
       st._kick(st.compute, va + c, len(words), value, slot)
       st.fast = True
       if not wait: return None
@@ -444,28 +397,23 @@ class NVProgram(Program):
       t0, t1 = ctypes.c_uint64.from_address(st.ts + 8).value, ctypes.c_uint64.from_address(st.sem + 8).value
       return (t1 - t0) / 1e9 if 0 < t1 - t0 < 10 ** 12 else t  # the GPU's own timestamps (ns), else the host's clock
 
-  def _entry(self, key: Any, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> list[Any] | None:
-    """A resident entry holding these arguments: a free one (its launches done) rewritten, a new one, or None (all busy)."""
+  def _entry(self, key: Any, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> ResidentLaunch | None:
+    """A resident launch holding these arguments: a free one (its launches done) rewritten, a new one, or None (all busy)."""
     self._prepare(bufs, vals, global_size, local_size)  # checks the arguments before anything changes
-    st, done = self.state, self.state.completed()
-    if len(self.entries) < self.ENTRIES:  # a new entry first: rewriting one that the next call may want again would thrash
-      va = self.res.va + len(self.entries) * self.entry_size
-      e = [None, va, 0, b""]
-      self.entries.append(e)
-    elif free := [e for e in self.entries if e[2] <= done]: e = min(free, key=lambda e: e[2])  # the least recently launched
-    else: return None
-    e[0] = None
+    st = self.state
+    e = self.resident.claim(st.completed())
+    if e is None: return None
     off, shift, hi = self.cbuf_patch
-    cb = (e[1] + CBUF_OFF) >> shift
+    cb = (e.descriptor + CBUF_OFF) >> shift
     struct.pack_into("<II", self.blob, off, cb & M32, hi | cb >> 32)
-    ctypes.memmove(e[1], self.blob_addr, self.cmd_off)
-    e[0] = (tuple(bufs), tuple(vals) if not isinstance(vals, tuple) else vals, global_size, local_size)
+    ctypes.memmove(e.descriptor, self.blob_addr, self.cmd_off)
+    e.key = (tuple(bufs), tuple(vals) if not isinstance(vals, tuple) else vals, global_size, local_size)
     st.fast = False  # the GPU may hold the entry's old constants in its caches
     # the fast path's words: invalidate the data caches only, start the grid, release the timeline (no timestamp); the
     # release's payload is patched per launch
-    e[3] = bytearray(cmd.words(cmd.launch(e[1], hw.Compute.INVALIDATE_GLOBAL_DATA) + cmd.sem_release(st.sem, 0, timestamp=False)))
-    assert len(e[3]) == FAST_WORDS * 4 and e[3][FAST_PAYLOAD:FAST_PAYLOAD + 4] == bytes(4)
-    return e if e[0] == key else None  # a key that does not compare equal to itself (a NaN value) never matches: slot path
+    e.commands = bytearray(cmd.words(cmd.launch(e.descriptor, hw.Compute.INVALIDATE_GLOBAL_DATA) + cmd.sem_release(st.sem, 0, timestamp=False)))
+    assert len(e.commands) == FAST_WORDS * 4 and e.commands[FAST_PAYLOAD:FAST_PAYLOAD + 4] == bytes(4)
+    return e if e.key == key else None  # a key that does not compare equal to itself (a NaN value) never matches: slot path
 
   def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
     gs, ls = self.check_args(bufs, vals, global_size, local_size)  # with the grid and block limits (self.launch_limits)

@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from plugrt.errors import PlugrtError
+from plugrt.hwqueue import QueueError
 from plugrt_nv import hw
 
 
-class NVError(PlugrtError, RuntimeError):
-  """The GPU or its driver reported an error: a refused call, a channel fault, work that did not finish in time."""
+class NVError(QueueError):
+  """The GPU or its driver reported an error: a refused call, a channel fault, work that did not finish in time
+  (then `reason`, `value` and `timed_out` say more: see plugrt.hwqueue.QueueError)."""
 
 
 @dataclass

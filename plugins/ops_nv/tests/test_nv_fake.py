@@ -4,17 +4,15 @@ real cubins (ptxas, from the PTX renderer) whose effect a Python stand-in applie
 out of constant bank 0. Runs on any machine with ptxas."""
 from __future__ import annotations
 
-import ctypes
-import struct
 import types
 
 import numpy as np
 import pytest
-from fake_gpu import FakeGPU, Launch
+from fake_gpu import FakeGPU
 
 import plugrt_nv
 from plugrt import Buffer, dtypes
-from plugrt.errors import UnsupportedError
+from plugrt.errors import EnvError, UnsupportedError
 from plugrt.hookspecs import InterfaceSpec, Probe, hookimpl
 from plugrt.testing import kernels as K
 from plugrt_nv import hw
@@ -39,7 +37,7 @@ def fake_plugins(gpu: FakeGPU) -> list[types.ModuleType]:
 def fake(plugrt_registry, monkeypatch):
   monkeypatch.setenv("PLUGRT_NV_TIMEOUT", "5")
   gpu = FakeGPU()
-  with plugrt_registry(fake_plugins(gpu), env={"NV": "1", "NV_PTX": "1", "PLUGRT_CACHE": "0"}) as reg:
+  with plugrt_registry(fake_plugins(gpu), env={"NV": "1", "NV_PTX": "1", "PLUGRT_CACHE": "0", "PLUGRT_NV_TIMEOUT": "5"}) as reg:
     dev = reg.open("NV")
     assert dev.compiler.name == "PTX"  # the kernels are real cubins from ptxas (NVRTC may be missing)
     yield gpu, dev
@@ -58,7 +56,7 @@ def test_open_sets_up_both_channels(fake):
 def test_copies_through_the_copy_engine(fake):
   _, dev = fake
   x = np.random.default_rng(1).integers(0, 1 << 30, 3 << 20, dtype=np.int32)  # 12 MiB: several staging rounds with a small stage
-  dev.allocator.STAGE = 1 << 20
+  dev.allocator.staging.chunk = 1 << 20
   dev.allocator.kcopy = False  # large device-to-device copies would run as a kernel, which the fake cannot run: the copy engine here
   b = Buffer(dev, x.size, dtypes.int32).copyin(x)
   assert np.array_equal(b.numpy(), x)
@@ -74,26 +72,45 @@ def test_launch_writes_qmd_and_arguments(fake):
   out, xb, yb = Buffer(dev, n, dtypes.float32), Buffer.from_numpy(x, dev), Buffer.from_numpy(2 * x, dev)
   prg = dev.program(K.saxpy_kernel())
   k = prg.kernel
-
-  def saxpy(ln: Launch) -> None:  # what the kernel would do, from what the launch put in constant bank 0
-    o, xa, ya, a, cnt = ln.args(k.param_base, "<QQQfi")
-    dims = ln.args(0, "<6I")
-    assert dims == (*ln.block, *ln.grid) and ln.cbuf0 % 64 == 0 and ln.valid == 1 and ln.major == 4
-    assert struct.unpack("<QQI", ctypes.string_at(ln.cbuf0 + 0x18, 20)) == (0x7E00_0000_0000, 0x7F00_0000_0000, hw.STACK_TOP)
-    xs = np.frombuffer(ctypes.string_at(xa, cnt * 4), np.float32)
-    ys = np.frombuffer(ctypes.string_at(ya, cnt * 4), np.float32)
-    ctypes.memmove(o, (a * xs + ys).astype(np.float32).tobytes(), cnt * 4)
-
-  gpu.kernels[prg.mem.va + k.entry] = saxpy
+  gpu.load(prg, K.saxpy_kernel())  # the fake runs it through the reference interpreter, on the arguments it reads back
   t = prg(out, xb, yb, global_size=(4, 1, 1), local_size=(256, 1, 1), vals=(3.0, n), wait=True)
   assert np.array_equal(out.numpy(), 5 * x) and isinstance(t, float) and t >= 0
   ln = gpu.launches[-1]
   assert ln.grid == (4, 1, 1) and ln.block == (256, 1, 1) and ln.regs == k.regs and ln.shared >= hw.SHARED_RESERVE
+  # constant bank 0: the driver area (launch dimensions, shared and local windows, stack top), then the parameters
+  assert ln.args(0, "<6I") == (*ln.block, *ln.grid) and ln.cbuf0 % 64 == 0 and ln.valid == 1 and ln.major == 4
+  assert ln.args(0x18, "<QQI") == (0x7E00_0000_0000, 0x7F00_0000_0000, hw.STACK_TOP)
+  assert ln.args(k.param_base, "<QQQfi") == (out.handle, xb.handle, yb.handle, 3.0, n)
+  assert gpu.runner.runs[-1] == ("saxpy", (4, 1, 1), (256, 1, 1))
   for i in range(600):  # more launches than command slots: the ring wraps and waits for finished slots
     prg(out, xb, yb, global_size=(4, 1, 1), local_size=(256, 1, 1), vals=(float(i), n))
   dev.synchronize()
-  assert np.array_equal(out.numpy(), 599 * x + 2 * x) and len(gpu.launches) == 601
+  assert np.array_equal(out.numpy(), 599 * x + 2 * x) and len(gpu.launches) == 601 and len(gpu.runner.runs) == 601
 
+
+def test_python_stand_in_sees_the_launch(fake):
+  """A stand-in registered by program address gets the decoded launch (for kernels the interpreter should not run)."""
+  gpu, dev = fake
+  prg = dev.program(K.saxpy_kernel())
+  k = prg.kernel
+  seen: list[tuple] = []
+  gpu.kernels[prg.mem.va + k.entry] = lambda ln: seen.append(ln.args(k.param_base, "<QQQfi"))
+  a = Buffer(dev, 4, dtypes.float32)
+  prg(a, a, a, vals=(2.5, 4), wait=True)
+  assert seen == [(a.handle, a.handle, a.handle, 2.5, 4)]
+
+
+def test_dispatch_fault_reaches_the_caller(fake):
+  """A dispatch the interpreter refuses (an access past the end of its memory) faults the fake's channel, and the
+  launch's wait reports that as NV reports a real fault: an NVError with the reason, the device failed for good."""
+  gpu, dev = fake
+  prg = dev.program(K.saxpy_kernel())
+  gpu.load(prg, K.saxpy_kernel())
+  a = Buffer(dev, 4, dtypes.float32)
+  with pytest.raises(NVError, match="compute: InterpreterError") as e:
+    prg(a, a, a, global_size=(1 << 12, 1, 1), local_size=(256, 1, 1), vals=(1.0, 1 << 30), wait=True)
+  assert not e.value.timed_out and "InterpreterError" in e.value.reason
+  with pytest.raises(NVError, match="cannot run"): prg(a, a, a, vals=(1.0, 4))
 
 
 def test_launches_and_copies_from_threads(fake):
@@ -104,15 +121,7 @@ def test_launches_and_copies_from_threads(fake):
   gpu, dev = fake
   n, nthreads = 256, 6
   prg = dev.program(K.saxpy_kernel())
-  k = prg.kernel
-
-  def saxpy(ln: Launch) -> None:
-    o, xa, ya, a, cnt = ln.args(k.param_base, "<QQQfi")
-    xs = np.frombuffer(ctypes.string_at(xa, cnt * 4), np.float32)
-    ys = np.frombuffer(ctypes.string_at(ya, cnt * 4), np.float32)
-    ctypes.memmove(o, (a * xs + ys).astype(np.float32).tobytes(), cnt * 4)
-
-  gpu.kernels[prg.mem.va + k.entry] = saxpy
+  gpu.load(prg, K.saxpy_kernel())
   errors: list[BaseException] = []
   start = threading.Barrier(nthreads)
 
@@ -169,4 +178,25 @@ def test_blackwell_is_refused_not_guessed(plugrt_registry):
   gpu = FakeGPU({0xCEC0, 0xCAB5, 0xCA6F, 0xC761})
   with plugrt_registry(fake_plugins(gpu), env={"NV": "1"}) as reg, pytest.raises(UnsupportedError, match="Blackwell"):
     reg.open("NV")
+  gpu.close()
+
+
+@pytest.mark.parametrize("env,match", [({"PLUGRT_NV_TIMEOUT": "soon"}, "PLUGRT_NV_TIMEOUT='soon' is not a number"),
+                                       ({"PLUGRT_NV_TIMEOUT": "0"}, "PLUGRT_NV_TIMEOUT='0' is out of range"),
+                                       ({"PLUGRT_NV_SLOTS": "vram"}, "PLUGRT_NV_SLOTS='vram' is not one of mapped, host")])
+def test_bad_settings_are_env_errors(plugrt_registry, monkeypatch, env, match):
+  """The device reads its settings through its context (the registry's environment) and names a bad one."""
+  for k, v in env.items(): monkeypatch.setenv(k, v)  # the process environment too, while DeviceInfo.context may fall back to it
+  gpu = FakeGPU()
+  with plugrt_registry(fake_plugins(gpu), env={"NV": "1", **env}) as reg, pytest.raises(EnvError, match=match): reg.open("NV")
+  gpu.close()
+
+
+def test_settings_from_the_context(plugrt_registry, monkeypatch):
+  env = {"PLUGRT_NV_TIMEOUT": "7.5", "PLUGRT_NV_SLOTS": "HOST"}
+  for k, v in env.items(): monkeypatch.setenv(k, v)
+  gpu = FakeGPU()
+  with plugrt_registry(fake_plugins(gpu), env={"NV": "1", "NV_PTX": "1", "PLUGRT_CACHE": "0", **env}) as reg:
+    st = reg.open("NV").info.state
+    assert st.timeout == 7.5 and st.slots_mem.kind == "host" and st.timeout_setting == "PLUGRT_NV_TIMEOUT"
   gpu.close()
