@@ -11,7 +11,7 @@ from plugrt import Buffer, Device, Tensor, dtypes
 from plugrt.errors import DeviceUnavailable, Reason, UnsupportedError
 from plugrt.testing import kernels as K
 from plugrt.testing.conformance import ConformanceSuite
-from plugrt_cuda.renderer import PRELUDE, CUDARenderer
+from plugrt_nvidia_toolchain.cuda_c import PRELUDE, CUDARenderer
 
 
 def has_gpu() -> bool:
@@ -163,7 +163,7 @@ def test_nvrtc_loads_once_for_threads_that_ask_together(monkeypatch):
   import time
   import types
 
-  from plugrt_cuda import driver as D
+  from plugrt_nvidia_toolchain import nvrtc
 
   class FakeLib:
     def __getattr__(self, name: str) -> types.SimpleNamespace:
@@ -173,11 +173,11 @@ def test_nvrtc_loads_once_for_threads_that_ask_together(monkeypatch):
   def slow_load(path: str) -> FakeLib:
     time.sleep(0.05)  # the window in which other threads ask
     return FakeLib()
-  monkeypatch.setattr(D, "_nvrtc", None)
-  monkeypatch.setattr(D, "nvrtc_candidates", lambda: ["/opt/fake/libnvrtc.so.13"])
-  monkeypatch.setattr(D.ctypes, "CDLL", slow_load)
+  monkeypatch.setattr(nvrtc, "_lib", None)
+  monkeypatch.setattr(nvrtc, "candidates", lambda env: [env["PLUGRT_NVRTC"]])
+  monkeypatch.setattr(nvrtc.ctypes, "CDLL", slow_load)
   got: list = []
-  threads = [threading.Thread(target=lambda: got.append(D.libnvrtc())) for _ in range(4)]
+  threads = [threading.Thread(target=lambda: got.append(nvrtc.library({"PLUGRT_NVRTC": "/opt/fake/libnvrtc.so.13"}))) for _ in range(4)]
   for t in threads: t.start()
   for t in threads: t.join()
   assert len(got) == 4 and all(isinstance(lib, FakeLib) and lib.path == "/opt/fake/libnvrtc.so.13" for lib in got), got
