@@ -154,30 +154,3 @@ def test_pinned_host_arrays_and_staged_copies():
   back = dev.host_array(n, dtypes.uint8)
   buf.copyout(back)
   assert np.array_equal(back, pageable)
-
-
-def test_nvrtc_loads_once_for_threads_that_ask_together(monkeypatch):
-  """Threads compiling their first kernels at the same moment all find NVRTC: a loader that marked itself 'tried' before
-  it finished told every other thread 'NVRTC is not installed' (8 threads' first Tensor ops on the H100)."""
-  import threading
-  import time
-  import types
-
-  from plugrt_nvidia_toolchain import nvrtc
-
-  class FakeLib:
-    def __getattr__(self, name: str) -> types.SimpleNamespace:
-      setattr(self, name, v := types.SimpleNamespace())
-      return v
-
-  def slow_load(path: str) -> FakeLib:
-    time.sleep(0.05)  # the window in which other threads ask
-    return FakeLib()
-  monkeypatch.setattr(nvrtc, "_lib", None)
-  monkeypatch.setattr(nvrtc, "candidates", lambda env: [env["PLUGRT_NVRTC"]])
-  monkeypatch.setattr(nvrtc.ctypes, "CDLL", slow_load)
-  got: list = []
-  threads = [threading.Thread(target=lambda: got.append(nvrtc.library({"PLUGRT_NVRTC": "/opt/fake/libnvrtc.so.13"}))) for _ in range(4)]
-  for t in threads: t.start()
-  for t in threads: t.join()
-  assert len(got) == 4 and all(isinstance(lib, FakeLib) and lib.path == "/opt/fake/libnvrtc.so.13" for lib in got), got

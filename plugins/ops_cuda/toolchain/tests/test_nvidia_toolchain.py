@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+import time
+import types
 from fractions import Fraction
 from pathlib import Path
 
@@ -53,6 +56,27 @@ def test_a_failing_ptxas_is_a_compile_error_with_its_output(tmp_path):
   assert "unknown op" in ei.value.log
   good = _program(tmp_path / "ok", "ptxas", '#!/bin/sh\nwhile [ "$1" != "-o" ]; do shift; done\nprintf CUBIN > "$2"\n')
   assert ptxas.assemble(good, ".entry k {}", "sm_90") == b"CUBIN"
+
+
+def test_nvrtc_loads_once_for_threads_that_ask_together(monkeypatch):
+  """Threads compiling their first kernels at the same moment all find NVRTC: a loader that marks itself 'tried' before
+  it finishes would tell every other thread 'NVRTC is not installed' (8 threads' first Tensor ops on the H100 did)."""
+  class FakeLib:
+    def __getattr__(self, name: str) -> types.SimpleNamespace:
+      setattr(self, name, v := types.SimpleNamespace())
+      return v
+
+  def slow_load(path: str) -> FakeLib:
+    time.sleep(0.05)  # the window in which other threads ask
+    return FakeLib()
+  monkeypatch.setattr(nvrtc, "_lib", None)
+  monkeypatch.setattr(nvrtc, "candidates", lambda env: [env["PLUGRT_NVRTC"]])
+  monkeypatch.setattr(nvrtc.ctypes, "CDLL", slow_load)
+  got: list = []
+  threads = [threading.Thread(target=lambda: got.append(nvrtc.library({"PLUGRT_NVRTC": "/opt/fake/libnvrtc.so.13"}))) for _ in range(4)]
+  for t in threads: t.start()
+  for t in threads: t.join()
+  assert len(got) == 4 and all(isinstance(lib, FakeLib) and lib.path == "/opt/fake/libnvrtc.so.13" for lib in got), got
 
 
 def test_nvrtc_missing_is_a_compile_error(monkeypatch):
