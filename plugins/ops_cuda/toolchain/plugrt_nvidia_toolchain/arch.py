@@ -3,9 +3,12 @@ builds for. Standard library and plugrt.errors only."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING
 
 from plugrt.errors import RenderError
+
+if TYPE_CHECKING:
+  from plugrt.context import DeviceInfo
 
 #: the architecture a device builds for when neither the user nor the opened GPU names one
 DEFAULT_ARCH = "sm_90"
@@ -49,7 +52,7 @@ def ptx_version(arch: str) -> str:
   return max(BASE_PTX_VERSION, min_ptx_version(arch), key=version_tuple)
 
 
-def device_arch(device: Any) -> str:
+def device_arch(device: DeviceInfo) -> str:
   """The architecture to build for: what the user asked (DEV=CUDA::sm_90), else the opened GPU's (its state's
-  `arch`), else DEFAULT_ARCH. `device` is a plugrt DeviceInfo."""
+  `arch`), else DEFAULT_ARCH."""
   return device.arch or getattr(device.state, "arch", None) or DEFAULT_ARCH

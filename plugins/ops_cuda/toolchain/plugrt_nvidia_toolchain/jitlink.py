@@ -20,7 +20,7 @@ _lib: Any = None
 
 def candidates(env: Mapping[str, str]) -> list[str]:
   """Where libnvJitLink may be: PLUGRT_NVJITLINK, the pip wheels on sys.path, CUDA_HOME, /usr/local/cuda (newest first)."""
-  out = [env["PLUGRT_NVJITLINK"]] if env.get("PLUGRT_NVJITLINK") else []
+  out = [named] if (named := env.get("PLUGRT_NVJITLINK")) else []
   roots = [p or "." for p in sys.path]
   for pattern in ("nvidia/cu*/lib/libnvJitLink.so*", "nvidia/nvjitlink/lib/libnvJitLink.so*"):
     out += sorted({f for r in roots for f in glob.glob(os.path.join(r, pattern))}, reverse=True)

@@ -26,7 +26,7 @@ _lib: Any = None
 def candidates(env: Mapping[str, str]) -> list[str]:
   """Where libnvrtc may be, in the order tried: PLUGRT_NVRTC, the CUDA toolkit and the system's folders, then the
   nvidia-cuda-nvrtc wheel on sys.path (newest version first in each folder)."""
-  out = [env["PLUGRT_NVRTC"]] if env.get("PLUGRT_NVRTC") else []
+  out = [named] if (named := env.get("PLUGRT_NVRTC")) else []
   for base in _SYSTEM_DIRS:
     out += sorted(glob.glob(os.path.join(base, "libnvrtc.so*")), reverse=True)
   for p in sys.path:
