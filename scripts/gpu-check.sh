@@ -16,7 +16,7 @@ PY=${PY:-python3}
 echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 $PY -c "import sys, numpy, pluggy; print(sys.version.split()[0], 'numpy', numpy.__version__, 'pluggy', pluggy.__version__)"
 echo "== install (no network: --no-deps, no build isolation)"
-PKGS="./core ./plugins/ops_cpu ./plugins/ops_cuda"
+PKGS="./core ./plugins/ops_cpu ./plugins/ops_cuda/toolchain ./plugins/ops_cuda"
 for p in ./plugins/ops_cl ./plugins/ops_webgpu ./plugins/ops_webgpu/iface_wgpu ./plugins/ops_webgpu/iface_dawn \
          ./plugins/ops_nv ./plugins/ops_nv/iface_nvk ./plugins/ops_nv/iface_pci; do [ -f "$p/pyproject.toml" ] && PKGS="$PKGS $p"; done
 $PY -m pip install -q --upgrade --no-deps --no-build-isolation --no-compile --target /tmp/site $PKGS 2>&1 | tail -3

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from plugrt.probing import DISTRIBUTIONS, install_hint, installed_from
+from plugrt.probing import DISTRIBUTIONS, LOCAL_REQUIREMENTS, install_hint, installed_from
 from plugrt.registry import FIRST_PARTY
 
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
@@ -23,9 +23,21 @@ def _project(folder: str) -> dict:
 
 
 def test_distributions_are_the_repository_folders():
-  folders = ["core"] + sorted(os.path.relpath(os.path.dirname(p), ROOT) for p in glob.glob(os.path.join(ROOT, "plugins", "*", "pyproject.toml"))
-                              + glob.glob(os.path.join(ROOT, "plugins", "*", "iface_*", "pyproject.toml")))
+  found = [glob.glob(os.path.join(ROOT, "plugins", *parts, "pyproject.toml")) for parts in (("*",), ("*", "iface_*"), ("*", "toolchain"))]
+  folders = ["core"] + sorted(os.path.relpath(os.path.dirname(p), ROOT) for ps in found for p in ps)
   assert {_project(f)["name"]: f for f in folders} == DISTRIBUTIONS
+
+
+def test_local_requirements_are_the_libraries_each_distribution_requires():
+  """A checkout's install command names the folders of the libraries a distribution requires (distributions of this
+  repository with no plugrt entry point, which no other hint names and no index has): each pyproject.toml's own list."""
+  def name(req: str) -> str: return req.split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip()
+  libraries = {d for d, f in DISTRIBUTIONS.items() if "plugrt" not in _project(f).get("entry-points", {})}
+  assert libraries == {"plugrt-nvidia-toolchain"}
+  for dist, folder in DISTRIBUTIONS.items():
+    ours = [name(r) for r in _project(folder).get("dependencies", []) if name(r) in libraries]
+    assert tuple(ours) == LOCAL_REQUIREMENTS.get(dist, ()), dist
+  assert "plugrt-cuda" not in LOCAL_REQUIREMENTS["plugrt-nv"]  # NV shares the toolchain with CUDA, not CUDA itself
 
 
 def test_every_extra_names_a_shipped_distribution():
@@ -59,6 +71,10 @@ def test_hint_for_a_checkout_on_the_path(tmp_path):
   assert installed_from(pkg) == ("checkout", str(tmp_path))
   assert install_hint("plugrt-webgpu", "plugrt-webgpu-wgpu", package_dir=pkg) == \
     f"pip install {tmp_path}/plugins/ops_webgpu {tmp_path}/plugins/ops_webgpu/iface_wgpu"
+  # what a distribution requires from this repository comes first, once (no index has it)
+  assert install_hint("plugrt-nv", package_dir=pkg) == f"pip install {tmp_path}/plugins/ops_cuda/toolchain {tmp_path}/plugins/ops_nv"
+  assert install_hint("plugrt-cuda", "plugrt-nv", package_dir=pkg) == \
+    f"pip install {tmp_path}/plugins/ops_cuda/toolchain {tmp_path}/plugins/ops_cuda {tmp_path}/plugins/ops_nv"
 
 
 def test_hint_for_an_install_from_a_checkout(tmp_path):
@@ -112,7 +128,7 @@ def test_scripts_run_uses_the_active_venv_or_else_the_checkouts(tmp_path):
 # ---------------------------------------------------------------- the wheelhouse, for real
 
 #: what `plugrt devices --json` shows installed for each extra (the core's PYTHON always)
-EXTRA_DEVICES = {"cpu": {"CPU"}, "cl": {"CL"}, "cuda": {"CUDA"}, "nv": {"NV", "CUDA"}, "webgpu": {"WEBGPU"}, "dawn": {"WEBGPU"},
+EXTRA_DEVICES = {"cpu": {"CPU"}, "cl": {"CL"}, "cuda": {"CUDA"}, "nv": {"NV"}, "webgpu": {"WEBGPU"}, "dawn": {"WEBGPU"},
                  "all": {"CPU", "CL", "CUDA", "NV", "WEBGPU"}}
 
 

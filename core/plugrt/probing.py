@@ -75,12 +75,20 @@ DISTRIBUTIONS: dict[str, str] = {
   "plugrt-cpu": "plugins/ops_cpu",
   "plugrt-cl": "plugins/ops_cl",
   "plugrt-cuda": "plugins/ops_cuda",
+  "plugrt-nvidia-toolchain": "plugins/ops_cuda/toolchain",
   "plugrt-nv": "plugins/ops_nv",
   "plugrt-nv-nvk": "plugins/ops_nv/iface_nvk",
   "plugrt-nv-pci": "plugins/ops_nv/iface_pci",
   "plugrt-webgpu": "plugins/ops_webgpu",
   "plugrt-webgpu-wgpu": "plugins/ops_webgpu/iface_wgpu",
   "plugrt-webgpu-dawn": "plugins/ops_webgpu/iface_dawn",
+}
+
+#: The libraries of this repository (distributions with no plugrt entry point) each distribution requires: installing
+#: from a checkout by path, pip finds them on no index, so the install command names their folders too.
+LOCAL_REQUIREMENTS: dict[str, tuple[str, ...]] = {
+  "plugrt-cuda": ("plugrt-nvidia-toolchain",),
+  "plugrt-nv": ("plugrt-nvidia-toolchain",),
 }
 
 _source: tuple[str, str] | None = None  # (how, where) plugrt was installed from, found once per process
@@ -122,10 +130,13 @@ def _from_direct_url(path: str) -> tuple[str, str]:
 def install_hint(*dists: str, package_dir: str | None = None) -> str:
   """The command that installs plugrt distributions `dists` (names, no extras), for the way plugrt was installed:
   `pip install <checkout>/plugins/ops_cl`, `pip install --find-links <wheelhouse> plugrt-cl`, or `pip install plugrt-cl`.
-  A name this repository does not ship gets no command: nothing installs it."""
+  From a checkout the folders of what they require (LOCAL_REQUIREMENTS) come first; a wheelhouse or an index has
+  those itself. A name this repository does not ship gets no command: nothing installs it."""
   missing = [d for d in dists if d not in DISTRIBUTIONS]
   if missing: return f"none from plugrt yet: {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not written"
   how, where = installed_from(package_dir)
-  if how == "checkout": return "pip install " + " ".join(os.path.join(where, DISTRIBUTIONS[d]) for d in dists)
+  if how == "checkout":
+    folders = [DISTRIBUTIONS[r] for d in dists for r in LOCAL_REQUIREMENTS.get(d, ())] + [DISTRIBUTIONS[d] for d in dists]
+    return "pip install " + " ".join(os.path.join(where, f) for f in dict.fromkeys(folders))
   if how == "wheelhouse": return f"pip install --find-links {where} {' '.join(dists)}"
   return f"pip install {' '.join(dists)} (from the index or --find-links wheelhouse plugrt came from)"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from plugrt.errors import Reason
@@ -35,11 +36,11 @@ def probe_cuda() -> Probe:
   return Probe.found(count, f"{count} GPU{'s' if count != 1 else ''}")
 
 
-def probe_nvrtc() -> Probe:
-  from plugrt_cuda.driver import nvrtc_candidates  # only looks at paths: no library is loaded here
-  if not any(os.path.exists(p) for p in nvrtc_candidates()):
-    return Probe.missing(Reason.MISSING_TOOLCHAIN, "NVRTC (libnvrtc.so) is not installed",
-                         "install the CUDA toolkit, or pip install nvidia-cuda-nvrtc")
+def probe_nvrtc(env: Mapping[str, str] | None = None) -> Probe:
+  """NVRTC on disk (paths only: no library is loaded here). `env`: the registry's environment (default: the process's)."""
+  from plugrt_nvidia_toolchain import nvrtc
+  if not nvrtc.available(os.environ if env is None else env):
+    return Probe.missing(Reason.MISSING_TOOLCHAIN, "NVRTC (libnvrtc.so) is not installed", nvrtc.HINT)
   return Probe.found(1, "nvrtc")
 
 

@@ -1,5 +1,6 @@
 """CUDA's compilers: CUDA C through NVRTC to a cubin for the device's own architecture (default), and PTX
-rendered directly (CUDA_PTX=1), which the driver's JIT compiles when the module loads."""
+rendered directly (CUDA_PTX=1), which the driver's JIT compiles when the module loads. Renderers and NVRTC are
+plugrt_nvidia_toolchain's, shared with plugrt-nv."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,17 +10,9 @@ from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import Kernel
 from plugrt.runtime import Compiler
 from plugrt_cuda import driver as D
-from plugrt_cuda import nvrtc
-from plugrt_cuda.renderer import CUDARenderer
-
-NVRTC_OPTIONS = nvrtc.OPTIONS  # (kept under this name for existing users)
-
-
-def device_arch(device: DeviceInfo) -> str:
-  """The architecture to build for: what the user asked (DEV=CUDA::sm_90), else the opened GPU's, else sm_90."""
-  if device.arch: return device.arch
-  state = device.state
-  return getattr(state, "arch", None) or "sm_90"
+from plugrt_nvidia_toolchain import nvrtc
+from plugrt_nvidia_toolchain.arch import device_arch
+from plugrt_nvidia_toolchain.cuda_c import CUDARenderer
 
 
 def driver_version() -> str:
@@ -37,14 +30,14 @@ class NVRTCCompiler(Compiler):
 
   def __init__(self, device: DeviceInfo):
     super().__init__(device)
+    self.env = device.context.env
     self.renderer, self.arch = CUDARenderer(), device_arch(device)
-    if D.libnvrtc() is None:
-      raise CompileError("NVRTC (libnvrtc.so) is not installed", hint="install the CUDA toolkit or pip install nvidia-cuda-nvrtc")
+    if nvrtc.library(self.env) is None: raise CompileError("NVRTC (libnvrtc.so) is not installed", hint=nvrtc.HINT)
 
   def render(self, kernel: Kernel) -> str: return self.renderer.render(kernel)
-  def toolchain(self) -> tuple[str, ...]: return (f"nvrtc {D.nvrtc_version()}", self.arch, " ".join(NVRTC_OPTIONS))
+  def toolchain(self) -> tuple[str, ...]: return (f"nvrtc {nvrtc.version(self.env)}", self.arch, " ".join(nvrtc.OPTIONS))
 
-  def compile_uncached(self, src: str) -> bytes: return nvrtc.compile_cubin(src, self.arch)
+  def compile_uncached(self, src: str) -> bytes: return nvrtc.compile_cubin(src, self.arch, self.env)
 
 
 class PTXCompiler(Compiler):
@@ -53,10 +46,10 @@ class PTXCompiler(Compiler):
 
   def __init__(self, device: DeviceInfo):
     super().__init__(device)
-    from plugrt_cuda.ptx import PTXRenderer, min_ptx_version
+    from plugrt_nvidia_toolchain.arch import ptx_version
+    from plugrt_nvidia_toolchain.ptx import PTXRenderer
     self.arch = device_arch(device)
-    # the lowest PTX version the target accepts (sm_100 needs 8.6, sm_120 8.7), and at least 8.0
-    self.renderer = PTXRenderer(self.arch, max("8.0", min_ptx_version(self.arch), key=lambda v: tuple(map(int, v.split(".")))))
+    self.renderer = PTXRenderer(self.arch, ptx_version(self.arch))
 
   def render(self, kernel: Kernel) -> str: return self.renderer.render(kernel)
   def toolchain(self) -> tuple[str, ...]: return ("ptx", self.arch, f"driver {driver_version()}")

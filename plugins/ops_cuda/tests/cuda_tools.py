@@ -3,6 +3,11 @@
 nvidia-nvvm, which is how CI gets them: see requirements-test.txt)."""
 from __future__ import annotations
 
-from plugrt_cuda.toolkit import program as toolkit_program
+import os
 
-__all__ = ["toolkit_program"]
+from plugrt_nvidia_toolchain import toolkit
+
+
+def toolkit_program(name: str) -> str | None:
+  """`name` (nvcc, ptxas) where the toolkit's programs are, as this process's environment finds them."""
+  return toolkit.program(name, os.environ)

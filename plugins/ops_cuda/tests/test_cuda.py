@@ -11,7 +11,7 @@ from plugrt import Buffer, Device, Tensor, dtypes
 from plugrt.errors import DeviceUnavailable, Reason, UnsupportedError
 from plugrt.testing import kernels as K
 from plugrt.testing.conformance import ConformanceSuite
-from plugrt_cuda.renderer import PRELUDE, CUDARenderer
+from plugrt_nvidia_toolchain.cuda_c import PRELUDE, CUDARenderer
 
 
 def has_gpu() -> bool:
@@ -154,30 +154,3 @@ def test_pinned_host_arrays_and_staged_copies():
   back = dev.host_array(n, dtypes.uint8)
   buf.copyout(back)
   assert np.array_equal(back, pageable)
-
-
-def test_nvrtc_loads_once_for_threads_that_ask_together(monkeypatch):
-  """Threads compiling their first kernels at the same moment all find NVRTC: a loader that marked itself 'tried' before
-  it finished told every other thread 'NVRTC is not installed' (8 threads' first Tensor ops on the H100)."""
-  import threading
-  import time
-  import types
-
-  from plugrt_cuda import driver as D
-
-  class FakeLib:
-    def __getattr__(self, name: str) -> types.SimpleNamespace:
-      setattr(self, name, v := types.SimpleNamespace())
-      return v
-
-  def slow_load(path: str) -> FakeLib:
-    time.sleep(0.05)  # the window in which other threads ask
-    return FakeLib()
-  monkeypatch.setattr(D, "_nvrtc", None)
-  monkeypatch.setattr(D, "nvrtc_candidates", lambda: ["/opt/fake/libnvrtc.so.13"])
-  monkeypatch.setattr(D.ctypes, "CDLL", slow_load)
-  got: list = []
-  threads = [threading.Thread(target=lambda: got.append(D.libnvrtc())) for _ in range(4)]
-  for t in threads: t.start()
-  for t in threads: t.join()
-  assert len(got) == 4 and all(isinstance(lib, FakeLib) and lib.path == "/opt/fake/libnvrtc.so.13" for lib in got), got

@@ -31,7 +31,9 @@ from plugrt.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
 from plugrt.errors import RenderError
 from plugrt.ir import Kernel, KernelBuilder, Ops
 from plugrt.testing import kernels as K
-from plugrt_cuda.ptx import _HELPER_PREFIX, PTXRenderer, _consts, helper_ptx, min_ptx_version
+from plugrt_nvidia_toolchain.arch import min_ptx_version
+from plugrt_nvidia_toolchain.ptx import PTXRenderer
+from plugrt_nvidia_toolchain.ptx_math import HELPER_PREFIX, constants, helper_ptx
 
 ALL = K.ALL
 INTS = K.INTS
@@ -630,8 +632,8 @@ def test_extra_cases_in_ptx_interpreter() -> None:
 
 @functools.cache
 def _helpers() -> _Machine:
-  table = ", ".join(f"0x{w:016X}" for w in _consts().table)
-  text = f".const .align 8 .u64 {_HELPER_PREFIX}two_over_pi[{len(_consts().table)}] = {{{table}}};\n"
+  table = ", ".join(f"0x{w:016X}" for w in constants().table)
+  text = f".const .align 8 .u64 {HELPER_PREFIX}two_over_pi[{len(constants().table)}] = {{{table}}};\n"
   return _Machine(text + "\n".join(helper_ptx(n) for n in ("sin_f64", "sin_f32", "log2_f32", "log2_f64", "exp2_f64")))
 
 
@@ -647,7 +649,7 @@ def _sweep(name: str, ref: Callable[[float], float], gen: Callable[[random.Rando
   for _ in range(n):
     x = gen(rng)
     if bits == 32: x = float(np.float32(x))
-    got = m.call(f"{_HELPER_PREFIX}{name}", x)
+    got = m.call(f"{HELPER_PREFIX}{name}", x)
     want = ref(x) if bits == 64 else float(np.float32(ref(x)))
     assert _ulps(got, want, bits) <= limit, f"{name}({x!r}) = {got!r}, want {want!r}"
 
@@ -694,5 +696,5 @@ def test_math_helpers_special_values(x: float) -> None:
     try: want = ref(xx)
     except (ValueError, OverflowError): want = math.nan if name.startswith("sin") else math.inf
     if bits == 32: want = float(np.float32(want))
-    got = m.call(f"{_HELPER_PREFIX}{name}", xx)
+    got = m.call(f"{HELPER_PREFIX}{name}", xx)
     assert same(got, want) or _ulps(got, want, bits) <= 1, f"{name}({xx!r}) = {got!r}, want {want!r}"

@@ -4,7 +4,8 @@ The device `NV` reaches the GPU through an interface plugin: NVK (package plugrt
 device files /dev/nvidiactl, /dev/nvidia<N>, /dev/nvidia-uvm) or PCI (plugrt-nv-pci, driverless; never chosen
 automatically). It allocates memory and channels once, then writes launch descriptors (QMDs) and copy commands
 into its own ring in GPU-visible memory and rings the doorbell: a launch makes no system call. Kernels are CUDA
-C through NVRTC (default) or PTX assembled by ptxas or nvJitLink (NV_PTX=1), built for the GPU's own architecture.
+C through NVRTC (default) or PTX assembled by ptxas or nvJitLink (NV_PTX=1), built for the GPU's own architecture
+by plugrt-nvidia-toolchain, which plugrt-cuda uses too.
 
 This entry module imports only the standard library and plugrt. The probe reads file names and
 /proc/driver/nvidia/version; it opens no device and makes no ioctl.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from plugrt.errors import Reason
@@ -58,28 +60,21 @@ def probe_nv() -> Probe:
   return Probe.found(len(nodes), f"{len(nodes)} GPU{'s' if len(nodes) != 1 else ''}, driver {ver or 'version unknown'}", driver=ver or "")
 
 
-def probe_nvrtc() -> Probe:
-  from plugrt_cuda import nvrtc  # looks at paths only
-  if not nvrtc.available(): return Probe.missing(Reason.MISSING_TOOLCHAIN, "NVRTC (libnvrtc.so) is not installed", nvrtc.HINT)
+def probe_nvrtc(env: Mapping[str, str] | None = None) -> Probe:
+  """NVRTC on disk (paths only). `env`: the registry's environment (default: the process's)."""
+  from plugrt_nvidia_toolchain import nvrtc
+  if not nvrtc.available(os.environ if env is None else env):
+    return Probe.missing(Reason.MISSING_TOOLCHAIN, "NVRTC (libnvrtc.so) is not installed", nvrtc.HINT)
   return Probe.found(1, "nvrtc")
 
 
-PTXAS_HINT = "install the CUDA toolkit (ptxas), or pip install nvidia-cuda-nvcc"
-
-
-def ptxas_path() -> str | None:
-  """ptxas from PLUGRT_PTXAS, else where plugrt-cuda finds the toolkit's programs (looks at files only)."""
-  if (p := os.environ.get("PLUGRT_PTXAS")) and os.access(p, os.X_OK): return p
-  from plugrt_cuda import toolkit
-  return toolkit.program("ptxas")
-
-
-def probe_ptxas() -> Probe:
-  """ptxas, else nvJitLink (paths only)."""
-  if (p := ptxas_path()) is not None: return Probe.found(1, p)
-  from plugrt_nv import jitlink
-  if (p := jitlink.path()) is not None: return Probe.found(1, f"nvJitLink {p}")
-  return Probe.missing(Reason.MISSING_TOOLCHAIN, "neither ptxas nor nvJitLink is installed", f"{PTXAS_HINT}; or {jitlink.HINT}")
+def probe_ptxas(env: Mapping[str, str] | None = None) -> Probe:
+  """ptxas, else nvJitLink (paths only). `env`: the registry's environment (default: the process's)."""
+  from plugrt_nvidia_toolchain import jitlink, ptxas
+  env = os.environ if env is None else env
+  if (p := ptxas.path(env)) is not None: return Probe.found(1, p)
+  if (p := jitlink.path(env)) is not None: return Probe.found(1, f"nvJitLink {p}")
+  return Probe.missing(Reason.MISSING_TOOLCHAIN, "neither ptxas nor nvJitLink is installed", f"{ptxas.HINT}; or {jitlink.HINT}")
 
 
 @hookimpl

@@ -251,9 +251,10 @@ class NVAllocator(Allocator[int]):
       try:
         from types import SimpleNamespace
 
-        from plugrt_cuda import nvrtc
-        if nvrtc.available():
-          lib = nvrtc.compile_cubin(COPY_KERNEL, self.state.arch)
+        from plugrt_nvidia_toolchain import nvrtc
+        env = self.device.context.env
+        if nvrtc.available(env):
+          lib = nvrtc.compile_cubin(COPY_KERNEL, self.state.arch, env)
           shim = SimpleNamespace(info=SimpleNamespace(state=self.state), allocator=self)
           self.kcopy = NVProgram(shim, "plugrt_nv_copy", lib, Signature((), (dtypes.uint64,) * 3))
       except Exception: self.kcopy = False  # no NVRTC, or it failed: the copy engine does it

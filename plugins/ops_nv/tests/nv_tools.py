@@ -2,12 +2,13 @@
 to make real cubins without a GPU, and whether an NV GPU is here."""
 from __future__ import annotations
 
+import os
 import subprocess
 
-from plugrt_cuda import nvrtc, toolkit
+from plugrt_nvidia_toolchain import nvrtc, toolkit
 
 
-def nvcc() -> str | None: return toolkit.program("nvcc")
+def nvcc() -> str | None: return toolkit.program("nvcc", os.environ)
 
 
 def cubin(src: str, tmp_path, arch: str = "sm_90") -> bytes:

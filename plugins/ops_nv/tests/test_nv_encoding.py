@@ -4,6 +4,7 @@ and what `plugrt devices` says when there is no GPU."""
 from __future__ import annotations
 
 import ctypes
+import os
 import random
 import struct
 
@@ -143,7 +144,7 @@ def test_copy_splits_large_copies():
 
 @needs_nvcc
 def test_cubin_of_a_rendered_kernel(tmp_path):
-  from plugrt_cuda.renderer import CUDARenderer
+  from plugrt_nvidia_toolchain.cuda_c import CUDARenderer
   k = elf.parse(cubin(CUDARenderer().render(K.saxpy_kernel()), tmp_path))
   assert k.name == "saxpy" and k.regs > 0 and k.param_base == 0x210 and k.image[k.entry:k.entry + 4] != b"\0\0\0\0"
   assert k.params == [(0, 8), (8, 8), (16, 8), (24, 4), (28, 4)]  # out, x, y pointers; a (float); n (int)
@@ -228,28 +229,44 @@ def test_device_and_interfaces_in_a_registry(plugrt_registry):
 def test_compiler_specs():
   spec = plugrt_nv.plugrt_backends()[0]
   assert spec.name == "NV" and [c.name for c in spec.compilers] == ["CUDA", "PTX"] and spec.priority < 50  # below CUDA
-  if plugrt_nv.ptxas_path() is not None: assert plugrt_nv.probe_ptxas().ok
+  from plugrt_nvidia_toolchain import ptxas
+  if ptxas.path(os.environ) is not None: assert plugrt_nv.probe_ptxas().ok
 
 
-def test_ptx_through_nvjitlink_matches_ptxas(monkeypatch):
+def test_ptx_through_nvjitlink_matches_ptxas():
   """NV_PTX=1's assembler: nvJitLink in process gives a cubin with the same entry, parameters and registers as ptxas."""
+  from plugrt.context import PluginContext
   from plugrt.hookspecs import DeviceInfo
-  from plugrt_nv import jitlink
   from plugrt_nv.compiler import PTXCompiler
-  if jitlink.path() is None or plugrt_nv.ptxas_path() is None: pytest.skip("needs both nvJitLink and ptxas")
-  info = DeviceInfo(name="NV", index=0, compiler="PTX", arch="sm_90")
-  monkeypatch.setenv("PLUGRT_NV_ASSEMBLER", "nvjitlink")
-  j = PTXCompiler(info)
-  monkeypatch.setenv("PLUGRT_NV_ASSEMBLER", "ptxas")
-  p = PTXCompiler(info)
+  from plugrt_nvidia_toolchain import jitlink, ptxas
+  if jitlink.path(os.environ) is None or ptxas.path(os.environ) is None: pytest.skip("needs both nvJitLink and ptxas")
+  def compiler(assembler: str) -> PTXCompiler:
+    ctx = PluginContext({**os.environ, "PLUGRT_NV_ASSEMBLER": assembler})
+    return PTXCompiler(DeviceInfo(name="NV", index=0, compiler="PTX", arch="sm_90", context=ctx))
+  j, p = compiler("nvjitlink"), compiler("ptxas")
   assert j.jitlink is not None and p.jitlink is None and j.toolchain()[0].startswith("nvjitlink")
   for kern in (K.saxpy_kernel(), K.tiny_kernel()):
     src = p.render(kern)
     a, b = elf.parse(j.compile_uncached(src), kern.name), elf.parse(p.compile_uncached(src), kern.name)
     assert (a.params, a.param_base, a.shared) == (b.params, b.param_base, b.shared)
   with pytest.raises(CompileError, match="nvJitLink failed"): j.compile_uncached(src.replace("ret;", "bogus_op;", 1))
-  monkeypatch.setenv("PLUGRT_NV_ASSEMBLER", "cuobjdump")
-  with pytest.raises(CompileError, match="use ptxas or nvjitlink"): PTXCompiler(info)
+  with pytest.raises(CompileError, match="use ptxas or nvjitlink"): compiler("cuobjdump")
+
+
+def test_assembler_choice_reads_the_device_context(tmp_path):
+  """PLUGRT_NV_ASSEMBLER and PLUGRT_PTXAS come from the device's context, not the process: a fake ptxas named there
+  is the one chosen, and a bad choice is refused before anything is looked up."""
+  from plugrt.context import PluginContext
+  from plugrt.hookspecs import DeviceInfo
+  from plugrt_nv.compiler import PTXCompiler
+  fake = tmp_path / "ptxas"
+  fake.write_text("#!/bin/sh\necho 'fake ptxas 1.0'\n")
+  fake.chmod(0o755)
+  def info(**env: str) -> DeviceInfo:
+    return DeviceInfo(name="NV", index=0, compiler="PTX", arch="sm_90", context=PluginContext(env))
+  c = PTXCompiler(info(PLUGRT_NV_ASSEMBLER="ptxas", PLUGRT_PTXAS=str(fake), PATH=""))
+  assert c.ptxas == str(fake) and c.jitlink is None and c.toolchain() == ("ptxas fake ptxas 1.0", "sm_90")
+  with pytest.raises(CompileError, match="use ptxas or nvjitlink"): PTXCompiler(info(PLUGRT_NV_ASSEMBLER="cuobjdump"))
 
 
 def test_call_address_relocations():

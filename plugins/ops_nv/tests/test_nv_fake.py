@@ -4,6 +4,7 @@ real cubins (ptxas, from the PTX renderer) whose effect a Python stand-in applie
 out of constant bank 0. Runs on any machine with ptxas."""
 from __future__ import annotations
 
+import os
 import types
 
 import numpy as np
@@ -17,8 +18,9 @@ from plugrt.hookspecs import InterfaceSpec, Probe, hookimpl
 from plugrt.testing import kernels as K
 from plugrt_nv import hw
 from plugrt_nv.iface import NVError
+from plugrt_nvidia_toolchain import ptxas
 
-pytestmark = pytest.mark.skipif(plugrt_nv.ptxas_path() is None, reason="ptxas is not installed (pip install nvidia-cuda-nvcc)")
+pytestmark = pytest.mark.skipif(ptxas.path(os.environ) is None, reason="ptxas is not installed (pip install nvidia-cuda-nvcc)")
 
 
 def fake_plugins(gpu: FakeGPU) -> list[types.ModuleType]:

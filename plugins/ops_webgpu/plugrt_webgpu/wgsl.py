@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from plugrt.dtype import DType, PtrDType, dtypes
 from plugrt.errors import RenderError
 from plugrt.ir import Kernel, Ops, UOp
+from plugrt.renderer import floatmath
 
 HEADER = "// plugrt-wgsl 1"
 BEGIN, END = "// plugrt-buffers-begin", "// plugrt-buffers-end"
@@ -57,19 +58,6 @@ _AXES = "xyz"
 _INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.DIV: "/", Ops.IDIV: "/", Ops.MOD: "%", Ops.AND: "&", Ops.OR: "|",
           Ops.XOR: "^", Ops.CMPLT: "<", Ops.CMPLE: "<=", Ops.CMPEQ: "==", Ops.CMPNE: "!="}
 _MATH = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
-
-
-def _pi_bits(bits: int) -> int:
-  """floor(pi * 2**bits), give or take one unit: Machin's formula in integers, 32 guard bits."""
-  g = bits + 32
-  def atan_inv(n: int) -> int:  # atan(1/n) * 2**g
-    term, total, k = (1 << g) // n, 0, 0
-    while term:
-      total += (-1) ** k * (term // (2 * k + 1))
-      term //= n * n
-      k += 1
-    return total
-  return (16 * atan_inv(5) - 4 * atan_inv(239)) >> 32
 
 
 def _f32(x: float) -> str:
@@ -96,14 +84,12 @@ def _sin_wgsl() -> str:
   and NaN give NaN from the bits (x - x folds to 0). Against float64 sin, every positive float32 on lavapipe: at
   most 0.76 ulp up to pi/4, 1.59 ulp below 4096, 1.03 ulp above (NVIDIA, sampled: the same figures). On an H200,
   16 sins per element cost 2x WGSL's sin up to pi/4, 7x below 4096, 35x above (one per element: 1.0x, 1.1x, 3x)."""
-  pi = _pi_bits(400)
-  pio2 = pi >> 1  # pi/2 * 2^400
+  pio2 = floatmath.pi_fixed(400) >> 1  # pi/2 * 2^400
   parts = [math.ldexp(pio2 >> (389 - 12 * i) & 0xfff, -11 - 12 * i) for i in range(4)]  # bits 2^0..2^-11, 2^-12..2^-23, ...
-  rest = struct.unpack("<f", struct.pack("<f", math.ldexp(pio2 & ((1 << 353) - 1), -400)))[0]  # pi/2 below 2^-47, rounded
+  rest = floatmath.round_f32_ratio(pio2 & ((1 << 353) - 1), 1 << 400)  # pi/2 below 2^-47, rounded once
   c1, c2, c3, c4, c5 = (_f32(c) for c in (*parts, rest))
   pad, words = 16, 7  # the table: 16 zero bits, then the bits of 2/pi; b_(E-1) of the largest float32 is at bit 118
-  tbl = (1 << (32 * words - pad + 401)) // pi  # floor(2/pi * 2^(32 * words - pad))
-  table = ", ".join(f"{(tbl >> (32 * (words - 1 - i))) & 0xffffffff:#010x}u" for i in range(words))
+  table = ", ".join(f"{w:#010x}u" for w in floatmath.two_over_pi_words(words, 32, pad, 400))
   p = round(math.ldexp(pio2, 31 - 400))  # pi/2 * 2^31
   s1, s2, s3 = -0.16666655242443085, 0.00833209976553917, -0.00019503790827002376
   sin_poly = f"({_f32(s1)} + z * ({_f32(s2)} + z * {_f32(s3)}))"
@@ -113,9 +99,9 @@ def _sin_wgsl() -> str:
     "fn pr_sin(x: f32) -> f32 {",
     "  let u = bitcast<u32>(x);",
     "  let au = u & 0x7fffffffu;",
-    "  if (au <= 0x3f490fdbu) {",
+    f"  if (au <= {floatmath.f32_bits(floatmath.round_f32_ratio(floatmath.pi_fixed(400), 1 << 402)):#010x}u) {{",  # |x| <= pi/4
     "    let z = x * x;",
-    f"    return select(x + x * z * {sin_poly}, x, au < 0x39800000u);",
+    f"    return select(x + x * z * {sin_poly}, x, au < {floatmath.f32_bits(floatmath.SIN_F32_EXACT_BELOW):#010x}u);",
     "  }",
     "  if (au >= 0x7f800000u) { return bitcast<f32>(u | 0x7fc00000u); }",
     "  let ax = bitcast<f32>(au);",

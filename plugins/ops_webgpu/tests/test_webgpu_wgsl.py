@@ -195,13 +195,13 @@ def test_nan_is_tested_through_the_bits_only_where_it_changes_a_result() -> None
 def test_sin_is_an_own_routine_rendered_only_where_used() -> None:
   """SIN calls pr_sin (argument reduction, then polynomials; float16 through float32): WGSL's sin is accurate only
   near [-pi, pi]. The helper and its table of 2/pi come with kernels that use SIN, and only with those."""
-  from plugrt_webgpu import wgsl
+  from plugrt.renderer import floatmath
   src = one_op(Ops.SIN, dtypes.float32)
   assert "fn pr_sin(x: f32) -> f32" in src and "const pr_2opi = array<u32, 7>(" in src and " sin(" not in src
   assert "f16(pr_sin(f32(v" in one_op(Ops.SIN, dtypes.float16) and "pr_bf16(pr_sin(v" in one_op(Ops.SIN, dtypes.bfloat16)
   assert "pr_sin" not in one_op(Ops.EXP2, dtypes.float32) and "pr_2opi" not in one_op(Ops.MUL, dtypes.float32)
   # the constants: pi from Machin's formula against its known hex digits, the table is 16 zero bits then 2/pi's bits
-  assert abs(wgsl._pi_bits(128) - 0x3243F6A8885A308D313198A2E03707344) <= 1
+  assert abs(floatmath.pi_fixed(128) - 0x3243F6A8885A308D313198A2E03707344) <= 1
   assert "0x0000a2f9u, 0x836e4e44u, 0x1529fc27u, 0x57d1f534u, 0xddc0db62u, 0x95993c43u, 0x9041fe51u" in src
 
 

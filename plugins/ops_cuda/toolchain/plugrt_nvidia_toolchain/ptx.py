@@ -36,20 +36,10 @@ ptxas to contract a mul and an add into an fma. float16 add/sub/mul use the nati
 instructions (sm_53+); every other float16 op and every bfloat16 op is done in float32 and rounded
 once with `cvt.rn.f16.f32` / `cvt.rn.bf16.f32` (sm_80+ for bfloat16). float32 has 24 bits >=
 2*11+2, so add/sub/mul/div/sqrt computed that way are correctly rounded half results (no double
-rounding harm). Transcendentals (the IR asks for a few ulp):
-  EXP2 f32: `ex2.approx.f32` (the ISA states 2 ulp over the full range, subnormals kept).
-  LOG2 f32: own routine: x = 2^e * m, m in [sqrt(1/2), sqrt(2)), log2(m) = 2/ln2 * atanh(s)
-            with s = (m-1)/(m+1), an odd series in s; lg2.approx.f32 has only an absolute
-            error bound near 1. f64 the same in double precision (no PTX instruction exists).
-  SIN f32:  Cody-Waite reduction by pi/2 split into three float32 parts with fma (exact first
-            step), Taylor polynomials for sin/cos on [-pi/4, pi/4], quadrant select. Above 2^17
-            it calls the float64 routine. f64: the same with three float64 parts up to 2^20;
-            beyond, a Payne-Hanek reduction with 64-bit integer products against a table of
-            2/pi bits, so every finite input is reduced correctly.
-  EXP2 f64: x = n + f, |f| <= 1/2, a degree-13 polynomial for 2^f, then two exact-or-once-
-            rounded scalings by 2^(n/2) so subnormal results round once.
-  float16/bfloat16 transcendentals use the float32 ones and round the result.
-  These routines are `.func` helpers emitted once per module.
+rounding harm). Transcendentals (the IR asks for a few ulp): EXP2 f32 is `ex2.approx.f32`
+(2 ulp over the full range, subnormals kept); LOG2, SIN and float64 EXP2 call `.func` routines of
+plugrt_nvidia_toolchain.ptx_math, emitted once per module; float16/bfloat16 use the float32 ones and
+round the result.
 
 Integers: IDIV/MOD are div/rem with a zero divisor replaced by 1 (quotient x, remainder 0, as the
 interpreter gives) and, for 32/64-bit signed, x / -1 computed as a wrapping negation (MIN / -1 is
@@ -63,47 +53,23 @@ version the target cannot use) raise plugrt.errors.RenderError, never a ptxas er
 """
 from __future__ import annotations
 
-import functools
 import math
 import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 
 from plugrt.dtype import DType, PtrDType, cast_value, dtypes
 from plugrt.errors import RenderError
 from plugrt.ir import COMPARE, Kernel, Ops, UOp
+from plugrt_nvidia_toolchain.arch import min_ptx_version, parse_arch, version_tuple
+from plugrt_nvidia_toolchain.ptx_math import HELPER_PREFIX, HELPERS, f32_hex, f64_hex, two_over_pi_table
 
-# the lowest PTX ISA version each target accepts (probed with ptxas of CUDA 13.0)
-_MIN_PTX = {50: (4, 0), 52: (4, 0), 53: (4, 2), 60: (5, 0), 61: (5, 0), 62: (5, 0), 70: (6, 0), 72: (6, 1), 75: (6, 3), 80: (7, 0),
-            86: (7, 1), 87: (7, 4), 88: (7, 3), 89: (7, 8), 90: (7, 8), 100: (8, 6), 101: (8, 6), 103: (8, 8), 110: (9, 0),
-            120: (8, 7), 121: (8, 8)}
-_ARCH_RE = re.compile(r"^sm_(\d+)([af]?)$")
 _SHARED_LIMIT = 48 * 1024  # static shared memory per block on every target
-_HELPER_PREFIX = "__plugrt_"
 
 # register classes: PTX declaration type, mov and selp suffix
 _DECL = {"p": ".pred", "h": ".b16", "r": ".b32", "rd": ".b64", "f": ".f32", "fd": ".f64"}
 _MOVT = {"p": "pred", "h": "b16", "r": "b32", "rd": "b64", "f": "f32", "fd": "f64"}
-
-
-def parse_arch(arch: str) -> tuple[int, str]:
-  """'sm_90a' -> (90, 'a'); RenderError for anything that is not a PTX target name."""
-  m = _ARCH_RE.match(arch)
-  if m is None: raise RenderError(f"PTX target {arch!r} is not of the form sm_XY[a|f]", "pass e.g. arch='sm_90'")
-  return int(m[1]), m[2]
-
-
-def min_ptx_version(arch: str) -> str:
-  """The lowest PTX ISA version that `.target arch` accepts, e.g. '7.8' for sm_90. A target newer than this table
-  is assumed to need at least the newest version in it (new targets always came with new PTX versions)."""
-  sm, suffix = parse_arch(arch)
-  newest = max(_MIN_PTX.values())
-  major, minor = _MIN_PTX.get(sm, newest if sm > max(_MIN_PTX) else (4, 0))
-  if suffix == "a" and sm == 90: major, minor = 8, 0
-  if suffix == "f": major, minor = max((major, minor), (8, 8))
-  return f"{major}.{minor}"
 
 
 def _rc(dt: DType) -> str:
@@ -116,383 +82,6 @@ def _rc(dt: DType) -> str:
 def _it(dt: DType) -> str:
   """The PTX integer type an int dtype computes in (8/16-bit ones in 32 bits)."""
   return f"{'u' if dt.kind == 'u' else 's'}{64 if dt.bits == 64 else 32}"
-
-
-def _f32_hex(x: float) -> str: return f"0f{struct.unpack('<I', struct.pack('<f', x))[0]:08X}"
-def _f64_hex(x: float) -> str: return f"0d{struct.unpack('<Q', struct.pack('<d', x))[0]:016X}"
-
-
-# ---------------------------------------------------------------- exact constants for the math helpers
-
-def _fixed_pi(bits: int) -> int:
-  """floor(pi * 2**bits) (to within one unit), from Machin's formula in integer arithmetic with 32 guard bits."""
-  g = bits + 32
-  def atan_inv(n: int) -> int:  # atan(1/n) * 2**g
-    power, total, k, sign = (1 << g) // n, 0, 0, 1
-    while power:
-      total += sign * (power // (2 * k + 1))
-      power //= n * n; k += 1; sign = -sign
-    return total
-  return (16 * atan_inv(5) - 4 * atan_inv(239)) >> 32
-
-
-def _fixed_ln2(bits: int) -> int:
-  """floor(ln 2 * 2**bits) (to within one unit): ln 2 = 2 atanh(1/3)."""
-  g = bits + 32
-  power, total, k = (1 << g) // 3, 0, 0
-  while power:
-    total += power // (2 * k + 1)
-    power //= 9; k += 1
-  return (2 * total) >> 32
-
-
-def _round_f32(x: Fraction) -> float:
-  """x correctly rounded (to nearest even) to a normal float32."""
-  if x == 0: return 0.0
-  a = abs(x)
-  e = a.numerator.bit_length() - a.denominator.bit_length()
-  if Fraction(2) ** e > a: e -= 1
-  scaled = a / Fraction(2) ** (e - 23)  # in [2^23, 2^24)
-  n, rem = divmod(scaled.numerator, scaled.denominator)
-  if 2 * rem > scaled.denominator or (2 * rem == scaled.denominator and n & 1): n += 1
-  v = math.ldexp(n, e - 23)
-  return -v if x < 0 else v
-
-
-@dataclass(frozen=True)
-class _Consts:
-  two_over_pi: Fraction
-  pio2_f64: tuple[float, float, float]   # pi/2 = sum of three doubles (each the rounded remainder of the last)
-  pio2_f32: tuple[float, float, float]
-  inv_ln2x2: Fraction                    # 2 / ln 2
-  exp2_coef: tuple[float, ...]           # ln2^k / k!, k = 0..13
-  table: tuple[int, ...]                 # 2/pi bits as u64 words, after _TABLE_PAD zero bits
-
-
-_TABLE_PAD = 64     # zero bits in front of 2/pi's first fractional bit (the window may start before it)
-_TABLE_WORDS = 22   # covers the window of the largest finite double (and of infinity) with room to spare
-
-
-@functools.cache
-def _consts() -> _Consts:
-  prec = 1600
-  pi = Fraction(_fixed_pi(prec), 1 << prec)
-  ln2 = Fraction(_fixed_ln2(prec), 1 << prec)
-  def split(x: Fraction, rnd) -> tuple[float, float, float]:
-    a = rnd(x); b = rnd(x - Fraction(a)); c = rnd(x - Fraction(a) - Fraction(b))
-    return (a, b, c)
-  total = _TABLE_WORDS * 64
-  # floor(2/pi * 2**(total - PAD)): the bits b_1 .. b_(total-PAD), read as `total` bits with PAD leading zeros
-  bits = (1 << (total - _TABLE_PAD + 1 + prec)) // _fixed_pi(prec)
-  words = tuple((bits >> (total - 64 * (j + 1))) & ((1 << 64) - 1) for j in range(_TABLE_WORDS))
-  return _Consts(2 / pi, split(pi / 2, float), split(pi / 2, _round_f32), 2 / ln2,
-                 tuple(float(ln2 ** k / math.factorial(k)) for k in range(14)), words)
-
-
-def _taylor(k: int, rnd) -> float:
-  """The Taylor coefficient of x^k in sin (odd k) or cos (even k): (-1)^(k//2) / k!, rounded by rnd."""
-  return rnd(Fraction((-1) ** (k // 2), math.factorial(k)))
-
-
-# ---------------------------------------------------------------- the math helpers (.func, one copy per module)
-
-_SIN_F64_FAST = 2.0 ** 20   # Cody-Waite with three doubles and fma is accurate far beyond this; above it, Payne-Hanek
-_SIN_F32_FAST = 2.0 ** 17   # above this float32 SIN calls the float64 routine
-
-
-def _poly(dst: str, x: str, coefs: Sequence[str], ty: str) -> list[str]:
-  """Horner's scheme: dst = coefs[0] + x*(coefs[1] + x*(...)) with fma (coefficients are immediates)."""
-  lines = [f"mov.{ty} {dst}, {coefs[-1]}"]
-  lines += [f"fma.rn.{ty} {dst}, {dst}, {x}, {c}" for c in reversed(coefs[:-1])]
-  return lines
-
-
-def _func(name: str, ty: str, regs: dict[str, list[str]], body: list[str]) -> str:
-  """A helper `.func` taking and returning one float of type ty; body lines are instructions, labels or { }."""
-  decls = [f"\t.reg {t} {', '.join(rs)};" for t, rs in regs.items() if rs]
-  lines = [ln if ln.endswith(":") else f"\t{ln}" if ln in ("{", "}") else f"\t{ln};" for ln in body]
-  return "\n".join([f".func (.param .{ty} ret) {_HELPER_PREFIX}{name}(.param .{ty} arg)", "{", *decls, *lines, "}"])
-
-
-def _helper_sin_f64() -> str:
-  c = _consts()
-  p1, p2, p3 = (_f64_hex(v) for v in c.pio2_f64)
-  sin_c = [_f64_hex(_taylor(k, float)) for k in range(3, 18, 2)]   # r^3 .. r^17 (as a polynomial in r^2)
-  cos_c = [_f64_hex(_taylor(k, float)) for k in range(2, 17, 2)]   # r^2 .. r^16
-  g0 = _TABLE_PAD - 1077  # table bit of the window start = biased exponent + this (see the comment below)
-  body = [
-    "ld.param.f64 %x, [arg]",
-    "abs.f64 %ax, %x",
-    f"setp.lt.f64 %tiny, %ax, {_f64_hex(2.0 ** -27)}",  # sin(x) == x in double below 2^-26 (keeps -0 and subnormals)
-    f"setp.ge.f64 %big, %ax, {_f64_hex(_SIN_F64_FAST)}",  # NaN: false, the fast path makes NaN
-    "@%big bra $L_big",
-    # Cody-Waite: k = rint(|x| * 2/pi); r = |x| - k*(p1+p2+p3). The first fma is exact (|r| < 1 and both
-    # terms are multiples of 2^-53), the others round once; pi/2 - (p1+p2+p3) is ~2^-160
-    f"mul.rn.f64 %k, %ax, {_f64_hex(float(c.two_over_pi))}",
-    "cvt.rni.f64.f64 %k, %k",
-    "neg.f64 %nk, %k",
-    f"fma.rn.f64 %r, %nk, {p1}, %ax",
-    f"fma.rn.f64 %r, %nk, {p2}, %r",
-    f"fma.rn.f64 %r, %nk, {p3}, %r",
-    "cvt.rzi.u32.f64 %q, %k",
-    "bra.uni $L_poly",
-    # Payne-Hanek: |x| = m * 2^E (m a 53-bit integer, E = e - 1075). |x| * 2/pi mod 4 only needs the bits b_i
-    # of 2/pi (2/pi = sum b_i 2^-i) with i >= E - 1; a 192-bit window of them from i0 = E - 1 gives
-    # (m * window) mod 2^192 = |x| * 2/pi mod 4 scaled by 2^190, the neglected tail is below 2^-137.
-    # The table holds b_1.. after _TABLE_PAD zero bits, so b_i is table bit i + _TABLE_PAD - 1.
-    "$L_big:",
-    "mov.b64 %bits, %ax",
-    "shr.u64 %t0, %bits, 52",
-    "cvt.u32.u64 %e, %t0",
-    "and.b64 %m, %bits, 0x000FFFFFFFFFFFFF",
-    "or.b64 %m, %m, 0x0010000000000000",
-    f"add.s32 %g, %e, {g0}",
-    "shr.u32 %j, %g, 6",
-    "and.b32 %sh, %g, 63",
-    "sub.s32 %ns, 64, %sh",  # a shift by 64 gives 0 in PTX (shift amounts clamp), so sh == 0 needs no branch
-    "mul.wide.u32 %off, %j, 8",
-    f"mov.u64 %a, {_HELPER_PREFIX}two_over_pi",
-    "add.s64 %a, %a, %off",
-    "ld.const.u64 %t0, [%a]",
-    "ld.const.u64 %t1, [%a+8]",
-    "ld.const.u64 %t2, [%a+16]",
-    "ld.const.u64 %t3, [%a+24]",
-    "shl.b64 %u, %t0, %sh", "shr.b64 %v, %t1, %ns", "or.b64 %w0, %u, %v",
-    "shl.b64 %u, %t1, %sh", "shr.b64 %v, %t2, %ns", "or.b64 %w1, %u, %v",
-    "shl.b64 %u, %t2, %sh", "shr.b64 %v, %t3, %ns", "or.b64 %w2, %u, %v",
-    # bits 64..191 of m * (w0:w1:w2); bits 190/191 are the quadrant, the 126 below the fraction
-    "mul.hi.u64 %u, %m, %w2",
-    "mul.lo.u64 %v, %m, %w1",
-    "mul.hi.u64 %hi, %m, %w1",
-    "mul.lo.u64 %lo, %m, %w0",
-    "add.cc.u64 %wd1, %u, %v",
-    "addc.u64 %wd2, %hi, %lo",
-    # round to the nearest quadrant: + 1/2, q = the top two bits, the rest minus 1/2 is the signed fraction
-    "add.u64 %wd2, %wd2, 0x2000000000000000",
-    "shr.u64 %t0, %wd2, 62",
-    "cvt.u32.u64 %q, %t0",
-    "and.b64 %hi, %wd2, 0x3FFFFFFFFFFFFFFF",
-    "sub.s64 %hi, %hi, 0x2000000000000000",
-    "setp.lt.s64 %fneg, %hi, 0",
-    # |hi:lo| as a 128-bit two's complement negation
-    "not.b64 %u, %hi",
-    "not.b64 %v, %wd1",
-    "add.cc.u64 %v, %v, 1",
-    "addc.u64 %u, %u, 0",
-    "selp.b64 %hi, %u, %hi, %fneg",
-    "selp.b64 %lo, %v, %wd1, %fneg",
-    "cvt.rn.f64.u64 %dh, %hi",
-    "cvt.rn.f64.u64 %dl, %lo",
-    f"mul.rn.f64 %dh, %dh, {_f64_hex(2.0 ** -62)}",
-    f"fma.rn.f64 %d, %dl, {_f64_hex(2.0 ** -126)}, %dh",  # the fraction of a quadrant, in [0, 1/2]
-    "neg.f64 %nd, %d",
-    "selp.f64 %d, %nd, %d, %fneg",
-    f"mul.rn.f64 %r, %d, {p2}",
-    f"fma.rn.f64 %r, %d, {p1}, %r",  # r = d * pi/2 (pi/2 as p1 + p2)
-    "$L_poly:",
-    "mul.rn.f64 %r2, %r, %r",
-    *_poly("%s", "%r2", sin_c, "f64"),
-    "mul.rn.f64 %r3, %r2, %r",
-    "fma.rn.f64 %s, %s, %r3, %r",                 # sin r = r + r^3 * P(r^2)
-    *_poly("%c", "%r2", cos_c, "f64"),
-    f"fma.rn.f64 %c, %c, %r2, {_f64_hex(1.0)}",   # cos r = 1 + r^2 * Q(r^2)
-    "and.b32 %qb, %q, 1",
-    "setp.ne.u32 %odd, %qb, 0",
-    "selp.f64 %res, %c, %s, %odd",
-    "and.b32 %qb, %q, 2",
-    "setp.ne.u32 %flip, %qb, 0",
-    "setp.lt.f64 %neg, %x, 0d0000000000000000",
-    "xor.pred %flip, %flip, %neg",                # sin(-x) = -sin(x)
-    "neg.f64 %nres, %res",
-    "selp.f64 %res, %nres, %res, %flip",
-    "selp.f64 %res, %x, %res, %tiny",
-    "setp.eq.f64 %inf, %ax, 0d7FF0000000000000",
-    "sub.rn.f64 %nres, %x, %x",                   # NaN for +-inf
-    "selp.f64 %res, %nres, %res, %inf",
-    "st.param.f64 [ret], %res",
-    "ret",
-  ]
-  regs = {".pred": ["%tiny", "%big", "%fneg", "%odd", "%flip", "%neg", "%inf"],
-          ".b32": ["%q", "%qb", "%e", "%g", "%j", "%sh", "%ns"],
-          ".b64": ["%bits", "%m", "%off", "%a", "%t0", "%t1", "%t2", "%t3", "%u", "%v", "%w0", "%w1", "%w2", "%hi", "%lo", "%wd1", "%wd2"],
-          ".f64": ["%x", "%ax", "%k", "%nk", "%r", "%r2", "%r3", "%s", "%c", "%res", "%nres", "%dh", "%dl", "%d", "%nd"]}
-  return _func("sin_f64", "f64", regs, body)
-
-
-def _helper_sin_f32() -> str:
-  c = _consts()
-  p1, p2, p3 = (_f32_hex(v) for v in c.pio2_f32)
-  sin_c = [_f32_hex(_taylor(k, _round_f32)) for k in range(3, 10, 2)]   # r^3 .. r^9
-  cos_c = [_f32_hex(_taylor(k, _round_f32)) for k in range(2, 11, 2)]   # r^2 .. r^10
-  body = [
-    "ld.param.f32 %x, [arg]",
-    "abs.f32 %ax, %x",
-    f"setp.ge.f32 %big, %ax, {_f32_hex(_SIN_F32_FAST)}",  # NaN: false, the fast path makes NaN
-    "@%big bra $L_big",
-    f"setp.lt.f32 %tiny, %ax, {_f32_hex(2.0 ** -12)}",  # sin(x) == x in float32 below 2^-12
-    # Cody-Waite with fma: k = rint(|x| * 2/pi), r = |x| - k*(p1+p2+p3); the first fma is exact (|r| < 1, both
-    # terms multiples of 2^-24 for |x| >= 1/2), pi/2 - (p1+p2+p3) is ~2^-75
-    f"mul.rn.f32 %k, %ax, {_f32_hex(_round_f32(c.two_over_pi))}",
-    "cvt.rni.f32.f32 %k, %k",
-    "neg.f32 %nk, %k",
-    f"fma.rn.f32 %r, %nk, {p1}, %ax",
-    f"fma.rn.f32 %r, %nk, {p2}, %r",
-    f"fma.rn.f32 %r, %nk, {p3}, %r",
-    "cvt.rzi.u32.f32 %q, %k",
-    "mul.rn.f32 %r2, %r, %r",
-    *_poly("%s", "%r2", sin_c, "f32"),
-    "mul.rn.f32 %r3, %r2, %r",
-    "fma.rn.f32 %s, %s, %r3, %r",
-    *_poly("%c", "%r2", cos_c, "f32"),
-    f"fma.rn.f32 %c, %c, %r2, {_f32_hex(1.0)}",
-    "and.b32 %qb, %q, 1",
-    "setp.ne.u32 %odd, %qb, 0",
-    "selp.f32 %res, %c, %s, %odd",
-    "and.b32 %qb, %q, 2",
-    "setp.ne.u32 %flip, %qb, 0",
-    "setp.lt.f32 %neg, %x, 0f00000000",
-    "xor.pred %flip, %flip, %neg",
-    "neg.f32 %nres, %res",
-    "selp.f32 %res, %nres, %res, %flip",
-    "selp.f32 %res, %x, %res, %tiny",
-    "st.param.f32 [ret], %res",
-    "ret",
-    "$L_big:",  # large |x| (and +-inf): the float64 routine, rounded once more
-    "cvt.f64.f32 %xd, %x",
-    "{",
-    ".param .f64 a0",
-    ".param .f64 r0",
-    "st.param.f64 [a0], %xd",
-    f"call (r0), {_HELPER_PREFIX}sin_f64, (a0)",
-    "ld.param.f64 %xd, [r0]",
-    "}",
-    "cvt.rn.f32.f64 %res, %xd",
-    "st.param.f32 [ret], %res",
-    "ret",
-  ]
-  regs = {".pred": ["%big", "%tiny", "%odd", "%flip", "%neg"], ".b32": ["%q", "%qb"],
-          ".f32": ["%x", "%ax", "%k", "%nk", "%r", "%r2", "%r3", "%s", "%c", "%res", "%nres"], ".f64": ["%xd"]}
-  return _func("sin_f32", "f32", regs, body)
-
-
-def _log2_body(ty: str) -> tuple[list[str], dict[str, list[str]]]:
-  """log2 for f32 or f64: x = 2^e * m with m in [sqrt(1/2), sqrt(2)), log2 m = 2/ln2 * atanh(s), s = (m-1)/(m+1).
-  s is refined once against the exact m+1 (a two-term sum) so that it is good to about half an ulp."""
-  c = _consts()
-  f64 = ty == "f64"
-  hx, bt, w = (_f64_hex, "b64", 64) if f64 else (_f32_hex, "b32", 32)
-  rnd = float if f64 else _round_f32
-  mant, bias, scale = (52, 1023, 54) if f64 else (23, 127, 24)
-  nterms = 11 if f64 else 5  # s^2k/(2k+1) for k = 1..nterms: |s| <= 0.1716, the next term is below half an ulp
-  coefs = [hx(rnd(c.inv_ln2x2 / (2 * k + 1))) for k in range(1, nterms + 1)]
-  chi = rnd(c.inv_ln2x2)
-  clo = rnd(c.inv_ln2x2 - Fraction(chi))
-  one, half = hx(1.0), hx(0.5)
-  body = [
-    f"ld.param.{ty} %x, [arg]",
-    f"setp.lt.{ty} %sub, %x, {hx(2.0 ** (1 - bias))}",   # subnormal (or <= 0, fixed at the end): scale up exactly
-    f"mul.rn.{ty} %xs, %x, {hx(2.0 ** scale)}",
-    f"selp.{ty} %xs, %xs, %x, %sub",
-    f"selp.s32 %eadj, {-scale - bias}, {-bias}, %sub",
-    f"mov.{bt} %bits, %xs",
-    f"shr.u{w} %eb, %bits, {mant}",
-    *(["cvt.u32.u64 %e, %eb"] if f64 else ["mov.b32 %e, %eb"]),
-    f"and.b{w} %mb, %bits, 0x{(1 << mant) - 1:X}",
-    f"or.b{w} %mb, %mb, 0x{bias << mant:X}",
-    f"mov.{bt} %m, %mb",                                  # m in [1, 2)
-    f"setp.gt.{ty} %hi, %m, {hx(rnd(Fraction(math.isqrt(2 << 200), 1 << 100)))}",  # > sqrt(2): halve m, e + 1
-    f"mul.rn.{ty} %mh, %m, {half}",
-    f"selp.{ty} %m, %mh, %m, %hi",
-    "selp.s32 %inc, 1, 0, %hi",
-    "add.s32 %e, %e, %inc",
-    "add.s32 %e, %e, %eadj",
-    f"cvt.rn.{ty}.s32 %ef, %e",
-    f"sub.rn.{ty} %f, %m, {one}",                         # exact (Sterbenz)
-    f"add.rn.{ty} %dh, %m, {one}",
-    f"sub.rn.{ty} %dl, %dh, {one}",                       # exact
-    f"sub.rn.{ty} %dl, %m, %dl",                          # exact: m + 1 == dh + dl
-    f"div.rn.{ty} %s, %f, %dh",
-    f"neg.{ty} %ns, %s",
-    f"fma.rn.{ty} %rr, %ns, %dh, %f",                     # f - s*dh, exact
-    f"fma.rn.{ty} %rr, %ns, %dl, %rr",                    # - s*dl
-    f"div.rn.{ty} %ds, %rr, %dh",
-    f"mul.rn.{ty} %s2, %s, %s",
-    *_poly("%p", "%s2", coefs, ty),
-    f"mul.rn.{ty} %p, %p, %s2",                           # 2/ln2 * (s^2/3 + s^4/5 + ...)
-    f"add.rn.{ty} %p, %p, {hx(clo)}",                     # + the low part of 2/ln2
-    f"mul.rn.{ty} %p, %p, %s",
-    f"fma.rn.{ty} %p, %ds, {hx(chi)}, %p",                # + 2/ln2 * (the correction of s)
-    f"fma.rn.{ty} %y, %s, {hx(chi)}, %p",                 # log2 m = chi*s + (clo*s + 2/ln2*(s^3/3 + ...) + chi*ds)
-    f"add.rn.{ty} %res, %ef, %y",
-    # special inputs: +inf -> +inf, +-0 -> -inf, < 0 -> NaN, NaN -> NaN
-    f"setp.eq.{ty} %p0, %x, {hx(math.inf)}",
-    f"selp.{ty} %res, %x, %res, %p0",
-    f"setp.eq.{ty} %p0, %x, {hx(0.0)}",
-    f"selp.{ty} %res, {hx(-math.inf)}, %res, %p0",
-    f"setp.lt.{ty} %p0, %x, {hx(0.0)}",
-    f"selp.{ty} %res, {hx(math.nan)}, %res, %p0",
-    f"setp.nan.{ty} %p0, %x, %x",
-    f"selp.{ty} %res, %x, %res, %p0",
-    f"st.param.{ty} [ret], %res",
-    "ret",
-  ]
-  regs = {".pred": ["%sub", "%hi", "%p0"], ".b32": ["%e", "%eadj", "%inc"] + ([] if f64 else ["%eb", "%bits", "%mb"]),
-          ".b64": ["%bits", "%mb", "%eb"] if f64 else [],
-          f".{ty}": ["%x", "%xs", "%m", "%mh", "%ef", "%f", "%dh", "%dl", "%s", "%ns", "%rr", "%ds", "%s2", "%p", "%y", "%res"]}
-  return body, regs
-
-
-def _helper_log2(ty: str) -> str:
-  body, regs = _log2_body(ty)
-  return _func(f"log2_{ty}", ty, regs, body)
-
-
-def _helper_exp2_f64() -> str:
-  coefs = [_f64_hex(v) for v in _consts().exp2_coef]
-  body = [
-    "ld.param.f64 %x, [arg]",
-    # clamp to +-1100 (beyond, the result is 0 or inf anyway); NaN compares false and stays NaN
-    f"setp.gt.f64 %p0, %x, {_f64_hex(1100.0)}",
-    f"selp.f64 %x, {_f64_hex(1100.0)}, %x, %p0",
-    f"setp.lt.f64 %p0, %x, {_f64_hex(-1100.0)}",
-    f"selp.f64 %x, {_f64_hex(-1100.0)}, %x, %p0",
-    "cvt.rni.f64.f64 %n, %x",
-    "sub.rn.f64 %f, %x, %n",                     # exact, |f| <= 1/2
-    *_poly("%y", "%f", coefs, "f64"),           # 2^f = sum (f ln2)^k / k!, the k = 14 term is below 2^-57
-    "cvt.rni.s32.f64 %ni, %n",                   # NaN -> 0 (the result is NaN through y)
-    "shr.s32 %n1, %ni, 1",
-    "sub.s32 %n2, %ni, %n1",
-    # 2^n1 and 2^n2 are normal (|n1|, |n2| <= 550): y * 2^n1 is exact, * 2^n2 rounds once (subnormals too)
-    "add.s32 %n1, %n1, 1023",
-    "cvt.u64.u32 %b, %n1",
-    "shl.b64 %b, %b, 52",
-    "mov.b64 %s1, %b",
-    "add.s32 %n2, %n2, 1023",
-    "cvt.u64.u32 %b, %n2",
-    "shl.b64 %b, %b, 52",
-    "mov.b64 %s2, %b",
-    "mul.rn.f64 %y, %y, %s1",
-    "mul.rn.f64 %y, %y, %s2",
-    "st.param.f64 [ret], %y",
-    "ret",
-  ]
-  regs = {".pred": ["%p0"], ".b32": ["%ni", "%n1", "%n2"], ".b64": ["%b"], ".f64": ["%x", "%n", "%f", "%y", "%s1", "%s2"]}
-  return _func("exp2_f64", "f64", regs, body)
-
-
-def _two_over_pi_table() -> str:
-  words = ", ".join(f"0x{w:016X}" for w in _consts().table)
-  return f".const .align 8 .u64 {_HELPER_PREFIX}two_over_pi[{_TABLE_WORDS}] = {{{words}}};"
-
-
-# helper name -> (builder, helpers it calls); emitted in this order, so callees come first
-_HELPERS = {"sin_f64": (_helper_sin_f64, ()), "sin_f32": (_helper_sin_f32, ("sin_f64",)), "log2_f32": (lambda: _helper_log2("f32"), ()),
-            "log2_f64": (lambda: _helper_log2("f64"), ()), "exp2_f64": (_helper_exp2_f64, ())}
-
-
-def helper_ptx(name: str) -> str:
-  """The PTX text of one math helper (`.func`), e.g. 'sin_f64' (for tests and inspection)."""
-  return _HELPERS[name][0]()
 
 
 # ---------------------------------------------------------------- per-kernel state
@@ -532,9 +121,9 @@ class PTXRenderer:
     if not re.match(r"^\d+\.\d+$", ptx_version): raise RenderError(f"PTX version {ptx_version!r} is not of the form X.Y", "e.g. '8.0'")
     self.arch, self.ptx_version = arch, ptx_version
     need = min_ptx_version(arch)
-    if _ver(ptx_version) < _ver(need):
+    if version_tuple(ptx_version) < version_tuple(need):
       raise RenderError(f"PTX ISA {ptx_version} cannot target {arch} (it needs {need} or later)",
-                        f"pass ptx_version='{need}' or later (plugrt_cuda.ptx.min_ptx_version gives it)")
+                        f"pass ptx_version='{need}' or later (plugrt_nvidia_toolchain.arch.min_ptx_version gives it)")
 
   # ------------------------------------------------------------ module
   def render(self, kernel: Kernel) -> str:
@@ -549,18 +138,18 @@ class PTXRenderer:
       fn = _Fn(k.name)
       entries.append(self._entry(k, fn))
       helpers |= fn.helpers
-    for h in list(helpers): helpers.update(_HELPERS[h][1])
+    for h in list(helpers): helpers.update(HELPERS[h][1])
     parts = [f"// generated by plugrt PTXRenderer: {', '.join(names)}", f".version {self.ptx_version}", f".target {self.arch}",
              ".address_size 64", ""]
-    if "sin_f64" in helpers: parts += [_two_over_pi_table(), ""]
-    parts += [f"{_HELPERS[h][0]()}\n" for h in _HELPERS if h in helpers]
+    if "sin_f64" in helpers: parts += [two_over_pi_table(), ""]
+    parts += [f"{HELPERS[h][0]()}\n" for h in HELPERS if h in helpers]
     parts += entries
     return "\n".join(parts) + "\n"
 
   # ------------------------------------------------------------ checks
   def _check(self, kernel: Kernel) -> None:
     name = kernel.name
-    if not re.match(r"^[A-Za-z][A-Za-z0-9_]*$|^_[A-Za-z0-9_]+$", name) or name.startswith(_HELPER_PREFIX):
+    if not re.match(r"^[A-Za-z][A-Za-z0-9_]*$|^_[A-Za-z0-9_]+$", name) or name.startswith(HELPER_PREFIX):
       raise RenderError(f"kernel name {name!r} is not usable as a PTX entry name", "use letters, digits and _ (not '_' alone or __plugrt_*)")
     shared = 0
     for u in kernel.uops:
@@ -663,8 +252,8 @@ class PTXRenderer:
       return f.val(cls, f"mov.b{width}", f"0x{v & ((1 << width) - 1):X}")
     x = float(x)
     if dt is not dtypes.float64 and math.isfinite(x): x = cast_value(x, dt)  # the dtype's value nearest x
-    if dt is dtypes.float64: return f.val(cls, "mov.f64", _f64_hex(x))
-    if dt is dtypes.float32: return f.val(cls, "mov.f32", _f32_hex(x))
+    if dt is dtypes.float64: return f.val(cls, "mov.f64", f64_hex(x))
+    if dt is dtypes.float32: return f.val(cls, "mov.f32", f32_hex(x))
     if dt is dtypes.float16: bits = 0x7E00 if math.isnan(x) else struct.unpack("<H", struct.pack("<e", x))[0]
     else: bits = 0x7FC0 if math.isnan(x) else struct.unpack("<I", struct.pack("<f", x))[0] >> 16  # exact: x is a bfloat16 value
     return f.val(cls, "mov.b16", f"0x{bits:04X}")
@@ -765,7 +354,7 @@ class PTXRenderer:
     f.ncall += 1
     d = f.reg("f" if ty == "f32" else "fd")
     f.lines += ["\t{", f"\t.param .{ty} pa{n};", f"\t.param .{ty} pr{n};", f"\tst.param.{ty} [pa{n}], {x};",
-                f"\tcall (pr{n}), {_HELPER_PREFIX}{helper}, (pa{n});", f"\tld.param.{ty} {d}, [pr{n}];", "\t}"]
+                f"\tcall (pr{n}), {HELPER_PREFIX}{helper}, (pa{n});", f"\tld.param.{ty} {d}, [pr{n}];", "\t}"]
     return d
 
   def _alu_bool(self, f: _Fn, op: Ops, s: list[str]) -> str:
@@ -833,11 +422,11 @@ class PTXRenderer:
       if src.kind in "iu": return f.val("p", f"setp.ne.b{64 if src.bits == 64 else 32}", x, "0")
       if src.itemsize == 2: return f.val("p", "setp.ne.b16", f.val("h", "and.b16", x, "0x7FFF"), "0")  # NaN is nonzero: true
       ty = "f32" if src is dtypes.float32 else "f64"
-      return f.val("p", f"setp.neu.{ty}", x, _f32_hex(0.0) if ty == "f32" else _f64_hex(0.0))  # NaN != 0
+      return f.val("p", f"setp.neu.{ty}", x, f32_hex(0.0) if ty == "f32" else f64_hex(0.0))  # NaN != 0
     if src is dtypes.bool:
       if dt.kind in "iu": return f.val(_rc(dt), f"selp.u{64 if dt.bits == 64 else 32}", "1", "0", x)
-      if dt is dtypes.float32: return f.val("f", "selp.f32", _f32_hex(1.0), _f32_hex(0.0), x)
-      if dt is dtypes.float64: return f.val("fd", "selp.f64", _f64_hex(1.0), _f64_hex(0.0), x)
+      if dt is dtypes.float32: return f.val("f", "selp.f32", f32_hex(1.0), f32_hex(0.0), x)
+      if dt is dtypes.float64: return f.val("fd", "selp.f64", f64_hex(1.0), f64_hex(0.0), x)
       return f.val("h", "selp.b16", "0x3C00" if dt is dtypes.float16 else "0x3F80", "0x0000", x)
     if dt.kind in "iu" and src.kind in "iu": return self._int_to_int(f, x, src, dt)
     if dt.kind in "iu":  # from a float: truncate (cvt.rzi saturates out-of-range values, NaN -> 0: the IR leaves both undefined)
@@ -883,11 +472,6 @@ class PTXRenderer:
     return f.val(cd, f"mov.b{dt.bits}", x)  # 32/64-bit int <-> float
 
 
-def _ver(v: str) -> tuple[int, int]:
-  a, b = v.split(".")
-  return int(a), int(b)
-
-
 def _round_up(x: int, a: int) -> int: return (x + a - 1) // a * a
 
 
@@ -913,4 +497,4 @@ _MATH = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin"}
 _ALU_OPS = frozenset({Ops.NEG, Ops.NOT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC, Ops.ADD, Ops.SUB, Ops.MUL, Ops.DIV,
                       Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, *COMPARE})
 
-__all__ = ["PTXRenderer", "helper_ptx", "min_ptx_version", "parse_arch"]
+__all__ = ["PTXRenderer"]

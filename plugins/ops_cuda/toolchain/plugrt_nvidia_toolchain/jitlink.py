@@ -1,6 +1,6 @@
-"""nvJitLink (CUDA 12+), in process: PTX -> cubin for one architecture. The PTX compiler's assembler when ptxas is not
-installed, or when PLUGRT_NV_ASSEMBLER=nvjitlink asks for it. Looking for the library reads paths only; loading it
-happens on the first compile.
+"""nvJitLink (CUDA 12+), in process: PTX -> cubin for one architecture, without ptxas (a subprocess). Looking for the
+library reads paths only; loading it happens on the first `version` or `assemble`, and the loaded library is kept for
+the process (the environment of that first call picks the file).
 """
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import ctypes
 import glob
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from plugrt.errors import CompileError
@@ -17,24 +18,26 @@ INPUT_PTX = 2  # nvJitLinkInputType: NONE 0, CUBIN 1, PTX 2, LTOIR 3, FATBIN 4, 
 _lib: Any = None
 
 
-def candidates() -> list[str]:
+def candidates(env: Mapping[str, str]) -> list[str]:
   """Where libnvJitLink may be: PLUGRT_NVJITLINK, the pip wheels on sys.path, CUDA_HOME, /usr/local/cuda (newest first)."""
-  out = [os.environ["PLUGRT_NVJITLINK"]] if os.environ.get("PLUGRT_NVJITLINK") else []
+  out = [named] if (named := env.get("PLUGRT_NVJITLINK")) else []
   roots = [p or "." for p in sys.path]
   for pattern in ("nvidia/cu*/lib/libnvJitLink.so*", "nvidia/nvjitlink/lib/libnvJitLink.so*"):
     out += sorted({f for r in roots for f in glob.glob(os.path.join(r, pattern))}, reverse=True)
-  for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+  for home in (env.get("CUDA_HOME"), env.get("CUDA_PATH"), "/usr/local/cuda"):
     if home: out += sorted(glob.glob(os.path.join(home, "lib64", "libnvJitLink.so*")), reverse=True)
   return out
 
 
-def path() -> str | None: return next((p for p in candidates() if os.path.exists(p)), None)
+def path(env: Mapping[str, str]) -> str | None:
+  """The first candidate that exists (paths only), or None."""
+  return next((p for p in candidates(env) if os.path.exists(p)), None)
 
 
-def _load() -> Any:
+def _load(env: Mapping[str, str]) -> Any:
   global _lib
   if _lib is None:
-    p = path()
+    p = path(env)
     if p is None: raise CompileError("nvJitLink (libnvJitLink.so) is not installed", hint=HINT)
     lib = ctypes.CDLL(p)
     sz, vp, u32 = ctypes.c_size_t, ctypes.c_void_p, ctypes.c_uint32
@@ -49,16 +52,17 @@ def _load() -> Any:
   return _lib
 
 
-def version() -> str:
-  lib = _load()
+def version(env: Mapping[str, str]) -> str:
+  """nvJitLink's version, "13.0"; raises CompileError when it is missing."""
+  lib = _load(env)
   major, minor = ctypes.c_uint(), ctypes.c_uint()
   if lib.nvJitLinkVersion(ctypes.byref(major), ctypes.byref(minor)): return "unknown"
   return f"{major.value}.{minor.value}"
 
 
-def assemble(ptx: str, arch: str) -> bytes:
+def assemble(ptx: str, arch: str, env: Mapping[str, str]) -> bytes:
   """A cubin for `arch` ("sm_90") from PTX text; a rejected module raises CompileError with nvJitLink's log."""
-  lib = _load()
+  lib = _load(env)
   handle = ctypes.c_void_p()
   opts = (ctypes.c_char_p * 1)(f"-arch={arch}".encode())
   if (r := lib.nvJitLinkCreate(ctypes.byref(handle), 1, opts)) != 0:
