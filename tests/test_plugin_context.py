@@ -166,3 +166,30 @@ def test_a_registry_with_its_own_environment_reads_nothing_of_the_process(tmp_pa
   assert "CPU" in got["ran"], got
   assert (tmp_path / "cache").is_dir()  # the registry's PLUGRT_CACHE_DIR, not the process's "poison"
   assert not (tmp_path / "poison").exists()
+
+
+#: the one place a plugin touches the process environment: WebGPU's driver workaround gives the process an
+#: XDG_RUNTIME_DIR for Mesa, which reads it with getenv (docs/environment.md, last section)
+PROCESS_ENV_ALLOWED = {("plugins/ops_webgpu/plugrt_webgpu/drivers.py", "runtime_dir")}
+
+
+def test_no_plugin_reads_the_process_environment_or_a_private_core_module():
+  found = []
+  for path in (ROOT / "plugins").rglob("*.py"):
+    if "tests" in path.parts: continue
+    rel = str(path.relative_to(ROOT))
+    tree = ast.parse(path.read_text(), rel)
+    for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))] + [tree]:
+      where = getattr(fn, "name", "<module>")
+      body = fn.body if fn is tree else [fn]
+      for node in (n for b in body for n in ast.walk(b)):
+        if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv") and ast.unparse(node.value) == "os" \
+            and (rel, where) not in PROCESS_ENV_ALLOWED and fn is not tree:
+          found.append(f"{rel}:{node.lineno} ({where}) os.{node.attr}")
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+          names = [node.module or ""] + [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+          mod = node.module or "" if isinstance(node, ast.ImportFrom) else ""
+          for n in names:
+            full = n if isinstance(node, ast.Import) or n == mod else f"{mod}.{n}"
+            if full.startswith("plugrt._") or (mod == "plugrt" and n.startswith("_")): found.append(f"{rel}:{node.lineno} imports {full}")
+  assert not found, "plugins must read settings from their plugin context and use public core modules:\n" + "\n".join(sorted(set(found)))

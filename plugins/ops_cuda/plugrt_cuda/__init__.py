@@ -7,46 +7,41 @@ loads nothing and creates no context.
 """
 from __future__ import annotations
 
-import glob
-import os
-from collections.abc import Mapping
 from typing import Any
 
+from plugrt.context import PluginContext
 from plugrt.errors import Reason
 from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
+from plugrt.probing import device_nodes
 
 __version__ = "0.1.0"
-_DRIVER_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/wsl/lib")
+#: where containers and WSL put the driver's libcuda besides the system's library folders
+DRIVER_DIRS = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/wsl/lib")
 
 
-def _has_driver() -> bool:
-  paths = os.environ.get("LD_LIBRARY_PATH", "").split(":") + list(_DRIVER_DIRS)
-  return any(glob.glob(os.path.join(p, "libcuda.so*")) for p in paths if p)
-
-
-def probe_cuda() -> Probe:
-  nodes = [p for p in glob.glob("/dev/nvidia[0-9]*") if p[len("/dev/nvidia"):].isdigit()]
+def probe_cuda(ctx: PluginContext) -> Probe:
+  nodes = device_nodes("/dev/nvidia")
   if not nodes:
     return Probe.missing(Reason.NO_DEVICE, "no NVIDIA GPU (/dev/nvidia0 does not exist)", "run on a machine with an NVIDIA GPU and its driver")
-  if not _has_driver():
+  if ctx.find_library("libcuda.so*", dirs=ctx.library_dirs(*DRIVER_DIRS)) is None:
     return Probe.missing(Reason.NO_DEVICE, "the NVIDIA driver library libcuda.so.1 is not installed", "install the NVIDIA driver")
-  visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+  visible = ctx.env.get("CUDA_VISIBLE_DEVICES")  # the driver reads the process's; a registry's own environment predicts with its value
   count = len(nodes) if visible is None else min(len(nodes), len([v for v in visible.split(",") if v.strip()]))
   if count == 0: return Probe.missing(Reason.NO_DEVICE, f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU", "unset CUDA_VISIBLE_DEVICES")
   return Probe.found(count, f"{count} GPU{'s' if count != 1 else ''}")
 
 
-def probe_nvrtc(env: Mapping[str, str] | None = None) -> Probe:
-  """NVRTC on disk (paths only: no library is loaded here). `env`: the registry's environment (default: the process's)."""
+def probe_nvrtc(ctx: PluginContext) -> Probe:
+  """NVRTC on disk (paths only: no library is loaded here), looked for with the context's CUDA_HOME, PLUGRT_NVRTC."""
   from plugrt_nvidia_toolchain import nvrtc
-  if not nvrtc.available(os.environ if env is None else env):
+  if not nvrtc.available(ctx.env):
     return Probe.missing(Reason.MISSING_TOOLCHAIN, "NVRTC (libnvrtc.so) is not installed", nvrtc.HINT)
   return Probe.found(1, "nvrtc")
 
 
 @hookimpl
 def plugrt_backends() -> list[BackendSpec]:
-  return [BackendSpec(name="CUDA", api_version="1.1", probe=probe_cuda, priority=50,
+  return [BackendSpec(name="CUDA", api_version="1.2", probe=probe_cuda, priority=50,
                       compilers=(CompilerSpec("CUDA", "CUDA C through NVRTC to a cubin", probe_nvrtc),
                                  CompilerSpec("PTX", "PTX rendered by plugrt, compiled by the driver's JIT")),
                       description="NVIDIA GPUs through the CUDA driver API")]

@@ -12,15 +12,13 @@ This entry module imports only the standard library and plugrt. The probe reads 
 """
 from __future__ import annotations
 
-import glob
-import importlib.util
 import os
-from collections.abc import Mapping
 from typing import Any
 
+from plugrt.context import PluginContext
 from plugrt.errors import Reason
 from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
-from plugrt.probing import install_hint
+from plugrt.probing import device_nodes, has_module, install_hint
 
 __version__ = "0.1.0"
 #: first-party interfaces: (name, module, distribution)
@@ -30,7 +28,7 @@ DRIVER_HINT = "install the NVIDIA driver (open or proprietary kernel modules) an
 
 def gpu_nodes() -> list[str]:
   """The kernel driver's per-GPU nodes, /dev/nvidia0, /dev/nvidia1, ..."""
-  return sorted(p for p in glob.glob("/dev/nvidia[0-9]*") if p[len("/dev/nvidia"):].isdigit())
+  return device_nodes("/dev/nvidia")
 
 
 def driver_version(path: str = "/proc/driver/nvidia/version") -> str | None:
@@ -41,12 +39,7 @@ def driver_version(path: str = "/proc/driver/nvidia/version") -> str | None:
   return next((w for w in first.split() if w.count(".") >= 1 and w.replace(".", "").isdigit()), None)
 
 
-def _has(module: str) -> bool:
-  try: return importlib.util.find_spec(module) is not None
-  except (ImportError, ValueError): return False
-
-
-def probe_nv() -> Probe:
+def probe_nv(ctx: PluginContext) -> Probe:
   if not os.path.exists("/dev/nvidiactl"):
     return Probe.missing(Reason.NO_DEVICE, "no NVIDIA kernel driver: /dev/nvidiactl does not exist", DRIVER_HINT)
   nodes = gpu_nodes()
@@ -54,24 +47,24 @@ def probe_nv() -> Probe:
   if (machine := os.uname().machine).lower() not in ("x86_64", "amd64"):  # (os.uname: `platform` costs an import)
     return Probe.missing(Reason.NO_DEVICE, f"plugrt-nv runs on x86-64 only for now (this is {machine})",
                          "use the CUDA device (plugrt-cuda)")
-  if not any(_has(m) for _, m, _ in INTERFACES):
+  if not any(has_module(m) for _, m, _ in INTERFACES):
     return Probe.missing(Reason.NOT_INSTALLED, "no NV interface is installed", f"{install_hint('plugrt-nv-nvk')} (the kernel-driver interface)")
   ver = driver_version()
   return Probe.found(len(nodes), f"{len(nodes)} GPU{'s' if len(nodes) != 1 else ''}, driver {ver or 'version unknown'}", driver=ver or "")
 
 
-def probe_nvrtc(env: Mapping[str, str] | None = None) -> Probe:
-  """NVRTC on disk (paths only). `env`: the registry's environment (default: the process's)."""
+def probe_nvrtc(ctx: PluginContext) -> Probe:
+  """NVRTC on disk (paths only), looked for with the context's CUDA_HOME and PLUGRT_NVRTC."""
   from plugrt_nvidia_toolchain import nvrtc
-  if not nvrtc.available(os.environ if env is None else env):
+  if not nvrtc.available(ctx.env):
     return Probe.missing(Reason.MISSING_TOOLCHAIN, "NVRTC (libnvrtc.so) is not installed", nvrtc.HINT)
   return Probe.found(1, "nvrtc")
 
 
-def probe_ptxas(env: Mapping[str, str] | None = None) -> Probe:
-  """ptxas, else nvJitLink (paths only). `env`: the registry's environment (default: the process's)."""
+def probe_ptxas(ctx: PluginContext) -> Probe:
+  """ptxas, else nvJitLink (paths only), looked for with the context's CUDA_HOME, PLUGRT_PTXAS and PLUGRT_NVJITLINK."""
   from plugrt_nvidia_toolchain import jitlink, ptxas
-  env = os.environ if env is None else env
+  env = ctx.env
   if (p := ptxas.path(env)) is not None: return Probe.found(1, p)
   if (p := jitlink.path(env)) is not None: return Probe.found(1, f"nvJitLink {p}")
   return Probe.missing(Reason.MISSING_TOOLCHAIN, "neither ptxas nor nvJitLink is installed", f"{ptxas.HINT}; or {jitlink.HINT}")
@@ -80,7 +73,7 @@ def probe_ptxas(env: Mapping[str, str] | None = None) -> Probe:
 @hookimpl
 def plugrt_backends() -> list[BackendSpec]:
   # below CUDA (50): where both run, the CUDA driver stays the default and NV=1 picks this one
-  return [BackendSpec(name="NV", api_version="1.1", probe=probe_nv, priority=45,
+  return [BackendSpec(name="NV", api_version="1.2", probe=probe_nv, priority=45,
                       compilers=(CompilerSpec("CUDA", "CUDA C through NVRTC to a cubin", probe_nvrtc),
                                  CompilerSpec("PTX", "PTX rendered by plugrt, assembled to a cubin by ptxas or nvJitLink", probe_ptxas)),
                       description="NVIDIA GPUs from user space through the kernel driver (no libcuda)")]

@@ -34,8 +34,9 @@ def main() -> None:
 
   import plugrt_nv
   from plugrt import Buffer, Device, dtypes
+  from plugrt.context import PluginContext
   from plugrt.testing import kernels as K
-  step("probe", lambda: plugrt_nv.probe_nv())
+  step("probe", lambda: plugrt_nv.probe_nv(PluginContext.from_process()))
 
   def iface_alone() -> str:
     from plugrt_nv_nvk.nvk import NVKInterface

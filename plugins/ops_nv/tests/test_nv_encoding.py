@@ -14,6 +14,7 @@ from nv_tools import cubin, has_nv, nvcc
 import plugrt_nv
 import plugrt_nv_nvk
 import plugrt_nv_pci
+from plugrt.context import PluginContext
 from plugrt.errors import CompileError, DeviceUnavailable, Reason
 from plugrt.testing import kernels as K
 from plugrt_nv import cmd, hw
@@ -205,7 +206,7 @@ def test_va_allocator():
 
 def test_probe_reasons(monkeypatch, tmp_path):
   if has_nv(): pytest.skip("there is an NVIDIA GPU here")
-  p = plugrt_nv.probe_nv()
+  p = plugrt_nv.probe_nv(PluginContext.from_process())
   assert not p.ok and p.reason is Reason.NO_DEVICE and "/dev/nvidia" in p.detail and p.hint
   assert not plugrt_nv_nvk.probe().ok and "not loaded" in plugrt_nv_nvk.probe().detail
   pci = plugrt_nv_pci.probe()
@@ -230,7 +231,7 @@ def test_compiler_specs():
   spec = plugrt_nv.plugrt_backends()[0]
   assert spec.name == "NV" and [c.name for c in spec.compilers] == ["CUDA", "PTX"] and spec.priority < 50  # below CUDA
   from plugrt_nvidia_toolchain import ptxas
-  if ptxas.path(os.environ) is not None: assert plugrt_nv.probe_ptxas().ok
+  if ptxas.path(os.environ) is not None: assert plugrt_nv.probe_ptxas(PluginContext.from_process()).ok
 
 
 def test_ptx_through_nvjitlink_matches_ptxas():
