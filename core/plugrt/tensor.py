@@ -25,8 +25,8 @@ import operator
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from plugrt.arith import ir_floordiv, ir_math, promote
 from plugrt.device import Buffer, RuntimeDevice, _device
-from plugrt.dsl import ir_floordiv, ir_math, promote
 from plugrt.dtype import DType, dtypes
 from plugrt.ir import Kernel, KernelBuilder, Val
 
@@ -495,14 +495,36 @@ class Tensor:
     return _wrap(_buf_node(buf, shape))
 
   @staticmethod
+  def from_buffer(buffer: Buffer, shape: int | Sequence[int] | None = None, strides: Sequence[int] | None = None,
+                  offset: int = 0) -> Tensor:
+    """A tensor viewing `buffer`'s elements, without copying: element (i0, i1, ...) is buffer element
+    offset + sum(i_d * strides_d). shape defaults to (buffer.size,), strides to row-major (contiguous) ones; strides
+    and offset count elements, not bytes, and may be negative or 0 (a broadcast), as long as every element viewed
+    lies inside the buffer (ValueError otherwise). Writes through the tensor (assign) change the buffer."""
+    shape = _as_shape(buffer.size if shape is None else shape)
+    if strides is None: view = View.contiguous(shape, offset)
+    else:
+      strides = tuple(int(s) for s in strides)
+      if len(strides) != len(shape): raise ValueError(f"{len(strides)} strides for a {len(shape)}-D shape {shape}")
+      view = View(shape, tuple(0 if d == 1 else s for d, s in zip(shape, strides)), offset)
+    if _numel(shape):
+      lo = offset + sum(min(0, (d - 1) * s) for d, s in zip(shape, view.strides))
+      hi = offset + sum(max(0, (d - 1) * s) for d, s in zip(shape, view.strides))
+      if lo < 0 or hi >= buffer.size:
+        raise ValueError(f"shape {shape}, strides {view.strides}, offset {offset} reach elements {lo}..{hi}, outside the buffer's {buffer.size}")
+    return _wrap(_buf_node(buffer, shape, view))
+
+  @staticmethod
   def from_dlpack(obj: Any, device: str | None = None) -> Tensor:
     """Zero-copy import of any object that implements __dlpack__ (numpy, torch, cupy, ...)."""
     from plugrt.dlpack import from_dlpack
-    return from_dlpack(obj, device)
+    return Tensor.from_buffer(*from_dlpack(obj, device))
 
   def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
     from plugrt.dlpack import to_dlpack
-    return to_dlpack(self, stream, **kwargs)
+    t = self.contiguous() if kwargs.get("copy") is True else self.realize()
+    node = t.node
+    return to_dlpack(node.buffer, node.shape, node.view.strides, node.view.offset, t, stream, **kwargs)
 
   def __dlpack_device__(self) -> tuple[int, int]:
     from plugrt.dlpack import dlpack_device

@@ -1414,7 +1414,7 @@ class _TensorGen:
 
   def operands(self, a: _TN, other: Any) -> tuple[_TN, _TN, DType]:
     """Tensor._operands: one dtype for both, a Python number taking the tensor's kind."""
-    from plugrt.dsl import promote
+    from plugrt.arith import promote
     if isinstance(other, _TN): dt = promote(a.dt, other.dt); b = other
     else:
       dt = a.dt
@@ -1589,7 +1589,7 @@ class _TensorGen:
       c = self.binary(c, 0, "cmp", "!=") if c.dt.kind != "f" or c.exact else self.binary(c, 0.0, "cmp", ">")
     a: Any = self.expr(self.sub_shape(shape), depth - 1) if self.r() < 0.7 else self.scalar(dtypes.float32)
     b: Any = self.expr(shape, depth - 1) if self.r() < 0.8 else self.scalar(dtypes.int32)
-    from plugrt.dsl import promote
+    from plugrt.arith import promote
     tensors = [x.dt for x in (a, b) if isinstance(x, _TN)]
     if not tensors: dt = promote(dtypes.from_py(a), dtypes.from_py(b))
     else:
@@ -1660,7 +1660,7 @@ class _TensorGen:
       else: sa, sb = (k,), (k, shape[0])
     else: sa, sb = shape[:-1] + (k,), (self.sub_shape(shape[:-2]) if self.r() < 0.5 else ()) + (k, shape[-1])
     a, b = self.expr(sa, depth - 1), self.expr(sb, depth - 1)
-    from plugrt.dsl import promote
+    from plugrt.arith import promote
     dt = promote(a.dt, b.dt)
     if dt is dtypes.bool: a, b, dt = self.cast(a, dtypes.int32), self.cast(b, dtypes.int32), dtypes.int32
     x, y = self.cast(a, dt, a.src), self.cast(b, dt, b.src)
