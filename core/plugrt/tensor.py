@@ -179,7 +179,7 @@ class _Ctx:
   def key(self, n: Node, memo: dict[int, Any]) -> Any:
     if id(n) in memo: return ("ref", memo[id(n)])
     # a leaf's shape is part of its kernel: a reduction loops over its source's extent, which the reduce node's own
-    # (output) shape does not give: without it a sum of 3 and one of 4 elements, both to shape (1,), would share a kernel)
+    # (output) shape does not give; without it a sum of 3 and one of 4 elements, both to shape (1,), would share a kernel
     if n.op == "buf": out: Any = ("buf", self.leaf(n), n.dtype.name, n.view.shape, n.view.strides)
     elif n.op == "const": out = ("const", self.leaf(n), n.dtype.name)
     else: out = (n.op, n.dtype.name, n.arg, n.shape, tuple(self.key(s, memo) for s in n.srcs))
