@@ -290,3 +290,20 @@ def test_indexing_takes_numpy_integers_and_names_what_it_takes(dev):
   for bad in (1.0, True, "a"):
     with pytest.raises(TypeError, match="integers, slices, None and"): t[bad]
   with pytest.raises(IndexError): t[np.int64(4)]
+
+
+def test_from_buffer_views_a_buffer_without_copying(dev):
+  from plugrt import Buffer
+  buf = Buffer(dev, 12, dtypes.int32).copyin(np.arange(12, dtype=np.int32))
+  assert Tensor.from_buffer(buf).tolist() == list(range(12))
+  assert Tensor.from_buffer(buf, (3, 4)).tolist() == np.arange(12).reshape(3, 4).tolist()
+  t = Tensor.from_buffer(buf, (4, 3), strides=(1, 4))  # a transposed view
+  assert t.tolist() == np.arange(12).reshape(3, 4).T.tolist()
+  assert Tensor.from_buffer(buf, (3,), strides=(-4,), offset=8).tolist() == [8, 4, 0]
+  assert Tensor.from_buffer(buf, (2, 2), strides=(0, 1), offset=5).tolist() == [[5, 6], [5, 6]]  # a broadcast row
+  Tensor.from_buffer(buf, (2,), offset=3).assign(-1)  # writes go to the buffer
+  assert buf.numpy().tolist()[2:6] == [2, -1, -1, 5]
+  with pytest.raises(ValueError, match="outside the buffer"): Tensor.from_buffer(buf, (3, 4), offset=1)
+  with pytest.raises(ValueError, match="outside the buffer"): Tensor.from_buffer(buf, (3,), strides=(-1,))
+  with pytest.raises(ValueError, match="2 strides"): Tensor.from_buffer(buf, (12,), strides=(1, 1))
+  assert Tensor.from_buffer(buf, (0, 3)).shape == (0, 3)

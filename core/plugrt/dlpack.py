@@ -1,4 +1,5 @@
-"""DLPack, both ways: Tensor.__dlpack__ / __dlpack_device__ and Tensor.from_dlpack.
+"""DLPack, both ways, for Buffers viewed with shape, strides and an offset: Tensor.__dlpack__ / __dlpack_device__
+and Tensor.from_dlpack are built on it (this module knows Buffers, not Tensors).
 
 Zero copy in both directions. Export hands out the tensor's own memory (realised
 first, strides and offset kept); the tensor stays alive until the consumer calls the
@@ -16,14 +17,13 @@ from __future__ import annotations
 import ctypes
 import math
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from plugrt.dtype import DType, dtypes
 from plugrt.errors import UnsupportedError
 
 if TYPE_CHECKING:
-  from plugrt.device import RuntimeDevice
-  from plugrt.tensor import Tensor
+  from plugrt.device import Buffer, RuntimeDevice
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_OPENCL, KDL_VULKAN, KDL_METAL, KDL_ROCM, KDL_WEBGPU = 1, 2, 3, 4, 7, 8, 10, 15
 _DEVICE_NAMES = {KDL_CPU: "host", KDL_CUDA: "CUDA", KDL_ROCM: "AMD", KDL_METAL: "METAL", KDL_OPENCL: "CL", KDL_WEBGPU: "WEBGPU"}
@@ -134,31 +134,33 @@ def _release(managed: Any) -> None:
 _deleter, _deleter_v = DELETER(_release), DELETER_V(_release)
 
 
-def to_dlpack(t: Tensor, stream: Any = None, **kwargs: Any) -> Any:
-  """A "dltensor" capsule for t's memory (consumers: np.from_dlpack, torch.from_dlpack, ...)."""
-  t = t.contiguous() if kwargs.get("copy") is True else t.realize()
-  node = t.node
-  dev = node.device
+def to_dlpack(buffer: Buffer, shape: tuple[int, ...], strides: tuple[int, ...], offset: int, owner: Any, stream: Any = None,
+              **kwargs: Any) -> Any:
+  """A "dltensor" capsule for the elements of `buffer` at offset + sum(i_d * strides_d) (in elements), for consumers
+  such as np.from_dlpack and torch.from_dlpack. `owner` (the exported tensor) stays alive until the consumer lets go.
+  kwargs: the __dlpack__ protocol's dl_device and max_version (copy is the caller's: it hands over a copy's memory)."""
+  dev = buffer.device
   dl_dev = dlpack_device(dev)
   if dl_dev[0] != KDL_CPU: dev.synchronize()  # the consumer may read on any stream: finish plugrt's work first
   if (want := kwargs.get("dl_device")) is not None and tuple(want) != dl_dev:
     raise BufferError(f"the tensor lives on {dev.canonical} (DLPack device {dl_dev}), not on {tuple(want)}")
-  ndim = len(node.shape)
+  ndim = len(shape)
   versioned = tuple(kwargs.get("max_version") or (0, 0)) >= (1, 0)
   m: Any = DLManagedTensorVersioned() if versioned else DLManagedTensor()
-  shape, strides = (ctypes.c_int64 * max(ndim, 1))(*node.shape), (ctypes.c_int64 * max(ndim, 1))(*node.view.strides)
-  m.dl_tensor.data = dev.allocator._pointer(node.buffer.handle)
+  shape_arr, strides_arr = (ctypes.c_int64 * max(ndim, 1))(*shape), (ctypes.c_int64 * max(ndim, 1))(*strides)
+  m.dl_tensor.data = dev.allocator._pointer(buffer.handle)
   m.dl_tensor.device = DLDevice(*dl_dev)
   m.dl_tensor.ndim = ndim
-  code, bits = dtype_code(node.dtype)
+  code, bits = dtype_code(buffer.dtype)
   m.dl_tensor.dtype = DLDataType(code, bits, 1)
-  m.dl_tensor.shape, m.dl_tensor.strides = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)), ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64))
-  m.dl_tensor.byte_offset = node.view.offset * node.dtype.itemsize
+  m.dl_tensor.shape = ctypes.cast(shape_arr, ctypes.POINTER(ctypes.c_int64))
+  m.dl_tensor.strides = ctypes.cast(strides_arr, ctypes.POINTER(ctypes.c_int64))
+  m.dl_tensor.byte_offset = offset * buffer.dtype.itemsize
   if versioned:
     m.version, m.flags, m.deleter = DLPackVersion(1, 0), 0, _deleter_v
   else: m.deleter = _deleter
   addr = ctypes.addressof(m)
-  _exported[addr] = (m, shape, strides, node.buffer, t)
+  _exported[addr] = (m, shape_arr, strides_arr, buffer, owner)
   _drain()
   return _api.PyCapsule_New(addr, _NAME_V if versioned else _NAME, _DESTRUCTOR)
 
@@ -185,9 +187,18 @@ def _host_device(requested: Any) -> Any:
   raise UnsupportedError("no plugrt device can wrap host memory", "install plugrt-cpu")
 
 
-def from_dlpack(obj: Any, device: Any = None) -> Tensor:
+class Imported(NamedTuple):
+  """A producer's memory as plugrt sees it: element (i0, i1, ...) is buffer[offset + sum(i_d * strides_d)]."""
+  buffer: Buffer
+  shape: tuple[int, ...]
+  strides: tuple[int, ...]
+  offset: int
+
+
+def from_dlpack(obj: Any, device: Any = None) -> Imported:
+  """Wrap the memory of any object implementing __dlpack__ (numpy, torch, cupy, ...) as a Buffer, zero copy;
+  Tensor.from_dlpack makes a Tensor of it (Tensor.from_buffer)."""
   from plugrt.device import Buffer, _device
-  from plugrt.tensor import View, _buf_node, _wrap
   if not hasattr(obj, "__dlpack__"): raise TypeError(f"{type(obj).__name__} does not implement __dlpack__")
   dev_type, dev_id = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (KDL_CPU, 0)
   if dev_type in (KDL_CPU, KDL_CUDA_HOST): dev = _host_device(device)
@@ -212,12 +223,11 @@ def from_dlpack(obj: Any, device: Any = None) -> Tensor:
   dt = dtype_from_code(t.dtype.code, t.dtype.bits, t.dtype.lanes)
   shape = tuple(t.shape[i] for i in range(t.ndim))
   strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else None
-  view = View.contiguous(shape) if strides is None else View(shape, tuple(0 if d == 1 else s for d, s in zip(shape, strides)))
+  strides = strides if strides is not None else tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
   if t.byte_offset % dt.itemsize: raise UnsupportedError("a DLPack byte offset that is not a whole number of elements")
-  lo = sum(min(0, (d - 1) * s) for d, s in zip(shape, view.strides)) if math.prod(shape) else 0
-  hi = sum(max(0, (d - 1) * s) for d, s in zip(shape, view.strides)) + 1 if math.prod(shape) else 0
+  lo = sum(min(0, (d - 1) * s) for d, s in zip(shape, strides)) if math.prod(shape) else 0
+  hi = sum(max(0, (d - 1) * s) for d, s in zip(shape, strides)) + 1 if math.prod(shape) else 0
   base = (t.data or 0) + t.byte_offset + lo * dt.itemsize
   if base == 0 or hi - lo <= 0:  # empty: nothing to wrap
-    return _wrap(_buf_node(Buffer(dev, 0, dt), shape, View(shape, (0,) * len(shape))))
-  buf = Buffer.from_blob(base, hi - lo, dt, dev, keepalive=owner)
-  return _wrap(_buf_node(buf, shape, View(shape, view.strides, -lo)))
+    return Imported(Buffer(dev, 0, dt), shape, (0,) * len(shape), 0)
+  return Imported(Buffer.from_blob(base, hi - lo, dt, dev, keepalive=owner), shape, strides, -lo)

@@ -25,8 +25,8 @@ import operator
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from plugrt.arith import ir_floordiv, ir_math, promote
 from plugrt.device import Buffer, RuntimeDevice, _device
-from plugrt.dsl import ir_floordiv, ir_math, promote
 from plugrt.dtype import DType, dtypes
 from plugrt.ir import Kernel, KernelBuilder, Val
 
@@ -179,7 +179,7 @@ class _Ctx:
   def key(self, n: Node, memo: dict[int, Any]) -> Any:
     if id(n) in memo: return ("ref", memo[id(n)])
     # a leaf's shape is part of its kernel: a reduction loops over its source's extent, which the reduce node's own
-    # (output) shape does not give (a sum of 3 and one of 4 elements, both to shape (1,), shared a kernel)
+    # (output) shape does not give; without it a sum of 3 and one of 4 elements, both to shape (1,), would share a kernel
     if n.op == "buf": out: Any = ("buf", self.leaf(n), n.dtype.name, n.view.shape, n.view.strides)
     elif n.op == "const": out = ("const", self.leaf(n), n.dtype.name)
     else: out = (n.op, n.dtype.name, n.arg, n.shape, tuple(self.key(s, memo) for s in n.srcs))
@@ -193,21 +193,36 @@ _KERNELS: dict[tuple, Kernel] = {}
 def _kernel(root: Node, ctx: _Ctx, key: tuple, wide: bool, out_strides: tuple[int, ...] | None) -> Kernel:
   """The fused kernel for a graph of this structure (built once; ctx.leaves are its inputs in parameter order)."""
   if (k := _KERNELS.get(key)) is not None: return k
-  out_shape = root.shape
-  it = dtypes.int64 if wide else dtypes.int32  # index arithmetic
-  b = KernelBuilder("reduce" if root.op == "reduce" else "fused")
-  out = b.buffer("out", root.dtype)
-  params: list[Any] = []
-  for i, l in enumerate(ctx.leaves):
-    params.append(b.buffer(f"in{i}", l.dtype) if l.op == "buf" else None)
-  for i, l in enumerate(ctx.leaves):
-    if l.op == "buf": params[i] = (params[i], b.scalar(f"off{i}", it))
-    else: params[i] = b.scalar(f"c{i}", l.dtype)
-  out_off = b.scalar("out_off", it) if out_strides is not None else None
-  n_out = _numel(out_shape)
-  gid = b.global_id(0).cast(it) if it is dtypes.int64 else b.global_id(0)
+  build = _reduce_kernel if root.op == "reduce" else _elementwise_kernel
+  k = _KERNELS[key] = build(_FusedKernel(root, ctx, wide, out_strides))
+  return k
 
-  def unflatten(flat: Val, shape: Shape) -> list[Any]:
+
+class _FusedKernel:
+  """What the elementwise and the reduction kernels share: the parameters (out, then per leaf a buffer and its view
+  offset or a constant, then out_off when writing into a view), the index dtype, and the lowering of the graph's
+  elementwise part at an index. Parameters are declared here in that order: it is the kernel's signature."""
+
+  def __init__(self, root: Node, ctx: _Ctx, wide: bool, out_strides: tuple[int, ...] | None):
+    self.root, self.ctx, self.out_strides = root, ctx, out_strides
+    it = self.it = dtypes.int64 if wide else dtypes.int32  # index arithmetic
+    b = self.b = KernelBuilder("reduce" if root.op == "reduce" else "fused")
+    self.out = b.buffer("out", root.dtype)
+    params: list[Any] = []
+    for i, l in enumerate(ctx.leaves):
+      params.append(b.buffer(f"in{i}", l.dtype) if l.op == "buf" else None)
+    for i, l in enumerate(ctx.leaves):
+      if l.op == "buf": params[i] = (params[i], b.scalar(f"off{i}", it))
+      else: params[i] = b.scalar(f"c{i}", l.dtype)
+    self.params = params
+    self.out_off = b.scalar("out_off", it) if out_strides is not None else None
+    self.n_out = _numel(root.shape)
+    self.gid = b.global_id(0).cast(it) if it is dtypes.int64 else b.global_id(0)
+    # a grid-stride loop: at most _MAX_GROUPS groups, each thread taking every total-th element (an elementwise kernel
+    # _UNROLL of them per step), so any size runs within the backends' limits on groups
+    self.total = b.num_groups(0).cast(it) * b.local_size(0).cast(it) if it is dtypes.int64 else b.num_groups(0) * b.local_size(0)
+
+  def unflatten(self, flat: Val, shape: Shape) -> list[Any]:
     idx, rest = [], flat
     outer = next((i for i, d in enumerate(shape) if d != 1), len(shape))
     for i in range(len(shape) - 1, -1, -1):
@@ -219,50 +234,52 @@ def _kernel(root: Node, ctx: _Ctx, key: tuple, wide: bool, out_strides: tuple[in
         rest = rest // d
     return list(reversed(idx))
 
-  def lower(n: Node, idx: Sequence[Any], memo: dict[int, Val]) -> Val:
+  def lower(self, n: Node, idx: Sequence[Any], memo: dict[int, Val]) -> Val:
     if id(n) in memo: return memo[id(n)]
     if n.op == "buf":
-      ptr, off = params[ctx.index[(id(n.buffer), n.view.shape, n.view.strides, n.view.offset)]]
+      ptr, off = self.params[self.ctx.index[(id(n.buffer), n.view.shape, n.view.strides, n.view.offset)]]
       addr: Val = off
       for i, s in zip(idx, n.view.strides):
         if s and not (isinstance(i, int) and i == 0): addr = addr + i * s
       v = ptr[addr]
-    elif n.op == "const": v = params[ctx.index[id(n)]]
+    elif n.op == "const": v = self.params[self.ctx.index[id(n)]]
     elif n.op == "reduce": raise AssertionError("reduce sources are realised first")
-    else: v = _apply(n.arg, [lower(s, idx, memo) for s in n.srcs], n)
+    else: v = _apply(n.arg, [self.lower(s, idx, memo) for s in n.srcs], n)
     memo[id(n)] = v
     return v
 
-  def destination(g: Val, oidx: list[Any]) -> Val:
-    if out_off is None: return g
-    dest = out_off  # writing into a view (assign): its own strides and offset
-    for i, s in zip(oidx, out_strides):  # type: ignore[arg-type]
+  def destination(self, g: Val, oidx: list[Any]) -> Val:
+    if self.out_off is None: return g
+    dest = self.out_off  # writing into a view (assign): its own strides and offset
+    for i, s in zip(oidx, self.out_strides):  # type: ignore[arg-type]
       if s and not (isinstance(i, int) and i == 0): dest = dest + i * s
     return dest
 
-  # a grid-stride loop: at most _MAX_GROUPS groups, each thread taking every total-th element (an elementwise kernel
-  # _UNROLL of them per step), so any size runs within the backends' limits on groups
-  total = b.num_groups(0).cast(it) * b.local_size(0).cast(it) if it is dtypes.int64 else b.num_groups(0) * b.local_size(0)
-  first = gid
-  if root.op != "reduce":
-    # _UNROLL elements per step, a grid apart: all their loads first (at an index clamped into range, so every load
-    # is valid), then the guarded stores, so a thread has that many independent loads in flight (a store between
-    # them would order them: the output may alias an input)
-    span = total * _UNROLL
-    with b.range((n_out + span - 1) // span, dtype=it) as step:
-      results = []
-      for j in range(_UNROLL):
-        g = step * span + first + (total * j if j else 0)
-        oidx = unflatten(g.min(n_out - 1), out_shape)
-        results.append((g, oidx, lower(root, oidx, {})))
-      for g, oidx, v in results:
-        with b.if_(g < n_out): out[destination(g, oidx)] = v
-    k = _KERNELS[key] = b.finish()
-    return k
-  with b.range((n_out + total - 1) // total, dtype=it) as step:  # a reduction: one output element per thread and step
-    gid = step * total + first
+
+def _elementwise_kernel(f: _FusedKernel) -> Kernel:
+  """One output element per thread and index: _UNROLL elements per step, a grid apart: all their loads first (at an
+  index clamped into range, so every load is valid), then the guarded stores, so a thread has that many independent
+  loads in flight (a store between them would order them: the output may alias an input)."""
+  b, n_out = f.b, f.n_out
+  span = f.total * _UNROLL
+  with b.range((n_out + span - 1) // span, dtype=f.it) as step:
+    results = []
+    for j in range(_UNROLL):
+      g = step * span + f.gid + (f.total * j if j else 0)
+      oidx = f.unflatten(g.min(n_out - 1), f.root.shape)
+      results.append((g, oidx, f.lower(f.root, oidx, {})))
+    for g, oidx, v in results:
+      with b.if_(g < n_out): f.out[f.destination(g, oidx)] = v
+  return b.finish()
+
+
+def _reduce_kernel(f: _FusedKernel) -> Kernel:
+  """One output element per thread and step; a loop nest over the reduced axes of the source accumulates it."""
+  b, n_out, root = f.b, f.n_out, f.root
+  with b.range((n_out + f.total - 1) // f.total, dtype=f.it) as step:
+    gid = step * f.total + f.gid
     with b.if_(gid < n_out):
-      oidx = unflatten(gid, out_shape)
+      oidx = f.unflatten(gid, root.shape)
       rop, axes = root.arg
       src = root.srcs[0]
       dt = root.dtype
@@ -271,24 +288,21 @@ def _kernel(root: Node, ctx: _Ctx, key: tuple, wide: bool, out_strides: tuple[in
       elif dt.kind == "f": init = float("-inf") if rop == "max" else float("inf")
       else: init = dt.min if rop == "max" else dt.max
       acc = b.var(float(init) if dt.kind == "f" else init, dt)
-      loops: list[Any] = []
       idx = list(oidx)
 
       def nest(k: int) -> None:
         if k == len(axes):
-          v = lower(src, idx, {})
+          v = f.lower(src, idx, {})
           v = v if v.dtype is root.dtype else v.cast(root.dtype)
           if dt is dtypes.bool: acc.value = acc.value | v if rop == "max" else acc.value & v  # any / all, as numpy
           else: acc.value = acc.value + v if rop == "sum" else acc.value.max(v) if rop == "max" else acc.value.min(v)
           return
-        with b.range(src.shape[axes[k]], dtype=it) as r:
+        with b.range(src.shape[axes[k]], dtype=f.it) as r:
           idx[axes[k]] = r
-          loops.append(r)
           nest(k + 1)
       nest(0)
-      out[destination(gid, oidx)] = acc.value
-  k = _KERNELS[key] = b.finish()
-  return k
+      f.out[f.destination(gid, oidx)] = acc.value
+  return b.finish()
 
 
 def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> Node:
@@ -495,14 +509,36 @@ class Tensor:
     return _wrap(_buf_node(buf, shape))
 
   @staticmethod
+  def from_buffer(buffer: Buffer, shape: int | Sequence[int] | None = None, strides: Sequence[int] | None = None,
+                  offset: int = 0) -> Tensor:
+    """A tensor viewing `buffer`'s elements, without copying: element (i0, i1, ...) is buffer element
+    offset + sum(i_d * strides_d). shape defaults to (buffer.size,), strides to row-major (contiguous) ones; strides
+    and offset count elements, not bytes, and may be negative or 0 (a broadcast), as long as every element viewed
+    lies inside the buffer (ValueError otherwise). Writes through the tensor (assign) change the buffer."""
+    shape = _as_shape(buffer.size if shape is None else shape)
+    if strides is None: view = View.contiguous(shape, offset)
+    else:
+      strides = tuple(int(s) for s in strides)
+      if len(strides) != len(shape): raise ValueError(f"{len(strides)} strides for a {len(shape)}-D shape {shape}")
+      view = View(shape, tuple(0 if d == 1 else s for d, s in zip(shape, strides)), offset)
+    if _numel(shape):
+      lo = offset + sum(min(0, (d - 1) * s) for d, s in zip(shape, view.strides))
+      hi = offset + sum(max(0, (d - 1) * s) for d, s in zip(shape, view.strides))
+      if lo < 0 or hi >= buffer.size:
+        raise ValueError(f"shape {shape}, strides {view.strides}, offset {offset} reach elements {lo}..{hi}, outside the buffer's {buffer.size}")
+    return _wrap(_buf_node(buffer, shape, view))
+
+  @staticmethod
   def from_dlpack(obj: Any, device: str | None = None) -> Tensor:
     """Zero-copy import of any object that implements __dlpack__ (numpy, torch, cupy, ...)."""
     from plugrt.dlpack import from_dlpack
-    return from_dlpack(obj, device)
+    return Tensor.from_buffer(*from_dlpack(obj, device))
 
   def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
     from plugrt.dlpack import to_dlpack
-    return to_dlpack(self, stream, **kwargs)
+    t = self.contiguous() if kwargs.get("copy") is True else self.realize()
+    node = t.node
+    return to_dlpack(node.buffer, node.shape, node.view.strides, node.view.offset, t, stream, **kwargs)
 
   def __dlpack_device__(self) -> tuple[int, int]:
     from plugrt.dlpack import dlpack_device

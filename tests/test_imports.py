@@ -1,0 +1,156 @@
+"""The core's modules import alone, and the core's module-level imports form no cycle.
+
+An import cycle works or breaks depending on which module of it is imported first, so a module that imports fine
+after `import plugrt.tensor` may fail on its own: each module is imported alone, in a fresh interpreter. The cycle
+test reads the import graph from the source (ast), so it names the files and the imports that close a cycle.
+"""
+from __future__ import annotations
+
+import ast
+import itertools
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+CORE = Path(__file__).resolve().parent.parent / "core"
+PACKAGE = CORE / "plugrt"
+
+
+def _module_name(path: Path, root: Path = CORE) -> str:
+  parts = path.relative_to(root).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def core_modules() -> dict[str, Path]:
+  """Every module of the core distribution (plugrt and its subpackages), by dotted name."""
+  return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts}
+
+
+# ---------------------------------------------------------------- each module alone
+
+#: importing plugrt.__main__ runs the CLI (`python -m plugrt`); tests/test_cli.py runs it
+_NOT_IMPORTABLE_ALONE = {"plugrt.__main__"}
+
+
+def _import_alone(module: str) -> tuple[str, int, str]:
+  env = {**os.environ, "PYTHONWARNINGS": "error::ImportWarning"}
+  r = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120, env=env)
+  return module, r.returncode, r.stderr[-2000:]
+
+
+def test_core_module_list_is_complete():
+  """The walk finds the modules (a moved core directory would make the tests below pass on nothing)."""
+  mods = core_modules()
+  assert {"plugrt", "plugrt.tensor", "plugrt.dsl", "plugrt.renderer.cstyle", "plugrt.reference", "plugrt.testing.conformance"} <= set(mods)
+
+
+def test_each_core_module_imports_alone_in_a_fresh_interpreter():
+  modules = sorted(set(core_modules()) - _NOT_IMPORTABLE_ALONE)
+  with ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2))) as pool:
+    results = list(pool.map(_import_alone, modules))
+  failed = [f"{m} (exit {rc}):\n{err}" for m, rc, err in results if rc != 0]
+  assert not failed, "modules that fail to import alone:\n" + "\n".join(failed)
+
+
+# ---------------------------------------------------------------- the import graph
+
+def _is_type_checking(test: ast.expr) -> bool:
+  return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+  """Imports that run when the module is imported: at the top level, in class bodies and in if/try/with blocks there,
+  but not in functions (they run when called) nor under `if TYPE_CHECKING:` (never at run time)."""
+  found: list[ast.Import | ast.ImportFrom] = []
+
+  def visit(stmts: list[ast.stmt]) -> None:
+    for s in stmts:
+      if isinstance(s, (ast.Import, ast.ImportFrom)): found.append(s)
+      elif isinstance(s, ast.If):
+        if not _is_type_checking(s.test): visit(s.body)
+        visit(s.orelse)
+      elif isinstance(s, ast.Try) or (sys.version_info >= (3, 11) and isinstance(s, ast.TryStar)):
+        visit(s.body)
+        for h in s.handlers: visit(h.body)
+        visit(s.orelse)
+        visit(s.finalbody)
+      elif isinstance(s, (ast.With, ast.For, ast.While)):
+        visit(s.body)
+        visit(getattr(s, "orelse", []))
+      elif isinstance(s, ast.ClassDef): visit(s.body)
+  visit(tree.body)
+  return found
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, dict[str, int]]:
+  """module -> {core module it imports at module level: the line of the (first) import}."""
+  graph: dict[str, dict[str, int]] = {}
+  for name, path in modules.items():
+    is_package = path.name == "__init__.py"
+    edges: dict[str, int] = {}
+    for node in _module_level_imports(ast.parse(path.read_text(), str(path))):
+      targets: list[str] = []
+      if isinstance(node, ast.Import): targets = [a.name for a in node.names]
+      else:
+        if node.level:  # relative: from the module's package, up level - 1 more
+          base = name.split(".") if is_package else name.split(".")[:-1]
+          base = base[:len(base) - (node.level - 1)]
+          source = ".".join(base + ([node.module] if node.module else []))
+        else: source = node.module or ""
+        # `from p import x` imports the submodule p.x when there is one, else takes x from p
+        targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source for a in node.names]
+      for t in targets:
+        while t and t not in modules and "." in t: t = t.rsplit(".", 1)[0]  # import a.b.c of a core module a.b
+        if t in modules and t != name: edges.setdefault(t, node.lineno)
+    graph[name] = edges
+  return graph
+
+
+def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
+  """One cycle of the graph as [m0, m1, ..., m0], or None."""
+  state: dict[str, int] = {}  # 1: on the current path, 2: done
+  path: list[str] = []
+
+  def visit(m: str) -> list[str] | None:
+    state[m] = 1
+    path.append(m)
+    for n in sorted(graph.get(m, {})):
+      if state.get(n) == 1: return path[path.index(n):] + [n]
+      if n not in state and (c := visit(n)): return c
+    path.pop()
+    state[m] = 2
+    return None
+
+  for m in sorted(graph):
+    if m not in state and (c := visit(m)): return c
+  return None
+
+
+def test_the_import_graph_reader_sees_what_it_must(tmp_path: Path):
+  """The reader itself: module-level imports count (also in try and class bodies), function-level and
+  TYPE_CHECKING ones do not, `from p import sub` names the submodule; the cycle finder finds a cycle."""
+  pkg = tmp_path / "plugrt"
+  (pkg / "sub").mkdir(parents=True)
+  files = {"__init__.py": "", "a.py": "from plugrt import b\n", "b.py": "try:\n  import plugrt.c as c\nexcept ImportError: pass\n",
+           "c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n  from plugrt import a\ndef f():\n  from plugrt import a\n",
+           "d.py": "class K:\n  from .sub import e\n", "sub/__init__.py": "", "sub/e.py": "from .. import d\n"}
+  for rel, text in files.items(): (pkg / rel).write_text(text)
+  mods = {_module_name(p, tmp_path): p for p in pkg.rglob("*.py")}
+  g = import_graph(mods)
+  assert g["plugrt.a"] == {"plugrt.b": 1} and g["plugrt.b"] == {"plugrt.c": 2} and g["plugrt.c"] == {}
+  assert g["plugrt.d"] == {"plugrt.sub.e": 2} and g["plugrt.sub.e"] == {"plugrt.d": 1}
+  assert find_cycle(g) == ["plugrt.d", "plugrt.sub.e", "plugrt.d"]
+  del g["plugrt.sub.e"]["plugrt.d"]
+  assert find_cycle(g) is None
+
+
+def test_the_core_has_no_import_cycle():
+  graph = import_graph(core_modules())
+  cycle = find_cycle(graph)
+  if cycle is not None:
+    steps = [f"  {a} -> {b}  ({core_modules()[a].relative_to(CORE.parent)}:{graph[a][b]})" for a, b in itertools.pairwise(cycle)]
+    pytest.fail("import cycle among the core's modules (module-level imports):\n" + "\n".join(steps))
