@@ -308,13 +308,12 @@ def test_an_older_name_is_its_device_when_the_environment_already_chose_that_com
     assert clang.info.compiler == "CLANG" and clang.canonical == "CLANG"
 
 
-def test_older_names_fail_as_their_device_does(monkeypatch):
+def test_older_names_fail_as_their_device_does():
   reg = real({})
   with pytest.raises(DeviceUnavailable, match="CL cannot be used: plugrt-cl is not installed") as ei: reg.open("GPU")  # CL is not in REAL
   assert ei.value.reason is Reason.NOT_INSTALLED
   with pytest.raises(DeviceUnavailable, match="CPU:3 does not exist"): reg.open("LLVM:3")
-  monkeypatch.setenv("CC", "/nonexistent/cc")  # clang missing: CPU compiles with LLVM, and CLANG cannot be had
-  reg = real({})
+  reg = real({"CC": "/nonexistent/cc"})  # the registry's CC: clang missing, CPU compiles with LLVM, and CLANG cannot be had
   if not reg.compiler_probe("CPU", "LLVM").ok: pytest.skip("needs llvmlite")
   with pytest.raises(DeviceUnavailable, match=r"CLANG \(CPU with CLANG\) cannot be used: CC=/nonexistent/cc") as ei: reg.open("CLANG")
   assert ei.value.reason is Reason.MISSING_TOOLCHAIN and "PYTHON" in ei.value.available
