@@ -1,0 +1,132 @@
+"""Launch arguments: scalar packers for each kind of argument slot, and the record of the call a launch was prepared for.
+
+A Program turns its `vals` into what the device reads once per new set of arguments, and on every call compares
+the call with the one it prepared last; a call that repeats it reuses what was prepared, so a repeated launch is
+one comparison and the native call. The comparison stays inline in the program's __call__ (one Python frame from
+`prg(...)` to the native call), reading the attributes of a PreparedCall:
+
+    p = self._prepared
+    if bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims or \\
+       (p.exact is not None and vals is not p.vals and not p.same_scalars(vals)):
+      p = self._prepared = self._prepare(...)  # check_args, pack, and a new PreparedCall subclass
+
+Which scalars are the same argument: Python's == says 1 == 1.0 == True and 0.0 == -0.0, yet -0.0 is another
+argument than 0.0 (1/x), and True is no int32 (check_args refuses it). Telling them apart costs a type-exact
+serialisation of the scalars (`exact_bytes`, marshal's format: each value's type and exact bits) of about 0.15 us a
+call, a fifth of a CPU launch, so a PreparedCall asks for it only where those twins are what code passes: when a
+prepared scalar is a bool or equals 0 or 1 (False/0/0.0/-0.0, True/1/1.0), and the call's scalars are not the
+prepared tuple itself (a tuple written out in the source is one object). Elsewhere the launch pays nothing, and
+what == lets through is a value of the same number in another type (2 for 2.0: the same bits in a float slot; 2.0
+for an int slot is then taken as the 2 it equals, where a first call would have raised TypeError).
+
+Packers: every float goes through plugrt.dtype's rule (IEEE rounding to nearest even, past the dtype's range
++-inf), the same on every device; ints arrive checked to fit their dtype (Program.check_args).
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+from collections.abc import Callable, Sequence
+from marshal import dumps as exact_bytes
+from typing import Any
+
+from plugrt.dtype import DType, dtypes, float_bits, float_packer, float_value
+
+#: marshal's format 2 for exact_bytes: each value's type and exact bits, and no back-references (format 3 on marks
+#: objects by their reference count, so equal scalars could serialise differently)
+EXACT = 2
+_U64 = 0xFFFFFFFFFFFFFFFF
+_ZERO_ONE = frozenset((0, 1))  # equal to False/0/0.0/-0.0 and True/1/1.0 (their hashes are 0 and 1 too)
+
+
+def slot_packer(dt: DType) -> Callable[[Any], int]:
+  """A scalar -> its 8-byte argument slot as an unsigned int: bool 1/0, ints in two's complement (-1 -> 2**64 - 1),
+  floats their bits (float32's in the low 32 bits)."""
+  if dt is dtypes.bool: return lambda v: 1 if v else 0
+  if dt.kind in "iu": return lambda v: v & _U64
+  return float_packer(dt)
+
+
+def bytes_packer(dt: DType) -> Callable[[Any], bytes]:
+  """A scalar -> its dtype's little-endian bytes (dt.itemsize of them): bool one byte 1/0, float16 and bfloat16
+  their 16 bits."""
+  if dt is dtypes.bool: return lambda v: b"\x01" if v else b"\x00"
+  if dt.kind == "f":
+    bits, n = float_packer(dt), dt.itemsize
+    return lambda v: bits(v).to_bytes(n, "little")
+  return struct.Struct("<" + dt.fmt).pack
+
+
+#: the ctypes type holding each dtype as a kernel parameter (float16 and bfloat16: their raw 16 bits)
+SCALAR_CTYPES: dict[DType, type] = {
+  dtypes.bool: ctypes.c_uint8, dtypes.int8: ctypes.c_int8, dtypes.int16: ctypes.c_int16, dtypes.int32: ctypes.c_int32,
+  dtypes.int64: ctypes.c_int64, dtypes.uint8: ctypes.c_uint8, dtypes.uint16: ctypes.c_uint16, dtypes.uint32: ctypes.c_uint32,
+  dtypes.uint64: ctypes.c_uint64, dtypes.float16: ctypes.c_uint16, dtypes.bfloat16: ctypes.c_uint16, dtypes.float32: ctypes.c_float,
+  dtypes.float64: ctypes.c_double}
+
+
+def ctypes_packer(dt: DType) -> Callable[[Any], Any]:
+  """A scalar -> a new ctypes object of SCALAR_CTYPES[dt] holding it (for APIs that take a pointer per parameter)."""
+  ct = SCALAR_CTYPES[dt]
+  if dt is dtypes.bool: return lambda v: ct(1 if v else 0)
+  if dt.kind in "iu": return ct
+  if dt.itemsize == 2: return lambda v: ct(float_bits(v, dt))
+  return lambda v: ct(float_value(v, dt))  # exactly the dtype's value: ctypes stores it without rounding again
+
+
+def call_key(vals: Sequence[Any], global_size: Any, local_size: Any) -> tuple[Any, tuple, bytes | None]:
+  """(vals, (global_size, local_size), exact) as a PreparedCall keeps them, for arguments Program.check_args passed.
+  Lists are copied: the caller may change its list, and the copy still compares equal to an equal list. exact is the
+  scalars' exact_bytes when one is a bool or equals 0 or 1 (by hash and ==, at C speed), else None."""
+  if type(vals) is list: vals = list(vals)
+  if type(global_size) is list: global_size = list(global_size)
+  if type(local_size) is list: local_size = list(local_size)
+  try: exact = None if _ZERO_ONE.isdisjoint(vals) else exact_bytes(vals, EXACT)
+  except ValueError: exact = b""  # a scalar marshal cannot write (a numpy float64): equals no call's bytes, so it prepares again
+  return vals, (global_size, local_size), exact
+
+
+class PreparedCall:
+  """The arguments one launch was prepared for, never changed once built: a program's prepared launch subclasses it
+  (adding what it prepared) and its __call__ compares a call with it inline (see the module docstring). Replacing
+  the program's prepared launch by a single assignment lets threads share the program: a launch reads either the
+  old or the new one, never a mix.
+
+  bufs: the Buffers (compared by identity); vals and dims: the scalars and (global_size, local_size), lists copied;
+  exact: None, or the scalars' exact_bytes when an equal scalar of another type or sign could be another argument.
+  """
+  __slots__ = ("bufs", "dims", "exact", "vals")
+
+  def __init__(self, bufs: tuple, call: tuple[Any, tuple, bytes | None]):
+    """`call`: call_key() of the arguments, or `prepared.call` of a launch with the same scalars and sizes. A subclass
+    whose __init__ is on a launch path may set the four attributes itself instead of calling this."""
+    self.bufs, (self.vals, self.dims, self.exact) = bufs, call
+
+  @property
+  def call(self) -> tuple[Any, tuple, bytes | None]: return (self.vals, self.dims, self.exact)
+
+  def same_scalars(self, vals: Sequence[Any]) -> bool:
+    """For scalars equal to this call's by ==, and exact set: whether they are exactly these (types and bits)."""
+    if vals is self.vals: return True
+    try: return exact_bytes(vals, EXACT) == self.exact
+    except ValueError: return False  # a scalar marshal cannot write (a numpy scalar): the caller prepares, which checks it
+
+  def repeated_by(self, bufs: tuple, vals: Sequence[Any], global_size: Any, local_size: Any) -> bool:
+    """Whether a call with these arguments repeats this one: what a program's __call__ computes inline."""
+    return bufs == self.bufs and vals == self.vals and (global_size, local_size) == self.dims and \
+      (self.exact is None or self.same_scalars(vals))
+
+
+#: matches no call: a program's first launch prepares
+NO_CALL = PreparedCall((), ((), (None, None), None))
+
+
+def scalar_key(v: Any) -> tuple:
+  """A scalar as a per-argument comparison key that tells 1, 1.0 and True, and 0.0 and -0.0, apart (for backends
+  that set each kernel argument on its own and rewrite only those that changed)."""
+  return (float, v, math.copysign(1.0, v)) if type(v) is float else (type(v), v)
+
+
+__all__ = ["EXACT", "NO_CALL", "SCALAR_CTYPES", "PreparedCall", "bytes_packer", "call_key", "ctypes_packer", "exact_bytes",
+           "scalar_key", "slot_packer"]
