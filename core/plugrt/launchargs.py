@@ -83,7 +83,7 @@ def call_key(vals: Sequence[Any], global_size: Any, local_size: Any) -> tuple[An
   if type(global_size) is list: global_size = list(global_size)
   if type(local_size) is list: local_size = list(local_size)
   try: exact = None if _ZERO_ONE.isdisjoint(vals) else exact_bytes(vals, EXACT)
-  except ValueError: exact = b""  # a scalar marshal cannot write (a numpy float64): equals no call's bytes, so it prepares again
+  except ValueError: exact = b""  # a scalar marshal cannot write (an IntEnum member): equals no call's bytes, so it prepares again
   return vals, (global_size, local_size), exact
 
 
@@ -110,7 +110,7 @@ class PreparedCall:
     """For scalars equal to this call's by ==, and exact set: whether they are exactly these (types and bits)."""
     if vals is self.vals: return True
     try: return exact_bytes(vals, EXACT) == self.exact
-    except ValueError: return False  # a scalar marshal cannot write (a numpy scalar): the caller prepares, which checks it
+    except ValueError: return False  # a scalar marshal cannot write (an IntEnum member): the caller prepares, which checks it
 
   def repeated_by(self, bufs: tuple, vals: Sequence[Any], global_size: Any, local_size: Any) -> bool:
     """Whether a call with these arguments repeats this one: what a program's __call__ computes inline."""
