@@ -25,7 +25,6 @@ Packers: every float goes through plugrt.dtype's rule (IEEE rounding to nearest 
 from __future__ import annotations
 
 import ctypes
-import math
 import struct
 from collections.abc import Callable, Sequence
 from marshal import dumps as exact_bytes
@@ -122,11 +121,5 @@ class PreparedCall:
 NO_CALL = PreparedCall((), ((), (None, None), None))
 
 
-def scalar_key(v: Any) -> tuple:
-  """A scalar as a per-argument comparison key that tells 1, 1.0 and True, and 0.0 and -0.0, apart (for backends
-  that set each kernel argument on its own and rewrite only those that changed)."""
-  return (float, v, math.copysign(1.0, v)) if type(v) is float else (type(v), v)
-
-
 __all__ = ["EXACT", "NO_CALL", "SCALAR_CTYPES", "PreparedCall", "bytes_packer", "call_key", "ctypes_packer", "exact_bytes",
-           "scalar_key", "slot_packer"]
+           "slot_packer"]

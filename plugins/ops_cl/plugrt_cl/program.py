@@ -24,7 +24,7 @@ import pyopencl as cl
 from plugrt.device import Buffer
 from plugrt.errors import PluginError
 from plugrt.ir import Signature
-from plugrt.launchargs import NO_CALL, PreparedCall, bytes_packer, call_key, scalar_key
+from plugrt.launchargs import NO_CALL, PreparedCall, bytes_packer, call_key
 from plugrt.runtime import Program
 from plugrt_cl.compiler import build, unframe
 from plugrt_cl.device import CLState
@@ -45,7 +45,7 @@ class CLProgram(Program):
     self._pack = [bytes_packer(dt) for dt in signature.scalars]  # bool: unsigned char; float16/bfloat16: their 16 bits
     self._set_mem, self._set_bytes = self.kernel.set_arg, self.kernel._set_arg_buf
     self._last: PreparedCall = NO_CALL  # the call the kernel's arguments are set for
-    self._set: list[Any] = [None] * (2 * self.nbufs + self.nvals)  # what each kernel argument is set to now (scalars: scalar_key)
+    self._set: list[Any] = [None] * (2 * self.nbufs + self.nvals)  # what each kernel argument is set to now (scalars: (type, value))
     self._gs, self._ls = (1, 1, 1), (1, 1, 1)
     self._lock = allocate_lock()
     self.launch_limits = self.state.launch_limits
@@ -70,13 +70,17 @@ class CLProgram(Program):
       h = b.handle
       if cur[2 * i] is not h.buf: self._set_mem(2 * i, h.buf); cur[2 * i] = h.buf
       if cur[2 * i + 1] != h.offset: self._set_bytes(2 * i + 1, _U64(h.offset)); cur[2 * i + 1] = h.offset
+    last = self._last
+    if vals == last.vals and (global_size, local_size) == last.dims and (last.exact is None or last.same_scalars(vals)):
+      self._last = PreparedCall(tuple(bufs), (last.vals, last.dims, last.exact))  # new buffers only: the scalars are set
+      return
     base = 2 * self.nbufs
     for j, (v, pack) in enumerate(zip(vals, self._pack)):
-      if cur[base + j] != (key := scalar_key(v)):  # 1, 1.0 and True, 0.0 and -0.0 differ
+      # (type, value): 1, 1.0 and True differ; a float zero is set every time (0.0 == -0.0, and -0.0 is another argument)
+      if cur[base + j] != (key := (type(v), v)) or (v == 0 and type(v) is float):
         self._set_bytes(base + j, pack(v)); cur[base + j] = key
     self._gs, self._ls = gs, ls
     self._last = PreparedCall(tuple(bufs), call_key(vals, global_size, local_size))
-
 
 def load_program(device: Any, name: str, lib: bytes, signature: Signature) -> CLProgram:
   """The program for `lib`: the one compile_uncached just built, else a build from the binary (a disk-cache hit)."""

@@ -120,8 +120,9 @@ class CPUProgram(Program):
       return _Launch(self._argtype, bufs, (last.vals, last.dims, last.exact), last.tail, last.ngroups, last.parallel)
     gs, ls = self.check_args(bufs, vals, global_size, local_size)
     tail = [pack(v) for v, pack in zip(vals, self._pack)] + [*gs, *ls]
-    return _Launch(self._argtype, bufs, call_key(vals, global_size, local_size), tail, ctypes.c_uint64(math.prod(gs)),
-                   math.prod(gs) * math.prod(ls) >= PARALLEL_MIN_THREADS)
+    ngroups = math.prod(gs)
+    return _Launch(self._argtype, bufs, call_key(vals, global_size, local_size), tail, ctypes.c_uint64(ngroups),
+                   ngroups * math.prod(ls) >= PARALLEL_MIN_THREADS)
 
   def _parallel(self, launch: _Launch, wait: bool) -> float | None:
     st = time.perf_counter()
