@@ -12,8 +12,8 @@ one comparison and the native call. The comparison stays inline in the program's
 
 Which scalars are the same argument: Python's == says 1 == 1.0 == True and 0.0 == -0.0, yet -0.0 is another
 argument than 0.0 (1/x), and True is no int32 (check_args refuses it). Telling them apart costs a type-exact
-serialisation of the scalars (`exact_bytes`, marshal's format: each value's type and exact bits) of about 0.15 us a
-call, a fifth of a CPU launch, so a PreparedCall asks for it only where those twins are what code passes: when a
+serialisation of the scalars (marshal's format: each value's type and exact bits) of about 0.2 us a call, a quarter
+of a CPU launch, so a PreparedCall asks for it only where those twins are what code passes: when a
 prepared scalar is a bool or equals 0 or 1 (False/0/0.0/-0.0, True/1/1.0), and the call's scalars are not the
 prepared tuple itself (a tuple written out in the source is one object). Elsewhere the launch pays nothing, and
 what == lets through is a value of the same number in another type (2 for 2.0: the same bits in a float slot; 2.0
@@ -27,14 +27,14 @@ from __future__ import annotations
 import ctypes
 import struct
 from collections.abc import Callable, Sequence
-from marshal import dumps as exact_bytes
+from marshal import dumps as _exact_bytes
 from typing import Any
 
 from plugrt.dtype import DType, dtypes, float_bits, float_packer, float_value
 
-#: marshal's format 2 for exact_bytes: each value's type and exact bits, and no back-references (format 3 on marks
-#: objects by their reference count, so equal scalars could serialise differently)
-EXACT = 2
+# marshal's format 2: each value's type and exact bits (numpy scalars: their bytes), and no back-references (format 3 on
+# marks objects by their reference count, so equal scalars could serialise differently)
+_EXACT = 2
 _U64 = 0xFFFFFFFFFFFFFFFF
 _ZERO_ONE = frozenset((0, 1))  # equal to False/0/0.0/-0.0 and True/1/1.0 (their hashes are 0 and 1 too)
 
@@ -77,11 +77,11 @@ def ctypes_packer(dt: DType) -> Callable[[Any], Any]:
 def call_key(vals: Sequence[Any], global_size: Any, local_size: Any) -> tuple[Any, tuple, bytes | None]:
   """(vals, (global_size, local_size), exact) as a PreparedCall keeps them, for arguments Program.check_args passed.
   Lists are copied: the caller may change its list, and the copy still compares equal to an equal list. exact is the
-  scalars' exact_bytes when one is a bool or equals 0 or 1 (by hash and ==, at C speed), else None."""
+  scalars' exact serialisation when one is a bool or equals 0 or 1 (by hash and ==, at C speed), else None."""
   if type(vals) is list: vals = list(vals)
   if type(global_size) is list: global_size = list(global_size)
   if type(local_size) is list: local_size = list(local_size)
-  try: exact = None if _ZERO_ONE.isdisjoint(vals) else exact_bytes(vals, EXACT)
+  try: exact = None if _ZERO_ONE.isdisjoint(vals) else _exact_bytes(vals, _EXACT)
   except ValueError: exact = b""  # a scalar marshal cannot write (an IntEnum member): equals no call's bytes, so it prepares again
   return vals, (global_size, local_size), exact
 
@@ -93,7 +93,7 @@ class PreparedCall:
   old or the new one, never a mix.
 
   bufs: the Buffers (compared by identity); vals and dims: the scalars and (global_size, local_size), lists copied;
-  exact: None, or the scalars' exact_bytes when an equal scalar of another type or sign could be another argument.
+  exact: None, or the scalars' exact serialisation when an equal scalar of another type or sign could be another argument.
   """
   __slots__ = ("bufs", "dims", "exact", "vals")
 
@@ -108,7 +108,7 @@ class PreparedCall:
   def same_scalars(self, vals: Sequence[Any]) -> bool:
     """For scalars equal to this call's by ==, and exact set: whether they are exactly these (types and bits)."""
     if vals is self.vals: return True
-    try: return exact_bytes(vals, EXACT) == self.exact
+    try: return _exact_bytes(vals, _EXACT) == self.exact
     except ValueError: return False  # a scalar marshal cannot write (an IntEnum member): the caller prepares, which checks it
 
   def repeated_by(self, bufs: tuple, vals: Sequence[Any], global_size: Any, local_size: Any) -> bool:
@@ -121,5 +121,4 @@ class PreparedCall:
 NO_CALL = PreparedCall((), ((), (None, None), None))
 
 
-__all__ = ["EXACT", "NO_CALL", "SCALAR_CTYPES", "PreparedCall", "bytes_packer", "call_key", "ctypes_packer", "exact_bytes",
-           "slot_packer"]
+__all__ = ["NO_CALL", "SCALAR_CTYPES", "PreparedCall", "bytes_packer", "call_key", "ctypes_packer", "slot_packer"]
