@@ -10,7 +10,7 @@ import pytest
 
 from plugrt import Buffer, Device, dtypes, kernel
 from plugrt.dtype import f32_to_bf16, iter_dtypes
-from plugrt.launchargs import NO_CALL, SCALAR_CTYPES, PreparedCall, bytes_packer, call_key, ctypes_packer, slot_packer
+from plugrt.launchargs import NO_CALL, SCALAR_CTYPES, ExactScalars, PreparedCall, bytes_packer, call_key, ctypes_packer, slot_packer
 
 ALL = list(iter_dtypes())
 FLOATS = [dt for dt in ALL if dt.kind == "f"]
@@ -119,10 +119,10 @@ def test_no_call_matches_nothing():
 def test_same_call_hits_with_the_tuple_itself_or_an_equal_one():
   vals = (2.5, 7)
   p = prepared(vals=vals)
-  assert p.exact is None  # no bool and no 0 or 1: == alone decides
+  assert type(p.vals) is tuple  # no bool and no 0 or 1: == alone decides
   assert p.repeated_by((A, B), vals, G, L) and p.repeated_by((A, B), (2.5, 7), (4, 1, 1), (64, 1, 1))
   q = prepared(vals=(1, 0.0, True))
-  assert q.exact is not None
+  assert type(q.vals) is ExactScalars
   assert q.repeated_by((A, B), q.vals, G, L) and q.repeated_by((A, B), (1, 0.0, True), G, L)
 
 
@@ -143,12 +143,24 @@ def test_a_change_of_type_or_sign_misses(first, then):
     assert prepared(vals=after).repeated_by((A, B), after, G, L)
 
 
+def test_exact_scalars_compare_exactly_both_ways():
+  vals = (1, 0.0)
+  e = call_key(vals, G, L)[0]
+  assert type(e) is ExactScalars and e.source is vals and tuple(e) == vals
+  assert e == vals and not e != vals and vals == e and (1, 0.0) == e and e == [1, 0.0]  # its own tuple, an exact copy, a list
+  for other in ((True, 0.0), (1.0, 0.0), (1, -0.0), (1, False), (1, 0.0, 2), [1, -0.0]):
+    assert other != e and e != other and not other == e, other
+  assert e == call_key((1, 0.0), G, L)[0] and e != call_key((1, -0.0), G, L)[0]
+  assert hash(e) == hash(vals)
+
+
 def test_a_list_is_kept_as_a_copy():
-  gs, vals = [4, 1, 1], [1.5, 3]
-  p = prepared(vals=vals, gs=gs)
-  assert p.repeated_by((A, B), [1.5, 3], [4, 1, 1], L)
-  gs[0], vals[0] = 8, 2.5  # the caller changes its lists: the next call is another call
-  assert not p.repeated_by((A, B), vals, [4, 1, 1], L) and not p.repeated_by((A, B), [1.5, 3], gs, L)
+  for start in ([1.5, 3], [1.5, 1]):  # plain, and exact scalars
+    gs, vals = [4, 1, 1], list(start)
+    p = prepared(vals=vals, gs=gs)
+    assert p.repeated_by((A, B), list(start), [4, 1, 1], L) and p.repeated_by((A, B), vals, gs, L)
+    gs[0], vals[0] = 8, 2.5  # the caller changes its lists: the next call is another call
+    assert not p.repeated_by((A, B), vals, [4, 1, 1], L) and not p.repeated_by((A, B), list(start), gs, L)
 
 
 class Flag(enum.IntEnum):
@@ -159,7 +171,7 @@ def test_a_scalar_marshal_cannot_write_prepares_again_without_raising():
   p = prepared(vals=(1,))
   assert not p.repeated_by((A, B), (Flag.ON,), G, L)  # an int subclass, equal to 1, that marshal refuses
   q = prepared(vals=(Flag.ON,))
-  assert q.exact == b"" and not q.repeated_by((A, B), (Flag.ON,), G, L) and q.repeated_by((A, B), q.vals, G, L)
+  assert q.vals.key is None and not q.repeated_by((A, B), (Flag.ON,), G, L) and q.repeated_by((A, B), q.vals.source, G, L)
   assert not prepared(vals=(np.float64(0.0),)).repeated_by((A, B), (np.float64(-0.0),), G, L)  # numpy's: written as their bytes
 
 

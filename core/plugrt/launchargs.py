@@ -6,18 +6,18 @@ one comparison and the native call. The comparison stays inline in the program's
 `prg(...)` to the native call), reading the attributes of a PreparedCall:
 
     p = self._prepared
-    if bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims or \\
-       (p.exact is not None and vals is not p.vals and not p.same_scalars(vals)):
+    if bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims:
       p = self._prepared = self._prepare(...)  # check_args, pack, and a new PreparedCall subclass
 
 Which scalars are the same argument: Python's == says 1 == 1.0 == True and 0.0 == -0.0, yet -0.0 is another
-argument than 0.0 (1/x), and True is no int32 (check_args refuses it). Telling them apart costs a type-exact
-serialisation of the scalars (marshal's format: each value's type and exact bits) of about 0.2 us a call, a quarter
-of a CPU launch, so a PreparedCall asks for it only where those twins are what code passes: when a
-prepared scalar is a bool or equals 0 or 1 (False/0/0.0/-0.0, True/1/1.0), and the call's scalars are not the
-prepared tuple itself (a tuple written out in the source is one object). Elsewhere the launch pays nothing, and
-what == lets through is a value of the same number in another type (2 for 2.0: the same bits in a float slot; 2.0
-for an int slot is then taken as the 2 it equals, where a first call would have raised TypeError).
+argument than 0.0 (1/x), and True is no int32 (check_args refuses it). Telling them apart takes a type-exact
+serialisation of the scalars (marshal's format: each value's type and exact bits), about 0.2 us, a quarter of a
+CPU launch; so only where those twins are what code passes, when a prepared scalar is a bool or equals 0 or 1
+(False/0/0.0/-0.0, True/1/1.0), does a PreparedCall keep its scalars as ExactScalars: a tuple that Python's
+comparison asks first (a subclass's reflected method has priority), which compares exactly unless it is handed the
+call's own tuple. Every other launch compares plain tuples, at no cost over ==; what == lets through there is the same
+number in another type (2 for 2.0: the same bits in a float slot; 2.0 for an int slot is taken as the 2 it equals,
+where a first call would have raised TypeError).
 
 Packers: every float goes through plugrt.dtype's rule (IEEE rounding to nearest even, past the dtype's range
 +-inf), the same on every device; ints arrive checked to fit their dtype (Program.check_args).
@@ -36,6 +36,7 @@ from plugrt.dtype import DType, dtypes, float_bits, float_packer, float_value
 # marks objects by their reference count, so equal scalars could serialise differently)
 _EXACT = 2
 _U64 = 0xFFFFFFFFFFFFFFFF
+_NO_SOURCE = object()
 _ZERO_ONE = frozenset((0, 1))  # equal to False/0/0.0/-0.0 and True/1/1.0 (their hashes are 0 and 1 too)
 
 
@@ -74,16 +75,45 @@ def ctypes_packer(dt: DType) -> Callable[[Any], Any]:
   return lambda v: ct(float_value(v, dt))  # exactly the dtype's value: ctypes stores it without rounding again
 
 
-def call_key(vals: Sequence[Any], global_size: Any, local_size: Any) -> tuple[Any, tuple, bytes | None]:
-  """(vals, (global_size, local_size), exact) as a PreparedCall keeps them, for arguments Program.check_args passed.
-  Lists are copied: the caller may change its list, and the copy still compares equal to an equal list. exact is the
-  scalars' exact serialisation when one is a bool or equals 0 or 1 (by hash and ==, at C speed), else None."""
-  if type(vals) is list: vals = list(vals)
+def _exact(vals: Any) -> bytes | None:
+  """The type-exact serialisation of a tuple or list of scalars; None for a scalar marshal cannot write."""
+  try: return _exact_bytes(vals if type(vals) is tuple else tuple(vals), _EXACT)
+  except (ValueError, TypeError): return None  # an IntEnum member, or not a sequence
+
+
+class ExactScalars(tuple):
+  """A call's scalars that compare exactly: equal to the call's own tuple, and to scalars of the same types and bits,
+  never to 1.0 or True for 1, nor to -0.0 for 0.0 (see the module docstring). `vals != exact` asks this class first,
+  a subclass of tuple."""
+
+  def __new__(cls, vals: Sequence[Any], key: bytes | None) -> ExactScalars:
+    self = super().__new__(cls, vals)
+    # the caller's own tuple, equal by identity (never a list: the caller may change it); key None: a scalar marshal cannot write
+    self.source, self.key = (vals if type(vals) is tuple else _NO_SOURCE), key
+    return self
+
+  def __ne__(self, other: object) -> bool:  # what a launch asks (`vals != prepared.vals`): the common cases first
+    if other is self.source: return False
+    if type(other) is tuple:
+      try: return _exact_bytes(other, _EXACT) != self.key  # a key of None differs from any bytes
+      except ValueError: return True  # a scalar marshal cannot write: another call, which check_args sees
+    if other is self: return False
+    if type(other) is ExactScalars: return self.key is None or other.key != self.key
+    return self.key is None or _exact(other) != self.key
+
+  def __eq__(self, other: object) -> bool: return not self.__ne__(other)
+
+  __hash__ = tuple.__hash__
+
+
+def call_key(vals: Sequence[Any], global_size: Any, local_size: Any) -> tuple[Sequence[Any], tuple[Any, Any]]:
+  """(vals, (global_size, local_size)) as a PreparedCall keeps them, for arguments Program.check_args passed: scalars
+  with a bool or a value equal to 0 or 1 among them (by hash and ==, at C speed) as ExactScalars; lists copied (the
+  caller may change its list; the copy still compares equal to an equal list)."""
   if type(global_size) is list: global_size = list(global_size)
   if type(local_size) is list: local_size = list(local_size)
-  try: exact = None if _ZERO_ONE.isdisjoint(vals) else _exact_bytes(vals, _EXACT)
-  except ValueError: exact = b""  # a scalar marshal cannot write (an IntEnum member): equals no call's bytes, so it prepares again
-  return vals, (global_size, local_size), exact
+  if not _ZERO_ONE.isdisjoint(vals): return ExactScalars(vals, _exact(vals)), (global_size, local_size)
+  return (list(vals) if type(vals) is list else vals), (global_size, local_size)
 
 
 class PreparedCall:
@@ -92,33 +122,26 @@ class PreparedCall:
   the program's prepared launch by a single assignment lets threads share the program: a launch reads either the
   old or the new one, never a mix.
 
-  bufs: the Buffers (compared by identity); vals and dims: the scalars and (global_size, local_size), lists copied;
-  exact: None, or the scalars' exact serialisation when an equal scalar of another type or sign could be another argument.
+  bufs: the Buffers (compared by identity); vals: the scalars (ExactScalars where == cannot tell twins apart; a list
+  copied); dims: (global_size, local_size), lists copied.
   """
-  __slots__ = ("bufs", "dims", "exact", "vals")
+  __slots__ = ("bufs", "dims", "vals")
 
-  def __init__(self, bufs: tuple, call: tuple[Any, tuple, bytes | None]):
+  def __init__(self, bufs: tuple, call: tuple[Sequence[Any], tuple[Any, Any]]):
     """`call`: call_key() of the arguments, or `prepared.call` of a launch with the same scalars and sizes. A subclass
-    whose __init__ is on a launch path may set the four attributes itself instead of calling this."""
-    self.bufs, (self.vals, self.dims, self.exact) = bufs, call
+    whose __init__ is on a launch path may set the three attributes itself instead of calling this."""
+    self.bufs, (self.vals, self.dims) = bufs, call
 
   @property
-  def call(self) -> tuple[Any, tuple, bytes | None]: return (self.vals, self.dims, self.exact)
-
-  def same_scalars(self, vals: Sequence[Any]) -> bool:
-    """For scalars equal to this call's by ==, and exact set: whether they are exactly these (types and bits)."""
-    if vals is self.vals: return True
-    try: return _exact_bytes(vals, _EXACT) == self.exact
-    except ValueError: return False  # a scalar marshal cannot write (an IntEnum member): the caller prepares, which checks it
+  def call(self) -> tuple[Sequence[Any], tuple[Any, Any]]: return (self.vals, self.dims)
 
   def repeated_by(self, bufs: tuple, vals: Sequence[Any], global_size: Any, local_size: Any) -> bool:
-    """Whether a call with these arguments repeats this one: what a program's __call__ computes inline."""
-    return bufs == self.bufs and vals == self.vals and (global_size, local_size) == self.dims and \
-      (self.exact is None or self.same_scalars(vals))
+    """Whether a call with these arguments repeats this one: the negation of what a program's __call__ computes inline."""
+    return not (bufs != self.bufs or vals != self.vals or (global_size, local_size) != self.dims)
 
 
 #: matches no call: a program's first launch prepares
-NO_CALL = PreparedCall((), ((), (None, None), None))
+NO_CALL = PreparedCall((), ((), (None, None)))
 
 
-__all__ = ["NO_CALL", "SCALAR_CTYPES", "PreparedCall", "bytes_packer", "call_key", "ctypes_packer", "slot_packer"]
+__all__ = ["NO_CALL", "SCALAR_CTYPES", "ExactScalars", "PreparedCall", "bytes_packer", "call_key", "ctypes_packer", "slot_packer"]

@@ -54,8 +54,7 @@ class CLProgram(Program):
                wait: bool = False) -> float | None:
     with self._lock:  # see the module docstring
       last = self._last
-      if bufs != last.bufs or vals != last.vals or (global_size, local_size) != last.dims or \
-         (last.exact is not None and vals is not last.vals and not last.same_scalars(vals)):  # see plugrt.launchargs
+      if bufs != last.bufs or vals != last.vals or (global_size, local_size) != last.dims:  # see plugrt.launchargs
         self._prepare(bufs, vals, global_size, local_size)
       ev = _enqueue(self._queue, self.kernel, self._gs, self._ls, None, None, True, False)  # True: global = groups x local
     if wait:
@@ -71,8 +70,8 @@ class CLProgram(Program):
       if cur[2 * i] is not h.buf: self._set_mem(2 * i, h.buf); cur[2 * i] = h.buf
       if cur[2 * i + 1] != h.offset: self._set_bytes(2 * i + 1, _U64(h.offset)); cur[2 * i + 1] = h.offset
     last = self._last
-    if vals == last.vals and (global_size, local_size) == last.dims and (last.exact is None or last.same_scalars(vals)):
-      self._last = PreparedCall(tuple(bufs), (last.vals, last.dims, last.exact))  # new buffers only: the scalars are set
+    if vals == last.vals and (global_size, local_size) == last.dims:
+      self._last = PreparedCall(tuple(bufs), (last.vals, last.dims))  # new buffers only: the scalars are set
       return
     base = 2 * self.nbufs
     for j, (v, pack) in enumerate(zip(vals, self._pack)):

@@ -74,7 +74,7 @@ class _Launch(PreparedCall):
   __slots__ = ("args", "argp", "ngroups", "parallel", "tail")
 
   def __init__(self, argtype: Any, bufs: tuple, call: tuple, tail: list[int], ngroups: Any, parallel: bool):
-    self.bufs, (self.vals, self.dims, self.exact) = bufs, call  # the PreparedCall (plugrt.launchargs.call_key)
+    self.bufs, (self.vals, self.dims) = bufs, call  # the PreparedCall (plugrt.launchargs.call_key)
     self.tail = tail  # the scalar slots, then num_groups[3], local_size[3]
     self.args = a = argtype()
     for i, b in enumerate(bufs): a[i] = b.handle
@@ -100,8 +100,7 @@ class CPUProgram(Program):
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:
     launch = self._launch  # read once: everything below uses this one prepared launch
-    if bufs != launch.bufs or vals != launch.vals or (global_size, local_size) != launch.dims or \
-       (launch.exact is not None and vals is not launch.vals and not launch.same_scalars(vals)):  # see plugrt.launchargs
+    if bufs != launch.bufs or vals != launch.vals or (global_size, local_size) != launch.dims:  # see plugrt.launchargs
       launch = self._launch = self._prepare(launch, bufs, vals, global_size, local_size)
     if launch.parallel:
       return self._parallel(launch, wait)
@@ -114,10 +113,9 @@ class CPUProgram(Program):
 
   def _prepare(self, last: _Launch, bufs: tuple, vals: Sequence[Any], global_size: Any, local_size: Any) -> _Launch:
     """A new prepared launch (`last`, the current one, lends its checked scalars and sizes when only the buffers changed)."""
-    if vals == last.vals and (global_size, local_size) == last.dims and (last.exact is None or last.same_scalars(vals)) and \
-       len(bufs) == self.nbufs and \
+    if vals == last.vals and (global_size, local_size) == last.dims and len(bufs) == self.nbufs and \
        all(type(b) is Buffer and b.device is self.device and b.dtype is dt for b, dt in zip(bufs, self.signature.buffers)):
-      return _Launch(self._argtype, bufs, (last.vals, last.dims, last.exact), last.tail, last.ngroups, last.parallel)
+      return _Launch(self._argtype, bufs, (last.vals, last.dims), last.tail, last.ngroups, last.parallel)
     gs, ls = self.check_args(bufs, vals, global_size, local_size)
     tail = [pack(v) for v, pack in zip(vals, self._pack)] + [*gs, *ls]
     ngroups = math.prod(gs)

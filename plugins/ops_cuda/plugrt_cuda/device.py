@@ -258,8 +258,7 @@ class CUDAProgram(Program):
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:
     p = self._prepared  # read once: everything below uses this one prepared launch
-    if bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims or \
-       (p.exact is not None and vals is not p.vals and not p.same_scalars(vals)):  # see plugrt.launchargs
+    if bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims:  # see plugrt.launchargs
       p = self._prepared = self._prepare(bufs, vals, global_size, local_size)
     if getattr(_tls, "ctx", None) != self.state.ctx.value: self.state.make_current()
     if wait: return self.state.timed(lambda: self._enqueue(p))
