@@ -169,6 +169,30 @@ def test_allocator_is_thread_safe():
   assert a.used == a._cached_bytes and len(a._lru) == len(set(h for _, h in a._lru.values()))  # no block cached twice
 
 
+def test_allocator_declares_what_the_core_calls_and_its_defaults():
+  """Every optional method the core calls is declared on Allocator, with the default the core expects."""
+  a = FakeAllocator(10)
+  assert a._copy(1, 2, 8) is NotImplemented and a._host_alloc(64) is None and a.dlpack_device() is None
+  for name in ("_offset", "_transfer", "_wrap", "_pointer"): assert callable(getattr(Allocator, name))
+
+
+def test_copy_to_on_one_device_uses_copy_or_the_host(monkeypatch):
+  """Buffer.copy_to on one device: the allocator's _copy when it has one, else (NotImplemented) through host memory."""
+  dev = Device["PYTHON"]
+  calls: list[str] = []
+  src = Buffer.from_numpy(np.arange(8, dtype=np.float32), dev)
+  kind = type(dev.allocator)
+  real_copy, real_out = kind._copy, kind._copyout
+  monkeypatch.setattr(kind, "_copy", lambda self, d, s, n: calls.append("copy") or real_copy(self, d, s, n))
+  monkeypatch.setattr(kind, "_copyout", lambda self, d, s: calls.append("copyout") or real_out(self, d, s))
+  dest = src.copy_to(Buffer(dev, 8, dtypes.float32))
+  assert calls == ["copy"] and dest.numpy().tolist() == list(range(8))
+  monkeypatch.setattr(kind, "_copy", Allocator._copy)  # a backend without a device copy
+  calls.clear()
+  dest = src.copy_to(Buffer(dev, 8, dtypes.float32))
+  assert calls == ["copyout"] and dest.numpy().tolist() == list(range(8))
+
+
 # ---------------------------------------------------------------- buffers and launch sizes
 
 def test_launch_dims():

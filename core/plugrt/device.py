@@ -265,9 +265,7 @@ class Buffer:
     a, b = self.device, dest.device
     if a.backend is b.backend and a.allocator.supports_transfer:
       a.allocator._transfer(dest.handle, self.handle, self.nbytes, a, b)
-    elif a is b and hasattr(a.allocator, "_copy"):
-      a.allocator._copy(dest.handle, self.handle, self.nbytes)
-    else:
+    elif a is not b or a.allocator._copy(dest.handle, self.handle, self.nbytes) is NotImplemented:  # no device copy: the host
       host = bytearray(self.nbytes)
       if self.nbytes:
         a.allocator._copyout(memoryview(host), self.handle)

@@ -64,9 +64,15 @@ class Allocator(Generic[H]):
   (default MAX_ALLOC_BYTES; a backend lowers it to what its size type or device holds) is
   OutOfMemoryError at once: no backend ever sees a size it would wrap.
 
-  Backends implement _alloc/_free/_copyin/_copyout, and optionally _offset (views),
-  _transfer (device to device) and _wrap (external memory, for from_blob). _alloc
-  raises MemoryError when the device is out of memory.
+  Backends implement _alloc/_free/_copyin/_copyout (_alloc raises MemoryError when the
+  device is out of memory). The core also calls these, each declared below with what it
+  does when a backend leaves it out:
+    _offset (views; supports_offset)
+    _transfer (between two devices of the backend; supports_transfer)
+    _wrap (external memory, from_blob; supports_wrap)
+    _copy (device to device on one device; NotImplemented: the core copies through the host)
+    _host_alloc (Device.host_array's memory; None: plain host memory)
+    dlpack_device and _pointer (DLPack export; None: not exportable)
   """
   supports_offset = True     # _offset makes views
   supports_transfer = False  # _transfer copies between two devices of this backend
@@ -169,23 +175,49 @@ class Allocator(Generic[H]):
     """(DLPack device type, device id) of this memory, e.g. (1, 0) for host memory, (2, n) for CUDA; None: not exportable."""
     return None
 
-  # ---- what a backend implements
+  # ---- what a backend implements: these four always
+  def _alloc(self, nbytes: int, options: Any) -> H:
+    """A new block of at least `nbytes` (never 0: the core asks for 1 byte then); MemoryError when the device is full."""
+    raise NotImplementedError
+  def _free(self, handle: H, nbytes: int, options: Any) -> None:
+    """Give a block back (`nbytes` and `options` as it was allocated with)."""
+  def _copyin(self, dest: H, src: memoryview) -> None:
+    """Host -> device: `src` (contiguous bytes, src.nbytes of them) into `dest`, after the work queued before it."""
+    raise NotImplementedError
+  def _copyout(self, dest: memoryview, src: H) -> None:
+    """Device -> host: dest.nbytes bytes of `src` into `dest`, once the work queued before it is done."""
+    raise NotImplementedError
+
+  # ---- optional: what the core does without them is in each docstring
+  def _offset(self, handle: H, offset: int, nbytes: int) -> H:
+    """A view of `nbytes` at byte `offset` inside `handle` (Buffer.view); with supports_offset False, views are refused
+    (UnsupportedError)."""
+    raise NotImplementedError
+
+  def _copy(self, dest: H, src: H, nbytes: int) -> Any:
+    """Device to device on this one device: `nbytes` from `src` into `dest`, ordered with the work queued before it
+    (Buffer.copy_to; two views of one buffer may overlap). Return NotImplemented (what this default does) to have the core copy
+    through host memory (_copyout then _copyin); anything else means copied."""
+    return NotImplemented
+
+  def _transfer(self, dest: H, src: H, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
+    """With supports_transfer: `nbytes` from `src` on `src_dev` into `dest` on `dest_dev`, two opened devices of this
+    backend (possibly the same one). Without it, the core uses _copy on one device and the host between two."""
+    raise NotImplementedError
+
+  def _wrap(self, ptr: int, nbytes: int) -> H:
+    """With supports_wrap: a handle that is the external memory at `ptr` itself, both ways (Buffer.from_blob; see
+    docs/authoring.md). Without it, from_blob raises UnsupportedError: plugrt never copies silently."""
+    raise NotImplementedError
+
   def _host_alloc(self, nbytes: int) -> tuple[int, Any] | None:
-    """Optional: host memory this device copies from and to fastest (page-locked on a GPU): (address, a
-    function that frees it). None: plain host memory is as good."""
+    """Host memory this device copies from and to fastest (page-locked on a GPU), for Device.host_array: (address, a
+    function of no arguments that frees it). None (this default): plain host memory is as good, and numpy's is used."""
     return None
 
   def _pointer(self, handle: H) -> int:
-    """The address a DLPack consumer uses for this handle (only with dlpack_device())."""
+    """The address a DLPack consumer uses for this handle; called only when dlpack_device() is not None."""
     raise NotImplementedError
-  def _alloc(self, nbytes: int, options: Any) -> H: raise NotImplementedError
-  def _free(self, handle: H, nbytes: int, options: Any) -> None: pass
-  def _copyin(self, dest: H, src: memoryview) -> None: raise NotImplementedError
-  def _copyout(self, dest: memoryview, src: H) -> None: raise NotImplementedError
-  def _offset(self, handle: H, offset: int, nbytes: int) -> H: raise NotImplementedError
-  def _transfer(self, dest: H, src: H, nbytes: int, src_dev: Any, dest_dev: Any) -> None: raise NotImplementedError
-  def _wrap(self, ptr: int, nbytes: int) -> H: raise NotImplementedError
-
 
 class Compiler:
   """Kernel IR -> source (render) -> binary (compile, through the disk cache).

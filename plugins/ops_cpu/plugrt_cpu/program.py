@@ -15,13 +15,13 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from plugrt.device import Buffer
-from plugrt.dtype import DType, dtypes, float_packer
 from plugrt.errors import EnvError
 from plugrt.ir import Signature
+from plugrt.launchargs import NO_CALL, PreparedCall, call_key, slot_packer
 from plugrt.runtime import LaunchLimits, Program
 
 KernelFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)
@@ -74,21 +74,15 @@ class _Pool:
 POOL = _Pool()
 
 
-def _packer(dt: DType) -> Callable[[Any], int]:
-  """A scalar -> its 8-byte argument slot."""
-  if dt is dtypes.bool: return lambda v: 1 if v else 0
-  if dt.kind in "iu": return lambda v: v & 0xFFFFFFFFFFFFFFFF
-  return float_packer(dt)  # IEEE rounding, out of range: inf (the rule on every device)
+class _Launch(PreparedCall):
+  """One prepared launch: the call it was made for (PreparedCall) and its own argument block, never changed once
+  built. The program swaps in a new one by a single assignment, so a launch on another thread reads either the old
+  or the new set, never a mix, and no thread rewrites a block that another thread's foreign call is reading."""
+  __slots__ = ("args", "argp", "ngroups", "parallel", "tail")
 
-
-class _Launch:
-  """One prepared launch: the arguments it was made for and its own argument block, never changed once built.
-  The program swaps in a new one by a single assignment, so a launch on another thread reads either the old or the
-  new set, never a mix, and no thread rewrites a block that another thread's foreign call is reading."""
-  __slots__ = ("args", "argp", "bufs", "dims", "ngroups", "parallel", "tail", "vals")
-
-  def __init__(self, argtype: Any, bufs: tuple, vals: tuple, dims: tuple, tail: list[int], ngroups: Any, parallel: bool):
-    self.bufs, self.vals, self.dims, self.tail = bufs, vals, dims, tail  # tail: the scalar slots, then num_groups[3], local_size[3]
+  def __init__(self, argtype: Any, bufs: tuple, call: tuple, tail: list[int], ngroups: Any, parallel: bool):
+    self.bufs, (self.vals, self.dims) = bufs, call  # the PreparedCall (plugrt.launchargs.call_key)
+    self.tail = tail  # the scalar slots, then num_groups[3], local_size[3]
     self.args = a = argtype()
     for i, b in enumerate(bufs): a[i] = b.handle
     a[len(bufs):] = tail
@@ -97,7 +91,7 @@ class _Launch:
     self.parallel = parallel  # split across the worker pool
 
 
-_NONE = _Launch(ctypes.c_uint64 * 0, (), (), (None, None), [], _ZERO, False)  # matches no call: the first launch prepares
+_NONE = _Launch(ctypes.c_uint64 * 0, (), NO_CALL.call, [], _ZERO, False)  # matches no call: the first launch prepares
 
 
 class CPUProgram(Program):
@@ -105,7 +99,7 @@ class CPUProgram(Program):
     super().__init__(device, name, lib, signature)
     self._keepalive = keepalive  # the loaded library or JIT engine that owns the code
     self._fn = KernelFn(fn_addr)
-    self._pack = [_packer(dt) for dt in signature.scalars]
+    self._pack = [slot_packer(dt) for dt in signature.scalars]
     self._argtype = ctypes.c_uint64 * (self.nbufs + self.nvals + 6)
     self._launch = _NONE
     self.launch_limits = LaunchLimits(str(device), max_local_total=MAX_GROUP_THREADS)
@@ -113,7 +107,7 @@ class CPUProgram(Program):
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:
     launch = self._launch  # read once: everything below uses this one prepared launch
-    if bufs != launch.bufs or vals != launch.vals or (global_size, local_size) != launch.dims:
+    if bufs != launch.bufs or vals != launch.vals or (global_size, local_size) != launch.dims:  # see plugrt.launchargs
       launch = self._launch = self._prepare(launch, bufs, vals, global_size, local_size)
     if launch.parallel:
       return self._parallel(launch, wait)
@@ -128,11 +122,12 @@ class CPUProgram(Program):
     """A new prepared launch (`last`, the current one, lends its checked scalars and sizes when only the buffers changed)."""
     if vals == last.vals and (global_size, local_size) == last.dims and len(bufs) == self.nbufs and \
        all(type(b) is Buffer and b.device is self.device and b.dtype is dt for b, dt in zip(bufs, self.signature.buffers)):
-      return _Launch(self._argtype, bufs, last.vals, last.dims, last.tail, last.ngroups, last.parallel)
+      return _Launch(self._argtype, bufs, (last.vals, last.dims), last.tail, last.ngroups, last.parallel)
     gs, ls = self.check_args(bufs, vals, global_size, local_size)
     tail = [pack(v) for v, pack in zip(vals, self._pack)] + [*gs, *ls]
-    return _Launch(self._argtype, bufs, tuple(vals), (global_size, local_size), tail, ctypes.c_uint64(math.prod(gs)),
-                   math.prod(gs) * math.prod(ls) >= PARALLEL_MIN_THREADS)
+    ngroups = math.prod(gs)
+    return _Launch(self._argtype, bufs, call_key(vals, global_size, local_size), tail, ctypes.c_uint64(ngroups),
+                   ngroups * math.prod(ls) >= PARALLEL_MIN_THREADS)
 
   def _parallel(self, launch: _Launch, wait: bool) -> float | None:
     st = time.perf_counter()

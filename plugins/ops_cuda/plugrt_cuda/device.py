@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from plugrt.device import Buffer
-from plugrt.dtype import DType, dtypes, float_bits, float_value
 from plugrt.errors import UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import PinnedStaging
 from plugrt.ir import Signature
+from plugrt.launchargs import NO_CALL, PreparedCall, call_key, ctypes_packer
 from plugrt.runtime import Allocator, DeviceState, Graph, Launch, LaunchLimits, Program, buffer_address
 from plugrt_cuda import driver as D
 from plugrt_cuda import trampoline
@@ -197,32 +197,19 @@ class CUDAAllocator(Allocator[int]):
   def _pointer(self, handle: int) -> int: return handle
 
 
-_CTYPES = {dtypes.bool: ctypes.c_uint8, dtypes.int8: ctypes.c_int8, dtypes.int16: ctypes.c_int16, dtypes.int32: ctypes.c_int32,
-           dtypes.int64: ctypes.c_int64, dtypes.uint8: ctypes.c_uint8, dtypes.uint16: ctypes.c_uint16, dtypes.uint32: ctypes.c_uint32,
-           dtypes.uint64: ctypes.c_uint64, dtypes.float16: ctypes.c_uint16, dtypes.bfloat16: ctypes.c_uint16,
-           dtypes.float32: ctypes.c_float, dtypes.float64: ctypes.c_double}
+class _Launch(PreparedCall):
+  """One prepared launch: the call it was made for (PreparedCall), its parameter objects and cuLaunchKernel's
+  arguments (as a tuple and as the trampoline's slots), never changed once built. The program swaps in a new one by
+  a single assignment, so threads sharing a program never launch with a mix of their arguments."""
+  __slots__ = ("args", "slots", "slots_ptr", "values")
 
-
-def _scalar_setter(dt: DType) -> Any:
-  """value -> what the parameter's ctypes object holds (16-bit floats as their raw bits; IEEE rounding, out of range: inf)."""
-  if dt in (dtypes.float16, dtypes.bfloat16): return lambda v: float_bits(v, dt)
-  if dt is dtypes.bool: return lambda v: 1 if v else 0
-  if dt.kind in "iu": return lambda v: v
-  return lambda v: float_value(v, dt)
-
-
-class _Launch:
-  """One prepared launch: the arguments it was made for, their parameter objects and cuLaunchKernel's arguments (as a
-  tuple and as the trampoline's slots), never changed once built. The program swaps in a new one by a single
-  assignment, so threads sharing a program never launch with a mix of their arguments."""
-  __slots__ = ("args", "bufs", "dims", "slots", "slots_ptr", "vals", "values")
-
-  def __init__(self, bufs: tuple, vals: tuple, dims: tuple, values: list[Any], args: tuple, slots: Any):
-    self.bufs, self.vals, self.dims, self.values, self.args, self.slots = bufs, vals, dims, values, args, slots
+  def __init__(self, bufs: tuple, call: tuple, values: list[Any], args: tuple, slots: Any):
+    super().__init__(bufs, call)
+    self.values, self.args, self.slots = values, args, slots
     self.slots_ptr = ctypes.c_void_p(ctypes.addressof(slots)) if slots is not None else None
 
 
-_NONE = _Launch((), (), (None, None), [], (), None)  # matches no call: the first launch prepares
+_NONE = _Launch((), NO_CALL.call, [], (), None)  # matches no call: the first launch prepares
 
 
 class CUDAProgram(Program):
@@ -235,8 +222,7 @@ class CUDAProgram(Program):
     D.call("cuModuleLoadData", ctypes.byref(self.module), ctypes.c_char_p(image))
     D.call("cuModuleGetFunction", ctypes.byref(fn), self.module, name.encode())
     self.fn = fn
-    self._types = [_CTYPES[dt] for dt in signature.scalars]
-    self._set = [_scalar_setter(dt) for dt in signature.scalars]
+    self._pack = [ctypes_packer(dt) for dt in signature.scalars]  # 16-bit floats as their bits; IEEE rounding, out of range: inf
     self._launch = self.state.lib.cuLaunchKernel
     self._launch_addr = ctypes.cast(self._launch, ctypes.c_void_p).value
     self._tramp = trampoline.make()  # the launch's eleven arguments as 8-byte slots, for the one-argument trampoline (see trampoline.py)
@@ -246,7 +232,7 @@ class CUDAProgram(Program):
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:
     p = self._prepared  # read once: everything below uses this one prepared launch
-    if bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims:
+    if bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims:  # see plugrt.launchargs
       p = self._prepared = self._prepare(bufs, vals, global_size, local_size)
     if getattr(_tls, "ctx", None) != self.state.ctx.value: self.state.make_current()
     if wait: return self.state.timed(lambda: self._enqueue(p))
@@ -259,12 +245,12 @@ class CUDAProgram(Program):
   def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> _Launch:
     """A new prepared launch for these arguments (cuLaunchKernel copies the parameter values when it is called)."""
     gs, ls = self.check_args(bufs, vals, global_size, local_size)  # with the GPU's grid and block limits
-    values = [ctypes.c_uint64(b.handle) for b in bufs] + [t(set_(x)) for t, set_, x in zip(self._types, self._set, vals)]
+    values = [ctypes.c_uint64(b.handle) for b in bufs] + [pack(x) for pack, x in zip(self._pack, vals)]
     params = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
     u, stream = ctypes.c_uint, self.state.stream
     args = (self.fn, u(gs[0]), u(gs[1]), u(gs[2]), u(ls[0]), u(ls[1]), u(ls[2]), u(0), stream, params, None)
     slots = (ctypes.c_uint64 * trampoline.SLOTS)(self._launch_addr, self.fn.value, *gs, *ls, 0, stream.value or 0, ctypes.addressof(params), 0)
-    return _Launch(tuple(bufs), tuple(vals), (global_size, local_size), values, args, slots)
+    return _Launch(tuple(bufs), call_key(vals, global_size, local_size), values, args, slots)
 
   def __del__(self) -> None:
     try:

@@ -31,11 +31,12 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from plugrt.device import Buffer
-from plugrt.dtype import DType, dtypes, float_bits, float_value
+from plugrt.dtype import dtypes
 from plugrt.errors import CompileError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import CommandSlots, DoorbellRing, PinnedStaging, ResidentLaunch, ResidentLaunches, Timeline, queue_timeout, round_up
 from plugrt.ir import Signature
+from plugrt.launchargs import bytes_packer
 from plugrt.probing import install_hint
 from plugrt.runtime import Allocator, DeviceState, LaunchLimits, Program, buffer_address
 from plugrt_nv import cmd, cubin, hw
@@ -267,17 +268,6 @@ class NVAllocator(Allocator[int]):
     dest_dev.allocator._copyin(dest, memoryview(host))
 
 
-_PACK = {dtypes.bool: "<B", dtypes.int8: "<b", dtypes.uint8: "<B", dtypes.int16: "<h", dtypes.uint16: "<H", dtypes.int32: "<i", dtypes.uint32: "<I",
-         dtypes.int64: "<q", dtypes.uint64: "<Q", dtypes.float16: "<e", dtypes.bfloat16: "<H", dtypes.float32: "<f", dtypes.float64: "<d"}
-
-
-def _scalar(dt: DType) -> Any:
-  """value -> what its _PACK format takes (IEEE rounding, out of range: inf)."""
-  if dt is dtypes.bfloat16: return lambda v: float_bits(v, dt)
-  if dt is dtypes.bool: return lambda v: 1 if v else 0
-  return (lambda v: v) if dt.kind in "iu" else lambda v: float_value(v, dt)
-
-
 def _release_program(state: NVState, *mems: Mem) -> None:
   try:
     with state.lock:
@@ -302,7 +292,7 @@ class NVProgram(Program):
     st: NVState = device.info.state
     self.state = st
     k = cubin.parse(lib, name)
-    want = [8] * self.nbufs + [struct.calcsize(_PACK[dt]) for dt in signature.scalars]
+    want = [8] * self.nbufs + [dt.itemsize for dt in signature.scalars]
     if [s for _, s in k.params] != want:
       raise CompileError(f"cubin for {name} takes parameters of sizes {[s for _, s in k.params]}, its signature needs {want}")
     with st.lock: self.mem = st.iface.alloc(len(k.image) + 0x1000, "device")  # room after the code: the SMs prefetch instructions past its end
@@ -337,8 +327,7 @@ class NVProgram(Program):
     struct.pack_into("<I", self.blob, CBUF_OFF + stack, hw.STACK_TOP)
     self.dims_off = CBUF_OFF + dims
     self.arg_offs = [CBUF_OFF + k.param_base + off for off, _ in k.params]
-    self.fmts = [_PACK[dt] for dt in signature.scalars]
-    self.setters = [_scalar(dt) for dt in signature.scalars]
+    self.pack = [bytes_packer(dt) for dt in signature.scalars]  # each scalar's bytes (IEEE rounding, out of range: inf)
     self.blob_buf = (ctypes.c_char * len(self.blob)).from_buffer(self.blob)
     self.blob_addr = ctypes.addressof(self.blob_buf)
     self.max_threads = min(1024, 65536 // round_up(max(1, k.regs) * 32, 256) // 4 * 4 * 32)
@@ -422,4 +411,6 @@ class NVProgram(Program):
     self.blob[:len(self.qmd.buf)] = self.qmd.buf
     struct.pack_into("<6I", self.blob, self.dims_off, *ls, *gs)
     for o, b in zip(self.arg_offs, bufs): struct.pack_into("<Q", self.blob, o, b.handle)
-    for o, f, set_, v in zip(self.arg_offs[self.nbufs:], self.fmts, self.setters, vals): struct.pack_into(f, self.blob, o, set_(v))
+    for o, pack, v in zip(self.arg_offs[self.nbufs:], self.pack, vals):
+      arg = pack(v)
+      self.blob[o:o + len(arg)] = arg
