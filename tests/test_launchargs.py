@@ -187,8 +187,7 @@ def store_int(out: dtypes.int32[:], n: dtypes.int32):
   out[0] = n
 
 
-# NV not yet: its resident launch entries are keyed with == (see plugrt_nv.device.NVProgram._entry)
-DEVICES = [d for d in ("CPU", "CL", "PYTHON", "CUDA") if d in Device.available()]
+DEVICES = [d for d in ("CPU", "CL", "PYTHON", "CUDA", "NV") if d in Device.available()]
 
 
 @pytest.mark.parametrize("dev", DEVICES)

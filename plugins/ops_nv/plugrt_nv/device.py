@@ -36,7 +36,7 @@ from plugrt.errors import CompileError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import CommandSlots, DoorbellRing, PinnedStaging, ResidentLaunch, ResidentLaunches, Timeline, queue_timeout, round_up
 from plugrt.ir import Signature
-from plugrt.launchargs import bytes_packer
+from plugrt.launchargs import bytes_packer, call_key
 from plugrt.probing import install_hint
 from plugrt.runtime import Allocator, DeviceState, LaunchLimits, Program, buffer_address
 from plugrt_nv import cmd, cubin, hw
@@ -397,7 +397,8 @@ class NVProgram(Program):
     cb = (e.descriptor + CBUF_OFF) >> shift
     struct.pack_into("<II", self.blob, off, cb & M32, hi | cb >> 32)
     ctypes.memmove(e.descriptor, self.blob_addr, self.cmd_off)
-    e.key = (tuple(bufs), tuple(vals) if not isinstance(vals, tuple) else vals, global_size, local_size)
+    kept_vals, (gs, ls) = call_key(vals, global_size, local_size)  # 1, 1.0, True and 0.0, -0.0 told apart; lists copied
+    e.key = (tuple(bufs), kept_vals, gs, ls)
     st.fast = False  # the GPU may hold the entry's old constants in its caches
     # the fast path's words: invalidate the data caches only, start the grid, release the timeline (no timestamp); the
     # release's payload is patched per launch

@@ -202,3 +202,22 @@ def test_settings_from_the_context(plugrt_registry, monkeypatch):
     st = reg.open("NV").info.state
     assert st.timeout == 7.5 and st.slots_mem.kind == "host" and st.timeout_setting == "PLUGRT_NV_TIMEOUT"
   gpu.close()
+
+
+def test_a_resident_launch_tells_equal_looking_scalars_apart(fake):
+  """A resident launch is reused only for the very same arguments: -0.0 after 0.0 gives -inf, not the +inf of the
+  launch prepared for 0.0 (0.0 == -0.0 in Python), and True after 1 for an int is refused as on a first call."""
+  from plugrt import kernel
+
+  @kernel
+  def recip(out: dtypes.float32[:], a: dtypes.float32):
+    out[0] = 1.0 / a
+
+  gpu, dev = fake
+  out = Buffer(dev, 1, dtypes.float32)
+  prg = dev.program(recip.ir())
+  gpu.load(prg, recip.ir())
+  for a, want in ((0.0, np.inf), (-0.0, -np.inf), (-0.0, -np.inf), (0.0, np.inf), (2.0, 0.5), (2, 0.5), (True, 1.0)):
+    prg(out, vals=(a,))
+    dev.synchronize()
+    assert out.numpy()[0] == want, f"1/{a!r}"
