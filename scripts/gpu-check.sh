@@ -26,7 +26,7 @@ $PY -m plugrt devices 2>&1 | tee "$OUT/devices.txt" | head -20
 if [ "$ONLY" != "bench" ] && [ "$ONLY" != "webgpu" ] && [ "$ONLY" != "nv" ]; then
   echo "== tests"
   timeout ${TESTS_S:-480} $PY -m pytest -q -p no:cacheprovider --tb=short -rfE plugins/ops_cuda tests/test_dsl.py tests/test_tensor.py tests/test_interop.py \
-    tests/test_conformance.py tests/test_adversarial_threads.py tests/test_adversarial_limits.py tests/test_plugin_context.py tests/test_hwqueue.py \
+    tests/test_conformance.py tests/test_adversarial_threads.py tests/test_adversarial_limits.py tests/test_plugin_context.py tests/test_hwqueue.py tests/test_launchargs.py \
     plugins/ops_cuda/toolchain 2>&1 | tee "$OUT/tests.txt" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -40
 fi
 if [ "$ONLY" != "tests" ] && [ "$ONLY" != "webgpu" ] && [ "$ONLY" != "nv" ]; then
