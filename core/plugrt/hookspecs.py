@@ -35,8 +35,10 @@ PLUGRT_OPEN_TIMEOUT), makes that backend unavailable with a typed reason
 (plugrt.errors.Reason); other backends and ``import plugrt`` are never affected. ``plugrt devices`` shows every reason.
 
 The objects the hooks build derive from the base classes in plugrt.runtime
-(Allocator, Compiler, Program, DeviceState); docs/authoring.md walks through a new
-backend, and plugrt.reference is a complete one to copy.
+(Allocator, Compiler, Program, DeviceState); what every hook receives, DeviceInfo, and
+what every probe receives, PluginContext, live in the leaf module plugrt.context and are
+importable from here too. docs/authoring.md walks through a new backend, and
+plugrt.reference is a complete one to copy.
 """
 from __future__ import annotations
 
@@ -51,8 +53,6 @@ from plugrt.errors import Reason
 if TYPE_CHECKING:
   from plugrt.ir import Signature
   from plugrt.runtime import Allocator, Compiler, DeviceState, Program
-
-__all__ = ["DeviceInfo", "PluginContext"]  # re-exported: they live in the leaf module plugrt.context
 
 PROJECT = "plugrt"
 #: The plugin API this core implements. A backend declaring another major version is
