@@ -80,6 +80,15 @@ class CountingCompiler(Compiler):
     return src.upper().encode()
 
 
+def test_a_compilers_key_is_the_cache_key_of_its_namespace_toolchain_and_source():
+  from plugrt.cache import cache_key
+  a, newer = CountingCompiler(DeviceInfo("UNIT", 0, "COUNT")), CountingCompiler(DeviceInfo("UNIT", 0, "COUNT"), "2")
+  for src in ("src", "src2", "", "é" * 300):  # the kept prefix hash is copied, never extended: keys do not leak into each other
+    assert a.cache_key(src) == cache_key("unit-count", "count-1", "target", "arch", src)
+    assert newer.cache_key(src) == cache_key("unit-count", "count-2", "target", "arch", src) != a.cache_key(src)
+  assert a.cache_key("src") == cache_key("unit-count", "count-1", "target", "arch", "src")  # the same after other keys
+
+
 def test_compiler_cache_keys_include_the_toolchain(tmp_path, monkeypatch):
   monkeypatch.setenv("PLUGRT_CACHE_DIR", str(tmp_path))
   info = DeviceInfo("UNIT", 0, "COUNT")

@@ -34,7 +34,7 @@ import stat
 import time
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from plugrt.errors import EnvError
 
@@ -52,14 +52,20 @@ _O_READ = os.O_RDONLY | _O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | _O_CLOEXEC 
 _warned_roots: set[str] = set()
 
 
-def cache_key(*parts: str | bytes) -> str:
-  """sha256 over the parts, each length-prefixed so ("ab","c") and ("a","bc") differ."""
+def key_hasher(*parts: str | bytes) -> Any:
+  """A sha256 object that has taken `parts` as cache_key does: a compiler keeps one over its namespace and toolchain,
+  and a key is a copy of it that takes the source last (the same key; the prefix is not hashed again per source)."""
   h = hashlib.sha256()
   for p in parts:
     b = p.encode() if isinstance(p, str) else p
     h.update(len(b).to_bytes(8, "little"))
     h.update(b)
-  return h.hexdigest()
+  return h
+
+
+def cache_key(*parts: str | bytes) -> str:
+  """sha256 over the parts, each length-prefixed so ("ab","c") and ("a","bc") differ."""
+  return key_hasher(*parts).hexdigest()
 
 
 def cache_enabled(env: Mapping[str, str] | None = None) -> bool:

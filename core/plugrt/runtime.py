@@ -231,7 +231,7 @@ class Compiler:
 
   def __init__(self, device: DeviceInfo):
     self.device = device
-    self._key_prefix: tuple[str, ...] | None = None
+    self._key_prefix: Any = None  # sha256 over the namespace and toolchain(), made at the first key
     from plugrt.cache import DiskCache
     self._env = device.context.env  # PLUGRT_CACHE, PLUGRT_CACHE_DIR, PLUGRT_CACHE_MAX_MB come from the device's context
     self._disk = DiskCache(self.cache_namespace, env=self._env) if self.cache_namespace else None
@@ -241,9 +241,14 @@ class Compiler:
   def toolchain(self) -> tuple[str, ...]: raise NotImplementedError
 
   def cache_key(self, src: str) -> str:
-    from plugrt.cache import cache_key
-    if self._key_prefix is None: self._key_prefix = (self.cache_namespace, *self.toolchain())
-    return cache_key(*self._key_prefix, src)
+    """plugrt.cache.cache_key(namespace, *toolchain(), src), with the hash of everything before `src` kept."""
+    if (h := self._key_prefix) is None:
+      from plugrt.cache import key_hasher
+      h = self._key_prefix = key_hasher(self.cache_namespace, *self.toolchain())
+    h, b = h.copy(), src.encode()
+    h.update(len(b).to_bytes(8, "little"))
+    h.update(b)
+    return h.hexdigest()
 
   def compile(self, src: str) -> bytes:
     """The binary of `src`, from the disk cache when it holds one."""
