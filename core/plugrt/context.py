@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from plugrt import probing
-from plugrt.errors import EnvError, UnknownDeviceError
+from plugrt.errors import EnvError, UnknownDeviceError, did_you_mean
 
 if TYPE_CHECKING:
   from plugrt.runtime import DeviceState
@@ -40,7 +40,7 @@ class PluginContext:
     """A context over the process environment itself (live: a later change is seen), as the default registry has."""
     return cls(os.environ)
 
-  def __repr__(self) -> str: return f"PluginContext({len(self.env)} variables, targets={[str(t) for t in self._targets]})"
+  def __repr__(self) -> str: return f"PluginContext({len(self.env)} variables)"
 
   # ------------------------------------------------------------- validated readers
   def get(self, name: str, default: str = "") -> str:
@@ -85,7 +85,6 @@ class PluginContext:
     options = list(choices)
     for c in options:
       if c.lower() == v.lower(): return c
-    from plugrt.errors import did_you_mean
     raise EnvError(f"{name}={v!r} is not one of {', '.join(options)}{did_you_mean(v, options)}", f"write e.g. {name}={default}")
 
   def paths(self, name: str) -> list[str]:
@@ -166,9 +165,6 @@ class DeviceInfo:
     """The registry's environment and selection: where a backend reads its settings."""
     if self._context is None: self._context = PluginContext.from_process()
     return self._context
-
-  @context.setter
-  def context(self, ctx: PluginContext) -> None: self._context = ctx
 
   def __repr__(self) -> str:
     return f"DeviceInfo({self.canonical!r}, compiler={self.compiler!r}, interface={self.interface!r}, arch={self.arch!r})"

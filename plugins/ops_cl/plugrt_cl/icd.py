@@ -17,7 +17,8 @@ import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from plugrt.probing import has_module, library_dirs
+from plugrt.context import PluginContext
+from plugrt.probing import has_module
 
 DEFAULT_VENDORS = "/etc/OpenCL/vendors"
 
@@ -30,8 +31,7 @@ class Manifest(NamedTuple):  # not a dataclass: discovery imports this module, a
 
 def _locate(lib: str, env: Mapping[str, str], beside: str = "") -> bool:
   if os.sep in lib: return os.path.isfile(lib)
-  dirs = library_dirs([d for d in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d], beside)
-  return any(os.path.isfile(os.path.join(d, lib)) for d in dirs)
+  return any(os.path.isfile(os.path.join(d, lib)) for d in PluginContext(env).library_dirs(beside))
 
 
 def _read(path: str, env: Mapping[str, str]) -> Manifest | None:

@@ -10,12 +10,12 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from plugrt.context import PluginContext
 from plugrt.hookspecs import InterfaceSpec
-from plugrt.probing import find_library, library_dirs
 
 
 def _find_lib(env: Mapping[str, str], *names: str) -> str | None:
-  return find_library(*names, dirs=library_dirs([d for d in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]))
+  return PluginContext(env).find_library(*names)
 
 
 def vulkan_icds(env: Mapping[str, str]) -> list[str]:
