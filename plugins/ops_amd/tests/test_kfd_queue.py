@@ -216,6 +216,16 @@ def test_queues_create_and_destroy(fake, dev):
   assert q.queue_id not in fake.queues and len(fake.bos) == n - 4  # ring, pointers, EOP, CWSR
 
 
+def test_kfd_refuses_wrong_cwsr_sizes(fake, dev, monkeypatch):
+  from plugrt_amd_kfd import kfdev
+  right = kfdev.cwsr_sizes(dev.node)
+  monkeypatch.setattr(kfdev, "cwsr_sizes", lambda node: kfdev.CWSRSizes(right.ctx_save_restore_size - 4096, right.ctl_stack_size,
+                                                                       right.debug_memory_size, 4096, 1))
+  n = len(fake.bos)
+  with pytest.raises(OSError, match="KFD wants"): dev.compute_queue(16)
+  assert len(fake.bos) == n  # its buffers were given back
+
+
 # ---------------------------------------------------------------- dispatch
 
 def axpy_kernel():
@@ -288,6 +298,29 @@ def test_many_dispatches_wrap_the_ring(fake, dev):
   for _ in range(40): v = q.dispatch(L.code.va, L.kernargs.va, (64, 1, 1), (64, 1, 1))
   q.wait(v)
   assert v == 40 and q.rptr.value == 40 and len(fake.dispatches) == 40
+  np.testing.assert_array_equal(L.out(), L.want())
+
+
+def test_prepared_launches_with_kernarg_slots(fake, dev):
+  """The launch path: a prepared packet pushed with a kernarg block per launch from kernarg_slots, blocks reused
+  only once the GPU is done with them."""
+  L = Loaded(fake, dev, n=256)
+  q = dev.compute_queue(16)
+  _, slots = dev.kernarg_slots(L.size, 3)
+  outs = [dev.alloc(256 * 4, "gtt") for _ in range(8)]
+  prep = q.prepare(L.code.va, 0, (256, 1, 1), (64, 1, 1))
+  base = bytes(L.kernargs.view(0, L.size))
+  for k, o in enumerate(outs):
+    i = slots.take(q)
+    args = bytearray(base)
+    args[0:8], args[24:28] = o.va.to_bytes(8, "little"), np.float32(k).tobytes()
+    slots.view[i * slots.size:i * slots.size + L.size] = args
+    slots.last_use[i] = v = q.push_args(prep, slots.address(i))
+  q.wait(v)
+  for k, o in enumerate(outs):
+    np.testing.assert_array_equal(np.frombuffer(bytes(o.view(0, 1024)), np.float32), L.a * np.float32(k) + L.b)
+  assert {p.kernarg_address for p in fake.dispatches} == {slots.address(i) for i in range(3)}
+  q.wait(q.push(q.prepare(L.code.va, L.kernargs.va, (256, 1, 1), (64, 1, 1))))
   np.testing.assert_array_equal(L.out(), L.want())
 
 

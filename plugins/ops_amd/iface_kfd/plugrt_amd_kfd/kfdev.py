@@ -32,7 +32,7 @@ from plugrt_amd import aql, sdma
 from plugrt_amd_kfd import kfd
 
 from plugrt.errors import DeviceUnavailable, LaunchError, OutOfMemoryError, Reason
-from plugrt.hwqueue import QueueError, Timeline, round_up
+from plugrt.hwqueue import CommandSlots, QueueError, Timeline, round_up
 
 PAGE = 0x1000
 TOPOLOGY = "/sys/devices/virtual/kfd/kfd/topology/nodes"
@@ -377,7 +377,10 @@ class KFDDevice:
     pointers = self.alloc(PAGE, "gtt", uncached=True)  # read pointer at 0, write pointer at 8, completion signal at 64
     eop = self.alloc(sizes.eop_buffer_size, "vram", cpu=False)
     cwsr = self.alloc(sizes.buffer_size, "vram", cpu=False)
-    q = self._create_queue(kfd.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL, ring, pointers, eop, cwsr, sizes)
+    try: q = self._create_queue(kfd.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL, ring, pointers, eop, cwsr, sizes)
+    except OSError:
+      for m in (ring, pointers, eop, cwsr): self.free(m)
+      raise
     queue = AQLQueue(self, q.queue_id, ring, pointers, self.doorbell(q.doorbell_offset), (eop, cwsr))
     self.queues.append(queue)
     return queue
@@ -388,10 +391,21 @@ class KFDDevice:
       raise ValueError(f"an SDMA ring is a power of two of at least 1 KiB, not {ring_size}")
     ring = self.alloc(ring_size, "gtt", uncached=True)
     pointers = self.alloc(PAGE, "gtt", uncached=True)  # read pointer at 0, write pointer at 8, fence counter at 64
-    q = self._create_queue(kfd.KFD_IOC_QUEUE_TYPE_SDMA, ring, pointers)
+    try: q = self._create_queue(kfd.KFD_IOC_QUEUE_TYPE_SDMA, ring, pointers)
+    except OSError:
+      for m in (ring, pointers): self.free(m)
+      raise
     queue = SDMAQueue(self, q.queue_id, ring, pointers, self.doorbell(q.doorbell_offset))
     self.queues.append(queue)
     return queue
+
+  def kernarg_slots(self, slot_size: int, count: int) -> tuple[Memory, CommandSlots]:
+    """`count` kernarg blocks of `slot_size` bytes (rounded to 64: the kernarg segment is 16-aligned, a cache line
+    keeps blocks apart) in CPU-visible GTT memory, as plugrt.hwqueue.CommandSlots: take() hands out a block the
+    GPU is done reading (given the compute queue's timeline)."""
+    size = round_up(max(slot_size, 16), 64)
+    mem = self.alloc(size * count, "gtt")
+    return mem, CommandSlots(mem.va, size, count)
 
   def destroy_queue(self, queue: AQLQueue | SDMAQueue) -> None:
     if queue not in self.queues: return
@@ -469,6 +483,18 @@ class _KFDTimeline(Timeline):
       raise
 
 
+class Prepared:
+  """A 64-byte AQL packet kept ready for `AQLQueue.push`: body (bytes 4..63, at a fixed address) and the 32-bit
+  header+setup word stored last."""
+  __slots__ = ("_buf", "body", "header", "raw")
+
+  def __init__(self, raw: bytes):
+    self.raw = raw
+    self._buf = ctypes.create_string_buffer(raw[4:], 60)
+    self.body = ctypes.addressof(self._buf)
+    self.header = int.from_bytes(raw[:4], "little")
+
+
 class AQLQueue(_KFDTimeline):
   """A compute queue of AQL packets. The timeline counter is the completion signal every submission's last packet
   carries: the packet processor decrements its value by one per completed packet, so -value counts the
@@ -491,6 +517,9 @@ class AQLQueue(_KFDTimeline):
     self.signal = aql.init_signal(self.signal_address, 0, device.signal_mailbox, device.signal_event.event_id)
     self._signal_value = ctypes.c_int64.from_address(self.signal_address + 8)
     self.put = 0
+    self.words = (ctypes.c_uint32 * (self.entries * 16)).from_address(ring.va)  # the ring as dwords: slot i's header is words[i * 16]
+    self.qwords = (ctypes.c_uint64 * (self.entries * 8)).from_address(ring.va)
+    self.slot_body = [ring.va + i * aql.PACKET_SIZE + 4 for i in range(self.entries)]
     super().__init__(self.signal_address + 8, timeout=device.timeout, label=device.label, setting=device.setting, bits=64)
 
   def completed(self) -> int:
@@ -500,7 +529,8 @@ class AQLQueue(_KFDTimeline):
 
   def submit(self, packet: bytes, signal: bool = True) -> int:
     """Write one packet and ring the doorbell. signal: make it the end of a submission (it carries the completion
-    signal; the timeline value it completes is returned). Waits (bounded) while the ring is full."""
+    signal; the timeline value it completes is returned). Waits (bounded) while the ring is full. The slow path:
+    launches use `push` with a `Prepared` packet."""
     if self.broken: raise self.error(f"{self.label}: {self.broken}", "restart the process")
     put = self.put
     if put - self.rptr.value >= self.entries: self._wait_for_room(put - self.entries + 1)
@@ -510,6 +540,41 @@ class AQLQueue(_KFDTimeline):
     self.wptr.value = put + 1
     self.doorbell.value = put  # HSA: the doorbell takes the id of the packet just written; the CP reads up to wptr
     if signal: self.value += 1
+    return self.value
+
+  def prepare(self, kernel_object: int, kernarg_address: int, grid: tuple[int, int, int], workgroup: tuple[int, int, int],
+              group_segment_size: int = 0, private_segment_size: int = 0) -> Prepared:
+    """A dispatch packet ending a submission (it carries this queue's completion signal), kept for `push`: a
+    program prepares one per resident launch (its own kernarg block), once."""
+    return Prepared(self.aql.dispatch_packet(kernel_object, kernarg_address, grid, workgroup, group_segment_size, private_segment_size,
+                                             self.signal_address))
+
+  def push(self, p: Prepared) -> int:
+    """The launch path: copy a prepared packet into the next slot (body, then header and setup in one 32-bit store),
+    move the write pointer, ring the doorbell; no allocation. A backend inlines these lines on the fields."""
+    put = self.put
+    if put - self.rptr.value >= self.entries: self._wait_for_room(put - self.entries + 1)
+    i = put & self.mask
+    ctypes.memmove(self.slot_body[i], p.body, 60)
+    self.words[i << 4] = p.header
+    self.put = put = put + 1
+    self.wptr.value = put
+    self.doorbell.value = put - 1
+    self.value += 1
+    return self.value
+
+  def push_args(self, p: Prepared, kernarg_address: int) -> int:
+    """`push` with this launch's kernarg block (a `KFDDevice.kernarg_slots` block) patched into the packet."""
+    put = self.put
+    if put - self.rptr.value >= self.entries: self._wait_for_room(put - self.entries + 1)
+    i = put & self.mask
+    ctypes.memmove(self.slot_body[i], p.body, 60)
+    self.qwords[(i << 3) + 5] = kernarg_address  # kernarg_address: byte 40 of the packet
+    self.words[i << 4] = p.header
+    self.put = put = put + 1
+    self.wptr.value = put
+    self.doorbell.value = put - 1
+    self.value += 1
     return self.value
 
   def dispatch(self, kernel_object: int, kernarg_address: int, grid: tuple[int, int, int], workgroup: tuple[int, int, int],
@@ -592,8 +657,7 @@ class SDMAQueue(_KFDTimeline):
   def submit(self, words: list[int]) -> int:
     """Write `words` (whole packets) then a fence with the next timeline value; ring the doorbell; return the value."""
     if self.broken: raise self.error(f"{self.label}: {self.broken}", "restart the process")
-    self.value += 1
-    data = self.sdma.to_bytes(words + self.sdma.fence(self.counter, self.value))
+    data = self.sdma.to_bytes(words + self.sdma.fence(self.counter, self.value + 1))
     size = self.ring.size
     if (self.put % size) + len(data) > size: data = self.sdma.to_bytes(self.sdma.nop((size - self.put % size) // 4)) + data  # no packet wraps
     if len(data) > size // 2: raise ValueError(f"an SDMA submission of {len(data)} bytes does not fit half the {size}-byte ring")
@@ -609,6 +673,7 @@ class SDMAQueue(_KFDTimeline):
       ctypes.memmove(self.ring.va + at, data[pos:pos + n], n)
       pos += n
     self.put += len(data)
+    self.value += 1
     self.wptr.value = self.put
     self.doorbell.value = self.put
     return self.value
