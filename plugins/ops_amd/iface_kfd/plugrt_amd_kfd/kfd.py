@@ -181,14 +181,14 @@ class SignalEventData(_Struct):
   _fields_ = [("last_event_age", u64)]
 
 
-class _EventDataUnion(ctypes.Union):
+class EventDataUnion(ctypes.Union):
   _fields_ = [("memory_exception_data", MemoryExceptionData), ("hw_exception_data", HwExceptionData), ("signal_event_data", SignalEventData)]
 
 
 class EventData(_Struct):
   """One entry of WAIT_EVENTS' array: event_id to KFD, the exception data from KFD for memory/HW events."""
   _anonymous_ = ("u",)
-  _fields_ = [("u", _EventDataUnion), ("kfd_event_data_ext", u64), ("event_id", u32), ("pad", u32)]
+  _fields_ = [("u", EventDataUnion), ("kfd_event_data_ext", u64), ("event_id", u32), ("pad", u32)]
 
 
 class WaitEventsArgs(_Struct):

@@ -418,7 +418,7 @@ class KFDDevice:
     """Read the memory and hardware exception events (waiting up to timeout_ms; 0: not at all) and return what
     the driver reported, "" while nothing. Sticky: once reported, a fault stays."""
     if self.fault_kind or self.closed: return self.fault_text
-    for e in self.waits: ctypes.memset(ctypes.addressof(e), 0, 24)  # the union: KFD fills it for the event that fired
+    for e in self.waits: ctypes.memset(ctypes.addressof(e), 0, ctypes.sizeof(kfd.EventDataUnion))  # the union: KFD fills it for the event that fired
     w = self.ioctl(kfd.AMDKFD_IOC_WAIT_EVENTS, kfd.WaitEventsArgs(ctypes.addressof(self.waits) + ctypes.sizeof(kfd.EventData), 2, 0, timeout_ms))
     if w.wait_result != kfd.KFD_IOC_WAIT_RESULT_COMPLETE: return ""
     mem, hw = self.waits[1].memory_exception_data, self.waits[2].hw_exception_data
@@ -440,7 +440,7 @@ class KFDDevice:
   def sleep(self, timeout_ms: int) -> bool:
     """Block in WAIT_EVENTS until the completion signal event fires, a fault is reported or timeout_ms pass;
     True when an event fired."""
-    for e in self.waits: ctypes.memset(ctypes.addressof(e), 0, 24)
+    for e in self.waits: ctypes.memset(ctypes.addressof(e), 0, ctypes.sizeof(kfd.EventDataUnion))
     w = self.ioctl(kfd.AMDKFD_IOC_WAIT_EVENTS, kfd.WaitEventsArgs(ctypes.addressof(self.waits), 3, 0, timeout_ms))
     return w.wait_result == kfd.KFD_IOC_WAIT_RESULT_COMPLETE
 
