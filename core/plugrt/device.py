@@ -170,7 +170,8 @@ def _check_image_size(dtype: ImageDType, size: int) -> None:
 
 
 class Buffer:
-  """`size` elements of `dtype` on `device`. An image dtype's buffer (dtypes.imagef((h, w))) has size h*w*4. A view (Buffer.view) shares its base's memory."""
+  """`size` elements of `dtype` on `device`. A view (Buffer.view) shares its base's memory. A buffer of an image dtype
+  (dtypes.imagef((h, w))) has size h*w*4 and no views."""
   __slots__ = ("__weakref__", "_external", "_keepalive", "base", "device", "dtype", "handle", "nbytes", "offset", "size")
 
   def __init__(self, device: str | RuntimeDevice | None, size: int, dtype: DType = dtypes.float32):
