@@ -397,6 +397,9 @@ class Ptr:
   def __repr__(self) -> str: return f"<Ptr {self.u.op.name} {self.dtype.name}>"
   def __getitem__(self, idx: Any) -> Val: return self.b.emit(Ops.LOAD, self.dtype, (self, self.b.as_val(idx, dtypes.int32)))
   def __setitem__(self, idx: Any, value: Any) -> None:
+    if isinstance(self.dtype, ImageDType):  # (before the value becomes a constant of the image's type)
+      raise IRError(f"kernel {self.b.name}: STORE: {self.u.arg[1]!r} is an image ({self.dtype!r}): write its texels with "
+                    "write_texel(x, y, rgba) (TEXEL_STORE), not plain stores")
     self.b.emit(Ops.STORE, None, (self, self.b.as_val(idx, dtypes.int32), self.b.as_val(value, self.dtype)))
 
   def read_texel(self, x: Any, y: Any) -> tuple[Val, Val, Val, Val]:
