@@ -250,6 +250,16 @@ def test_image_tensor_from_blob(device):
   dst = Tensor(np.zeros(h * w * 4, np.float32), dtype=dtypes.imagef((h, w)), device=device)
   _brighten[(1, h), (w, 1)](dst, t, 1.0)
   assert dst.numpy()[0, 1, 1] == 99  # element 5: texel (x=1, y=0), channel g
+  out = np.zeros_like(host)  # a kernel writing into a wrapped image: its owner sees it once the device is synchronised
+  wrapped_out = Tensor.from_blob(out.ctypes.data, (h, w, 4), dtype=dtypes.imagef((h, w)), device=device, keepalive=out)
+  _brighten[(1, h), (w, 1)](wrapped_out, t, 2.0)
+  Device[device].synchronize()
+  assert out[5] == 198 and out[4] == 8
+  _brighten[(1, h), (w, 1)](Tensor(out, dtype=dtypes.imagef((h, w)), device=device), dst, 1.0)  # the program lets go of them
+  del t, wrapped_out
+  import gc
+  gc.collect()
+  assert not getattr(Device[device].info.state, "wrapped", ())  # CL forgets freed wrapped images (it maps the live ones)
   with pytest.raises(ImageError): Tensor.from_blob(host.ctypes.data, (h * w * 4 - 4,), dtype=dtypes.imagef((h, w)), device=device)
 
 

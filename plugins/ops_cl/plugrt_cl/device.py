@@ -84,8 +84,8 @@ class CLState(DeviceState):
     # a map brings the owner's memory up to date with every write queued before, and the unmap gives it back
     for mem in list(self.wrapped):
       if mem.image is not None:
-        host, _ = cl.enqueue_map_image(self.queue, mem.buf, cl.map_flags.READ, (0, 0), (mem.image.width, mem.image.height),
-                                       (mem.image.height, mem.image.width, 4), mem.image.numpy, is_blocking=True)
+        host = cl.enqueue_map_image(self.queue, mem.buf, cl.map_flags.READ, (0, 0), (mem.image.width, mem.image.height),
+                                    (mem.image.height, mem.image.width, 4), mem.image.numpy, is_blocking=True)[0]  # (array, event, pitches)
       else: host, _ = cl.enqueue_map_buffer(self.queue, mem.buf, cl.map_flags.READ, 0, (mem.buf.size,), "uint8", is_blocking=True)
       host.base.release(self.queue)
     if self.wrapped: self.queue.finish()
