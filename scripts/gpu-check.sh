@@ -42,7 +42,7 @@ if grep -qsil nvidia /etc/OpenCL/vendors/*.icd || [ "$(ldconfig -p | grep -c lib
   if ! grep -qsil nvidia /etc/OpenCL/vendors/*.icd; then  # containers often mount the library without its manifest
     d=$(mktemp -d); echo libnvidia-opencl.so.1 > "$d/nvidia.icd"; export OCL_ICD_VENDORS="$d"; fi
   CL_PLATFORM=nvidia $PY -m plugrt devices --json > "$OUT/cl_devices.json" 2>&1
-  CL_PLATFORM=nvidia timeout 150 $PY -m pytest -q -p no:cacheprovider --tb=short plugins/ops_cl/tests 2>&1 | tee "$OUT/cl_tests.txt" | tail -8
+  CL_PLATFORM=nvidia timeout 150 $PY -m pytest -q -p no:cacheprovider --tb=short plugins/ops_cl/tests tests/test_images.py 2>&1 | tee "$OUT/cl_tests.txt" | tail -8
   [ "$ONLY" != "tests" ] && CL_PLATFORM=nvidia timeout 150 $PY bench/cl.py --quick --json "$OUT/bench_cl.json" 2>&1 | tee "$OUT/bench_cl.txt"
 else echo "no NVIDIA OpenCL driver here: the CL suite is not run on the GPU"; fi
 fi

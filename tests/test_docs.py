@@ -61,6 +61,7 @@ def _run(code: str, path: Path, device: str, repeat: int = 1) -> subprocess.Comp
 def _refusal(code: str, device: str) -> str | None:
   """The documented error an example must raise on `device`, when the device refuses what it does (else None)."""
   if "from_blob" in code and not Device[device].allocator.supports_wrap: return f"UnsupportedError: {device} cannot wrap external memory"
+  if "dtypes.imagef" in code and not Device[device].allocator.supports_images: return f"UnsupportedError: {device} has no image support"
   return None
 
 

@@ -12,7 +12,7 @@ from _thread import allocate_lock  # threading's locks, without importing thread
 from typing import TYPE_CHECKING, Any
 
 from plugrt.context import DeviceInfo, canonicalize
-from plugrt.dtype import DType, dtypes
+from plugrt.dtype import DType, ImageDType, dtypes
 from plugrt.errors import UnknownDeviceError
 
 if TYPE_CHECKING:
@@ -66,6 +66,10 @@ class RuntimeDevice:
     comp = self.compiler if compiler is None else self.compiler_for(compiler)
     if comp is None: raise UnknownDeviceError(f"{self.name} declares no compiler")
     if (hit := self._kernel_programs.get((id(kernel), comp.name))) is not None and hit[0] is kernel: return hit[1]
+    if not self.allocator.supports_images and (imgs := kernel.images):
+      from plugrt.errors import UnsupportedError
+      raise UnsupportedError(f"{self.canonical} has no image support: kernel {kernel.name} takes image {imgs[0].arg[1]!r} "
+                             f"({imgs[0].dtype.base!r})", "run image kernels on an image device (CL, or PYTHON for the reference)")
     src = comp.render(kernel)
     if (prg := self._programs.get((comp.name, src))) is None:
       lib, cached = comp.compile_cached(src)
@@ -158,8 +162,16 @@ def _byte_view(src: Any, dtype: DType, nbytes: int, what: str) -> memoryview:
   return mv
 
 
+def _check_image_size(dtype: ImageDType, size: int) -> None:
+  if size != dtype.size:
+    from plugrt.errors import ImageError
+    raise ImageError(f"a buffer of {dtype!r} holds h*w*4 = {dtype.size} {dtype.base.name} elements, not {size}",
+                     f"pass size {dtype.size} (the image's height * width * 4 channels)")
+
+
 class Buffer:
-  """`size` elements of `dtype` on `device`. A view (Buffer.view) shares its base's memory."""
+  """`size` elements of `dtype` on `device`. A view (Buffer.view) shares its base's memory. A buffer of an image dtype
+  (dtypes.imagef((h, w))) has size h*w*4 and no views."""
   __slots__ = ("__weakref__", "_external", "_keepalive", "base", "device", "dtype", "handle", "nbytes", "offset", "size")
 
   def __init__(self, device: str | RuntimeDevice | None, size: int, dtype: DType = dtypes.float32):
@@ -169,7 +181,10 @@ class Buffer:
     self.device, self.size, self.dtype, self.nbytes = _device(device), size, dtype, size * dtype.itemsize
     self.base: Buffer | None = None
     self.offset, self._external, self._keepalive = 0, False, None
-    self.handle = self.device.allocator.alloc(self.nbytes)
+    if isinstance(dtype, ImageDType):  # an image: its own kind of memory on the device (options tell the allocator)
+      _check_image_size(dtype, size)
+      self.handle = self.device.allocator.alloc(self.nbytes, dtype)
+    else: self.handle = self.device.allocator.alloc(self.nbytes)
 
   @classmethod
   def _make(cls, device: RuntimeDevice, size: int, dtype: DType, handle: Any, base: Buffer | None, offset: int,
@@ -198,6 +213,9 @@ class Buffer:
     check_nbytes(size)  # before the device opens: a bad size is the caller's error whatever the device
     dev = _device(device)
     dtype = dtypes.as_dtype(dtype)
+    if isinstance(dtype, ImageDType):
+      _check_image_size(dtype, size)
+      return cls._make(dev, size, dtype, dev.allocator.wrap(ptr, size * dtype.itemsize, dtype), None, 0, True, keepalive)
     return cls._make(dev, size, dtype, dev.allocator.wrap(ptr, size * dtype.itemsize), None, 0, True, keepalive)
 
   def __repr__(self) -> str:
@@ -206,7 +224,7 @@ class Buffer:
   def __del__(self) -> None:
     try:
       if self.base is None and self.handle is not None:
-        if not self._external: self.device.allocator.free(self.handle, self.nbytes)
+        if not self._external: self.device.allocator.free(self.handle, self.nbytes, self.dtype if isinstance(self.dtype, ImageDType) else None)
         # a kernel queued on wrapped memory may still read it: its owner (keepalive) goes only once the device is done
         elif self._keepalive is not None: self.device.synchronize()
     except Exception: pass  # interpreter shutdown
@@ -215,6 +233,9 @@ class Buffer:
   def view(self, size: int | None = None, dtype: DType | None = None, offset: int = 0) -> Buffer:
     """A buffer over this one's memory from byte `offset`: `size` elements of `dtype` (default: the rest)."""
     dtype = self.dtype if dtype is None else dtypes.as_dtype(dtype)
+    if isinstance(dtype, ImageDType) or isinstance(self.dtype, ImageDType):
+      from plugrt.errors import UnsupportedError
+      raise UnsupportedError(f"{self!r}: image buffers have no views, and a view cannot be an image", "copy the data with Buffer.copy_to")
     if not isinstance(offset, int) or offset < 0 or offset > self.nbytes:
       raise ValueError(f"offset {offset} is outside the buffer's {self.nbytes} bytes")
     if offset % dtype.itemsize: raise ValueError(f"offset {offset} is not a multiple of {dtype.name}'s {dtype.itemsize} bytes")

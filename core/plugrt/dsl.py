@@ -19,6 +19,18 @@ device and signature). Inside, the function may use arithmetic, comparisons, `if
 arrays and `barrier()`, math functions (`math.sqrt`, `exp`, `log`, `sin`, `cos`, ...,
 `abs`, `min`, `max`) and casts (`dtypes.float16(x)`, `int(x)`, `float(x)`).
 
+Images (parameters annotated `dtypes.imagef((h, w))[:]`, or passed an image Buffer or Tensor) are read and written
+a texel at a time, at integer coordinates x (the column) and y (the row):
+
+    @kernel
+    def brighten(dst: dtypes.imagef((480, 640))[:], src: dtypes.imagef((480, 640))[:]):
+      x, y = global_id(0), global_id(1)
+      r, g, b, a = read_texel(src, x, y)      # outside the image: the nearest edge texel
+      write_texel(dst, x, y, (r * 2, g * 2, b * 2, a))
+
+`read_texel(...)[c]` is one channel. Plain indexing of an image (`src[i]`) is an error, and a kernel may not both
+read and write one image on OpenCL (read one, write another).
+
 Arithmetic follows Python: `/` is true division, `//` and `%` floor toward minus
 infinity (the IR's IDIV/MOD truncate, like C; float `%` is exact and `//` is rounded
 from it, as Python's divmod), `and`/`or`/`not` act on truth values (both sides are
@@ -44,7 +56,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from plugrt.arith import PROMOTION_ORDER, ir_floordiv, ir_math, promote
-from plugrt.dtype import BufType, DType, dtypes
+from plugrt.dtype import BufType, DType, ImageDType, dtypes
 from plugrt.errors import IRError
 from plugrt.ir import Kernel, KernelBuilder, Ops, Ptr, Val, Var
 
@@ -65,6 +77,7 @@ global_id, local_id, group_id = _only_in_kernels("global_id"), _only_in_kernels(
 local_size, num_groups, shared, barrier = _only_in_kernels("local_size"), _only_in_kernels("num_groups"), _only_in_kernels("shared"), \
   _only_in_kernels("barrier")
 where, exp2, log2, sqrt, sin, cos, exp, log = (_only_in_kernels(n) for n in ("where", "exp2", "log2", "sqrt", "sin", "cos", "exp", "log"))
+read_texel, write_texel = _only_in_kernels("read_texel"), _only_in_kernels("write_texel")
 
 _SPECIALS = {global_id: "global_id", local_id: "local_id", group_id: "group_id", local_size: "local_size", num_groups: "num_groups"}
 _MATH = {sqrt: "sqrt", math.sqrt: "sqrt", exp2: "exp2", math.exp2: "exp2", log2: "log2", math.log2: "log2", sin: "sin", math.sin: "sin",
@@ -123,7 +136,7 @@ class _Translator:
       if isinstance(s.value, ast.Constant) and isinstance(s.value.value, str): return  # a docstring
       self.expr(s.value)
     elif isinstance(s, ast.Assign):
-      value = self.expr(s.value)
+      value = self.expr(s.value) if not isinstance(s.value, ast.Tuple) else None  # `a, b = x, y` evaluates in assign
       for t in s.targets: self.assign(t, value, s)
     elif isinstance(s, ast.AnnAssign):
       if s.value is None: raise self.error("declare a variable with a value: `x: dtypes.float32 = 0`", s)
@@ -145,6 +158,17 @@ class _Translator:
       raise self.error(f"{what}: not supported in kernels (use for over range, and if/else)", s)
 
   def assign(self, target: ast.expr, value: Value, s: ast.stmt) -> None:
+    if isinstance(target, ast.Tuple) and isinstance(value, tuple):  # a texel: r, g, b, a = read_texel(img, x, y)
+      if len(value) != len(target.elts): raise self.error(f"unpack the {len(value)} values into as many names", s)
+      for t, v in zip(target.elts, value): self.assign(t, v, s)
+      return
+    if isinstance(value, tuple):  # a name for a texel (t = read_texel(...); t[0]): bound once, like a buffer alias
+      if not isinstance(target, ast.Name) or target.id in self.vartypes or isinstance(self.env.get(target.id), (Val, Var)):
+        raise self.error("a texel is 4 values: unpack it (`r, g, b, a = read_texel(img, x, y)`), or name it with a name that "
+                         "holds nothing else", s)
+      self.env[target.id] = value
+      return
+    if value is None and not isinstance(target, ast.Tuple): raise self.error("assign a value (tuples only unpack: `a, b = x, y`)", s)
     if isinstance(target, ast.Tuple):
       if not isinstance(s, ast.Assign) or not isinstance(s.value, ast.Tuple) or len(s.value.elts) != len(target.elts):
         raise self.error("unpack only a tuple of the same length: `a, b = x, y`", s)
@@ -249,6 +273,10 @@ class _Translator:
       return c.where(a, b)
     if isinstance(e, ast.Subscript):
       buf = self.expr(e.value)
+      if isinstance(buf, tuple):  # one channel of a texel
+        c = self.expr(e.slice)
+        if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < len(buf): raise self.error("a texel's channel is 0, 1, 2 or 3", e)
+        return buf[c]
       if not isinstance(buf, Ptr): raise self.error("only buffers and shared arrays can be indexed", e)
       return buf[self.index(e.slice)]
     if isinstance(e, ast.Call): return self.call(e)
@@ -374,6 +402,7 @@ class _Translator:
       if not isinstance(count, int) or count <= 0: raise self.error("a shared array's size must be a positive integer constant", e)
       if self.b._open: raise self.error("declare shared arrays at the top level of the kernel, not in a block", e)
       return self.b.shared(f"sh{len(self.b.uops)}", self.dtype_of(args[0], scalar_only=True), count)
+    if fn is read_texel or fn is write_texel: return self.texel(fn, e)
     vals = [self.expr(a) for a in args]
     if fn in _MATH:
       if len(vals) != 1: raise self.error(f"{_MATH[fn]} takes one argument", e)
@@ -402,6 +431,26 @@ class _Translator:
       if cast is dtypes.bool: return self.truth(x)
       return self.convert(x, cast) if isinstance(x, Val) else self.convert(x if cast.kind == "f" else int(x), cast)
     raise self.error(f"cannot call {getattr(fn, '__name__', fn)!r} in a kernel (only plugrt.dsl functions, math functions and casts)", e)
+
+
+  def texel(self, fn: Any, e: ast.Call) -> Value:
+    """read_texel(img, x, y) -> (r, g, b, a); write_texel(img, x, y, (r, g, b, a)) or write_texel(img, x, y, r, g, b, a)."""
+    name, args = "read_texel" if fn is read_texel else "write_texel", e.args
+    if len(args) != (3 if fn is read_texel else 4) and not (fn is write_texel and len(args) == 7):
+      raise self.error("read_texel(image, x, y)" if fn is read_texel else "write_texel(image, x, y, (r, g, b, a))", e)
+    img = self.expr(args[0])
+    if not isinstance(img, Ptr) or not isinstance(img.dtype, ImageDType):
+      raise self.error(f"{name}'s first argument must be an image parameter (annotated dtypes.imagef((h, w))[:] or imageh)", e)
+    x, y = (self.convert(self.expr(a), dtypes.int32) for a in args[1:3])
+    if fn is read_texel: return img.read_texel(x, y)
+    if len(args) == 7: rgba = [self.expr(a) for a in args[3:]]
+    elif isinstance(args[3], ast.Tuple): rgba = [self.expr(a) for a in args[3].elts]
+    else:
+      got = self.expr(args[3])
+      rgba = list(got) if isinstance(got, tuple) else []
+    if len(rgba) != 4: raise self.error("write_texel takes the texel as 4 values (r, g, b, a)", e)
+    img.write_texel(x, y, [self.convert(v, img.dtype.base) for v in rgba])
+    return None
 
 
 _FOLD = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv,

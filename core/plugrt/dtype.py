@@ -7,6 +7,7 @@ launch path uses. `bfloat16` has no numpy type: on the host it is stored as its 
 from __future__ import annotations
 
 import math
+import re
 import struct
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -98,6 +99,70 @@ class PtrDType:
   def __hash__(self) -> int: return hash((self.base.name, self.addrspace))
 
 
+class ImageDType(DType):
+  """A 2D image of h x w RGBA texels of `base` (float32: `dtypes.imagef((h, w))`, float16: `dtypes.imageh((h, w))`).
+
+  A buffer of an image dtype holds h*w*4 scalars of `base`: `itemsize`, `kind`, `fmt` and `numpy` are the base's,
+  so `Buffer(dev, h*w*4, dtypes.imagef((h, w)))` has nbytes h*w*4*4 and reads back as a numpy array of float32,
+  laid out as an (h, w, 4) array: texel (x, y), channel c is element (y*w + x)*4 + c (x is the column, y the row).
+  On a device with images the memory is the device's image object (OpenCL's image2d_t) rather than a plain buffer;
+  kernels reach its texels only through the IR's TEXEL_LOAD and TEXEL_STORE (plain loads and stores are refused).
+  Image dtypes are interned: the same (base, shape) is the same object, so `is` compares them, as for every dtype.
+  """
+  __slots__ = ("base", "shape")
+  base: DType
+  shape: tuple[int, int]  # (height, width) in texels
+
+  def __new__(cls, base: DType, shape: tuple[int, int]) -> ImageDType:
+    key = (base.name, shape)
+    if (found := _IMAGES.get(key)) is None:
+      found = _IMAGES[key] = object.__new__(cls)
+      DType.__init__(found, f"image{_IMAGE_BASES[base]}_{shape[0]}x{shape[1]}", base.itemsize, base.kind, base.fmt)
+      object.__setattr__(found, "base", base)
+      object.__setattr__(found, "shape", shape)
+    return found
+
+  def __init__(self, base: DType, shape: tuple[int, int]): pass  # __new__ did the work (and returns the interned one)
+  def __repr__(self) -> str: return f"dtypes.image{_IMAGE_BASES[self.base]}(({self.shape[0]}, {self.shape[1]}))"
+  def __reduce__(self) -> Any: return (image_dtype, (self.base, self.shape))
+  def __eq__(self, other: object) -> bool: return other is self
+  def __hash__(self) -> int: return hash(("image", self.base.name, self.shape))
+  @property
+  def height(self) -> int: return self.shape[0]
+  @property
+  def width(self) -> int: return self.shape[1]
+  @property
+  def size(self) -> int:
+    """Scalars of `base` the image holds: h*w*4 (the size of a Buffer of this dtype)."""
+    return self.shape[0] * self.shape[1] * 4
+
+
+_IMAGES: dict[tuple[str, tuple[int, int]], ImageDType] = {}
+_IMAGE_BASES: dict[DType, str] = {}  # base dtype -> the letter of its constructor (f: float32, h: float16); filled below
+
+
+def image_dtype(base: DType, shape: Any, max_size: tuple[int, int] | None = None) -> ImageDType:
+  """The image dtype of `base` texels (float32 or float16) and shape (height, width): positive ints, each at most
+  `max_size`'s (height, width) where a device's limit is known. ImageError (a ValueError) names what is wrong."""
+  from plugrt.errors import ImageError
+  if base not in _IMAGE_BASES: raise ImageError(f"images hold float32 or float16 texels, not {base!r}", "use dtypes.imagef or dtypes.imageh")
+  if not isinstance(shape, (tuple, list)) or len(shape) != 2:
+    raise ImageError(f"an image shape is (height, width), got {shape!r}", "e.g. dtypes.imagef((480, 640))")
+  for d in shape:
+    if not isinstance(d, int) or isinstance(d, bool) or d <= 0:
+      raise ImageError(f"image shape {tuple(shape)!r}: height and width must be positive ints, not {d!r}", "e.g. dtypes.imagef((480, 640))")
+  h, w = int(shape[0]), int(shape[1])
+  if max_size is not None and (h > max_size[0] or w > max_size[1]):
+    raise ImageError(f"image shape ({h}, {w}) is larger than the device's largest image ({max_size[0]}, {max_size[1]}) (height, width)",
+                     "split the image into tiles, or use a plain buffer")
+  return ImageDType(base, (h, w))
+
+
+def is_image(dt: Any) -> bool:
+  """Whether `dt` is an image dtype."""
+  return isinstance(dt, ImageDType)
+
+
 class dtypes:
   bool = DType("bool", 1, "b", "?")
   int8 = DType("int8", 1, "i", "b")
@@ -118,11 +183,23 @@ class dtypes:
   default_float, default_int = float32, int32
 
   @staticmethod
+  def imagef(shape: tuple[int, int]) -> ImageDType:
+    """A 2D image of (height, width) RGBA texels of float32 (see ImageDType)."""
+    return image_dtype(dtypes.float32, shape)
+
+  @staticmethod
+  def imageh(shape: tuple[int, int]) -> ImageDType:
+    """A 2D image of (height, width) RGBA texels of float16 (see ImageDType)."""
+    return image_dtype(dtypes.float16, shape)
+
+  @staticmethod
   def all() -> tuple[DType, ...]: return _ALL
 
   @staticmethod
   def from_name(name: str) -> DType:
     if isinstance(found := getattr(dtypes, str(name), None), DType): return found
+    if (m := _IMAGE_NAME.match(str(name))) is not None:  # an image dtype's name: imagef_480x640 (height x width)
+      return image_dtype({"f": dtypes.float32, "h": dtypes.float16}[m[1]], (int(m[2]), int(m[3])))
     raise ValueError(f"unknown dtype {name!r}; known: {', '.join(d.name for d in _ALL)}")
 
   @staticmethod
@@ -173,7 +250,9 @@ class dtypes:
 
 _ALL: tuple[DType, ...] = (dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16,
                            dtypes.uint32, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
-_BY_NAME: dict[str, DType] = {d.name: d for d in _ALL}  # canonical names only (not "half", "long": torch's mean other things)
+_BY_NAME: dict[str, DType] = {d.name: d for d in _ALL}
+_IMAGE_BASES.update({dtypes.float32: "f", dtypes.float16: "h"})
+_IMAGE_NAME = re.compile(r"^image([fh])_(\d+)x(\d+)$")  # canonical names only (not "half", "long": torch's mean other things)
 
 
 def iter_dtypes() -> Iterator[DType]: return iter(_ALL)

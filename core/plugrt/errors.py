@@ -75,6 +75,11 @@ class LaunchError(PlugrtError, ValueError):
   """A launch asks for more than its device runs: too many groups or threads along an axis, or per group."""
 
 
+class ImageError(PlugrtError, ValueError):
+  """An image dtype that cannot be: a bad (height, width), a texel type images do not hold, or a size past the device's
+  largest image."""
+
+
 class OutOfMemoryError(PlugrtError, MemoryError):
   """A device allocation failed even after the allocator's cache was freed."""
 

@@ -4,7 +4,8 @@ Every thread of the launch is one lane of a numpy array; all lanes step through 
 kernel together, with a mask for the lanes that are active inside IF and RANGE
 blocks. Lockstep execution makes BARRIER a no-op by construction. Loads and stores
 by active lanes are bounds-checked, so the interpreter also finds out-of-bounds
-accesses in kernels.
+accesses in kernels. Images are the same 1-D arrays (h*w*4 scalars, texel (x, y) at (y*w + x)*4): a
+TEXEL_LOAD clamps its coordinates to the edge, a TEXEL_STORE outside the image raises.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from plugrt.dtype import DType, bf16_to_f32, cast_value, dtypes, f32_to_bf16
+from plugrt.dtype import DType, ImageDType, bf16_to_f32, cast_value, dtypes, f32_to_bf16
 from plugrt.ir import Kernel, Ops, UOp
 
 _NP_UNARY = {Ops.EXP2: np.exp2, Ops.LOG2: np.log2, Ops.SIN: np.sin, Ops.SQRT: np.sqrt, Ops.TRUNC: np.trunc}
@@ -65,6 +66,8 @@ class _Interp:
       if not isinstance(buf, np.ndarray) or buf.ndim != 1 or buf.dtype != dt.numpy:
         raise TypeError(f"buffer {i} of kernel {kernel.name} must be a 1-D numpy array of {dt.numpy}, got "
                         f"{getattr(buf, 'dtype', type(buf).__name__)}")
+      if isinstance(dt, ImageDType) and buf.shape[0] != dt.size:
+        raise TypeError(f"buffer {i} of kernel {kernel.name} is an image {dt!r}: it must have h*w*4 = {dt.size} elements, not {buf.shape[0]}")
     self.k, self.uops = kernel, kernel.uops
     self.gs, self.ls = tuple(int(x) for x in global_size), tuple(int(x) for x in local_size)
     if len(self.gs) != 3 or len(self.ls) != 3 or min(self.gs + self.ls) < 1:
@@ -160,6 +163,22 @@ class _Interp:
       val = env[u.src[2]]
       if u.src[2].dtype is dtypes.bfloat16: val = f32_to_bf16(val)
       arr[flat[mask]] = val[mask]
+    elif op is Ops.TEXEL_LOAD:
+      img = u.src[0].dtype.base
+      h, w = img.shape
+      x, y = np.clip(env[u.src[1]], 0, w - 1).astype(np.int64), np.clip(env[u.src[2]], 0, h - 1).astype(np.int64)
+      env[u] = self.buffers[u.src[0].arg[0]][(y * w + x) * 4 + u.arg]
+    elif op is Ops.TEXEL_STORE:
+      img = u.src[0].dtype.base
+      h, w = img.shape
+      x, y = env[u.src[1]].astype(np.int64), env[u.src[2]].astype(np.int64)
+      bad = mask & ((x < 0) | (x >= w) | (y < 0) | (y >= h))
+      if bad.any():
+        lane = int(np.argmax(bad))
+        raise InterpreterError(f"kernel {self.k.name}: TEXEL_STORE %{self.pos[u]} writes texel (x={int(x[lane])}, y={int(y[lane])}) of "
+                               f"{u.src[0].arg[1]!r}, a {w}x{h} (width x height) image (thread {lane})")
+      arr, flat = self.buffers[u.src[0].arg[0]], ((y * w + x) * 4)[mask]
+      for c in range(4): arr[flat + c] = env[u.src[3 + c]][mask]
     elif op is Ops.VAR: env[u] = env[u.src[0]].copy()
     elif op is Ops.READ: env[u] = env[u.src[0]].copy()
     elif op is Ops.WRITE: env[u.src[0]][mask] = env[u.src[1]][mask]

@@ -20,6 +20,11 @@ Semantics (the reference interpreter in plugrt.interpreter is the normative mode
 - CAST float->int truncates toward zero (undefined when out of range); any->bool is
   `!= 0`; bool->number is 0 or 1; casts to float16 round once. BITCAST reinterprets bits
   of the same size.
+- images (a BUFFER whose dtype's base is an ImageDType: h x w RGBA texels) are reached only by TEXEL_LOAD and
+  TEXEL_STORE at int32 coordinates (x, y), x the column in [0, w) and y the row in [0, h). A TEXEL_LOAD outside the
+  image reads the nearest edge texel (clamp to edge, as OpenCL's CLK_ADDRESS_CLAMP_TO_EDGE sampler); a TEXEL_STORE
+  outside it is undefined (the interpreter raises). A texel stored by a kernel is seen by a TEXEL_LOAD of the same
+  image only in a later launch (OpenCL 1.2 images are read-only or write-only inside a kernel).
 - there are no atomics: two threads writing one location race. Threads of a group that
   cannot tell themselves apart (a kernel that never reads local_id) may run only once
   per group on devices that run threads serially; a race-free kernel cannot tell.
@@ -36,7 +41,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
-from plugrt.dtype import DType, PtrDType, cast_value, dtypes
+from plugrt.dtype import DType, ImageDType, PtrDType, cast_value, dtypes
 from plugrt.errors import IRError
 
 
@@ -73,6 +78,9 @@ class Ops(enum.Enum):
   ELSE = enum.auto()      # src=(if,)
   ENDIF = enum.auto()     # src=(if,)
   BARRIER = enum.auto()
+  # images (after the others, so that the members above keep their values)
+  TEXEL_LOAD = enum.auto()   # src=(image, x, y), arg=channel 0..3 (r, g, b, a); dtype the image's base (float32/float16)
+  TEXEL_STORE = enum.auto()  # src=(image, x, y, r, g, b, a): one whole texel
 
 
 SPECIAL_KINDS = ("group_id", "local_id", "num_groups", "local_size")
@@ -84,7 +92,7 @@ COMPARE = frozenset({Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE})
 ALU = UNARY | BINARY | {Ops.WHERE}
 BLOCK_OPEN = frozenset({Ops.RANGE, Ops.IF})
 BLOCK_CLOSE = frozenset({Ops.ENDRANGE, Ops.ENDIF})
-STATEMENTS = frozenset({Ops.STORE, Ops.WRITE, Ops.ENDRANGE, Ops.IF, Ops.ELSE, Ops.ENDIF, Ops.BARRIER})
+STATEMENTS = frozenset({Ops.STORE, Ops.TEXEL_STORE, Ops.WRITE, Ops.ENDRANGE, Ops.IF, Ops.ELSE, Ops.ENDIF, Ops.BARRIER})
 
 # which dtype kinds each ALU op accepts ("b" bool, "i"/"u" ints, "f" floats)
 _KINDS = {Ops.NEG: "iuf", Ops.NOT: "biu", Ops.ADD: "iuf", Ops.SUB: "iuf", Ops.MUL: "iuf", Ops.DIV: "f", Ops.IDIV: "iu",
@@ -121,11 +129,15 @@ class Kernel:
   def scalars(self) -> tuple[UOp, ...]: return tuple(sorted((u for u in self.uops if u.op is Ops.SCALAR), key=lambda u: u.arg[0]))
   @property
   def signature(self) -> Signature:
-    stored = {u.src[0] for u in self.uops if u.op is Ops.STORE}
+    stored = {u.src[0] for u in self.uops if u.op is Ops.STORE or u.op is Ops.TEXEL_STORE}
     bufs = self.buffers
     return Signature(tuple(b.dtype.base for b in bufs), tuple(s.dtype for s in self.scalars), tuple(b in stored for b in bufs))
   @property
   def has_barrier(self) -> bool: return any(u.op is Ops.BARRIER for u in self.uops)
+  @property
+  def images(self) -> tuple[UOp, ...]:
+    """The buffer parameters that are images (their dtype's base is an ImageDType)."""
+    return tuple(b for b in self.buffers if isinstance(b.dtype.base, ImageDType))
 
   def dump(self) -> str:
     """A readable, canonical listing; equal listings mean equal kernels (used in cache keys)."""
@@ -166,7 +178,7 @@ def parse(text: str) -> Kernel:
 
 @functools.cache
 def _line_re() -> re.Pattern[str]:
-  return re.compile(r"^%(?P<id>\d+) = (?P<op>[A-Z0-9_]+)(?::(?P<dtype>[a-z0-9]+(?:\*[a-z]+)?))?"
+  return re.compile(r"^%(?P<id>\d+) = (?P<op>[A-Z0-9_]+)(?::(?P<dtype>[a-z0-9_]+(?:\*[a-z]+)?))?"
                     r"(?: (?!\(%)(?P<arg>.+?))?(?: \((?P<src>%\d+(?:, %\d+)*)\))?$")
 
 
@@ -221,17 +233,18 @@ def _check_types(u: UOp, bad: Any) -> None:
   op, dt, src = u.op, u.dtype, u.src
   sd = [s.dtype for s in src]
   nsrc = {Ops.LOAD: 2, Ops.STORE: 3, Ops.VAR: 1, Ops.READ: 1, Ops.WRITE: 2, Ops.WHERE: 3, Ops.CAST: 1, Ops.BITCAST: 1,
-          Ops.RANGE: 2, Ops.ENDRANGE: 1, Ops.IF: 1, Ops.ELSE: 1, Ops.ENDIF: 1, Ops.SPILL: 1}.get(op)
+          Ops.RANGE: 2, Ops.ENDRANGE: 1, Ops.IF: 1, Ops.ELSE: 1, Ops.ENDIF: 1, Ops.SPILL: 1, Ops.TEXEL_LOAD: 3, Ops.TEXEL_STORE: 7}.get(op)
   if nsrc is None: nsrc = 1 if op in UNARY else 2 if op in BINARY else 0
   if len(src) != nsrc: raise bad(f"takes {nsrc} sources, got {len(src)}")
   if op in (Ops.BUFFER, Ops.SHARED, Ops.SPILL):
     want = {Ops.BUFFER: "global", Ops.SHARED: "shared", Ops.SPILL: "private"}[op]
     if not isinstance(dt, PtrDType) or dt.addrspace != want: raise bad(f"dtype must be a {want} pointer, not {dt!r}")
+    if op is not Ops.BUFFER and isinstance(dt.base, ImageDType): raise bad("images can only be kernel parameters (BUFFER)")
     if op is Ops.SHARED and (not isinstance(u.arg[1], int) or u.arg[1] <= 0): raise bad("needs a positive element count")
     if op is Ops.SPILL and not _is_int(sd[0]): raise bad("count must be an integer")
     return
   if op is Ops.SCALAR or op is Ops.CONST:
-    if not isinstance(dt, DType): raise bad(f"dtype must be a scalar dtype, not {dt!r}")
+    if not isinstance(dt, DType) or isinstance(dt, ImageDType): raise bad(f"dtype must be a scalar dtype, not {dt!r}")
     if op is Ops.CONST: _check_const(u.arg, dt, bad)
     return
   if op is Ops.SPECIAL:
@@ -240,6 +253,9 @@ def _check_types(u: UOp, bad: Any) -> None:
     return
   if op in (Ops.LOAD, Ops.STORE):
     if not isinstance(sd[0], PtrDType): raise bad("first source must be a buffer")
+    if isinstance(sd[0].base, ImageDType):
+      raise bad(f"{src[0].arg[1] if src[0].op is Ops.BUFFER else 'the buffer'!r} is an image ({sd[0].base!r}): read and write its texels "
+                "with TEXEL_LOAD/TEXEL_STORE (img.read_texel(x, y), img.write_texel(x, y, rgba)), not plain loads and stores")
     if not _is_int(sd[1]): raise bad(f"index must be an integer, not {sd[1]!r}")
     if op is Ops.LOAD and dt is not sd[0].base: raise bad(f"loads {sd[0].base!r} but is typed {dt!r}")
     if op is Ops.STORE and sd[2] is not sd[0].base: raise bad(f"stores {sd[2]!r} into a buffer of {sd[0].base!r}")
@@ -262,8 +278,11 @@ def _check_types(u: UOp, bad: Any) -> None:
     if sd[0] is not dtypes.bool: raise bad("condition must be bool")
     if not (sd[1] is sd[2] is dt): raise bad(f"branches {sd[1]!r}/{sd[2]!r} and result {dt!r} must match")
     return
+  if op in (Ops.TEXEL_LOAD, Ops.TEXEL_STORE):
+    _check_texel(u, sd, bad)
+    return
   if op in (Ops.CAST, Ops.BITCAST):
-    if not isinstance(dt, DType) or not isinstance(sd[0], DType): raise bad("casts only scalar values")
+    if not isinstance(dt, DType) or not isinstance(sd[0], DType) or isinstance(dt, ImageDType): raise bad("casts only scalar values")
     if op is Ops.BITCAST and dt.itemsize != sd[0].itemsize: raise bad(f"{sd[0]!r} and {dt!r} differ in size")
     return
   if op is Ops.RANGE:
@@ -274,6 +293,19 @@ def _check_types(u: UOp, bad: Any) -> None:
     return
   if op is Ops.ENDRANGE and src[0].op is not Ops.RANGE: raise bad("must close a RANGE")
   if op is Ops.ENDIF and src[0].op is not Ops.IF: raise bad("must close an IF")
+
+
+def _check_texel(u: UOp, sd: list[Any], bad: Any) -> None:
+  if not isinstance(sd[0], PtrDType) or sd[0].addrspace != "global" or not isinstance(img := sd[0].base, ImageDType):
+    what = f"a buffer of {sd[0].base!r}" if isinstance(sd[0], PtrDType) else repr(sd[0])
+    raise bad(f"first source must be an image parameter (a BUFFER of dtypes.imagef/imageh), not {what}; declare the parameter "
+              "with an image dtype, or use LOAD/STORE on plain buffers")
+  if sd[1] is not dtypes.int32 or sd[2] is not dtypes.int32: raise bad(f"coordinates (x, y) must be int32, not {sd[1]!r}, {sd[2]!r}")
+  if u.op is Ops.TEXEL_LOAD:
+    if u.arg not in (0, 1, 2, 3) or isinstance(u.arg, bool): raise bad(f"channel (arg) must be 0, 1, 2 or 3 (r, g, b, a), not {u.arg!r}")
+    if u.dtype is not img.base: raise bad(f"reads a texel of {img.base!r} but is typed {u.dtype!r}")
+  elif any(d is not img.base for d in sd[3:]):
+    raise bad(f"stores {', '.join(map(repr, sd[3:]))} into an image of {img.base!r} texels: all four channels must be {img.base!r}")
 
 
 def _is_int(dt: Any) -> bool: return isinstance(dt, DType) and dt.kind in "iu"
@@ -365,7 +397,23 @@ class Ptr:
   def __repr__(self) -> str: return f"<Ptr {self.u.op.name} {self.dtype.name}>"
   def __getitem__(self, idx: Any) -> Val: return self.b.emit(Ops.LOAD, self.dtype, (self, self.b.as_val(idx, dtypes.int32)))
   def __setitem__(self, idx: Any, value: Any) -> None:
+    if isinstance(self.dtype, ImageDType):  # (before the value becomes a constant of the image's type)
+      raise IRError(f"kernel {self.b.name}: STORE: {self.u.arg[1]!r} is an image ({self.dtype!r}): write its texels with "
+                    "write_texel(x, y, rgba) (TEXEL_STORE), not plain stores")
     self.b.emit(Ops.STORE, None, (self, self.b.as_val(idx, dtypes.int32), self.b.as_val(value, self.dtype)))
+
+  def read_texel(self, x: Any, y: Any) -> tuple[Val, Val, Val, Val]:
+    """An image's texel at column x, row y (int32; outside the image: the nearest edge texel), as its (r, g, b, a)."""
+    b, base = self.b, self.dtype.base if isinstance(self.dtype, ImageDType) else self.dtype
+    xv, yv = b.as_val(x, dtypes.int32), b.as_val(y, dtypes.int32)
+    return tuple(b.emit(Ops.TEXEL_LOAD, base, (self, xv, yv), c) for c in range(4))  # type: ignore[return-value]
+
+  def write_texel(self, x: Any, y: Any, rgba: Sequence[Any]) -> None:
+    """Store the texel at column x, row y (inside the image) as the four values rgba (converted to the image's texel type)."""
+    b, base = self.b, self.dtype.base if isinstance(self.dtype, ImageDType) else self.dtype
+    if len(rgba) != 4: raise IRError(f"kernel {b.name}: a texel has 4 channels (r, g, b, a), got {len(rgba)} values")
+    vals = [v.cast(base) if isinstance(v, Val) and v.dtype is not base else b.as_val(v, base) for v in rgba]
+    b.emit(Ops.TEXEL_STORE, None, (self, b.as_val(x, dtypes.int32), b.as_val(y, dtypes.int32), *vals))
 
 
 class Var:

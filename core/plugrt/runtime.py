@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from plugrt.context import DeviceInfo
+from plugrt.dtype import ImageDType
 from plugrt.errors import EnvError, LaunchError, OutOfMemoryError, UnsupportedError
 
 if TYPE_CHECKING:  # (the IR and the disk cache load when something compiles, not when a device opens)
@@ -73,11 +74,18 @@ class Allocator(Generic[H]):
     _copy (device to device on one device; NotImplemented: the core copies through the host)
     _host_alloc (Device.host_array's memory; None: plain host memory)
     dlpack_device and _pointer (DLPack export; None: not exportable)
+    _wrap_image (external image memory, from_blob of an image dtype; supports_images and supports_wrap)
+
+  Images (dtypes.imagef/imageh): a device with `supports_images` gets `options` = the ImageDType in _alloc, _free,
+  and its _copyin/_copyout/_transfer handle such handles (the bytes are the (h, w, 4) texels, rows packed); its
+  compiler renders TEXEL_LOAD/TEXEL_STORE. Elsewhere an image allocation or kernel is UnsupportedError.
   """
   supports_offset = True     # _offset makes views
   supports_transfer = False  # _transfer copies between two devices of this backend
   supports_wrap = False      # _wrap wraps external memory (from_blob)
   max_alloc_bytes = MAX_ALLOC_BYTES  # the largest size _alloc and _wrap are ever given
+  supports_images = False    # image dtypes: _alloc gets options=the ImageDType (see the class docstring)
+  max_image: tuple[int, int] | None = None  # the largest image (height, width) the device holds, where known
 
   def __init__(self, device: DeviceInfo):
     self.device = device
@@ -92,6 +100,7 @@ class Allocator(Generic[H]):
   # ---- the core's API
   def alloc(self, nbytes: int, options: Any = None) -> H:
     check_nbytes(nbytes)
+    if options is not None and isinstance(options, ImageDType): self.check_image(options)
     if nbytes > self.max_alloc_bytes:
       raise OutOfMemoryError(f"{self.device.canonical}: cannot allocate {size_str(nbytes)} ({nbytes} bytes): no allocation on this device "
                              f"can be larger than {size_str(self.max_alloc_bytes)}", "allocate less, or split the data")
@@ -157,19 +166,29 @@ class Allocator(Generic[H]):
     for (sz, opts), h in blocks: self._free(h, max(sz, 1), opts)
     return sum(sz for (sz, _), _ in blocks)
 
+  def check_image(self, dtype: Any) -> None:
+    """UnsupportedError where this device has no images, ImageError for an image larger than the device's largest."""
+    if not self.supports_images:
+      raise UnsupportedError(f"{self.device.canonical} has no image support: cannot hold {dtype!r}",
+                             f"use an image device (CL, or PYTHON for the reference), or a plain buffer of {dtype.base.name} ({dtype.size} elements)")
+    from plugrt.dtype import image_dtype
+    image_dtype(dtype.base, dtype.shape, self.max_image)  # raises ImageError past max_image
+
   def offset(self, handle: H, offset: int, nbytes: int) -> H:
     if not self.supports_offset: raise UnsupportedError(f"{self.device.canonical} cannot make buffer views", "copy the data instead")
     return self._offset(handle, offset, nbytes)
 
-  def wrap(self, ptr: int, nbytes: int) -> H:
+  def wrap(self, ptr: int, nbytes: int, image: Any = None) -> H:
+    """A handle of the external memory at `ptr`; with `image` (an ImageDType), of the external image there."""
     check_nbytes(nbytes)
+    if image is not None: self.check_image(image)
     if nbytes > self.max_alloc_bytes:  # no real memory is this large: a size that would wrap in the backend's size type
       raise ValueError(f"{self.device.canonical}: cannot wrap {nbytes} bytes: no memory on this device is larger than "
                        f"{size_str(self.max_alloc_bytes)}")
     if not self.supports_wrap:
       raise UnsupportedError(f"{self.device.canonical} cannot wrap external memory (from_blob); plugrt never copies silently",
                              "copy the data in with Buffer.copyin, or use a device whose allocator wraps memory")
-    return self._wrap(ptr, nbytes)
+    return self._wrap(ptr, nbytes) if image is None else self._wrap_image(ptr, nbytes, image)
 
   def dlpack_device(self) -> tuple[int, int] | None:
     """(DLPack device type, device id) of this memory, e.g. (1, 0) for host memory, (2, n) for CUDA; None: not exportable."""
@@ -209,6 +228,11 @@ class Allocator(Generic[H]):
     """With supports_wrap: a handle that is the external memory at `ptr` itself, both ways (Buffer.from_blob; see
     docs/authoring.md). Without it, from_blob raises UnsupportedError: plugrt never copies silently."""
     raise NotImplementedError
+
+  def _wrap_image(self, ptr: int, nbytes: int, image: Any) -> H:
+    """With supports_images and supports_wrap: the external image of dtype `image` at `ptr` (what `ptr` means is the
+    backend's: host memory for a host device, a GPU address for QCOM). Without it, from_blob of an image is refused."""
+    raise UnsupportedError(f"{self.device.canonical} cannot wrap an external image ({image!r})", "copy the data in with Buffer.copyin")
 
   def _host_alloc(self, nbytes: int) -> tuple[int, Any] | None:
     """Host memory this device copies from and to fastest (page-locked on a GPU), for Device.host_array: (address, a

@@ -17,6 +17,12 @@ kind), `/` is true division, `//` and `%` floor (numpy's floor_divide and remain
 floats exactly: a zero divisor gives inf or NaN). Integers wrap at their dtype's width.
 Bools: `+` and maximum are or, `*` and minimum and, max() any, min() all; `//` and `%`
 give int8; `-` is a TypeError (use `^`).
+
+Image tensors (dtype dtypes.imagef((h, w)) or imageh, on a device with images: CL, PYTHON) always have shape
+(h, w, 4) and live in the device's image memory. They are made, copied (`.to`, `.numpy()`) and passed to @kernel
+functions (which use read_texel/write_texel); elementwise ops and reductions refuse them (UnsupportedError):
+`t.cast(dtypes.float32)` is their texels in a plain tensor (a copy), and `.to()` a device without images gives that
+plain tensor too.
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ from typing import Any, NamedTuple
 
 from plugrt.arith import ir_floordiv, ir_math, promote
 from plugrt.device import Buffer, RuntimeDevice, _device
-from plugrt.dtype import DType, dtypes
+from plugrt.dtype import DType, ImageDType, dtypes
 from plugrt.ir import Kernel, KernelBuilder, Val
 
 Shape = tuple[int, ...]
@@ -99,6 +105,22 @@ class Node:
 
 
 def _numel(shape: Shape) -> int: return math.prod(shape)
+
+
+def _refuse_image(dt: ImageDType, what: str) -> None:
+  from plugrt.errors import UnsupportedError
+  raise UnsupportedError(f"image tensors ({dt!r}) cannot be {what} by Tensor operations",
+                         f"t.cast(dtypes.{dt.base.name}) gives the texels as a plain (h, w, 4) tensor (a copy); or write a @kernel "
+                         "with read_texel/write_texel")
+
+
+def _image_shape(dt: ImageDType, shape: Shape) -> Shape:
+  """An image tensor's shape, (h, w, 4), from the one given (any shape of h*w*4 elements: (h*w*4,) as the seeds pass it)."""
+  if _numel(shape) != dt.size:
+    from plugrt.errors import ImageError
+    raise ImageError(f"a tensor of {dt!r} has h*w*4 = {dt.size} elements, the data has shape {shape} ({_numel(shape)} elements)",
+                     f"give {dt.size} values, e.g. shape {(dt.height, dt.width, 4)}")
+  return (dt.height, dt.width, 4)
 
 
 def _as_shape(shape: Any) -> Shape:
@@ -205,6 +227,8 @@ class _FusedKernel:
 
   def __init__(self, root: Node, ctx: _Ctx, wide: bool, out_strides: tuple[int, ...] | None):
     self.root, self.ctx, self.out_strides = root, ctx, out_strides
+    for n in [root, *ctx.leaves]:
+      if isinstance(n.dtype, ImageDType): _refuse_image(n.dtype, "computed on")
     it = self.it = dtypes.int64 if wide else dtypes.int32  # index arithmetic
     b = self.b = KernelBuilder("reduce" if root.op == "reduce" else "fused")
     self.out = b.buffer("out", root.dtype)
@@ -386,8 +410,10 @@ class Tensor:
       dt = dtypes.as_dtype(dtype or dtypes.uint8)
       raw = bytes(data)
       if len(raw) % dt.itemsize: raise ValueError(f"{len(raw)} bytes do not divide into {dt.name} elements")
-      buf = Buffer(dev, len(raw) // dt.itemsize, dt).copyin(raw)
-      self.node = _buf_node(buf, (buf.size,))
+      shape = (len(raw) // dt.itemsize,)
+      if isinstance(dt, ImageDType): shape = _image_shape(dt, shape)
+      buf = Buffer(dev, _numel(shape), dt).copyin(raw)
+      self.node = _buf_node(buf, shape)
       return
     if isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
       dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.from_py(data)
@@ -404,8 +430,9 @@ class Tensor:
       dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.from_numpy(arr.dtype)
     from plugrt.dtype import f32_to_bf16
     host = f32_to_bf16(arr.astype(np.float32)) if dt is dtypes.bfloat16 and arr.dtype.name != "bfloat16" else np.ascontiguousarray(arr, dt.numpy)
+    shape = _image_shape(dt, tuple(arr.shape)) if isinstance(dt, ImageDType) else tuple(arr.shape)
     buf = Buffer(dev, host.size, dt).copyin(host.reshape(-1))
-    self.node = _buf_node(buf, tuple(arr.shape))
+    self.node = _buf_node(buf, shape)
 
   # ---- basic facts
   @property
@@ -427,7 +454,8 @@ class Tensor:
     try:
       import numpy as np
       whole = self.numel() <= _PRINT_THRESHOLD
-      values = np.array2string(self._host_values((), whole), separator=", ", prefix="Tensor(", edgeitems=_PRINT_EDGE,
+      src = self.cast(self.dtype.base) if isinstance(self.dtype, ImageDType) else self  # an image's texels, as a plain tensor
+      values = np.array2string(src._host_values((), whole), separator=", ", prefix="Tensor(", edgeitems=_PRINT_EDGE,
                                threshold=_PRINT_THRESHOLD if whole else 0)
     except Exception as e:  # a repr must not raise: debuggers and tracebacks call it
       return f"<Tensor {facts}, values unavailable: {type(e).__name__}: {e}>"
@@ -504,8 +532,9 @@ class Tensor:
   def from_blob(ptr: int, shape: int | Sequence[int], dtype: DType | str = dtypes.float32, device: str | None = None,
                 keepalive: Any = None) -> Tensor:
     """Wrap memory plugrt does not own, without copying (see Buffer.from_blob for the lifetime rule)."""
-    shape = _as_shape(shape)
-    buf = Buffer.from_blob(ptr, _numel(shape), dtypes.as_dtype(dtype), device, keepalive)
+    shape, dt = _as_shape(shape), dtypes.as_dtype(dtype)
+    if isinstance(dt, ImageDType): shape = _image_shape(dt, shape)  # (h*w*4,) or (h, w, 4): the tensor is (h, w, 4)
+    buf = Buffer.from_blob(ptr, _numel(shape), dt, device, keepalive)
     return _wrap(_buf_node(buf, shape))
 
   @staticmethod
@@ -585,12 +614,27 @@ class Tensor:
     return self.numpy().reshape(-1)[0].item()
 
   def to(self, device: str | RuntimeDevice) -> Tensor:
+    """A copy on `device` (this tensor when it is there already). An image tensor on a device without images becomes
+    a plain tensor of its texels (dtype float32 or float16, shape (h, w, 4))."""
     dev = _device(device)
     if dev is self.node.device: return self
+    if isinstance(self.dtype, ImageDType) and not dev.allocator.supports_images:
+      buf = self.contiguous_buffer()
+      return _wrap(_buf_node(buf.copy_to(Buffer(dev, buf.size, self.dtype.base)), self.shape))
     return _wrap(_buf_node(self.contiguous_buffer().to(dev), self.shape))
 
   def cast(self, dtype: DType | str) -> Tensor:
+    """The values as `dtype`. To or from an image dtype this is a copy of the texels (its shape is (h, w, 4)): an image
+    tensor cast to its texel type is a plain tensor, and a plain tensor of h*w*4 values cast to an image dtype an image."""
     dt = dtypes.as_dtype(dtype)
+    if dt is not self.dtype and isinstance(self.dtype, ImageDType):
+      buf = self.contiguous_buffer()
+      plain = _wrap(_buf_node(buf.copy_to(Buffer(buf.device, buf.size, self.dtype.base)), self.shape))
+      return plain.cast(dt)
+    if dt is not self.dtype and isinstance(dt, ImageDType):
+      shape = _image_shape(dt, self.shape)
+      buf = self.cast(dt.base).contiguous_buffer()
+      return _wrap(_buf_node(buf.copy_to(Buffer(buf.device, buf.size, dt)), shape))
     return self if dt is self.dtype else _wrap(Node("ew", dt, self.shape, self.node.device, (self.node,), "cast"))
 
   # ---- elementwise
@@ -615,6 +659,8 @@ class Tensor:
     return (b, a) if reverse else (a, b)
 
   def _ew(self, op: str, other: Any = None, reverse: bool = False, result: DType | None = None) -> Tensor:
+    for t in (self, other):
+      if isinstance(t, Tensor) and isinstance(t.dtype, ImageDType): _refuse_image(t.dtype, "computed on")
     if other is None:
       a = self.node
       return _wrap(Node("ew", result or a.dtype, a.shape, a.device, (a,), op))
@@ -695,6 +741,7 @@ class Tensor:
 
   # ---- reductions
   def _reduce(self, op: str, axis: int | Sequence[int] | None, keepdim: bool, dtype: DType) -> Tensor:
+    if isinstance(self.dtype, ImageDType): _refuse_image(self.dtype, "reduced")
     nd = self.ndim
     axes = tuple(range(nd)) if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
     axes = tuple(sorted({a + nd if a < 0 else a for a in axes}))

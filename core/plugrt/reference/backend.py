@@ -3,7 +3,8 @@
 Memory is a bytearray; every load and store goes through `struct`, so the backend
 works for every dtype and checks every index. Each operation rounds or wraps its
 result to its dtype, which makes this an independent implementation of the IR's
-semantics (the conformance suite compares it with the numpy interpreter).
+semantics (the conformance suite compares it with the numpy interpreter). Images are plain memory too, in the
+layout every backend copies them in and out with: h*w*4 scalars, texel (x, y) at (y*w + x)*4.
 """
 from __future__ import annotations
 
@@ -26,12 +27,14 @@ from plugrt.runtime import Allocator, Compiler, Program
 
 class PythonAllocator(Allocator[memoryview]):
   supports_wrap = True  # its memory is host memory, so it can wrap any host pointer
+  supports_images = True  # an image is h*w*4 packed scalars (the IR's layout); TEXEL_LOAD/STORE are rendered below
 
   def _alloc(self, nbytes: int, options: Any) -> memoryview:
     try: return memoryview(bytearray(nbytes))
     except (MemoryError, OverflowError) as e: raise MemoryError(str(e)) from None
   def _offset(self, handle: memoryview, offset: int, nbytes: int) -> memoryview: return handle[offset:offset + nbytes]
   def _wrap(self, ptr: int, nbytes: int) -> memoryview: return memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
+  def _wrap_image(self, ptr: int, nbytes: int, image: Any) -> memoryview: return self._wrap(ptr, nbytes)  # packed texels in host memory
   def _copyin(self, dest: memoryview, src: memoryview) -> None: dest[:] = src
   def _copyout(self, dest: memoryview, src: memoryview) -> None: dest[:] = src
   def _copy(self, dest: memoryview, src: memoryview, nbytes: int) -> None: dest[:nbytes] = src[:nbytes]
@@ -149,6 +152,18 @@ class ops:
     struct.pack_into(code, mem, i * size, value)
 
 
+  @staticmethod
+  def texel_load(mem: memoryview, x: int, y: int, c: int, h: int, w: int, code: str, size: int) -> Any:
+    """Channel c of texel (x, y), the coordinates clamped to the edge (the IR's TEXEL_LOAD)."""
+    x, y = min(max(x, 0), w - 1), min(max(y, 0), h - 1)
+    return struct.unpack_from(code, mem, ((y * w + x) * 4 + c) * size)[0]
+
+  @staticmethod
+  def texel_store(mem: memoryview, x: int, y: int, rgba: tuple, h: int, w: int, code: str, size: int, name: str) -> None:
+    if not (0 <= x < w and 0 <= y < h): raise IndexError(f"kernel writes texel (x={x}, y={y}) of {name!r}, a {w}x{h} (width x height) image")
+    struct.pack_into(code, mem, (y * w + x) * 4 * size, *rgba)
+
+
 def _wrapper(dt: DType) -> Any:
   bits, signed = dt.bits, dt.kind == "i"
   mask, half = (1 << bits) - 1, 1 << (bits - 1)
@@ -207,6 +222,14 @@ class PythonRenderer:
         vdt = u.src[2].dtype
         val = f"_r.f2bf({s[2]})" if vdt is dtypes.bfloat16 else s[2]
         lines.append(f"{pad}_r.store({s[0]}, {s[1]}, {val}, {self._code(vdt)!r}, {vdt.itemsize}, {memname[u.src[0]]!r})")
+      elif op is Ops.TEXEL_LOAD:
+        (h, w), code = u.src[0].dtype.base.shape, self._code(dt)
+        lines.append(f"{pad}{v} = _r.texel_load({s[0]}, {s[1]}, {s[2]}, {u.arg}, {h}, {w}, {code!r}, {dt.itemsize})")
+      elif op is Ops.TEXEL_STORE:
+        img = u.src[0].dtype.base
+        (h, w), code = img.shape, "<" + img.base.fmt * 4  # the four channels at once
+        lines.append(f"{pad}_r.texel_store({s[0]}, {s[1]}, {s[2]}, ({', '.join(s[3:])}), {h}, {w}, {code!r}, {img.itemsize}, "
+                     f"{memname[u.src[0]]!r})")
       elif op in (Ops.VAR, Ops.READ): lines.append(f"{pad}{v} = {s[0]}")
       elif op is Ops.WRITE: lines.append(f"{pad}{s[0]} = {s[1]}")
       elif op is Ops.RANGE:

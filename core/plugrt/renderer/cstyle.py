@@ -5,6 +5,11 @@ subclass says how it spells what differs: type names, literals, the kernel
 signature, thread/group ids, shared memory, barriers, math functions, bit casts,
 and how a dtype the language cannot compute with (half on a plain C compiler) is
 stored and rounded.
+
+Images (TEXEL_LOAD/TEXEL_STORE on a BUFFER of an ImageDType) are rendered through three hooks, image_param,
+texel_load and texel_store, by a language that sets `supports_images` (OpenCL's image2d_t); elsewhere a kernel
+with an image is a RenderError. A language without read-write images (`image_read_write` False, as OpenCL 1.2)
+refuses a kernel that both reads and writes one image.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from plugrt.dtype import DType, PtrDType, dtypes
+from plugrt.dtype import DType, ImageDType, PtrDType, dtypes
 from plugrt.errors import RenderError
 from plugrt.ir import BINARY, COMPARE, Kernel, Ops, UOp
 
@@ -43,6 +48,10 @@ class CStyleRenderer:
   #: C's math library (`sinf` for float, `sin` for double, `fmaxf`/`fmax`), each name with this prefix
   c_math: str | None = None
   device_name = "?"
+  #: the language has images: image_param, texel_load and texel_store are implemented
+  supports_images = False
+  #: one kernel may both read and write the same image (OpenCL 2.0's read_write images)
+  image_read_write = False
 
   # ------------------------------------------------------------ spelling (override)
   def type_name(self, dt: DType) -> str:
@@ -120,6 +129,17 @@ class CStyleRenderer:
 
   def scalar_param(self, name: str, dt: DType) -> str: return f"{self.type_name(dt)} {name}"
 
+  # images (with supports_images): x and y are int32 expressions, the values those of the image's base dtype
+  def image_param(self, name: str, img: ImageDType, written: bool) -> str:
+    """The parameter declaration of an image the kernel reads (written False) or writes."""
+    raise RenderError(f"the {self.language} renderer has no images")
+  def texel_load(self, image: str, x: str, y: str, channel: int, img: ImageDType) -> str:
+    """An expression: channel 0..3 of the texel at column x, row y (outside the image: clamped to the edge)."""
+    raise RenderError(f"the {self.language} renderer has no images")
+  def texel_store(self, image: str, x: str, y: str, rgba: Sequence[str], img: ImageDType) -> str:
+    """A statement storing the texel (r, g, b, a) at column x, row y."""
+    raise RenderError(f"the {self.language} renderer has no images")
+
   def kernel(self, name: str, params: list[str], body: list[str], kernel: Kernel) -> str:
     """The whole source: prelude, signature and body."""
     raise NotImplementedError
@@ -129,11 +149,24 @@ class CStyleRenderer:
 
   # ------------------------------------------------------------ rendering
   def check(self, kernel: Kernel) -> None:
+    if imgs := kernel.images: self.check_images(kernel, imgs)
     for u in kernel.uops:
       dt = u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype
       if dt in self.unsupported:
         raise RenderError(f"{self.device_name} cannot run kernel {kernel.name}: its {self.language} renderer has no {dt.name} "
                           f"(used by {u.op.name})", f"use a dtype {self.device_name} supports, or another device")
+
+  def check_images(self, kernel: Kernel, imgs: Sequence[UOp]) -> None:
+    if not self.supports_images:
+      raise RenderError(f"{self.device_name} cannot run kernel {kernel.name}: its {self.language} renderer has no images "
+                        f"(parameter {imgs[0].arg[1]!r} is {imgs[0].dtype.base!r})", "run image kernels on an image device (CL)")
+    if self.image_read_write: return
+    read = {u.src[0] for u in kernel.uops if u.op is Ops.TEXEL_LOAD}
+    for u in kernel.uops:
+      if u.op is Ops.TEXEL_STORE and u.src[0] in read:
+        raise RenderError(f"{self.device_name} cannot run kernel {kernel.name}: it both reads and writes image {u.src[0].arg[1]!r}, and "
+                          f"its {self.language} images are read-only or write-only in a kernel",
+                          "read from one image and write another (or split the kernel in two launches)")
 
   def param_names(self, kernel: Kernel) -> dict[UOp, str]:
     names, taken = {}, set(self.reserved)
@@ -149,7 +182,8 @@ class CStyleRenderer:
     self.check(kernel)
     sig = kernel.signature
     names = self.param_names(kernel)
-    params = [self.buffer_param(names[b], b.dtype.base, w) for b, w in zip(kernel.buffers, sig.written)] + \
+    params = [self.image_param(names[b], b.dtype.base, w) if isinstance(b.dtype.base, ImageDType) else self.buffer_param(names[b], b.dtype.base, w)
+              for b, w in zip(kernel.buffers, sig.written)] + \
              [self.scalar_param(names[s], s.dtype) for s in kernel.scalars]
     return self.kernel(kernel.name, params, self.body(kernel, names), kernel)
 
@@ -176,6 +210,9 @@ class CStyleRenderer:
         r[u] = v
       elif op is Ops.LOAD: lines.append(f"{pad}{self.type_name(dt)} {v} = {self.from_storage(dt, f'{s[0]}[{s[1]}]')};")
       elif op is Ops.STORE: lines.append(f"{pad}{s[0]}[{s[1]}] = {self.to_storage(u.src[2].dtype, s[2])};")
+      elif op is Ops.TEXEL_LOAD:
+        lines.append(f"{pad}{self.type_name(dt)} {v} = {self.texel_load(s[0], s[1], s[2], u.arg, u.src[0].dtype.base)};")
+      elif op is Ops.TEXEL_STORE: lines.append(pad + self.texel_store(s[0], s[1], s[2], s[3:], u.src[0].dtype.base))
       elif op is Ops.VAR: lines.append(f"{pad}{self.type_name(dt)} {v} = {s[0]};")
       elif op is Ops.READ: lines.append(f"{pad}{self.type_name(dt)} {v} = {s[0]};")
       elif op is Ops.WRITE: lines.append(f"{pad}{s[0]} = {s[1]};")

@@ -233,6 +233,41 @@ class ConformanceSuite:
     dev.program(K.saxpy_kernel(), compiler)(out, xb, yb, global_size=(n // 64, 1, 1), local_size=(64, 1, 1), vals=(3.0, n))
     assert np.array_equal(out.numpy(), 3 * x + 2 * x)
 
+  # ------------------------------------------------------------ images (devices whose allocator has supports_images)
+  def refuses_images(self, dev: RuntimeDevice, compiler: str, base: DType) -> bool:
+    """On a device without images: checks that it refuses image buffers and kernels (UnsupportedError, before any native
+    call), and returns True; the image tests then have nothing more to run there."""
+    if dev.allocator.supports_images: return False
+    img = dtypes.imagef((2, 2)) if base is dtypes.float32 else dtypes.imageh((2, 2))
+    with pytest.raises(UnsupportedError, match="image"): Buffer(dev, 16, img)
+    with pytest.raises(UnsupportedError, match="image"): dev.program(K.image_case(base).kernel, compiler)
+    return True
+
+  @pytest.mark.parametrize("base", [dtypes.float32, dtypes.float16], ids=["imagef", "imageh"])
+  def test_images(self, dev: RuntimeDevice, compiler: str, base: DType) -> None:
+    """TEXEL_LOAD (clamped to the edge) and TEXEL_STORE on a non-square image, against the interpreter; a device without
+    images (allocator.supports_images False) must refuse them instead."""
+    if self.refuses_images(dev, compiler, base): return
+    self.run(dev, K.image_case(base), compiler)
+
+  @pytest.mark.parametrize("base", [dtypes.float32, dtypes.float16], ids=["imagef", "imageh"])
+  def test_image_copies(self, dev: RuntimeDevice, compiler: str, base: DType) -> None:
+    """An image's bytes go in and come out as the (h, w, 4) texels, rows packed; image to image and to another device."""
+    if self.refuses_images(dev, compiler, base): return
+    h, w = 3, 5
+    img = dtypes.imagef((h, w)) if base is dtypes.float32 else dtypes.imageh((h, w))
+    data = np.arange(h * w * 4).astype(base.numpy)
+    buf = Buffer(dev, h * w * 4, img).copyin(data)
+    assert np.array_equal(buf.numpy(), data) and buf.tobytes() == data.tobytes()
+    other = buf.copy_to(Buffer(dev, h * w * 4, img))
+    assert np.array_equal(other.numpy(), data)
+    plain = buf.copy_to(Buffer(dev, h * w * 4, base))  # an image into a plain buffer: the same packed texels
+    assert np.array_equal(plain.numpy(), data)
+    if "PYTHON" in _available() and dev.name != "PYTHON":
+      assert np.array_equal(buf.to("PYTHON").numpy(), data)
+      assert np.array_equal(Buffer("PYTHON", h * w * 4, img).copyin(data).to(dev).numpy(), data)
+    with pytest.raises(ValueError, match=str(h * w * 4)): Buffer(dev, h * w * 4 - 1, img)
+
   # ------------------------------------------------------------ programs
   def test_timing(self, dev: RuntimeDevice, compiler: str) -> None:
     prg = dev.program(K.tiny_kernel(), compiler)

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from plugrt.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
+from plugrt.dtype import DType, ImageDType, bf16_to_f32, dtypes, f32_to_bf16
 from plugrt.ir import _KINDS, BINARY, COMPARE, UNARY, Kernel, KernelBuilder, Ops
 
 FLOATS = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
@@ -122,6 +122,7 @@ def compare_buffer(case: Case, i: int, got: np.ndarray, want: np.ndarray) -> Non
   on its own, named by what it holds, with the inputs of its first mismatches."""
   sig = case.kernel.signature
   dt, name = sig.buffers[i], case.kernel.buffers[i].arg[1]
+  if isinstance(dt, ImageDType): dt = dt.base  # an image compares as its h*w*4 texel values
   tol = case.ulps.get(i, [(0, len(want), 0, 0.0)])
   labels = case.labels.get(i) or [(0, len(want), "", ())]
   for start, stop, what, srcs in labels:
@@ -411,6 +412,31 @@ def tiny_kernel(name: str = "tiny") -> Kernel:
   out, x = b.buffer("out", dtypes.float32), b.buffer("x", dtypes.float32)
   out[0] = x[0] + 1.0
   return b.finish()
+
+
+def image_case(base: DType = dtypes.float32, h: int = 5, w: int = 7) -> Case:
+  """Images (TEXEL_LOAD, TEXEL_STORE) on a non-square h x w image, one thread per texel: reads at offsets that leave the
+  image on every side (clamped to the edge), arithmetic on the channels, a plain buffer written beside the images, and
+  an image `pos` recording each texel's own (x, y): a renderer that swaps x and y, or rows and columns, fails it."""
+  img = ImageDType(base, (h, w))
+  b = KernelBuilder(f"image_{img.name}")
+  dst, pos, out, src = b.buffer("dst", img), b.buffer("pos", img), b.buffer("out", base), b.buffer("src", img)
+  x, y = b.global_id(0), b.global_id(1)
+  r, g, bl, a = src.read_texel(x - 1, y + 2)
+  r2, g2, b2, a2 = src.read_texel(x + 3, y - 1)
+  dst.write_texel(x, y, (r + g2, a, bl * 2.0, g - b2))
+  pos.write_texel(x, y, (x.cast(base), y.cast(base), (y * w + x).cast(base), a2))
+  out[y * w + x] = r2
+  k = b.finish()
+  rng = np.random.default_rng(11)
+  n = h * w * 4
+  return Case(k.name, k, [np.zeros(n, base.numpy), np.zeros(n, base.numpy), np.zeros(h * w, base.numpy), values(base, n, rng)], (),
+              (1, h, 1), (w, 1, 1))
+
+
+def image_cases() -> list[Case]:
+  """The cases of devices with images (kept out of all_cases: most renderers have none)."""
+  return [image_case(dtypes.float32), image_case(dtypes.float16)]
 
 
 def all_cases() -> list[Case]:

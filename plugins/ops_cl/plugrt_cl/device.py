@@ -4,7 +4,9 @@ One context and one in-order queue per device, the queue created with profiling 
 that `wait=True` launches are timed by the device's own events. A buffer handle is a
 `CLMem`: the cl.Buffer of the allocation plus a byte offset, so that views at any
 offset work on every platform (sub-buffers must start at CL_DEVICE_MEM_BASE_ADDR_ALIGN,
-512 bytes on NVIDIA); kernels take each buffer as (base pointer, byte offset).
+512 bytes on NVIDIA); kernels take each buffer as (base pointer, byte offset). An image (dtypes.imagef/imageh) is a CLMem whose `buf` is
+a cl.Image (CL_RGBA, CL_FLOAT or CL_HALF_FLOAT, width w and height h) and whose `image` is its ImageDType; it is
+copied in and out as h rows of w*4 packed scalars (row pitch 0: packed), which is the core's image layout.
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ class CLState(DeviceState):
   max_alloc: int                  # CL_DEVICE_MAX_MEM_ALLOC_SIZE
   fresh: dict[bytes, Any] = field(default_factory=dict)  # binary -> its program as just built (so loading it builds nothing again)
   wrapped: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # live CLMems of from_blob memory (CLAllocator._wrap)
+  max_image: tuple[int, int] | None = None  # (CL_DEVICE_IMAGE2D_MAX_HEIGHT, _WIDTH); None: the device has no images
 
   @property
   def launch_limits(self) -> LaunchLimits:
@@ -80,7 +83,10 @@ class CLState(DeviceState):
     # CL_MEM_USE_HOST_PTR memory is only defined on the host while it is mapped (a driver may cache it on the device):
     # a map brings the owner's memory up to date with every write queued before, and the unmap gives it back
     for mem in list(self.wrapped):
-      host, _ = cl.enqueue_map_buffer(self.queue, mem.buf, cl.map_flags.READ, 0, (mem.buf.size,), "uint8", is_blocking=True)
+      if mem.image is not None:
+        host = cl.enqueue_map_image(self.queue, mem.buf, cl.map_flags.READ, (0, 0), (mem.image.width, mem.image.height),
+                                    (mem.image.height, mem.image.width, 4), mem.image.numpy, is_blocking=True)[0]  # (array, event, pitches)
+      else: host, _ = cl.enqueue_map_buffer(self.queue, mem.buf, cl.map_flags.READ, 0, (mem.buf.size,), "uint8", is_blocking=True)
       host.base.release(self.queue)
     if self.wrapped: self.queue.finish()
 
@@ -108,8 +114,9 @@ def open_device(info: DeviceInfo) -> CLState:
   exts = dev.extensions.split()
   fp64 = "cl_khr_fp64" in exts or bool(_get(dev, "double_fp_config", 0))
   unified = bool(_get(dev, "host_unified_memory", False)) and dev.type & cl.device_type.CPU != 0
+  images = (_get(dev, "image2d_max_height", 0), _get(dev, "image2d_max_width", 0)) if _get(dev, "image_support", False) else None
   return CLState(plat, dev, ctx, queue, f"{info.canonical} ({dev.name.strip()} on {plat.name.strip()})", fp64, unified,
-                 dev.max_work_group_size, tuple(dev.max_work_item_sizes), dev.max_mem_alloc_size)
+                 dev.max_work_group_size, tuple(dev.max_work_item_sizes), dev.max_mem_alloc_size, max_image=images)
 
 
 def _get(dev: Any, attr: str, default: Any) -> Any:
@@ -125,11 +132,12 @@ def state_of(info: DeviceInfo) -> CLState:
 # ---------------------------------------------------------------- memory
 
 class CLMem:
-  """A buffer handle: the allocation and a byte offset into it."""
-  __slots__ = ("__weakref__", "buf", "host", "offset")
+  """A buffer handle: the allocation and a byte offset into it (an image: the cl.Image, offset 0, and its ImageDType)."""
+  __slots__ = ("__weakref__", "buf", "host", "image", "offset")
 
-  def __init__(self, buf: Any, offset: int = 0, host: Any = None):
+  def __init__(self, buf: Any, offset: int = 0, host: Any = None, image: Any = None):
     self.buf, self.offset, self.host = buf, offset, host  # host: the wrapped memory's owner view (from_blob), kept alive
+    self.image = image  # the ImageDType of an image, else None
 
   def __repr__(self) -> str: return f"<CLMem {self.buf.int_ptr:#x}+{self.offset}>"
 
@@ -143,8 +151,21 @@ class CLAllocator(Allocator[CLMem]):
     # from_blob wraps for real only where kernels run on host memory (CL_MEM_USE_HOST_PTR on a CPU device);
     # a GPU driver would copy it behind plugrt's back, so there it refuses
     self.supports_wrap = self.state.host_memory
+    self.supports_images, self.max_image = self.state.max_image is not None, self.state.max_image
+
+  def _image_format(self, image: Any) -> Any:
+    ct = cl.channel_type.FLOAT if image.base.itemsize == 4 else cl.channel_type.HALF_FLOAT
+    return cl.ImageFormat(cl.channel_order.RGBA, ct)
+
+  def _alloc_image(self, image: Any, flags: int, host: Any = None) -> CLMem:
+    try: img = cl.create_image(self.state.context, flags, self._image_format(image), (image.width, image.height), hostbuf=host)
+    except cl.Error as e:
+      if e.code in _OOM: raise MemoryError(str(e)) from None
+      raise
+    return CLMem(img, 0, host, image)
 
   def _alloc(self, nbytes: int, options: Any) -> CLMem:
+    if options is not None: return self._alloc_image(options, cl.mem_flags.READ_WRITE)  # an ImageDType (Allocator.alloc checked it)
     if nbytes > self.state.max_alloc:
       raise MemoryError(f"{size_str(nbytes)} is over the device's largest allocation ({size_str(self.state.max_alloc)})")
     try: return CLMem(cl.Buffer(self.state.context, cl.mem_flags.READ_WRITE, nbytes))
@@ -159,13 +180,25 @@ class CLAllocator(Allocator[CLMem]):
   def _offset(self, handle: CLMem, offset: int, nbytes: int) -> CLMem: return CLMem(handle.buf, handle.offset + offset, handle.host)
 
   def _copyin(self, dest: CLMem, src: memoryview) -> None:
-    cl.enqueue_copy(self.state.queue, dest.buf, src, dst_offset=dest.offset, is_blocking=True)
+    if dest.image is not None:
+      cl.enqueue_copy(self.state.queue, dest.buf, src, origin=(0, 0), region=(dest.image.width, dest.image.height), is_blocking=True)
+    else: cl.enqueue_copy(self.state.queue, dest.buf, src, dst_offset=dest.offset, is_blocking=True)
 
   def _copyout(self, dest: memoryview, src: CLMem) -> None:
-    cl.enqueue_copy(self.state.queue, dest, src.buf, src_offset=src.offset, is_blocking=True)
+    if src.image is not None:
+      cl.enqueue_copy(self.state.queue, dest, src.buf, origin=(0, 0), region=(src.image.width, src.image.height), is_blocking=True)
+    else: cl.enqueue_copy(self.state.queue, dest, src.buf, src_offset=src.offset, is_blocking=True)
 
   def _transfer(self, dest: CLMem, src: CLMem, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
     s, d = src_dev.allocator.state, dest_dev.allocator.state
+    if src.image is not None or dest.image is not None:
+      if src.image is dest.image and s.context is d.context and src.buf.int_ptr != dest.buf.int_ptr:  # image to image on the device
+        cl.enqueue_copy(s.queue, dest.buf, src.buf, src_origin=(0, 0), dest_origin=(0, 0), region=(src.image.width, src.image.height))
+        return
+      host = bytearray(nbytes)  # an image to or from a plain buffer: through the host, which has the one layout both share
+      src_dev.allocator._copyout(memoryview(host), src)
+      dest_dev.allocator._copyin(dest, memoryview(host))
+      return
     overlap = src.buf.int_ptr == dest.buf.int_ptr and src.offset < dest.offset + nbytes and dest.offset < src.offset + nbytes
     if s.context is d.context and not overlap:
       # same context: the device copies; in order on its queue, so later launches and reads see it
@@ -175,6 +208,15 @@ class CLAllocator(Allocator[CLMem]):
     host = bytearray(nbytes)
     src_dev.allocator._copyout(memoryview(host), src)
     dest_dev.allocator._copyin(dest, memoryview(host))
+
+  def _wrap_image(self, ptr: int, nbytes: int, image: Any) -> CLMem:
+    """Host memory holding the image's packed texels, as a CL_MEM_USE_HOST_PTR image (a CPU device computes on it)."""
+    host = (ctypes.c_char * nbytes).from_address(ptr)
+    try: mem = self._alloc_image(image, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, host)
+    except (cl.Error, MemoryError) as e:
+      raise MemoryError(f"{self.state.label} cannot wrap {image!r} at {ptr:#x}: {e}") from None
+    self.state.wrapped.add(mem)
+    return mem
 
   def _wrap(self, ptr: int, nbytes: int) -> CLMem:
     host = (ctypes.c_char * nbytes).from_address(ptr)

@@ -15,6 +15,13 @@ dtypes:
   and sqrt). 64-bit sources convert to float16 in one rounding where the device has doubles.
 - float64 needs cl_khr_fp64; without it, rendering a kernel that uses it raises
   RenderError naming the dtype and the device.
+- images (dtypes.imagef/imageh) are `__read_only` or `__write_only image2d_t` parameters (OpenCL 1.2 has no
+  read_write images, so a kernel that both reads and writes one image is refused), read with read_imagef through a
+  sampler with unnormalised coordinates, clamp to edge and nearest filtering (the IR's TEXEL_LOAD), written with
+  write_imagef. float16 images use read_imagef/write_imagef too: OpenCL converts CL_HALF_FLOAT texels to and from
+  float exactly (a value rounded to half is stored as that half), and the renderer holds float16 values as float
+  anyway, so no cl_khr_fp16 (read_imageh) is needed. An image takes two kernel arguments like a buffer, the second
+  an unused offset, so that programs set every buffer argument the same way.
 - integers wrap: signed + - * and negation are done on the unsigned type (OpenCL, unlike
   plugrt's CPU backend, cannot be told -fwrapv); a zero divisor and MIN / -1 are guarded,
   since PoCL runs on the CPU, whose division traps (SIGFPE would kill the interpreter).
@@ -23,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from plugrt.dtype import DType, dtypes
+from plugrt.dtype import DType, ImageDType, dtypes
 from plugrt.ir import Kernel, Ops, UOp
 from plugrt.renderer.cstyle import CStyleRenderer
 
@@ -57,11 +64,26 @@ double PLUGRT_F trunc(double);
 #define as_ulong(x) __builtin_astype((x), unsigned long)
 #endif
 #endif
+#ifdef PLUGRT_IMAGES
+typedef int int2 __attribute__((ext_vector_type(2)));
+typedef float float4 __attribute__((ext_vector_type(4)));
+float4 __attribute__((overloadable, pure)) read_imagef(__read_only image2d_t, sampler_t, int2);
+void __attribute__((overloadable)) write_imagef(__write_only image2d_t, int2, float4);
+#endif
 #ifndef CLK_LOCAL_MEM_FENCE
 #define CLK_LOCAL_MEM_FENCE 0x01
 #endif
 #ifndef CLK_GLOBAL_MEM_FENCE
 #define CLK_GLOBAL_MEM_FENCE 0x02
+#endif
+#ifndef CLK_NORMALIZED_COORDS_FALSE
+#define CLK_NORMALIZED_COORDS_FALSE 0
+#endif
+#ifndef CLK_ADDRESS_CLAMP_TO_EDGE
+#define CLK_ADDRESS_CLAMP_TO_EDGE 2
+#endif
+#ifndef CLK_FILTER_NEAREST
+#define CLK_FILTER_NEAREST 0x10
 #endif
 #ifndef INFINITY
 #define INFINITY __builtin_inff()
@@ -146,13 +168,18 @@ _RESERVED = frozenset({
   "volatile", "static", "extern", "inline", "if", "else", "for", "while", "do", "return", "switch", "case", "default", "break",
   "continue", "goto", "sizeof", "struct", "union", "enum", "typedef", "auto", "register", "true", "false", "NAN", "INFINITY",
   "barrier", "get_group_id", "get_local_id", "get_num_groups", "get_local_size", "exp2", "log2", "sin", "sqrt", "trunc",
-  "plugrt_h2f", "plugrt_f2h", "plugrt_rh", "plugrt_d2h", "plugrt_bf2f", "plugrt_f2bf", "plugrt_rbf"})
+  "plugrt_h2f", "plugrt_f2h", "plugrt_rh", "plugrt_d2h", "plugrt_bf2f", "plugrt_f2bf", "plugrt_rbf", "plugrt_smp", "read_imagef",
+  "write_imagef", "int2", "float4", "__read_only", "__write_only", "__read_write", "__constant", "__global", "__local", "__private"})
+
+#: the sampler of TEXEL_LOAD: integer coordinates, clamped to the edge, no filtering
+SAMPLER = "__constant sampler_t plugrt_smp = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP_TO_EDGE | CLK_FILTER_NEAREST;"
 
 
 class OpenCLRenderer(CStyleRenderer):
   language = "OpenCL C"
   bool_type = "bool"
   reserved = _RESERVED
+  supports_images = True
 
   def __init__(self, device_name: str = "CL", fp64: bool = True):
     self.device_name, self.fp64 = device_name, fp64
@@ -216,6 +243,14 @@ class OpenCLRenderer(CStyleRenderer):
   def barrier(self) -> str: return "barrier(CLK_LOCAL_MEM_FENCE|CLK_GLOBAL_MEM_FENCE);"
   def shared_decl(self, name: str, dt: DType, count: int) -> str: return f"__local {self.storage_type(dt)} {name}[{count}];"
 
+  # ------------------------------------------------------------ images
+  def image_param(self, name: str, img: ImageDType, written: bool) -> str:
+    return f"{'__write_only' if written else '__read_only'} image2d_t {name}"
+  def texel_load(self, image: str, x: str, y: str, channel: int, img: ImageDType) -> str:
+    return f"read_imagef({image}, plugrt_smp, (int2)({x}, {y})).s{channel}"
+  def texel_store(self, image: str, x: str, y: str, rgba: Sequence[str], img: ImageDType) -> str:
+    return f"write_imagef({image}, (int2)({x}, {y}), (float4)({', '.join(rgba)}));"
+
   # ------------------------------------------------------------ the kernel
   def buffer_param(self, name: str, dt: DType, written: bool) -> str:
     return f"__global {'' if written else 'const '}{self.storage_type(dt)}* {name}"
@@ -229,8 +264,11 @@ class OpenCLRenderer(CStyleRenderer):
       taken.add(base)
       return base
     args, prologue = [], []
-    for p in params[:len(kernel.buffers)]:  # (base, byte offset) -> the typed pointer the body uses
+    for p, b in zip(params[:len(kernel.buffers)], kernel.buffers):  # (base, byte offset) -> the typed pointer the body uses
       ptype, n = p.rsplit(" ", 1)
+      if isinstance(b.dtype.base, ImageDType):  # the image itself, and an offset argument that is never read
+        args += [p, f"unsigned long {fresh(f'{n}_off')}"]
+        continue
       base_n, off_n = fresh(f"{n}_base"), fresh(f"{n}_off")
       args += [f"{ptype} {base_n}", f"unsigned long {off_n}"]
       cptr = "__global const char*" if "const " in ptype else "__global char*"
@@ -247,7 +285,9 @@ class OpenCLRenderer(CStyleRenderer):
     body = [line for line in body if not line.lstrip().startswith("__local ")]
     lines = ["/* generated by plugrt: OpenCL kernel */", "#pragma OPENCL FP_CONTRACT OFF"]  # one rounding per op, as the IR says
     if self.fp64: lines += ["#ifdef cl_khr_fp64", "#pragma OPENCL EXTENSION cl_khr_fp64 : enable", "#define PLUGRT_FP64", "#endif"]
+    if kernel.images: lines.append("#define PLUGRT_IMAGES")
     lines.append(BARE_PRELUDE)
+    if kernel.images: lines.append(SAMPLER)
     if dtypes.float16 in used:
       lines.append(HALF_HELPERS)
       if self.fp64: lines.append(HALF_FP64_HELPERS)
