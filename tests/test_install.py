@@ -99,7 +99,7 @@ def test_hint_for_an_index_or_a_source_gone(tmp_path, direct_url):
 
 
 def test_no_install_command_for_what_is_not_written():
-  for name in ("AMD", "QCOM", "METAL"):
+  for name in ("AMD", "QCOM"):
     dist = FIRST_PARTY[name][0]
     assert dist not in DISTRIBUTIONS and install_hint(dist) == f"none from plugrt yet: {dist} is not written"
 
