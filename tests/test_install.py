@@ -128,8 +128,8 @@ def test_scripts_run_uses_the_active_venv_or_else_the_checkouts(tmp_path):
 # ---------------------------------------------------------------- the wheelhouse, for real
 
 #: what `plugrt devices --json` shows installed for each extra (the core's PYTHON always)
-EXTRA_DEVICES = {"cpu": {"CPU"}, "cl": {"CL"}, "cuda": {"CUDA"}, "nv": {"NV"}, "webgpu": {"WEBGPU"}, "dawn": {"WEBGPU"},
-                 "all": {"CPU", "CL", "CUDA", "NV", "WEBGPU"}}
+EXTRA_DEVICES = {"cpu": {"CPU"}, "cl": {"CL"}, "cuda": {"CUDA"}, "nv": {"NV"}, "webgpu": {"WEBGPU"}, "dawn": {"WEBGPU"}, "metal": {"METAL"},
+                 "all": {"CPU", "CL", "CUDA", "NV", "WEBGPU", "METAL"}}
 
 
 def _venv(path) -> str:

@@ -95,3 +95,9 @@ def plugrt_compiler(device: DeviceInfo, compiler: str) -> Any:
 def plugrt_program(device: DeviceInfo) -> Any:
   from plugrt_metal.program import load_program
   return load_program
+
+
+@hookimpl
+def plugrt_graph(device: DeviceInfo) -> Any:
+  from plugrt_metal.graph import make_graph
+  return make_graph

@@ -19,7 +19,7 @@ from plugrt.errors import DeviceUnavailable, PluginError, Reason, UnsupportedErr
 from plugrt.hookspecs import DeviceInfo
 from plugrt.runtime import Allocator, DeviceState, LaunchLimits, size_str
 from plugrt_metal import msl_version_for_macos
-from plugrt_metal.objc import BOOL, ID, SEL, MTLSize, NSInteger, NSUInteger, runtime
+from plugrt_metal.objc import BOOL, ID, SEL, MTLSize, NSInteger, NSRange, NSUInteger, runtime
 
 # MTLResourceOptions (MTLResource.h): storage mode in bits 4..7; shared = 0, the CPU cache mode default = 0
 MTL_RESOURCE_STORAGE_MODE_SHARED = 0 << 4
@@ -35,7 +35,12 @@ SELECTORS = (
   "newFunctionWithName:", "newComputePipelineStateWithFunction:error:", "maxTotalThreadsPerThreadgroup", "threadExecutionWidth",
   "commandBuffer", "computeCommandEncoder", "setComputePipelineState:", "setBuffer:offset:atIndex:", "setBytes:length:atIndex:",
   "dispatchThreadgroups:threadsPerThreadgroup:", "endEncoding", "commit", "waitUntilCompleted", "status", "error",
-  "GPUStartTime", "GPUEndTime")
+  "GPUStartTime", "GPUEndTime",
+  # pipelines usable from indirect command buffers, and the buffers themselves (plugrt_metal.graph)
+  "setComputeFunction:", "setSupportIndirectCommandBuffers:", "newComputePipelineStateWithDescriptor:options:reflection:error:",
+  "setCommandTypes:", "setInheritBuffers:", "setInheritPipelineState:", "setMaxKernelBufferBindCount:",
+  "newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", "indirectComputeCommandAtIndex:", "setKernelBuffer:offset:atIndex:",
+  "concurrentDispatchThreadgroups:threadsPerThreadgroup:", "setBarrier", "useResources:count:usage:", "executeCommandsInBuffer:withRange:")
 
 
 def sel_attr(name: str) -> str:
@@ -73,6 +78,11 @@ class Calls:
     self.set_buffer = send(None, ID, NSUInteger, NSUInteger)                                # setBuffer:offset:atIndex:
     self.set_bytes = send(None, ctypes.c_char_p, NSUInteger, NSUInteger)                   # setBytes:length:atIndex:
     self.dispatch = send(None, MTLSize, MTLSize)                                            # dispatchThreadgroups:threadsPerThreadgroup:
+    self.id_id_ulong_ptr_err = send(ID, ID, NSUInteger, ctypes.c_void_p, err)               # newComputePipelineStateWithDescriptor:...
+    self.id_id_ulong_ulong = send(ID, ID, NSUInteger, NSUInteger)                           # newIndirectCommandBufferWithDescriptor:...
+    self.id_ulong = send(ID, NSUInteger)                                                    # indirectComputeCommandAtIndex:
+    self.use_resources = send(None, ctypes.c_void_p, NSUInteger, NSUInteger)                # useResources:count:usage:
+    self.execute = send(None, ID, NSRange)                                                  # executeCommandsInBuffer:withRange:
     self.S = SimpleNamespace(**{sel_attr(n): rt.sel(n) for n in SELECTORS})
 
   # ---- helpers for what runs once (open, compile, load); never on the launch path

@@ -33,6 +33,11 @@ class MTLSize(ctypes.Structure):
   def __repr__(self) -> str: return f"MTLSize({self.width}, {self.height}, {self.depth})"
 
 
+class NSRange(ctypes.Structure):
+  """Foundation's NSRange: location and length, two NSUIntegers, passed by value (NSRange.h)."""
+  _fields_ = [("location", NSUInteger), ("length", NSUInteger)]
+
+
 class Runtime:
   """libobjc, libdispatch and the Metal framework, loaded once (macOS only)."""
 

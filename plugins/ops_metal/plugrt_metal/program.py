@@ -31,11 +31,16 @@ from plugrt_metal.objc import MTLSize
 
 
 class Pipeline:
-  """A kernel's MTLLibrary, MTLFunction and MTLComputePipelineState, and the pipeline's limits."""
-  __slots__ = ("function", "library", "max_total", "pso", "simd_width")
+  """A kernel's MTLLibrary, MTLFunction and MTLComputePipelineState, and the pipeline's limits. `indirect`: made with
+  supportIndirectCommandBuffers, so indirect command buffers (plugrt_metal.graph) may use it."""
+  __slots__ = ("function", "indirect", "library", "max_total", "pso", "simd_width")
 
-  def __init__(self, library: int, function: int, pso: int, max_total: int, simd_width: int):
+  def __init__(self, library: int, function: int, pso: int, max_total: int, simd_width: int, indirect: bool):
     self.library, self.function, self.pso, self.max_total, self.simd_width = library, function, pso, max_total, simd_width
+    self.indirect = indirect
+
+
+MTL_PIPELINE_OPTION_NONE = 0  # MTLPipelineOption (MTLDevice.h)
 
 
 def build_pipeline(state: MetalState, lib: bytes, name: str) -> Pipeline:
@@ -47,9 +52,17 @@ def build_pipeline(state: MetalState, lib: bytes, name: str) -> Pipeline:
   finally: c.release(ns)
   if not fn: raise PluginError(f"{state.label}: the library of program {name} has no kernel function {name}", BUG_HINT)
   err = ctypes.c_void_p()
-  pso = c.id_id_err(state.device, S.newComputePipelineStateWithFunction_error_, fn, ctypes.byref(err))
+  if (indirect := bool(state.rt.cls("MTLComputePipelineDescriptor"))):  # a pipeline indirect command buffers can use too
+    desc = c.new("MTLComputePipelineDescriptor")
+    try:
+      c.void_id(desc, S.setComputeFunction_, fn)
+      c.void_bool(desc, S.setSupportIndirectCommandBuffers_, True)
+      pso = c.id_id_ulong_ptr_err(state.device, S.newComputePipelineStateWithDescriptor_options_reflection_error_, desc,
+                                  MTL_PIPELINE_OPTION_NONE, None, ctypes.byref(err))
+    finally: c.release(desc)
+  else: pso = c.id_id_err(state.device, S.newComputePipelineStateWithFunction_error_, fn, ctypes.byref(err))
   if not pso: raise CompileError(f"{state.label}: Metal cannot make a compute pipeline of kernel {name}", c.error_text(err.value), BUG_HINT)
-  p = Pipeline(library, fn, pso, int(c.ulong(pso, S.maxTotalThreadsPerThreadgroup)), int(c.ulong(pso, S.threadExecutionWidth)))
+  p = Pipeline(library, fn, pso, int(c.ulong(pso, S.maxTotalThreadsPerThreadgroup)), int(c.ulong(pso, S.threadExecutionWidth)), indirect)
   state.pipelines[(lib, name)] = p
   return p
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from plugrt_metal.objc import MTLSize
+from plugrt_metal.objc import MTLSize, NSRange
 
 COMMITTED, COMPLETED, ERROR = 2, 4, 5
 
@@ -28,9 +28,9 @@ class Obj:
 class FakeRuntime:
   def __init__(self, *, unified: bool = True, max_total: int = 1024, simd_width: int = 32, fail_marker: str = "this is not a kernel",
                end_status: int = COMPLETED, responds: frozenset[str] = frozenset({"setMathMode:", "hasUnifiedMemory"}),
-               device: bool = True):
+               device: bool = True, indirect: bool = True, icb: bool = True):
     self.unified, self.max_total, self.simd_width, self.fail_marker = unified, max_total, simd_width, fail_marker
-    self.end_status, self.responds, self.has_device = end_status, responds, device
+    self.end_status, self.responds, self.has_device, self.icb_ok = end_status, responds, device, icb
     self.objects: dict[int, Obj] = {}
     self.sels: dict[int, str] = {}
     self.sel_ids: dict[str, int] = {}
@@ -39,7 +39,8 @@ class FakeRuntime:
     self.pools = 0
     self._memory: list[Any] = []
     self._next = 0x10000
-    self.classes = {n: self._new("class", name=n) for n in ("NSString", "MTLCompileOptions")}
+    names = ("NSString", "MTLCompileOptions", "MTLIndirectCommandBufferDescriptor") + (("MTLComputePipelineDescriptor",) if indirect else ())
+    self.classes = {n: self._new("class", name=n) for n in names}
     self.device = self._new("MTLDevice", name="Fake Apple GPU")
 
   # ---- the Runtime interface
@@ -88,9 +89,8 @@ class FakeRuntime:
   # ---- Metal, as far as plugrt uses it
   def _dispatch(self, receiver: int, name: str, args: tuple[Any, ...]) -> Any:
     o = self.objects[receiver]
-    self.log.append((o.kind if o.kind != "class" else o.name, name, tuple((a.width, a.height, a.depth) if isinstance(a, MTLSize) else a
-                                                                           for a in args)))
-    if name == "alloc": return self._new({"NSString": "NSString", "MTLCompileOptions": "MTLCompileOptions"}[o.name], text="")
+    self.log.append((o.kind if o.kind != "class" else o.name, name, tuple(_plain(a) for a in args)))
+    if name == "alloc": return self._new(o.name, text="")
     if name == "init": return receiver
     if name == "retain": o.refs += 1; return receiver
     if name == "release": o.refs -= 1; return None
@@ -126,7 +126,19 @@ class FakeRuntime:
       fn = self.objects[args[0]].text
       return self._new("MTLFunction", name=fn) if f"kernel void {fn}(" in o.source else None
     if name == "newComputePipelineStateWithFunction:error:":
-      return self._new("MTLComputePipelineState", function=self.objects[args[0]].name)
+      return self._new("MTLComputePipelineState", function=self.objects[args[0]].name, indirect=False)
+    if name == "newComputePipelineStateWithDescriptor:options:reflection:error:":
+      desc = self.objects[args[0]]
+      return self._new("MTLComputePipelineState", function=self.objects[desc.ComputeFunction].name, indirect=desc.SupportIndirectCommandBuffers)
+    if name in ("setComputeFunction:", "setSupportIndirectCommandBuffers:", "setCommandTypes:", "setInheritBuffers:",
+                "setInheritPipelineState:", "setMaxKernelBufferBindCount:"):
+      setattr(o, name[3:-1], args[0]); return None
+    if name == "newIndirectCommandBufferWithDescriptor:maxCommandCount:options:":
+      if not self.icb_ok: return None
+      return self._new("MTLIndirectCommandBuffer", descriptor=dict(self.objects[args[0]].__dict__), count=args[1], commands={})
+    if name == "indirectComputeCommandAtIndex:":
+      assert args[0] < o.count, "an index past the indirect command buffer's maxCommandCount"
+      return o.commands.setdefault(args[0], self._new("MTLIndirectComputeCommand", refs=0))
     if name == "maxTotalThreadsPerThreadgroup": return self.max_total
     if name == "threadExecutionWidth": return self.simd_width
     if name == "commandBuffer": return self._new("MTLCommandBuffer", status=0, refs=0)
@@ -140,6 +152,16 @@ class FakeRuntime:
     if name == "GPUStartTime": return 100.0
     if name == "GPUEndTime": return 100.00025
     if name in ("setComputePipelineState:", "setBuffer:offset:atIndex:", "setBytes:length:atIndex:",
-                "dispatchThreadgroups:threadsPerThreadgroup:", "endEncoding"):
+                "dispatchThreadgroups:threadsPerThreadgroup:", "endEncoding", "setKernelBuffer:offset:atIndex:",
+                "concurrentDispatchThreadgroups:threadsPerThreadgroup:", "setBarrier", "useResources:count:usage:",
+                "executeCommandsInBuffer:withRange:"):
       return None
     raise AssertionError(f"the fake Metal does not know -[{o.kind} {name}]")
+
+
+def _plain(a: Any) -> Any:
+  """A logged argument as plain data: MTLSize and NSRange as tuples, a ctypes array as a list."""
+  if isinstance(a, MTLSize): return (a.width, a.height, a.depth)
+  if isinstance(a, NSRange): return (a.location, a.length)
+  if isinstance(a, ctypes.Array): return list(a)
+  return a

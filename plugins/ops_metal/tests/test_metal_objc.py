@@ -139,8 +139,20 @@ def test_pipelines_are_built_once_per_binary(on_a_fake_mac):
   k = tiny_kernel("once")
   lib = dev.compiler.compile(dev.compiler.render(k))
   a, b = dev.load("once", lib, k.signature), dev.load("once", lib, k.signature)
-  assert a.pipeline is b.pipeline and len(rt.messages("newComputePipelineStateWithFunction:error:")) == 1
+  assert a.pipeline is b.pipeline and len(rt.messages("newComputePipelineStateWithDescriptor:options:reflection:error:")) == 1
   assert len(rt.messages("newLibraryWithSource:options:error:")) == 1  # the loader took the library compile() built
+  assert rt.messages("setSupportIndirectCommandBuffers:") == [("MTLComputePipelineDescriptor", "setSupportIndirectCommandBuffers:", (True,))]
+  assert not rt.live("MTLComputePipelineDescriptor") and a.pipeline.indirect
+
+
+def test_without_pipeline_descriptors_the_function_path_is_used(on_a_fake_mac):
+  rt = FakeRuntime(indirect=False)
+  dev = open_metal(rt)
+  prg = dev.program(tiny_kernel())
+  assert len(rt.messages("newComputePipelineStateWithFunction:error:")) == 1 and not prg.pipeline.indirect
+  from plugrt.runtime import Graph, Launch
+  g = dev.graph([Launch(prg, [Buffer(dev, 1, dtypes.float32), Buffer(dev, 1, dtypes.float32)])])
+  assert type(g) is Graph  # the core's launch-by-launch replay
 
 
 def test_a_cached_metallib_loads_with_newLibraryWithData(on_a_fake_mac):
@@ -243,3 +255,48 @@ def test_shared_memory_kernel_renders_and_dispatches(on_a_fake_mac):
   prg = dev.program(b.finish())
   prg(Buffer(dev, 16, dtypes.float32), Buffer(dev, 16, dtypes.float32), global_size=(2, 1, 1), local_size=(8, 1, 1))
   assert [m[2] for m in rt.messages("dispatchThreadgroups:threadsPerThreadgroup:")][-1] == ((2, 1, 1), (8, 1, 1))
+
+
+def test_graph_encodes_an_indirect_command_buffer_once(on_a_fake_mac):
+  from plugrt_metal.graph import MetalGraph
+
+  from plugrt.runtime import Launch
+  rt = FakeRuntime()
+  dev = open_metal(rt)
+  saxpy, tiny = dev.program(saxpy_kernel()), dev.program(tiny_kernel())
+  out, x, y = (Buffer(dev, 8, dtypes.float32) for _ in range(3))
+  launches = [Launch(saxpy, [out, x, y.view(4, offset=16)], (1, 1, 1), (4, 1, 1), (2.0, 4)), Launch(tiny, [x, out])]
+  g = dev.graph(launches)
+  assert isinstance(g, MetalGraph)
+  (icb,) = rt.live("MTLIndirectCommandBuffer")
+  assert icb.count == 2 and icb.descriptor["CommandTypes"] == 1 << 5 and icb.descriptor["InheritBuffers"] is False
+  assert icb.descriptor["InheritPipelineState"] is False and icb.descriptor["MaxKernelBufferBindCount"] == 31
+  binds = [m[2] for m in rt.messages("setKernelBuffer:offset:atIndex:")]
+  assert binds == [(out.handle.buf, 0, 0), (x.handle.buf, 0, 1), (y.handle.buf, 16, 2), (g.scalars, 0, 3), (g.scalars, 256, 4),
+                   (x.handle.buf, 0, 0), (out.handle.buf, 0, 1)]
+  host = rt.obj(g.scalars).host
+  assert ctypes.string_at(host, 4) == struct.pack("<f", 2.0) and ctypes.string_at(host + 256, 4) == struct.pack("<i", 4)
+  assert [m[2] for m in rt.messages("concurrentDispatchThreadgroups:threadsPerThreadgroup:")] == [((1, 1, 1), (4, 1, 1)), ((1, 1, 1), (1, 1, 1))]
+  assert len(rt.messages("setBarrier")) == 2
+  del rt.log[:]
+  assert g(wait=True) == pytest.approx(0.00025, abs=1e-9)
+  names = [m[1] for m in rt.log if m[1] not in ("status", "GPUStartTime", "GPUEndTime", "release")]
+  assert names == ["commandBuffer", "computeCommandEncoder", "useResources:count:usage:", "executeCommandsInBuffer:withRange:",
+                   "endEncoding", "commit", "retain"]
+  (use,) = rt.messages("useResources:count:usage:")
+  assert sorted(use[2][0]) == sorted({out.handle.buf, x.handle.buf, y.handle.buf, g.scalars}) and use[2][1:] == (4, 3)
+  assert rt.messages("executeCommandsInBuffer:withRange:")[0][2] == (next(k for k, v in rt.objects.items() if v is icb), (0, 2))
+  assert rt.pools == 0
+  del g
+  assert not rt.live("MTLIndirectCommandBuffer")
+
+
+def test_graph_falls_back_where_no_indirect_command_buffer_is_made(on_a_fake_mac):
+  from plugrt.runtime import Graph, Launch
+  rt = FakeRuntime(icb=False)
+  dev = open_metal(rt)
+  prg = dev.program(tiny_kernel())
+  bufs = [Buffer(dev, 1, dtypes.float32), Buffer(dev, 1, dtypes.float32)]
+  g = dev.graph([Launch(prg, bufs)])
+  assert type(g) is Graph and len(rt.live("MTLBuffer")) == 2  # the graph's scalar buffer was released again
+  g(wait=True)
