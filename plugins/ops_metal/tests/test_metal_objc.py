@@ -300,3 +300,17 @@ def test_graph_falls_back_where_no_indirect_command_buffer_is_made(on_a_fake_mac
   g = dev.graph([Launch(prg, bufs)])
   assert type(g) is Graph and len(rt.live("MTLBuffer")) == 2  # the graph's scalar buffer was released again
   g(wait=True)
+
+
+def test_dlpack_round_trip_of_a_view_wraps_the_mtlbuffer(on_a_fake_mac):
+  from plugrt import Tensor
+  from plugrt.dlpack import from_dlpack
+  rt = FakeRuntime()
+  dev = open_metal(rt)
+  buf = Buffer.from_numpy(np.arange(8, dtype=np.float32), dev)
+  t = Tensor.from_buffer(buf, (4,), offset=2)  # DLPack: data = the MTLBuffer, byte_offset = 8
+  assert t.__dlpack_device__() == (8, 0)
+  imported = from_dlpack(t, device=dev)
+  assert imported.buffer.base.handle.buf == buf.handle.buf and imported.buffer.offset == 8  # a view of the same MTLBuffer
+  assert np.array_equal(imported.buffer.numpy(), np.arange(2, 6, dtype=np.float32))
+  assert not rt.messages("newBufferWithBytesNoCopy:length:options:deallocator:")  # no host wrap, no copy
