@@ -79,7 +79,7 @@ class MetalProgram(Program):
     self._id, self._void, self._void_id, self._set_buffer, self._set_bytes, self._dispatch = \
       c.id, c.void, c.void_id, c.set_buffer, c.set_bytes, c.dispatch
     self._sels = (S.commandBuffer, S.computeCommandEncoder, S.setComputePipelineState_, S.setBuffer_offset_atIndex_,
-                  S.setBytes_length_atIndex_, S.dispatchThreadgroups_threadsPerThreadgroup_, S.endEncoding, S.commit, S.retain)
+                  S.setBytes_length_atIndex_, S.dispatchThreadgroups_threadsPerThreadgroup_, S.endEncoding, S.commit, S.retain, S.release)
     self._pack = [bytes_packer(dt) for dt in signature.scalars]  # bool: one byte (uchar); float16/bfloat16: their 16 bits
     self._last: PreparedCall = NO_CALL
     self._bind: tuple[tuple[int, int, int], ...] = ()   # (MTLBuffer, byte offset, index) per buffer
@@ -93,7 +93,7 @@ class MetalProgram(Program):
       last = self._last
       if bufs != last.bufs or vals != last.vals or (global_size, local_size) != last.dims:  # see plugrt.launchargs
         self._prepare(bufs, vals, global_size, local_size)
-      s_cb, s_enc, s_pso, s_buf, s_bytes, s_dispatch, s_end, s_commit, s_retain = self._sels
+      s_cb, s_enc, s_pso, s_buf, s_bytes, s_dispatch, s_end, s_commit, s_retain, s_release = self._sels
       ident, void, set_buffer, set_bytes = self._id, self._void, self._set_buffer, self._set_bytes
       pool = self._push()
       try:
@@ -105,9 +105,11 @@ class MetalProgram(Program):
         self._dispatch(enc, s_dispatch, self._groups, self._threads)
         void(enc, s_end)
         void(cb, s_commit)
-        ident(cb, s_retain)  # past the pool: the device waits on it (MetalState.committed releases the one before)
+        ident(cb, s_retain)  # past the pool: the device waits on it; the one it waited on before is let go
+        st = self.state
+        prev, st.last = st.last, cb  # MetalState.committed, inline: no second Python frame per launch
+        if prev: void(prev, s_release)
       finally: self._pop(pool)
-      self.state.committed(cb)
     if wait:
       self.state.wait(cb)
       return self.state.gpu_seconds(cb)
