@@ -22,7 +22,7 @@ def test_devices_explains_every_backend():
   rows = {line.split()[0]: line for line in lines[1:] if line and line.split()[0].isupper()}
   for name in ("CPU", "PYTHON", "CUDA", "NV", "AMD", "QCOM", "METAL", "CL", "WEBGPU"): assert name in rows
   assert "ready" in rows["CPU"] and "*" in rows["CPU"] and "CLANG*" in rows["CPU"]
-  assert "not installed" in rows["METAL"] and "fix: none from plugrt yet: plugrt-metal is not written" in r.stdout
+  assert "no device" in rows["METAL"] and "METAL: Metal needs macOS" in r.stdout  # plugrt-metal is installed; this is Linux
   assert "default device: CPU" in r.stdout
 
 
@@ -32,7 +32,7 @@ def test_devices_json_and_env_selection():
   assert data["default"] == "PYTHON" and data["environment_error"] is None
   rows = {b["device"]: b for b in data["backends"]}
   assert rows["PYTHON"]["default"] and not rows["CPU"]["default"]
-  assert rows["METAL"]["reason"] == "not installed" and rows["METAL"]["hint"] == "none from plugrt yet: plugrt-metal is not written"
+  assert rows["METAL"]["reason"] == "no device" and rows["METAL"]["detail"].startswith("Metal needs macOS") and rows["METAL"]["hint"]
   assert rows["CUDA"]["reason"] in ("not installed", "no device") and rows["CUDA"]["hint"]  # installed in CI, without a GPU
 
 

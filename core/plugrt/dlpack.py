@@ -230,4 +230,7 @@ def from_dlpack(obj: Any, device: Any = None) -> Imported:
   base = (t.data or 0) + t.byte_offset + lo * dt.itemsize
   if base == 0 or hi - lo <= 0:  # empty: nothing to wrap
     return Imported(Buffer(dev, 0, dt), shape, (0,) * len(shape), 0)
+  if dev_type == KDL_METAL and (start := t.byte_offset + lo * dt.itemsize):  # Metal's data is an MTLBuffer: wrap it, view inside
+    whole = Buffer.from_blob(t.data, start // dt.itemsize + hi - lo, dt, dev, keepalive=owner)
+    return Imported(whole.view(hi - lo, offset=start), shape, strides, -lo)
   return Imported(Buffer.from_blob(base, hi - lo, dt, dev, keepalive=owner), shape, strides, -lo)

@@ -82,6 +82,7 @@ DISTRIBUTIONS: dict[str, str] = {
   "plugrt-webgpu": "plugins/ops_webgpu",
   "plugrt-webgpu-wgpu": "plugins/ops_webgpu/iface_wgpu",
   "plugrt-webgpu-dawn": "plugins/ops_webgpu/iface_dawn",
+  "plugrt-metal": "plugins/ops_metal",
 }
 
 #: The libraries of this repository (distributions with no plugrt entry point) each distribution requires: installing
