@@ -1,5 +1,6 @@
 """Load either compiler's binary as a CPUProgram: a shared object (CLANG) is dlopen'ed
-from memory, a relocatable object (LLVM) is linked in-process by LLVM's JIT."""
+from memory, a relocatable object (LLVM) is linked in-process by LLVM's JIT; its groups are
+run by the grid runner of the compiler that made it (plugrt_cpu.grid)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ def check_elf(lib: bytes, name: str) -> int:
 
 
 def load_program(device: Any, name: str, lib: bytes, signature: Signature) -> Any:
+  from plugrt_cpu.grid import grid_runner
   from plugrt_cpu.program import CPUProgram
   kind = check_elf(lib, name)
   if kind == ET_DYN:
@@ -28,4 +30,4 @@ def load_program(device: Any, name: str, lib: bytes, signature: Signature) -> An
   else:
     from plugrt_cpu.llvm import load_object
     addr, owner = load_object(lib, name)
-  return CPUProgram(device, name, lib, signature, addr, owner)
+  return CPUProgram(device, name, lib, signature, addr, owner, grid_runner(device, "CLANG" if kind == ET_DYN else "LLVM"))
