@@ -85,12 +85,8 @@ def _load_runner(comp: Any) -> tuple[int, Any]:
   if (r := getattr(comp, "_grid_runner", None)) is not None: return r
   with _lock:
     if (r := getattr(comp, "_grid_runner", None)) is not None: return r
-    if comp.name == "LLVM":
-      from plugrt_cpu.llvm import load_object as load
-      src = LLVM_SOURCE
-    else:
-      from plugrt_cpu.clang import load_shared as load
-      src = C_SOURCE
+    from plugrt_cpu.llvm import load_object as load  # both compilers make relocatable objects
+    src = LLVM_SOURCE if comp.name == "LLVM" else C_SOURCE
     lib, cached = comp.compile_cached(src)
     try: r = load(lib, RUNNER)
     except Exception as e:

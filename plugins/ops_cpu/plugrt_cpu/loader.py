@@ -1,5 +1,6 @@
-"""Load either compiler's binary as a CPUProgram: a shared object (CLANG) is dlopen'ed
-from memory, a relocatable object (LLVM) is linked in-process by LLVM's JIT; its groups are
+"""Load either compiler's binary as a CPUProgram: a relocatable object (both compilers) is linked
+in-process by LLVM's JIT, a shared object (built by hand, or cached by an older plugrt) is dlopen'ed
+from memory; its groups are
 run by the grid runner of the compiler that made it (plugrt_cpu.grid)."""
 from __future__ import annotations
 
@@ -30,4 +31,9 @@ def load_program(device: Any, name: str, lib: bytes, signature: Signature) -> An
   else:
     from plugrt_cpu.llvm import load_object
     addr, owner = load_object(lib, name)
-  return CPUProgram(device, name, lib, signature, addr, owner, grid_runner(device, "CLANG" if kind == ET_DYN else "LLVM"))
+  return CPUProgram(device, name, lib, signature, addr, owner, grid_runner(device, _compiler_of(lib)))
+
+
+def _compiler_of(lib: bytes) -> str:
+  """Which compiler made an object (its runner is tried first): LLVM's objects say nothing of clang in .comment."""
+  return "CLANG" if b"clang version" in lib or b"GCC: (" in lib else "LLVM"
