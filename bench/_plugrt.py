@@ -50,10 +50,12 @@ class PlugrtCPU:
   def toolchain(self, compiler: str) -> str:
     """What compiles, for the notes (reads plugrt_cpu's compiler attributes where they are)."""
     comp = self.dev.compiler_for(compiler)
+    if compiler == "LLVM" and hasattr(comp, "api"):  # PLUGRT_CPU_LIBLLVM: the system's libLLVM
+      return f"{comp.api.path} through ctypes (PLUGRT_CPU_LIBLLVM), in-process"
     if compiler == "LLVM":
       import llvmlite.binding
       return f"llvmlite {llvmlite.__version__} (LLVM {'.'.join(map(str, llvmlite.binding.llvm_version_info))}), in-process"
-    return f"{getattr(comp, 'cc', 'clang')} -c, then {getattr(comp, 'ld', 'ld')} -shared"
+    return f"{getattr(comp, 'cc', 'clang')} -c (a relocatable object, linked in-process by LLVM's JIT)"
 
   def launcher(self, compiler: str, n: int) -> Callable[[], float]:
     """Seconds per direct Program call, over n calls."""

@@ -32,8 +32,13 @@ def probe_clang(ctx: PluginContext) -> Probe:
 
 
 def probe_llvm(ctx: PluginContext) -> Probe:
-  if not has_module("llvmlite"):
+  if not has_module("llvmlite"):  # it also links the objects into the process, whichever LLVM compiled them
     return Probe.missing(Reason.MISSING_TOOLCHAIN, "llvmlite is not installed", "pip install llvmlite")
+  if setting := ctx.get("PLUGRT_CPU_LIBLLVM"):  # opt-in: the system's release-built libLLVM compiles
+    from plugrt_cpu.libllvm import find_libllvm
+    path, why = find_libllvm(setting)
+    if path is None: return Probe.missing(Reason.MISSING_TOOLCHAIN, why, "install libLLVM 15 or later, or unset PLUGRT_CPU_LIBLLVM to use llvmlite")
+    return Probe.found(1, path)
   return Probe.found(1, "llvmlite")
 
 
@@ -64,6 +69,9 @@ def plugrt_allocator(device: DeviceInfo) -> Any:
 @hookimpl
 def plugrt_compiler(device: DeviceInfo, compiler: str) -> Any:
   if compiler == "LLVM":
+    if setting := device.context.get("PLUGRT_CPU_LIBLLVM"):
+      from plugrt_cpu.libllvm import make_compiler
+      return make_compiler(device, setting)
     from plugrt_cpu.llvm import LLVMCompiler
     return LLVMCompiler(device)
   from plugrt_cpu.clang import ClangCompiler
