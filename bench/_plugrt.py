@@ -83,9 +83,8 @@ class PlugrtCPU:
     src = comp.render(tiny_kernel(f"cached_{self._stamp}"))
     comp.compile(src)  # the miss that fills the cache
     if first_in_process:
-      memory = comp._memory  # plugrt.runtime.Compiler's binaries kept in this process
       def first() -> None:
-        memory.clear()
+        comp.drop_memory()
         comp.compile(src)
       return lambda: per_call(first, n)
     return lambda: per_call(lambda: comp.compile(src), n)

@@ -172,6 +172,9 @@ def test_memory_is_bounded_and_drops_the_oldest(tmp_path, monkeypatch):
   reads = _reads(a, monkeypatch)
   assert a.compile("aaaa") == b"AAAA" and reads and a.calls == 4  # dropped from memory: read from disk again, not recompiled
   assert list(a._memory) == ["cccc", "aaaa"] and a._memory_bytes == 8
+  a.drop_memory()
+  assert not a._memory and a._memory_bytes == 0
+  assert a.compile("cccc") == b"CCCC" and len(reads) == 2 and a.calls == 4  # read (and checked) again, not recompiled
 
 
 def test_threads_compiling_the_same_sources_get_whole_binaries(tmp_path, monkeypatch):

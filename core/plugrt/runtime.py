@@ -290,9 +290,16 @@ class Compiler:
       if len(lib) > MEMORY_CACHE_BYTES: return
       memory[src] = lib
       self._memory_bytes += len(lib)
-      while self._memory_bytes > MEMORY_CACHE_BYTES:
+      while self._memory_bytes > MEMORY_CACHE_BYTES and len(memory) > 1:
         gone = memory.pop(next(iter(memory)))
         self._memory_bytes -= len(gone)
+
+  def drop_memory(self) -> None:
+    """Forget the binaries kept in memory (the disk cache keeps them): the next compile() of each source reads and
+    checks its entry again, as a new process's first would."""
+    with self._memory_lock:
+      self._memory.clear()
+      self._memory_bytes = 0
 
   def forget(self, src: str) -> None:
     """Remove `src`'s binary from the disk cache (and from this process's memory of it)."""
