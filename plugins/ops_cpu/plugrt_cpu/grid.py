@@ -85,7 +85,11 @@ def _load_runner(comp: Any) -> tuple[int, Any]:
   if (r := getattr(comp, "_grid_runner", None)) is not None: return r
   with _lock:
     if (r := getattr(comp, "_grid_runner", None)) is not None: return r
-    from plugrt_cpu.llvm import load_object as load  # both compilers make relocatable objects
+    from plugrt_cpu.loader import check_elf, load_relocatable
+
+    def load(lib: bytes, name: str) -> tuple[int, Any]:  # both compilers make relocatable objects
+      check_elf(lib, name)
+      return load_relocatable(lib, name)
     src = LLVM_SOURCE if comp.name == "LLVM" else C_SOURCE
     lib, cached = comp.compile_cached(src)
     try: r = load(lib, RUNNER)
