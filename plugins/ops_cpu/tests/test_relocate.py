@@ -82,7 +82,7 @@ def test_a_damaged_relocation_is_refused_not_applied(dev, damage: str) -> None:
   entries = _rela_entries(bytes(obj))
   assert entries
   pos = entries[0]
-  r_offset, r_info, _ = struct.unpack_from("<QQq", obj, pos)
+  _, r_info, _ = struct.unpack_from("<QQq", obj, pos)
   if damage == "offset": struct.pack_into("<Q", obj, pos, 1 << 40)  # far past its section: would write anywhere
   elif damage == "symbol": struct.pack_into("<Q", obj, pos + 8, (0xFFFFFF << 32) | (r_info & 0xFFFFFFFF))
   else: struct.pack_into("<Q", obj, pos + 8, (r_info & ~0xFFFFFFFF) | 2)  # R_X86_64_PC32
