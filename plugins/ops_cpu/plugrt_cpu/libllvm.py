@@ -73,7 +73,7 @@ class LibLLVM:
         ("LLVMSetTarget", None, (P, S)), ("LLVMSetDataLayout", None, (P, S)), ("LLVMDisposeModule", None, (P,)),
         ("LLVMGetTargetFromTriple", B, (S, PP, PP)), ("LLVMCreateTargetMachine", P, (P, S, S, S, I, I, I)),
         ("LLVMCreateTargetDataLayout", P, (P,)), ("LLVMCopyStringRepOfTargetData", P, (P,)), ("LLVMDisposeTargetData", None, (P,)),
-        ("LLVMGetHostCPUName", P, ()), ("LLVMGetHostCPUFeatures", P, ()), ("LLVMDisposeMessage", None, (P,)),
+        ("LLVMGetDefaultTargetTriple", P, ()), ("LLVMGetHostCPUName", P, ()), ("LLVMGetHostCPUFeatures", P, ()), ("LLVMDisposeMessage", None, (P,)),
         ("LLVMCreatePassBuilderOptions", P, ()), ("LLVMPassBuilderOptionsSetLoopInterleaving", None, (P, B)),
         ("LLVMPassBuilderOptionsSetLoopVectorization", None, (P, B)), ("LLVMPassBuilderOptionsSetSLPVectorization", None, (P, B)),
         ("LLVMPassBuilderOptionsSetLoopUnrolling", None, (P, B)), ("LLVMRunPasses", P, (P, S, P, P)),
@@ -112,8 +112,7 @@ class LibLLVMCompiler(LLVMCompiler):
     self.renderer = CPULLVMRenderer()
     self.api = api = libllvm(path)
     lib = api.lib
-    from plugrt_cpu.llvm import host_target
-    self.triple = host_target()[0]
+    self.triple = api.message(lib.LLVMGetDefaultTargetTriple())  # the host's: llvmlite (20 ms to import) is not needed
     self.cpu, self.features = api.message(lib.LLVMGetHostCPUName()), api.message(lib.LLVMGetHostCPUFeatures())
     target, err = ctypes.c_void_p(), ctypes.c_void_p()
     if lib.LLVMGetTargetFromTriple(self.triple.encode(), ctypes.byref(target), ctypes.byref(err)):
