@@ -78,8 +78,12 @@ class CPULLVMRenderer(LLVMRenderer):
 
     for b in kernel.buffers: params[b] = slot(f"b{b.arg[0]}.{b.arg[1]}", "ptr")
     for s in kernel.scalars: params[s] = self._scalar(f, slot(f"slot{nslot}"), s.dtype, f"%s{s.arg[0]}.{s.arg[1]}")
-    dims = [slot(n) for n in ("ng0.64", "ng1.64", "ng2.64", "ls0.64", "ls1.64", "ls2.64")]
-    for d in dims: f.op(f"trunc i64 {d} to i32", d[:-3])
+    # the launch sizes the kernel reads, and only those: every instruction costs parse and pipeline time
+    used = {u.arg for u in kernel.uops if u.op is Ops.SPECIAL}
+    for k, d in enumerate(("ng0", "ng1", "ng2", "ls0", "ls1", "ls2")):
+      if (("num_groups", "local_size")[k // 3], k % 3) not in used: continue
+      addr = f.op(f"getelementptr inbounds i64, ptr %args, i64 {nslot + k}")
+      f.op(f"trunc i64 {f.op(f'load i64, ptr {addr}, align 8', f'%{d}.64')} to i32", f"%{d}")
     # one group per call: a SPILL array (a dynamic alloca) is given back when the call returns
     self.emit_body(f, kernel, params)
     f.emit("ret void")
