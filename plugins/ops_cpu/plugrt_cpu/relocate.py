@@ -58,7 +58,7 @@ def _process_symbol(name: str) -> int:
 def link(obj: bytes, name: str) -> tuple[int, Mapped] | None:
   """(address of function `name`, owner of the memory) for an x86-64 relocatable object that check_elf accepted,
   or None when this linker does not handle the object (the caller uses LLVM's JIT)."""
-  if struct.unpack_from("<H", obj, 18)[0] != EM_X86_64: return None
+  if len(obj) < 64 or struct.unpack_from("<H", obj, 18)[0] != EM_X86_64: return None
   shoff, = struct.unpack_from("<Q", obj, 0x28)
   shnum, shstrndx = struct.unpack_from("<HH", obj, 0x3C)
   secs = [struct.unpack_from("<IIQQQQIIQQ", obj, shoff + i * 64) for i in range(shnum)]
@@ -72,7 +72,7 @@ def link(obj: bytes, name: str) -> tuple[int, Mapped] | None:
   place: dict[int, int] = {}
   size = 0
   for i, (_, _, flags, _, _, sh_size, _, _, align, _) in enumerate(secs):
-    if not flags & SHF_ALLOC or sec_name(i).startswith(_SKIPPED): continue
+    if not flags & SHF_ALLOC or sec_name(i).startswith(_SKIPPED) or (flags & SHF_WRITE and not sh_size): continue  # gcc's empty .data
     if flags & SHF_WRITE: return None  # kernels keep no writable data; the memory becomes read+execute
     align = max(int(align), 1)
     if align & (align - 1) or align > mmap.PAGESIZE: return None

@@ -53,6 +53,20 @@ def test_both_compilers_objects_are_linked_without_llvm(dev, compiler: str) -> N
   run(dev, k, *linked, compiler)
 
 
+def test_gccs_objects_are_linked_too(dev, tmp_path) -> None:
+  """gcc (CC=gcc) adds empty .data and .bss sections: nothing to place, no reason to fall back."""
+  k = sin_kernel()
+  src = dev.compiler_for("CLANG").render(k)
+  from plugrt_cpu.clang import CFLAGS
+  p = subprocess.run(["gcc", *CFLAGS, "-x", "c", "-", "-c", "-o", str(tmp_path / "k.o")], input=src.encode(), capture_output=True)
+  if p.returncode != 0: pytest.skip(f"no working gcc here: {p.stderr[-200:]!r}")
+  obj = (tmp_path / "k.o").read_bytes()
+  check_elf(obj, k.name)
+  linked = link(obj, k.name)
+  assert linked is not None
+  run(dev, k, *linked, "CLANG")
+
+
 def test_an_object_with_pc_relative_relocations_goes_to_the_jit(dev) -> None:
   k = sin_kernel()
   src = dev.compiler_for("CLANG").render(k)
