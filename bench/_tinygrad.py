@@ -126,7 +126,7 @@ class TinygradCPU:
       return time.perf_counter() - t
     return once
 
-  def cache_hit(self, name: str, n: int) -> Callable[[], float]:
+  def cache_hit(self, name: str, n: int, first_in_process: bool = False) -> Callable[[], float]:
     """Seconds per compile_cached() of a source already in the disk cache, over n calls."""
     comp = self.renderer(name)[0].compiler
     if comp.cachekey is None: raise RuntimeError("tinygrad's compiler cache is off (CCACHE=0)")

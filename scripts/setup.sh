@@ -14,8 +14,9 @@ cd "$(dirname "$0")/.."
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 # clang: the CPU backend; PoCL: OpenCL on the CPU; Mesa's lavapipe (Vulkan) and llvmpipe (OpenGL): WebGPU on the CPU;
-# python3-venv: Debian and Ubuntu keep `python3 -m venv` (ensurepip) out of python3
-APT="clang binutils pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1 libegl1 libgl1-mesa-dri python3 python3-venv"
+# python3-venv: Debian and Ubuntu keep `python3 -m venv` (ensurepip) out of python3; libllvm19: the CPU's opt-in
+# PLUGRT_CPU_LIBLLVM compiler (its tests skip without a libLLVM 15+)
+APT="clang binutils libllvm19 pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1 libegl1 libgl1-mesa-dri python3 python3-venv"
 KIND=$(plugrt_env_kind)
 if ! command -v clang >/dev/null || ! command -v ld >/dev/null || ! [ -e /etc/OpenCL/vendors/pocl.icd ] || \
    ! ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || ! command -v python3 >/dev/null || \

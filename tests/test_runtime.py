@@ -118,6 +118,85 @@ def test_cpu_compile_uses_the_cache(tmp_path, monkeypatch):
   assert comp.compile(src) == lib
 
 
+def _reads(comp, monkeypatch):
+  """Count the compiler's disk-cache reads."""
+  reads = []
+  real = comp._disk.get
+  monkeypatch.setattr(comp._disk, "get", lambda key: reads.append(key) or real(key))
+  return reads
+
+
+def test_a_repeated_compile_is_served_from_memory_and_checked_once(tmp_path, monkeypatch):
+  monkeypatch.setenv("PLUGRT_CACHE_DIR", str(tmp_path))
+  info = DeviceInfo("UNIT", 0, "COUNT")
+  CountingCompiler(info).compile("src")  # another process's compile: the entry is on disk
+  a = CountingCompiler(info)
+  reads = _reads(a, monkeypatch)
+  assert a.compile_cached("src") == (b"SRC", True) and len(reads) == 1  # first read: from disk, its sha256 checked
+  assert a.compile_cached("src") == (b"SRC", True) and len(reads) == 1  # then from memory: no read, no hash
+  assert a.compile("new") == b"NEW" and a.compile("new") == b"NEW" and a.calls == 1 and len(reads) == 2  # compiled once, kept
+  a.forget("src")  # forgetting drops the memory too: the next compile is a real one
+  assert a.compile_cached("src") == (b"SRC", False) and a.calls == 2
+  monkeypatch.setenv("PLUGRT_CACHE", "0")  # the cache switched off later: memory is not served either
+  assert a.compile_cached("new") == (b"NEW", False) and a.calls == 3
+
+
+def test_an_entry_corrupted_after_another_process_loaded_it_is_never_served(tmp_path, monkeypatch):
+  """Process A read (and checked) the entry; then the file is damaged. A keeps serving the bytes it checked; every
+  other process (a new compiler: nothing in its memory) checks the file at its first read, finds it bad, removes
+  it and compiles again. The memory never holds bytes that were not checked or compiled."""
+  monkeypatch.setenv("PLUGRT_CACHE_DIR", str(tmp_path))
+  info = DeviceInfo("UNIT", 0, "COUNT")
+  CountingCompiler(info).compile("src")
+  a = CountingCompiler(info)
+  assert a.compile("src") == b"SRC" and a.calls == 0
+  (entry,) = [p for p in tmp_path.rglob("*") if p.is_file() and not p.name.startswith(".")]
+  data = bytearray(entry.read_bytes())
+  data[-1] ^= 0xFF
+  entry.write_bytes(bytes(data))
+  assert a.compile("src") == b"SRC" and a.calls == 0  # A: from memory, the bytes checked when it read them
+  b = CountingCompiler(info)
+  with pytest.warns(UserWarning, match="corrupt"): assert b.compile("src") == b"SRC"
+  assert b.calls == 1 and entry.read_bytes()[-3:] == b"SRC"  # removed, compiled again, written back whole
+
+
+def test_memory_is_bounded_and_drops_the_oldest(tmp_path, monkeypatch):
+  import plugrt.runtime as R
+  monkeypatch.setenv("PLUGRT_CACHE_DIR", str(tmp_path))
+  monkeypatch.setattr(R, "MEMORY_CACHE_BYTES", 10)
+  a = CountingCompiler(DeviceInfo("UNIT", 0, "COUNT"))
+  for src in ("aaaa", "bbbb", "cccc"): a.compile(src)
+  assert list(a._memory) == ["bbbb", "cccc"] and a._memory_bytes == 8  # full: the oldest went
+  a.compile("x" * 11)  # larger than the whole memory: compiled and on disk, not kept
+  assert list(a._memory) == ["bbbb", "cccc"]
+  reads = _reads(a, monkeypatch)
+  assert a.compile("aaaa") == b"AAAA" and reads and a.calls == 4  # dropped from memory: read from disk again, not recompiled
+  assert list(a._memory) == ["cccc", "aaaa"] and a._memory_bytes == 8
+  a.drop_memory()
+  assert not a._memory and a._memory_bytes == 0
+  assert a.compile("cccc") == b"CCCC" and len(reads) == 2 and a.calls == 4  # read (and checked) again, not recompiled
+
+
+def test_threads_compiling_the_same_sources_get_whole_binaries(tmp_path, monkeypatch):
+  import plugrt.runtime as R
+  monkeypatch.setenv("PLUGRT_CACHE_DIR", str(tmp_path))
+  monkeypatch.setattr(R, "MEMORY_CACHE_BYTES", 4000)  # small: threads also drop and re-read entries
+  a = CountingCompiler(DeviceInfo("UNIT", 0, "COUNT"))
+  srcs = [f"kernel {i} " * 40 for i in range(30)]
+  errors = []
+  def work(seed):
+    try:
+      for i in range(300):
+        src = srcs[(i * seed) % len(srcs)]
+        assert a.compile(src) == src.upper().encode()
+    except Exception as e: errors.append(e)
+  threads = [threading.Thread(target=work, args=(s,)) for s in (1, 7, 11, 13)]
+  for t in threads: t.start()
+  for t in threads: t.join()
+  assert not errors
+  assert a._memory_bytes == sum(map(len, a._memory.values())) <= 4000
+
+
 # ---------------------------------------------------------------- allocator
 
 class FakeAllocator(Allocator[int]):

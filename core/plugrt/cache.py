@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import stat
 import time
 import warnings
@@ -45,7 +46,7 @@ DEFAULT_MAX_MB = 1024
 _SIZE_FILE = ".size"  # the running total of the entries' bytes, kept by put
 _TOUCH_AFTER = 60.0  # seconds: a hit refreshes the entry's mtime (its age for eviction) at most this often
 _STALE_TMP = 3600.0  # seconds: a temporary file this old was left by a writer that died
-_HEX = frozenset("0123456789abcdef")
+_SEP = os.sep
 _UID = os.getuid() if hasattr(os, "getuid") else None
 _O_NOFOLLOW, _O_CLOEXEC = getattr(os, "O_NOFOLLOW", 0), getattr(os, "O_CLOEXEC", 0)
 _O_READ = os.O_RDONLY | _O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | _O_CLOEXEC  # a FIFO opens at once, and is then refused
@@ -221,9 +222,9 @@ class DiskCache:
 
   def get(self, key: str) -> bytes | None:
     if not (base := self._base()) or not _valid_key(key): return None
-    shard = os.path.join(base, key[:2])
+    shard = f"{base}{_SEP}{key[:2]}"  # os.path.join's result, without its cost (a first hit in a process is ~14 us)
     if shard not in self._checked and not (self._dir_ok(base, False) and self._dir_ok(shard, False)): return None
-    path = os.path.join(shard, key)
+    path = f"{shard}{_SEP}{key}"
     try: fd = os.open(path, _O_READ)
     except OSError as e:
       if e.errno == errno.ELOOP: self._discard(path, "is a symbolic link")
@@ -293,7 +294,10 @@ class DiskCache:
     finally: os.close(fd)
 
 
-def _valid_key(key: str) -> bool: return len(key) == 64 and set(key) <= _HEX
+_KEY = re.compile("[0-9a-f]{64}")
+
+
+def _valid_key(key: str) -> bool: return isinstance(key, str) and _KEY.fullmatch(key) is not None
 
 
 class Entry(NamedTuple):

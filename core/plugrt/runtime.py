@@ -243,10 +243,17 @@ class Allocator(Generic[H]):
     """The address a DLPack consumer uses for this handle; called only when dlpack_device() is not None."""
     raise NotImplementedError
 
+
+#: the most bytes of binaries one compiler keeps in memory (CPU kernels are about 5 KB: some 13000 of them)
+MEMORY_CACHE_BYTES = 64 << 20
+
+
 class Compiler:
   """Kernel IR -> source (render) -> binary (compile, through the disk cache).
 
-  Subclasses set `name` and `cache_namespace`, and implement render(),
+  A compiler also keeps the binaries it compiled or read from the disk cache in this process, by source
+  (at most MEMORY_CACHE_BYTES): the disk entry's sha256 is checked when it is first read, and a repeated
+  compile() of the same source is a dictionary lookup. Subclasses set `name` and `cache_namespace`, and implement render(),
   compile_uncached() and toolchain(): the strings that decide the binary besides
   the source (toolchain version, target, arch). They go into the cache key.
   """
@@ -259,6 +266,12 @@ class Compiler:
     from plugrt.cache import DiskCache
     self._env = device.context.env  # PLUGRT_CACHE, PLUGRT_CACHE_DIR, PLUGRT_CACHE_MAX_MB come from the device's context
     self._disk = DiskCache(self.cache_namespace, env=self._env) if self.cache_namespace else None
+    # binaries this process compiled or read (and checked) from the disk cache, by source: a repeated compile() of one
+    # source is a dict lookup, and the entry's hash is checked once per process, when it is first read
+    self._memory: dict[str, bytes] = {}
+    self._memory_bytes = 0
+    import _thread
+    self._memory_lock = _thread.allocate_lock()
 
   def render(self, kernel: Kernel) -> str: raise NotImplementedError
   def compile_uncached(self, src: str) -> bytes: raise NotImplementedError
@@ -283,15 +296,40 @@ class Compiler:
     to load is no reason to fail: the caller hands it to recompile()."""
     from plugrt.cache import cache_enabled
     if self._disk is None or not cache_enabled(self._env): return self.compile_uncached(src), False
+    if (lib := self._memory.get(src)) is not None: return lib, True
     key = self.cache_key(src)
-    if (lib := self._disk.get(key)) is not None: return lib, True
+    if (lib := self._disk.get(key)) is not None:
+      self._remember(src, lib)
+      return lib, True
     lib = self.compile_uncached(src)
     self._disk.put(key, lib)
+    self._remember(src, lib)
     return lib, False
 
+  def _remember(self, src: str, lib: bytes) -> None:
+    """Keep `src`'s binary in memory; past MEMORY_CACHE_BYTES the oldest binaries kept are dropped (the disk keeps them)."""
+    memory = self._memory
+    with self._memory_lock:  # hits read the dict without it: one dict operation is atomic
+      if (old := memory.pop(src, None)) is not None: self._memory_bytes -= len(old)
+      if len(lib) > MEMORY_CACHE_BYTES: return
+      memory[src] = lib
+      self._memory_bytes += len(lib)
+      while self._memory_bytes > MEMORY_CACHE_BYTES and len(memory) > 1:
+        gone = memory.pop(next(iter(memory)))
+        self._memory_bytes -= len(gone)
+
+  def drop_memory(self) -> None:
+    """Forget the binaries kept in memory (the disk cache keeps them): the next compile() of each source reads and
+    checks its entry again, as a new process's first would."""
+    with self._memory_lock:
+      self._memory.clear()
+      self._memory_bytes = 0
+
   def forget(self, src: str) -> None:
-    """Remove `src`'s binary from the disk cache."""
+    """Remove `src`'s binary from the disk cache (and from this process's memory of it)."""
     from plugrt.cache import cache_enabled
+    with self._memory_lock:
+      if (gone := self._memory.pop(src, None)) is not None: self._memory_bytes -= len(gone)
     if self._disk is not None and cache_enabled(self._env): self._disk.evict(self.cache_key(src))
 
   def recompile(self, src: str, error: BaseException) -> bytes:
@@ -304,7 +342,9 @@ class Compiler:
     warnings.warn(f"plugrt: {self.name}: a cached binary failed to load ({type(error).__name__}: {error}); "
                   f"removed it from the compile cache and compiled again", stacklevel=3)
     lib = self.compile_uncached(src)
-    if self._disk is not None and cache_enabled(self._env): self._disk.put(self.cache_key(src), lib)
+    if self._disk is not None and cache_enabled(self._env):
+      self._disk.put(self.cache_key(src), lib)
+      self._remember(src, lib)
     return lib
 
 

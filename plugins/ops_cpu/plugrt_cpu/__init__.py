@@ -28,13 +28,17 @@ def probe_clang(ctx: PluginContext) -> Probe:
   if cc is None:
     hint = "install it or unset CC" if what.startswith("CC=") else "apt-get install clang (or set CC to a C compiler)"
     return Probe.missing(Reason.MISSING_TOOLCHAIN, f"{what} is not on PATH", hint)
-  if ctx.which("ld") is None: return Probe.missing(Reason.MISSING_TOOLCHAIN, "the linker ld is not on PATH", "apt-get install binutils")
   return Probe.found(1, cc)
 
 
 def probe_llvm(ctx: PluginContext) -> Probe:
-  if not has_module("llvmlite"):
+  if not has_module("llvmlite"):  # it also links the objects into the process, whichever LLVM compiled them
     return Probe.missing(Reason.MISSING_TOOLCHAIN, "llvmlite is not installed", "pip install llvmlite")
+  if setting := ctx.get("PLUGRT_CPU_LIBLLVM"):  # opt-in: the system's release-built libLLVM compiles
+    from plugrt_cpu.libllvm import find_libllvm
+    path, why = find_libllvm(setting)
+    if path is None: return Probe.missing(Reason.MISSING_TOOLCHAIN, why, "install libLLVM 15 or later, or unset PLUGRT_CPU_LIBLLVM to use llvmlite")
+    return Probe.found(1, path)
   return Probe.found(1, "llvmlite")
 
 
@@ -50,7 +54,7 @@ def probe_cpu(ctx: PluginContext) -> Probe:
 def plugrt_backends() -> list[BackendSpec]:
   return [BackendSpec(
     name="CPU", api_version="1.2", probe=probe_cpu, priority=10,
-    compilers=(CompilerSpec("CLANG", "C through clang, loaded from memory", probe_clang),
+    compilers=(CompilerSpec("CLANG", "C through clang, linked in-process", probe_clang),
                CompilerSpec("LLVM", "LLVM IR through llvmlite, in-process", probe_llvm)),
     aliases=(Alias("CLANG", "CPU:CLANG"), Alias("LLVM", "CPU:LLVM")),
     description="the host CPU, every core")]
@@ -65,6 +69,9 @@ def plugrt_allocator(device: DeviceInfo) -> Any:
 @hookimpl
 def plugrt_compiler(device: DeviceInfo, compiler: str) -> Any:
   if compiler == "LLVM":
+    if setting := device.context.get("PLUGRT_CPU_LIBLLVM"):
+      from plugrt_cpu.libllvm import make_compiler
+      return make_compiler(device, setting)
     from plugrt_cpu.llvm import LLVMCompiler
     return LLVMCompiler(device)
   from plugrt_cpu.clang import ClangCompiler

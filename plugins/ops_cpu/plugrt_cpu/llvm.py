@@ -3,12 +3,13 @@
 The renderer is the core's LLVM renderer with the CPU calling convention shared with
 the C renderer (see plugrt_cpu.program):
 
-    void NAME(ptr %args, i64 %g0, i64 %g1)
+    void NAME(ptr %args, i32 %gid0, i32 %gid1, i32 %gid2)
 
 args holds the buffer addresses, one 8-byte slot per scalar, then the number of
-groups and the group size per axis; the function runs groups g0 .. g1-1 (flattened,
-x fastest). The kernel is first lowered (plugrt.lowering.serialize_groups) so that a
-group is one iteration of that loop. float16/bfloat16 are emulated (held as float,
+groups and the group size per axis; the function runs one group. The kernel is first
+lowered (plugrt.lowering.serialize_groups) so that one call runs a group's threads; the
+grid is run by plugrt_cpu.grid's runner (a kernel has no loop over groups: that loop
+was half of a small kernel's compile time). float16/bfloat16 are emulated (held as float,
 rounded after every op), because LLVM's own half conversions call compiler-rt
 functions that an in-process JIT cannot resolve.
 
@@ -77,29 +78,17 @@ class CPULLVMRenderer(LLVMRenderer):
 
     for b in kernel.buffers: params[b] = slot(f"b{b.arg[0]}.{b.arg[1]}", "ptr")
     for s in kernel.scalars: params[s] = self._scalar(f, slot(f"slot{nslot}"), s.dtype, f"%s{s.arg[0]}.{s.arg[1]}")
-    dims = [slot(n) for n in ("ng0.64", "ng1.64", "ng2.64", "ls0.64", "ls1.64", "ls2.64")]
-    for d in dims: f.op(f"trunc i64 {d} to i32", d[:-3])
-    ng01 = f.op("mul i64 %ng0.64, %ng1.64", "%ng01")
-    # the group loop: gid = (g % ng0, g / ng0 % ng1, g / (ng0 * ng1)); unused ids are optimised away
-    f.branch("g.head")
-    f.op("phi i64 [ %g0, %entry ], [ %g.next, %g.latch ]", "%g")
-    f.emit(f"br i1 {f.op('icmp ult i64 %g, %g1')}, label %g.body, label %g.exit")
-    f.label("g.body")
-    f.op("trunc i64 " + f.op("urem i64 %g, %ng0.64") + " to i32", "%gid0")
-    f.op("trunc i64 " + f.op("urem i64 " + f.op("udiv i64 %g, %ng0.64") + ", %ng1.64") + " to i32", "%gid1")
-    f.op("trunc i64 " + f.op(f"udiv i64 %g, {ng01}") + " to i32", "%gid2")
-    spills = any(u.op is Ops.SPILL for u in kernel.uops)
-    if spills:  # SPILL arrays are dynamic allocas: give their stack back after every group
-      f.op(f"call ptr {f.declare('llvm.stacksave.p0', 'declare ptr @llvm.stacksave.p0()')}()", "%g.stack")
+    # the launch sizes the kernel reads, and only those: every instruction costs parse and pipeline time
+    used = {u.arg for u in kernel.uops if u.op is Ops.SPECIAL}
+    for k, d in enumerate(("ng0", "ng1", "ng2", "ls0", "ls1", "ls2")):
+      if (("num_groups", "local_size")[k // 3], k % 3) not in used: continue
+      addr = f.op(f"getelementptr inbounds i64, ptr %args, i64 {nslot + k}")
+      f.op(f"trunc i64 {f.op(f'load i64, ptr {addr}, align 8', f'%{d}.64')} to i32", f"%{d}")
+    # one group per call: a SPILL array (a dynamic alloca) is given back when the call returns
     self.emit_body(f, kernel, params)
-    f.branch("g.latch")
-    if spills: f.emit(f"call void {f.declare('llvm.stackrestore.p0', 'declare void @llvm.stackrestore.p0(ptr)')}(ptr %g.stack)")
-    f.op("add nuw i64 %g, 1", "%g.next")
-    f.emit(f"br label %g.head{f.plain_loop()}")  # the group loop: optimising it only costs compile time
-    f.label("g.exit")
     f.emit("ret void")
-    # args is read-only and no buffer overlaps it: the slot loads stay out of the loops
-    return self.define(f, f"define void @{kernel.name}(ptr noalias readonly %args, i64 %g0, i64 %g1) {self.fn_attrs}")
+    # args is read-only and no buffer overlaps it: the slot loads stay out of the thread loops
+    return self.define(f, f"define void @{kernel.name}(ptr noalias readonly %args, i32 %gid0, i32 %gid1, i32 %gid2) {self.fn_attrs}")
 
 
 # ---------------------------------------------------------------- llvmlite, initialised once

@@ -1,5 +1,7 @@
-"""Load either compiler's binary as a CPUProgram: a shared object (CLANG) is dlopen'ed
-from memory, a relocatable object (LLVM) is linked in-process by LLVM's JIT."""
+"""Load either compiler's binary as a CPUProgram: a relocatable object (both compilers) is linked
+in-process (plugrt_cpu.relocate, else LLVM's JIT), a shared object (built by hand, or cached by an older plugrt) is dlopen'ed
+from memory; its groups are
+run by the grid runner of the compiler that made it (plugrt_cpu.grid)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -20,12 +22,25 @@ def check_elf(lib: bytes, name: str) -> int:
 
 
 def load_program(device: Any, name: str, lib: bytes, signature: Signature) -> Any:
+  from plugrt_cpu.grid import grid_runner
   from plugrt_cpu.program import CPUProgram
   kind = check_elf(lib, name)
   if kind == ET_DYN:
     from plugrt_cpu.clang import load_shared
     addr, owner = load_shared(lib, name)
-  else:
-    from plugrt_cpu.llvm import load_object
-    addr, owner = load_object(lib, name)
-  return CPUProgram(device, name, lib, signature, addr, owner)
+  else: addr, owner = load_relocatable(lib, name)
+  return CPUProgram(device, name, lib, signature, addr, owner, grid_runner(device, _compiler_of(lib)))
+
+
+def _compiler_of(lib: bytes) -> str:
+  """Which compiler made an object (its runner is tried first): LLVM's objects say nothing of clang in .comment."""
+  return "CLANG" if b"clang version" in lib or b"GCC: (" in lib else "LLVM"
+
+
+def load_relocatable(lib: bytes, name: str) -> tuple[int, Any]:
+  """Link a relocatable object into the process (checked by check_elf first): plugrt's own linker where it knows the
+  object (x86-64, absolute relocations: no LLVM needed), else LLVM's JIT. Returns (address of `name`, owner)."""
+  from plugrt_cpu.relocate import link
+  if (linked := link(lib, name)) is not None: return linked
+  from plugrt_cpu.llvm import load_object
+  return load_object(lib, name)

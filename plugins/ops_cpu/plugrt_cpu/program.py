@@ -1,8 +1,9 @@
 """CPU programs: load compiled code and call it.
 
-Calling convention (both compilers): ``void NAME(const u64 *args, u64 g0, u64 g1)``
-runs groups g0..g1-1; args = buffer addresses, one 8-byte slot per scalar, then
-num_groups[3] and local_size[3]. A launch with the same arguments as the previous
+Calling convention (both compilers): ``void NAME(const u64 *args, u32 gid0, u32 gid1, u32 gid2)``
+runs one group; args = buffer addresses, one 8-byte slot per scalar, then num_groups[3]
+and local_size[3]. A launch is one foreign call of the grid runner (plugrt_cpu.grid) on
+the block [kernel address, ng0, ng1, args...], which calls the kernel for each group. A launch with the same arguments as the previous
 one makes one foreign call on the argument block prepared for them; other arguments
 get a new prepared launch (its own block), so threads sharing a program never see
 each other's arguments. Grids with enough work are split across cores: ctypes releases
@@ -78,29 +79,33 @@ class _Launch(PreparedCall):
   """One prepared launch: the call it was made for (PreparedCall) and its own argument block, never changed once
   built. The program swaps in a new one by a single assignment, so a launch on another thread reads either the old
   or the new set, never a mix, and no thread rewrites a block that another thread's foreign call is reading."""
-  __slots__ = ("args", "argp", "ngroups", "parallel", "tail")
+  __slots__ = ("args", "argp", "head", "ngroups", "parallel", "tail")
 
-  def __init__(self, argtype: Any, bufs: tuple, call: tuple, tail: list[int], ngroups: Any, parallel: bool):
+  def __init__(self, argtype: Any, head: list[int], bufs: tuple, call: tuple, tail: list[int], ngroups: Any, parallel: bool):
     self.bufs, (self.vals, self.dims) = bufs, call  # the PreparedCall (plugrt.launchargs.call_key)
-    self.tail = tail  # the scalar slots, then num_groups[3], local_size[3]
-    self.args = a = argtype()
-    for i, b in enumerate(bufs): a[i] = b.handle
-    a[len(bufs):] = tail
+    self.head, self.tail = head, tail  # [kernel, ng0, ng1]; the scalar slots, then num_groups[3], local_size[3]
+    self.args = a = argtype()  # [kernel, ng0, ng1] (set by the program), then the kernel's args
+    a[0:3] = head
+    for i, b in enumerate(bufs): a[3 + i] = b.handle
+    a[3 + len(bufs):] = tail
     self.argp = ctypes.c_void_p(ctypes.addressof(a))
     self.ngroups = ngroups  # a c_uint64, never written: launches made for the same sizes share it
     self.parallel = parallel  # split across the worker pool
 
 
-_NONE = _Launch(ctypes.c_uint64 * 0, (), NO_CALL.call, [], _ZERO, False)  # matches no call: the first launch prepares
+_NONE = _Launch(ctypes.c_uint64 * 3, [0, 1, 1], (), NO_CALL.call, [], _ZERO, False)  # matches no call: the first launch prepares
 
 
 class CPUProgram(Program):
-  def __init__(self, device: Any, name: str, lib: bytes, signature: Signature, fn_addr: int, keepalive: Any):
+  def __init__(self, device: Any, name: str, lib: bytes, signature: Signature, fn_addr: int, keepalive: Any,
+               runner: tuple[int, Any]):
+    """fn_addr: the kernel (one group per call); runner: (address, owner) of the grid runner that calls it."""
     super().__init__(device, name, lib, signature)
-    self._keepalive = keepalive  # the loaded library or JIT engine that owns the code
-    self._fn = KernelFn(fn_addr)
+    self._keepalive = (keepalive, runner[1])  # the loaded library or JIT engine that owns the code, and the runner's
+    self._kernel_addr = fn_addr
+    self._fn = KernelFn(runner[0])
     self._pack = [slot_packer(dt) for dt in signature.scalars]
-    self._argtype = ctypes.c_uint64 * (self.nbufs + self.nvals + 6)
+    self._argtype = ctypes.c_uint64 * (3 + self.nbufs + self.nvals + 6)
     self._launch = _NONE
     self.launch_limits = LaunchLimits(str(device), max_local_total=MAX_GROUP_THREADS)
 
@@ -122,12 +127,12 @@ class CPUProgram(Program):
     """A new prepared launch (`last`, the current one, lends its checked scalars and sizes when only the buffers changed)."""
     if vals == last.vals and (global_size, local_size) == last.dims and len(bufs) == self.nbufs and \
        all(type(b) is Buffer and b.device is self.device and b.dtype is dt for b, dt in zip(bufs, self.signature.buffers)):
-      return _Launch(self._argtype, bufs, (last.vals, last.dims), last.tail, last.ngroups, last.parallel)
+      return _Launch(self._argtype, last.head, bufs, (last.vals, last.dims), last.tail, last.ngroups, last.parallel)
     gs, ls = self.check_args(bufs, vals, global_size, local_size)
     tail = [pack(v) for v, pack in zip(vals, self._pack)] + [*gs, *ls]
     ngroups = math.prod(gs)
-    return _Launch(self._argtype, bufs, call_key(vals, global_size, local_size), tail, ctypes.c_uint64(ngroups),
-                   ngroups * math.prod(ls) >= PARALLEL_MIN_THREADS)
+    return _Launch(self._argtype, [self._kernel_addr, gs[0], gs[1]], bufs, call_key(vals, global_size, local_size), tail,
+                   ctypes.c_uint64(ngroups), ngroups * math.prod(ls) >= PARALLEL_MIN_THREADS)
 
   def _parallel(self, launch: _Launch, wait: bool) -> float | None:
     st = time.perf_counter()

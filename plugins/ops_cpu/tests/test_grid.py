@@ -1,0 +1,76 @@
+"""The grid runner (plugrt_cpu.grid): every group of every grid shape runs exactly once, on one thread and split
+over the worker pool, for kernels of both compilers, with either compiler's runner; shared objects still load."""
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from plugrt import Buffer, Device, KernelBuilder, dtypes
+from plugrt.ir import Kernel
+from plugrt_cpu import program as cpu_program
+from plugrt_cpu.grid import grid_runner
+from plugrt_cpu.program import CPUProgram
+
+pytest.importorskip("llvmlite")
+
+
+@pytest.fixture(scope="module")
+def dev():
+  return Device["CPU"]
+
+
+def count_kernel() -> Kernel:
+  """hits[flat group id] += 1, and ids[flat] = the group id seen on each axis (x + 1000 y + 1000000 z)."""
+  b = KernelBuilder("grid_count")
+  hits, ids = b.buffer("hits", dtypes.int32), b.buffer("ids", dtypes.int32)
+  g = b.group_id(0) + b.num_groups(0) * (b.group_id(1) + b.num_groups(1) * b.group_id(2))
+  hits[g] = hits[g] + 1
+  ids[g] = b.group_id(0) + b.group_id(1) * 1000 + b.group_id(2) * 1000000
+  return b.finish()
+
+
+def want_ids(gs: tuple[int, int, int]) -> np.ndarray:
+  z, y, x = np.meshgrid(*(np.arange(n) for n in gs[::-1]), indexing="ij")
+  return (x + 1000 * y + 1000000 * z).astype(np.int32).ravel()
+
+
+@pytest.mark.parametrize("compiler", ["CLANG", "LLVM"])
+@pytest.mark.parametrize("gs", [(1, 1, 1), (7, 1, 1), (1, 5, 1), (1, 1, 3), (3, 5, 7), (1000, 3, 2)])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_every_group_runs_once_with_its_ids(dev, compiler: str, gs: tuple[int, int, int], parallel: bool, monkeypatch) -> None:
+  if parallel: monkeypatch.setattr(cpu_program, "PARALLEL_MIN_THREADS", 1)  # split even small grids over the workers
+  prg = dev.program(count_kernel(), compiler)
+  n = gs[0] * gs[1] * gs[2]
+  hits, ids = Buffer(dev, n, dtypes.int32).copyin(np.zeros(n, np.int32)), Buffer(dev, n, dtypes.int32)
+  prg(hits, ids, global_size=gs, local_size=(1, 1, 1), wait=True)
+  assert (hits.numpy() == 1).all(), f"groups ran {hits.numpy().tolist()} times"
+  assert (ids.numpy() == want_ids(gs)).all()
+
+
+@pytest.mark.parametrize("compiler,runner", [("CLANG", "LLVM"), ("LLVM", "CLANG")])
+def test_either_runner_runs_either_compilers_kernel(dev, compiler: str, runner: str) -> None:
+  """The runner and the kernel share only the C calling convention: any runner calls any kernel."""
+  from plugrt_cpu.llvm import load_object
+  k = count_kernel()
+  comp = dev.compiler_for(compiler)
+  lib = comp.compile(comp.render(k))
+  addr, owner = load_object(lib, k.name)
+  prg = CPUProgram(dev, k.name, lib, k.signature, addr, owner, grid_runner(dev, runner))
+  gs = (4, 3, 2)
+  hits, ids = Buffer(dev, 24, dtypes.int32).copyin(np.zeros(24, np.int32)), Buffer(dev, 24, dtypes.int32)
+  prg(hits, ids, global_size=gs, wait=True)
+  assert (hits.numpy() == 1).all() and (ids.numpy() == want_ids(gs)).all()
+
+
+def test_a_shared_object_still_loads(dev, tmp_path) -> None:
+  """CLANG makes relocatable objects now; a shared object of the same source (built by hand) is dlopen'ed."""
+  k = count_kernel()
+  src = dev.compiler_for("CLANG").render(k)
+  so = tmp_path / "k.so"
+  subprocess.run(["clang", "-O2", "-fPIC", "-shared", "-nostdlib", "-x", "c", "-", "-o", str(so)], input=src.encode(), check=True)
+  prg = dev.load(k.name, so.read_bytes(), k.signature)
+  hits, ids = Buffer(dev, 6, dtypes.int32).copyin(np.zeros(6, np.int32)), Buffer(dev, 6, dtypes.int32)
+  prg(hits, ids, global_size=(3, 2, 1), wait=True)
+  assert (hits.numpy() == 1).all() and (ids.numpy() == want_ids((3, 2, 1))).all()
