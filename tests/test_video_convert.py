@@ -19,7 +19,7 @@ SPACES = ("bt601", "bt709", "bt2020", CUSTOM)
 OUTPUTS = [(dtypes.float32, True), (dtypes.float32, False), (dtypes.float16, True), (dtypes.float16, False), (dtypes.uint8, False)]
 
 
-def _device(name: str):  # noqa: ANN202
+def _device(name: str):
   try: return Device[name]
   except DeviceUnavailable as e: pytest.skip(f"{name} is not available here: {e}")
 
@@ -31,7 +31,7 @@ def _planes(h: int, w: int, bits: int, seed: int) -> tuple:
   return tuple(rng.integers(0, 1 << bits, s).astype(et) for s in ((h, w), (ch, cw), (ch, cw)))
 
 
-def _tolerance(dt, normalize: bool) -> float:  # noqa: ANN001
+def _tolerance(dt, normalize: bool) -> float:
   if dt is dtypes.uint8: return 1  # a level: float32 math may round a .5 the other way
   scale = 1.0 if normalize else 255.0
   return scale * (2 ** -9 if dt is dtypes.float16 else 2e-6)  # float16: half an ulp at 1.0 is 2**-11, a few ops of rounding

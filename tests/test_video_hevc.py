@@ -11,7 +11,7 @@ from plugrt.errors import VideoStreamError
 from plugrt.video import hevc
 
 pytest.importorskip("av")
-from plugrt.testing.video import make_hevc  # noqa: E402
+from plugrt.testing.video import make_hevc
 
 CASES = [  # width, height, bit depth, tag, full range -> expected (matrix, primaries, transfer)
   (64, 48, 8, None, False, (2, 2, 2)),
@@ -29,7 +29,7 @@ def streams() -> dict:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}-{c[2]}bit-{c[3]}-{'full' if c[4] else 'limited'}")
 def test_parameter_sets(streams: dict, case: tuple) -> None:
-  w, h, bits, tag, full, (matrix, prim, transfer) = case
+  w, h, bits, _tag, full, (matrix, prim, transfer) = case
   info = hevc.scan(streams[case[:5]])
   assert info.pictures == 5 and len(info.sequences) == 1
   s = info.sequences[0]

@@ -18,6 +18,8 @@ def make_hevc(width: int, height: int, frames: int = 6, bit_depth: int = 8, tag:
   from display order. pattern "noise": random pixels; "gradient": smooth moving ramps (compresses like real video)."""
   import av
   import numpy as np
+  if width < 64 or width % 2 or height % 2:  # seen here: libx265 (PyAV 18's) corrupts the heap for pictures narrower than 64
+    raise ValueError(f"make_hevc makes widths from 64 and even sizes (4:2:0), not {width}x{height}")
   pix = "yuv420p" if bit_depth == 8 else "yuv420p10le"
   opts = ["log-level=error", "bframes=2", "keyint=30"]
   if tag: opts.append(TAGS[tag])
@@ -43,7 +45,8 @@ def pyav_planes(stream: bytes) -> list[tuple[Any, Any, Any, int, bool, int]]:
   import av
   import numpy as np
   ctx = av.CodecContext.create("hevc", "r")
-  frames = [f for p in ctx.parse(stream) for f in ctx.decode(p)] + list(ctx.decode(None))
+  packets = ctx.parse(stream) + ctx.parse(None)  # None flushes the parser's last packet
+  frames = [f for p in packets for f in ctx.decode(p)] + list(ctx.decode(None))
   out = []
   for f in frames:
     bits = 8 if f.format.name in ("yuv420p", "yuvj420p") else 10
@@ -62,7 +65,7 @@ def reference_rgb(y: Any, cb: Any, cr: Any, bit_depth: int, full_range: bool, co
   import numpy as np
   kr_kb = {"bt601": (0.299, 0.114), "bt709": (0.2126, 0.0722), "bt2020": (0.2627, 0.0593)}
   h, w = y.shape
-  up = lambda c: np.repeat(np.repeat(c.astype(np.float64), 2, 0), 2, 1)[:h, :w]  # noqa: E731
+  up = lambda c: np.repeat(np.repeat(c.astype(np.float64), 2, 0), 2, 1)[:h, :w]
   Y, U, V, n = y.astype(np.float64), up(cb), up(cr), bit_depth
   if full_range: Y, U, V = Y / (2 ** n - 1), (U - 2 ** (n - 1)) / (2 ** n - 1), (V - 2 ** (n - 1)) / (2 ** n - 1)
   else:
