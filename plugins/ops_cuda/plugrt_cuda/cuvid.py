@@ -173,8 +173,9 @@ _END = object()
 class NVDECDecoder:
   """One stream on NVDEC (see the module docstring)."""
 
-  def __init__(self, device: Any, stream: bytes, info: Any, options: dict[str, Any]):
-    lib = libnvcuvid()
+  def __init__(self, device: Any, stream: bytes, info: Any, options: dict[str, Any], state: Any = None, lib: Any = None):
+    """`state` and `lib` stand in for the device's CUDAState and libnvcuvid in tests (tests/test_cuvid_fake.py)."""
+    lib = lib or libnvcuvid()
     if lib is None:
       raise VideoDecoderUnavailable("libnvcuvid.so.1 (NVDEC) is not installed with this driver", Reason.NOT_INSTALLED,
                                     "install the NVIDIA driver's video decode library (libnvidia-decode)")
@@ -182,10 +183,11 @@ class NVDECDecoder:
     from plugrt.dtype import dtypes
     from plugrt_cuda import driver as D
     self.lib, self.D, self.Buffer, self.dtypes = lib, D, Buffer, dtypes
-    self.device, self.state, self.info = device, device.info.state, info
+    self.device, self.state, self.info = device, state or device.info.state, info
     self.state.make_current()
     for seq in info.sequences:  # every format the stream switches to, before anything is created
-      caps = decoder_caps(seq.bit_depth_luma)
+      caps = CUVIDDECODECAPS(eCodecType=cudaVideoCodec_HEVC, eChromaFormat=cudaVideoChromaFormat_420, nBitDepthMinus8=seq.bit_depth_luma - 8)
+      _check(lib.cuvidGetDecoderCaps(ctypes.byref(caps)), "cuvidGetDecoderCaps")
       what = f"HEVC {seq.profile} 4:2:0 {seq.bit_depth_luma}-bit {seq.width}x{seq.height}"
       if seq.chroma_format_idc != 1 or seq.bit_depth_luma != seq.bit_depth_chroma:
         raise VideoDecoderUnavailable(f"NVDEC path decodes 4:2:0 with equal luma and chroma depth, not {what} (chroma_format_idc "
@@ -204,6 +206,7 @@ class NVDECDecoder:
     self.queue: queue.Queue[Any] = queue.Queue(self.depth)
     self.pending: collections.deque[tuple[ctypes.c_void_p, int]] = collections.deque()  # (event, mapped pointer) released
     self.spare_events: list[ctypes.c_void_p] = []
+    self.handed: dict[int, bool] = {}  # surfaces given to the consumer and not released yet: close() releases them
     self.lock = threading.Lock()  # decoder calls from the worker (map, decode) and the consumer (unmap)
     self.decoder, self.parser = c_void_p(), c_void_p()
     self.fmt: CUVIDEOFORMAT | None = None
@@ -345,10 +348,11 @@ class NVDECDecoder:
       self._unmap(ptr)
 
   def _release(self, ptr: int) -> None:
+    if self.handed.pop(ptr, None) is None: return  # released already (twice, or by close())
     ev = self.spare_events.pop() if self.spare_events else None
     if ev is None:
       ev = c_void_p()
-      self.D.call("cuEventCreate", ctypes.byref(ev), 2)  # CU_EVENT_DISABLE_TIMING
+      self.D.check(self.state.lib.cuEventCreate(ctypes.byref(ev), 2), "cuEventCreate")  # CU_EVENT_DISABLE_TIMING
     self.D.check(self.state.lib.cuEventRecord(ev, self.state.stream), "cuEventRecord")
     self.pending.append((ev, ptr))
 
@@ -370,6 +374,7 @@ class NVDECDecoder:
       s = Surface(buf, w, h, pitch // esize, pitch * th // esize, depth, shift, 0, 0, full, matrix)
       t = self.shown
       self.shown += 1
+      self.handed[ptr] = True
       yield Frame(t, s, lambda p=ptr: self._release(p))
     if self.shown < self.info.pictures:
       raise VideoStreamError(f"{self.info.pictures - self.shown} of the stream's {self.info.pictures} pictures did not come out of "
@@ -384,7 +389,8 @@ class NVDECDecoder:
       while True:
         try: item = self.queue.get_nowait()
         except queue.Empty: break
-        if isinstance(item, tuple): self._release(item[0])
+        if isinstance(item, tuple): self.handed[item[0]] = True
+      for ptr in list(self.handed): self._release(ptr)  # a frame the consumer held when it stopped, or got from the queue here
       self._unmap_done(wait=True)
       while self.pending: self._unmap_done(wait=True)
     finally:
