@@ -233,7 +233,9 @@ class NVDECDecoder:
         if self.stopping or self.error is not None: break
         start = au[0].offset - 3  # with the start code
         end = aus[k + 1][0].offset - 3 if k + 1 < len(aus) else len(self.stream.raw)
-        pkt.flags, pkt.payload_size, pkt.payload, pkt.timestamp = CUVID_PKT_TIMESTAMP, end - start, self.base + start, au[0].offset
+        # one access unit a packet: ENDOFPICTURE lets the parser hand the picture on without waiting for the next one
+        pkt.flags, pkt.payload_size = CUVID_PKT_TIMESTAMP | CUVID_PKT_ENDOFPICTURE, end - start
+        pkt.payload, pkt.timestamp = self.base + start, au[0].offset
         r = self.lib.cuvidParseVideoData(self.parser, ctypes.byref(pkt))
         if r != 0 and self.error is None and not self.stopping:
           self.error = VideoStreamError(f"the NVDEC parser rejected the access unit (CUresult {r})", au[0].offset)
