@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything plugrt checks on the lent GPU machine, in one call: install, list devices, run the tests marked `gpu`
 # (and the suites that run on every available device), then the benchmarks. Logs go to $OUT (the device tool
-# brings them back). Usage (from the repo root): bash scripts/gpu-check.sh [--quick] [--only=tests|bench|cuda|webgpu|nv]
+# brings them back). Usage (from the repo root): bash scripts/gpu-check.sh [--quick] [--only=tests|bench|cuda|webgpu|nv|video]
 # (--only=cuda: the CUDA tests and benches alone; --only=webgpu or nv: install, then that section alone). Each step has its own time limit, so one hang costs one step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +23,15 @@ $PY -m pip install -q --upgrade --no-deps --no-build-isolation --no-compile --ta
 [ -d .whl ] && $PY -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -3
 export PYTHONPATH=/tmp/site
 $PY -m plugrt devices 2>&1 | tee "$OUT/devices.txt" | head -20
+# video (issue 12): PyAV (~35 MB) and PyNvVideoCodec (~27 MB) wheels travel in .video-whl, in a device call of their own
+[ -d .video-whl ] && $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .video-whl/*.whl 2>&1 | tail -3
+if [ -z "$ONLY" ] || [ "$ONLY" = "video" ]; then
+  echo "== video: NVDEC (plugrt_cuda.cuvid) against PyAV, leaks, the software path, then bench/video.py"
+  timeout ${VIDEO_TESTS_S:-400} $PY -m pytest -v -p no:cacheprovider -o faulthandler_timeout=200 --tb=short -rfEs plugins/ops_cuda/tests/test_cuvid.py \
+    tests/test_video.py tests/test_video_hevc.py tests/test_video_convert.py 2>&1 | tee "$OUT/video_tests.txt" | grep -E "^(FAILED|ERROR)|passed|failed|SKIPPED" | tail -30
+  [ "$ONLY" = "video" ] && timeout ${VIDEO_BENCH_S:-420} $PY bench/video.py $QUICK --no-install --json "$OUT/bench_video.json" 2>&1 | tee "$OUT/bench_video.txt"
+  [ "$ONLY" = "video" ] && exit 0
+fi
 if [ "$ONLY" != "bench" ] && [ "$ONLY" != "webgpu" ] && [ "$ONLY" != "nv" ]; then
   echo "== tests"
   timeout ${TESTS_S:-480} $PY -m pytest -q -p no:cacheprovider --tb=short -rfE plugins/ops_cuda tests/test_dsl.py tests/test_tensor.py tests/test_interop.py \

@@ -68,6 +68,15 @@ def device_rows() -> tuple[list[dict[str, Any]], str | None, str | None]:
   return rows, default, env_error
 
 
+def _video_rows() -> list[dict[str, Any]]:
+  """plugrt.video's decoders (NVDEC, PyAV, ...) with their status, like the devices'."""
+  try:
+    from plugrt.video import decoder_rows
+    return decoder_rows(_registry())
+  except Exception as e:  # a listing never fails because of one part of it
+    return [{"decoder": "?", "device": "-", "package": "-", "available": False, "reason": "hook error", "detail": str(e), "hint": ""}]
+
+
 def plugin_warnings() -> list[dict[str, str]]:
   """Each plugin's mistakes that did not stop it loading (an entry point's ignored attribute, ...)."""
   return [{"plugin": p.entry, "package": p.package, "module": p.module_name, "warning": w} for p in _registry().plugins for w in p.warnings]
@@ -109,9 +118,11 @@ def _stdout_only_for_us() -> Iterator[Any]:
 def cmd_devices(args: argparse.Namespace) -> int:
   """The table; exits 2 when the environment leaves no usable default device (the table still lists everything)."""
   if args.json:  # strict JSON on stdout, whatever a plugin prints while it is imported or probed
-    with _stdout_only_for_us() as out: rows, default, env_error = device_rows()
-    print(json.dumps({"default": default, "environment_error": env_error, "backends": rows, "plugin_warnings": plugin_warnings()}, indent=2),
-          file=out)
+    with _stdout_only_for_us() as out:
+      rows, default, env_error = device_rows()
+      videos = _video_rows()
+    print(json.dumps({"default": default, "environment_error": env_error, "backends": rows, "plugin_warnings": plugin_warnings(),
+                      "video_decoders": videos}, indent=2), file=out)
     return 2 if env_error else 0
   rows, default, env_error = device_rows()
   table = [("DEVICE", "PACKAGE", "VERSION", "STATUS", "DEFAULT", "COMPILERS", "INTERFACES")]
@@ -136,6 +147,12 @@ def cmd_devices(args: argparse.Namespace) -> int:
   if notes:
     print("\nwhy some are unavailable:")
     for what, detail, hint in notes: print(f"  {what}: {detail}" + (f"\n      fix: {hint}" if hint else ""))
+  if videos := _video_rows():
+    print("\nvideo decoders (plugrt.video):")
+    for v in videos:
+      status = "ready" if v["available"] else v["reason"] or "unavailable"
+      print(f"  {v['decoder']:<8} {v['device']:<6} {v['package']:<14} {status}" + ("" if v["available"] else f": {v['detail']}") +
+            (f"\n      fix: {v['hint']}" if v["hint"] and not v["available"] else ""))
   if warnings := plugin_warnings():
     print("\nplugin warnings (the plugins load; their authors should fix these):")
     for w in warnings: print(f"  warning: {w['package']} ({w['module']}): {w['warning']}")

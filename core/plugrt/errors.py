@@ -95,3 +95,17 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
   close = difflib.get_close_matches(name.upper(), [k.upper() for k in known], n=1, cutoff=0.6)
   if not close: return ""
   return f" (did you mean {next(k for k in known if k.upper() == close[0])}?)"
+
+
+class VideoStreamError(PlugrtError, ValueError):
+  """A video byte stream is malformed or truncated; `offset` is the byte in the stream where the problem is."""
+  def __init__(self, message: str, offset: int, hint: str = ""):
+    self.offset = offset
+    super().__init__(f"{message} (at byte {offset})", hint)
+
+
+class VideoDecoderUnavailable(PlugrtError, RuntimeError):
+  """No video decoder can decode this stream here; `reason` (a Reason) and `reasons` (decoder -> why) say why."""
+  def __init__(self, message: str, reason: Reason, hint: str = "", reasons: dict[str, str] | None = None):
+    self.reason, self.reasons = reason, dict(reasons or {})
+    super().__init__(f"{message} [{reason.value}]", hint)

@@ -131,6 +131,24 @@ class BackendSpec(NamedTuple):
   description: str = ""
 
 
+class VideoDecoderSpec(NamedTuple):
+  """A video decoder a plugin provides: what ``plugrt_video_decoders`` returns (plugrt.video uses it; docs/video.md).
+
+  ``open(device, stream, info, options)`` builds a decoder for one stream, called once per stream (never per frame):
+  `device` is the opened plugrt.device.RuntimeDevice the frames' surfaces live on, `stream` the Annex B bytes,
+  `info` the plugrt.video.hevc.StreamInfo of its parameter sets, `options` a dict (``queue_depth``). It returns an
+  object with ``frames()`` (an iterator of plugrt.video.Frame in display order) and ``close()``, and raises
+  plugrt.errors.VideoDecoderUnavailable when the hardware cannot take the stream (its capabilities, say).
+  """
+  name: str                        # upper case: NVDEC, VAAPI, VIDEOTOOLBOX
+  device: str                      # the device kind whose memory holds the surfaces ("CUDA"); "" for host memory
+  probe: ProbeFn                   # cheap, side-effect free, as a backend's probe
+  open: Callable[..., Any]         # the factory above; it imports the decoder's module when called
+  codecs: tuple[str, ...] = ("hevc",)
+  priority: int = 0                # automatic choice among usable decoders: highest first, then by name
+  description: str = ""
+
+
 #: Loads a compiled binary as a Program on an opened device: factory(device, name, binary, signature).
 #: `device` is the plugrt.device.RuntimeDevice; programs check buffers against it.
 ProgramFactory = Callable[[Any, str, bytes, "Signature"], "Program"]
@@ -184,6 +202,12 @@ def plugrt_graph(device: DeviceInfo) -> Callable[[Any, Sequence[Any]], Any] | No
   """Optional: return a factory(device, launches) -> plugrt.runtime.Graph that replays a batch of
   launches more cheaply than one call each (CUDA graphs, a command buffer). Called once per device;
   without it plugrt replays graphs launch by launch."""
+
+
+@hookspec
+def plugrt_video_decoders() -> Sequence[VideoDecoderSpec]:
+  """Optional: declare the video decoders this plugin provides (plain data, imports nothing heavy). Called once per
+  registry, when plugrt.video first looks for a decoder or `plugrt devices` lists them; never per frame."""
 
 
 #: hooks every backend plugin must implement (the rest are optional)

@@ -11,7 +11,7 @@ from typing import Any
 
 from plugrt.context import PluginContext
 from plugrt.errors import Reason
-from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
+from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, Probe, VideoDecoderSpec, hookimpl
 from plugrt.probing import device_nodes
 
 __version__ = "0.1.0"
@@ -45,6 +45,26 @@ def plugrt_backends() -> list[BackendSpec]:
                       compilers=(CompilerSpec("CUDA", "CUDA C through NVRTC to a cubin", probe_nvrtc),
                                  CompilerSpec("PTX", "PTX rendered by plugrt, compiled by the driver's JIT")),
                       description="NVIDIA GPUs through the CUDA driver API")]
+
+
+def probe_nvdec(ctx: PluginContext) -> Probe:
+  """NVDEC: a GPU and the driver's libnvcuvid on disk (the decoder's capabilities are asked when a stream opens)."""
+  if not (p := probe_cuda(ctx)).ok: return p
+  if ctx.find_library("libnvcuvid.so*", dirs=ctx.library_dirs(*DRIVER_DIRS)) is None:
+    return Probe.missing(Reason.NOT_INSTALLED, "the driver's video decode library libnvcuvid.so.1 is not installed",
+                         "install the NVIDIA driver's decode library (libnvidia-decode-<version>), or decode in software")
+  return Probe.found(p.count, "libnvcuvid (NVDEC) with the driver")
+
+
+def _open_nvdec(device: Any, stream: bytes, info: Any, options: Any) -> Any:
+  from plugrt_cuda.cuvid import open_decoder
+  return open_decoder(device, stream, info, options)
+
+
+@hookimpl
+def plugrt_video_decoders() -> list[VideoDecoderSpec]:
+  return [VideoDecoderSpec(name="NVDEC", device="CUDA", probe=probe_nvdec, open=_open_nvdec, codecs=("hevc",), priority=50,
+                           description="NVIDIA's video decode engines through libnvcuvid, surfaces in CUDA memory")]
 
 
 @hookimpl

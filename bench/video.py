@@ -1,0 +1,206 @@
+"""HEVC decode, side by side in one run on one 1080p clip that this script makes with libx265:
+
+  PyNvVideoCodec  NVIDIA's Python decoder (its Demuxer + Decoder, frames in device memory, NV12)
+  PyAV            FFmpeg's software decoder on every core (decode only; and decode + RGB arrays)
+  plugrt          NVDEC through plugrt_cuda.cuvid: to NV12 surfaces (mapped, released unconverted), to float16 RGB
+                  tensors on the GPU (the conversion kernel), and 4 streams at once (one decoder each)
+
+Targets (issue 12): plugrt NV12 >= 1.0x PyNvVideoCodec's fps; float16 RGB >= 0.9x PyNvVideoCodec's NV12 fps;
+4 streams >= 3x one stream's aggregate rate.
+
+Usage: python bench/video.py [--frames 600] [--quick] [--preset fast] [--json out.json]
+The comparison packages (av, pynvvideocodec) are installed if missing: first from wheels in .video-whl/ (the GPU
+machine has no network: carry them there), then from the package index.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+WHEELS = ROOT / ".video-whl"
+
+
+def ensure(module: str, package: str) -> str:
+  """Import `module`, installing `package` first if needed; returns "" or why it cannot be had."""
+  try:
+    importlib.import_module(module)
+    return ""
+  except ImportError: pass
+  tries = []
+  if WHEELS.is_dir(): tries.append([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(WHEELS), package])
+  tries.append([sys.executable, "-m", "pip", "install", "-q", package])
+  for cmd in tries:
+    print(f"  {module} is not installed: {' '.join(cmd)}", file=sys.stderr)
+    if subprocess.run(cmd, capture_output=True, text=True).returncode == 0:
+      importlib.invalidate_caches()
+      try:
+        importlib.import_module(module)
+        return ""
+      except ImportError as e: return f"{package} installed but does not import: {e}"
+  return f"pip install {package} failed (no network? put its wheel in {WHEELS})"
+
+
+def make_clip(frames: int, preset: str) -> bytes:
+  import io
+
+  import av
+  import numpy as np
+
+  from plugrt.testing.video import TAGS
+  buf = io.BytesIO()
+  w, h = 1920, 1080
+  with av.open(buf, "w", format="hevc") as out:
+    s = out.add_stream("libx265", rate=30)
+    s.width, s.height, s.pix_fmt = w, h, "yuv420p"
+    s.options = {"preset": preset, "x265-params": f"log-level=error:keyint=60:bframes=3:{TAGS['bt709']}"}
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.int32)
+    rng = np.random.default_rng(0)
+    texture = rng.integers(0, 48, (h, w), dtype=np.int32)
+    for i in range(frames):  # moving ramps with a fixed texture: motion for inter prediction, detail for the residual
+      moving = np.roll(texture, (i, 2 * i), axis=(0, 1))
+      rgb = np.stack([(xx + 3 * i) % 256, (yy + 2 * i) % 256, ((xx + yy) // 2 + 5 * i) % 256], -1) + moving[..., None]
+      frame = av.VideoFrame.from_ndarray(np.clip(rgb, 0, 255).astype(np.uint8), format="rgb24")
+      for p in s.encode(frame): out.mux(p)
+    for p in s.encode(): out.mux(p)
+  return buf.getvalue()
+
+
+def timed(fn: Any, reps: int) -> tuple[float, int]:
+  """(best seconds over reps, frames) of fn() -> frames."""
+  best, n = float("inf"), 0
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    n = fn()
+    best = min(best, time.perf_counter() - t0)
+  return best, n
+
+
+def pynvvideocodec_nv12(path: str) -> int:
+  import PyNvVideoCodec as nvc
+  demuxer = nvc.CreateDemuxer(filename=path)
+  decoder = nvc.CreateDecoder(gpuid=0, codec=nvc.cudaVideoCodec.HEVC, cudacontext=0, cudastream=0, usedevicememory=True)
+  n = 0
+  for packet in demuxer: n += len(decoder.Decode(packet))
+  return n
+
+
+def pyav_software(clip: bytes, rgb: bool) -> int:
+  import av
+  ctx = av.CodecContext.create("hevc", "r")
+  ctx.thread_type, ctx.thread_count = "AUTO", 0  # 0: FFmpeg picks a thread per core
+  n = 0
+  for p in ctx.parse(clip) + ctx.parse(None):
+    for f in ctx.decode(p):
+      if rgb: f.to_ndarray(format="rgb24")
+      n += 1
+  for f in ctx.decode(None):
+    if rgb: f.to_ndarray(format="rgb24")
+    n += 1
+  return n
+
+
+def plugrt_nv12(clip: bytes) -> int:
+  from plugrt import Device
+  from plugrt.video import hevc
+  from plugrt_cuda.cuvid import NVDECDecoder
+  dev = Device["CUDA"]
+  dec = NVDECDecoder(dev, clip, hevc.scan(clip), {"queue_depth": 4})
+  n = 0
+  try:
+    for frame in dec.frames():
+      frame.release()  # the surface as NVDEC mapped it: nothing reads it
+      n += 1
+  finally: dec.close()
+  return n
+
+
+def plugrt_rgb(clip: bytes) -> int:
+  from plugrt import Device, dtypes
+  from plugrt.video import decode_annexb_iter
+  n = 0
+  for _ts, _t in decode_annexb_iter(clip, dtype=dtypes.float16, normalize=True, decoder="NVDEC", device="CUDA"): n += 1
+  Device["CUDA"].synchronize()
+  return n
+
+
+def concurrent(fn: Any, clip: bytes, streams: int) -> int:
+  counts, errors = [0] * streams, []
+
+  def run(k: int) -> None:
+    try: counts[k] = fn(clip)
+    except Exception as e: errors.append(e)
+  threads = [threading.Thread(target=run, args=(k,)) for k in range(streams)]
+  for t in threads: t.start()
+  for t in threads: t.join()
+  if errors: raise errors[0]
+  return sum(counts)
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--frames", type=int, default=600)
+  ap.add_argument("--quick", action="store_true", help="120 frames, one repetition")
+  ap.add_argument("--preset", default="fast", help="x265 preset for the clip")
+  ap.add_argument("--streams", type=int, default=4)
+  ap.add_argument("--json", help="write the results here")
+  ap.add_argument("--no-install", action="store_true", help="never run pip: compare with what is installed")
+  args = ap.parse_args()
+  frames, reps = (120, 1) if args.quick else (args.frames, 3)
+  if (why := ensure("av", "av") if not args.no_install else ""): print(f"cannot make the clip: {why}"); return 1
+  t0 = time.perf_counter()
+  clip = make_clip(frames, args.preset)
+  print(f"clip: 1920x1080 HEVC Main, {frames} frames, {len(clip) / 1e6:.1f} MB, x265 preset {args.preset}, made in {time.perf_counter() - t0:.0f} s")
+  with tempfile.NamedTemporaryFile(suffix=".hevc", delete=False) as f:
+    f.write(clip)
+    path = f.name
+  results: dict[str, Any] = {"frames": frames, "bytes": len(clip), "cpus": os.cpu_count(), "rows": {}}
+  rows = [("PyAV software, all cores (decode)", lambda: pyav_software(clip, False), ""),
+          ("PyAV software, all cores (decode + RGB arrays)", lambda: pyav_software(clip, True), "")]
+  from plugrt import Device
+  gpu = Device.registry.probe("CUDA")
+  # PyNvVideoCodec is only worth installing where it can run: a machine with an NVIDIA GPU
+  nvc_missing = ensure("PyNvVideoCodec", "pynvvideocodec") if gpu.ok and not args.no_install else \
+    ("--no-install" if args.no_install else f"no NVIDIA GPU here ({gpu.detail})")
+  rows.insert(0, ("PyNvVideoCodec NV12 (device memory)", lambda: pynvvideocodec_nv12(path), nvc_missing))
+  rows += [("plugrt NVDEC to NV12 surfaces", lambda: plugrt_nv12(clip), ""),
+           ("plugrt NVDEC to float16 RGB tensors", lambda: plugrt_rgb(clip), ""),
+           (f"plugrt NVDEC to float16 RGB, {args.streams} streams", lambda: concurrent(plugrt_rgb, clip, args.streams), "")]
+  for name, fn, missing in rows:
+    if missing:
+      results["rows"][name] = {"error": missing}
+      print(f"  {name:<50} -  ({missing})")
+      continue
+    try:
+      fn()  # warm: contexts, kernels
+      secs, n = timed(fn, reps)
+    except Exception as e:  # one side failing still reports the others
+      results["rows"][name] = {"error": f"{type(e).__name__}: {e}"}
+      print(f"  {name:<50} failed: {type(e).__name__}: {e}")
+      continue
+    results["rows"][name] = {"fps": n / secs, "frames": n, "seconds": secs}
+    print(f"  {name:<50} {n / secs:8.0f} fps  ({n} frames in {secs:.2f} s)")
+  os.unlink(path)
+  r = {k: v.get("fps") for k, v in results["rows"].items()}
+  ref, nv12, rgb, many = r.get(rows[0][0]), r.get("plugrt NVDEC to NV12 surfaces"), r.get("plugrt NVDEC to float16 RGB tensors"), r.get(rows[-1][0])
+  targets = {}
+  if ref and nv12: targets["NV12 vs PyNvVideoCodec (>= 1.0)"] = nv12 / ref
+  if ref and rgb: targets["float16 RGB vs PyNvVideoCodec NV12 (>= 0.9)"] = rgb / ref
+  if rgb and many: targets[f"{args.streams} streams vs one (>= 3.0)"] = many / rgb
+  for k, v in targets.items(): print(f"  {k}: {v:.2f}x")
+  results["targets"] = targets
+  if args.json: Path(args.json).write_text(json.dumps(results, indent=2))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,415 @@
+"""HEVC Annex B byte streams in pure Python: NAL unit splitting, access units, and the VPS/SPS/PPS fields a decoder
+front end needs (picture size, conformance window, bit depth, chroma format, the VUI's colour description).
+
+Syntax and semantics follow ITU-T H.265 (sections 7.3.1 NAL unit header, 7.3.2.1-7.3.2.3 parameter sets, 7.3.3
+profile_tier_level, 7.3.4 scaling_list_data, 7.3.7 st_ref_pic_set, E.2.1 VUI); docs/research/nvdec.md lists them.
+Every malformed or truncated input raises plugrt.errors.VideoStreamError with the byte offset in the stream where
+the problem is; nothing here loops without consuming input, so garbage ends in an error, never a hang.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from plugrt.errors import VideoStreamError
+
+# nal_unit_type values (H.265 Table 7-1)
+VPS, SPS, PPS, AUD, EOS, EOB, FD, PREFIX_SEI, SUFFIX_SEI = 32, 33, 34, 35, 36, 37, 38, 39, 40
+VCL_MAX = 31  # 0..31 are VCL (slice segment) types; 22..31 are reserved
+NAMES = {VPS: "VPS", SPS: "SPS", PPS: "PPS", AUD: "AUD", EOS: "EOS", EOB: "EOB", FD: "FD", PREFIX_SEI: "SEI", SUFFIX_SEI: "SEI"}
+MAX_UE_BITS = 32  # an Exp-Golomb code with more leading zeros than this is garbage in any HEVC syntax element
+
+
+@dataclass(frozen=True)
+class NalUnit:
+  """One NAL unit: `offset` is where its header starts in the stream (after the start code), `data` its bytes
+  (header + payload, emulation prevention still in, trailing zero bytes removed)."""
+  offset: int
+  data: bytes
+  type: int
+  layer_id: int
+  temporal_id: int
+
+  @property
+  def is_vcl(self) -> bool: return self.type <= VCL_MAX
+  @property
+  def name(self) -> str: return NAMES.get(self.type, f"slice type {self.type}" if self.is_vcl else f"NAL type {self.type}")
+  @property
+  def first_slice_in_picture(self) -> bool:
+    """first_slice_segment_in_pic_flag: the payload's first bit (for a VCL unit)."""
+    return len(self.data) > 2 and bool(self.data[2] & 0x80)
+
+
+def split_nal_units(stream: bytes | bytearray | memoryview) -> Iterator[NalUnit]:
+  """The NAL units of an Annex B byte stream, in stream order. Start codes are 00 00 01 (or 00 00 00 01); bytes before
+  the first start code other than zeros, an empty NAL unit, or a NAL unit header with the forbidden bit set or
+  nuh_temporal_id_plus1 = 0 raise VideoStreamError naming the offset."""
+  data = bytes(stream)
+  n = len(data)
+  start = data.find(b"\x00\x00\x01")
+  if start < 0:
+    raise VideoStreamError("no Annex B start code (00 00 01) in the stream" if n else "the stream is empty", 0,
+                           "pass an HEVC elementary stream in Annex B format (ffmpeg -c copy -bsf hevc_mp4toannexb -f hevc)")
+  if data[:start].strip(b"\x00"):
+    raise VideoStreamError(f"{start} bytes before the first start code are not zero", 0, "the stream does not start at a NAL unit")
+  pos = start + 3
+  while pos <= n:
+    nxt = data.find(b"\x00\x00\x01", pos)
+    end = n if nxt < 0 else nxt
+    unit = data[pos:end].rstrip(b"\x00")  # trailing_zero_8bits, and the zero of a 4-byte start code
+    if not unit: raise VideoStreamError("an empty NAL unit (two start codes in a row)", pos)
+    if len(unit) < 2: raise VideoStreamError("a NAL unit shorter than its 2-byte header", pos)
+    h = (unit[0] << 8) | unit[1]
+    if h & 0x8000: raise VideoStreamError("forbidden_zero_bit is set in a NAL unit header: not HEVC, or corrupt", pos)
+    if (h & 7) == 0: raise VideoStreamError("nuh_temporal_id_plus1 is 0 in a NAL unit header: corrupt", pos)
+    yield NalUnit(pos, unit, (h >> 9) & 0x3F, (h >> 3) & 0x3F, (h & 7) - 1)
+    if nxt < 0: break
+    pos = nxt + 3
+
+
+def access_units(units: Iterator[NalUnit] | list[NalUnit]) -> Iterator[list[NalUnit]]:
+  """Group NAL units into access units (H.265 7.4.2.4.4): a new one starts at an AUD, EOB, or a VPS/SPS/PPS/prefix
+  SEI following a VCL unit, or at a VCL unit whose first_slice_segment_in_pic_flag is set after a VCL unit."""
+  au: list[NalUnit] = []
+  seen_vcl = False
+  for u in units:
+    starts = (u.type == AUD or (u.type in (VPS, SPS, PPS, PREFIX_SEI) or 41 <= u.type <= 44 or 48 <= u.type <= 55)) and seen_vcl
+    if u.is_vcl and u.first_slice_in_picture and seen_vcl: starts = True
+    if starts and au:
+      yield au
+      au, seen_vcl = [], False
+    au.append(u)
+    seen_vcl = seen_vcl or u.is_vcl
+    if u.type == EOB and au:
+      yield au
+      au, seen_vcl = [], False
+  if au: yield au
+
+
+# ---------------------------------------------------------------- bits
+
+class BitReader:
+  """Reads an RBSP (emulation prevention bytes removed) and maps positions back to stream offsets for errors."""
+
+  def __init__(self, unit: NalUnit):
+    self.unit = unit
+    raw = unit.data[2:]  # after the header
+    out, removed, zeros = bytearray(), [], 0  # removed: RBSP positions before which one 0x03 was dropped
+    for b in raw:
+      if zeros >= 2 and b == 3:
+        removed.append(len(out))
+        zeros = 0
+        continue
+      out.append(b)
+      zeros = zeros + 1 if b == 0 else 0
+    self.rbsp, self.removed = bytes(out), removed
+    self.value, self.nbits, self.pos = int.from_bytes(self.rbsp, "big"), len(self.rbsp) * 8, 0
+
+  def offset(self, bit: int | None = None) -> int:
+    """The stream offset of the byte holding RBSP bit `bit` (default: the current position)."""
+    byte = (self.pos if bit is None else bit) // 8
+    return self.unit.offset + 2 + byte + sum(1 for r in self.removed if r <= byte)
+
+  def fail(self, what: str) -> VideoStreamError:
+    return VideoStreamError(f"{self.unit.name} at byte {self.unit.offset}: {what}", self.offset(min(self.pos, max(self.nbits - 1, 0))))
+
+  def u(self, n: int, what: str = "a field") -> int:
+    if n == 0: return 0
+    if self.pos + n > self.nbits: raise self.fail(f"truncated while reading {what}")
+    v = (self.value >> (self.nbits - self.pos - n)) & ((1 << n) - 1)
+    self.pos += n
+    return v
+
+  def flag(self, what: str = "a flag") -> bool: return bool(self.u(1, what))
+
+  def ue(self, what: str = "an Exp-Golomb value", hi: int = (1 << 32) - 2) -> int:
+    zeros = 0
+    while self.u(1, what) == 0:
+      zeros += 1
+      if zeros > MAX_UE_BITS: raise self.fail(f"{what}: an Exp-Golomb code longer than {MAX_UE_BITS} bits (corrupt)")
+    v = (1 << zeros) - 1 + self.u(zeros, what)
+    if v > hi: raise self.fail(f"{what} = {v} is larger than its maximum {hi} (corrupt)")
+    return v
+
+  def se(self, what: str = "a signed Exp-Golomb value") -> int:
+    k = self.ue(what)
+    return (k + 1) // 2 if k & 1 else -(k // 2)
+
+  def skip(self, n: int, what: str) -> None:
+    if self.pos + n > self.nbits: raise self.fail(f"truncated while reading {what}")
+    self.pos += n
+
+
+# ---------------------------------------------------------------- parameter sets
+
+@dataclass
+class ProfileTierLevel:
+  profile_idc: int
+  tier: int
+  level_idc: int
+  compatibility: int
+
+
+@dataclass
+class VUI:
+  """The VUI fields a colour conversion needs (E.2.1); 2 means unspecified for the three colour codes."""
+  video_signal_type_present: bool = False
+  video_format: int = 5
+  full_range: bool = False
+  colour_description_present: bool = False
+  colour_primaries: int = 2
+  transfer_characteristics: int = 2
+  matrix_coefficients: int = 2
+  chroma_sample_loc_type: int = 0
+  timing: tuple[int, int] | None = None  # (num_units_in_tick, time_scale)
+
+
+@dataclass
+class VPSInfo:
+  id: int
+  max_sub_layers: int
+  ptl: ProfileTierLevel
+
+
+@dataclass
+class SPSInfo:
+  id: int
+  vps_id: int
+  ptl: ProfileTierLevel
+  chroma_format_idc: int
+  width: int           # pic_width_in_luma_samples (the coded size)
+  height: int
+  conformance_window: tuple[int, int, int, int]  # left, right, top, bottom in luma samples
+  bit_depth_luma: int
+  bit_depth_chroma: int
+  max_dec_pic_buffering: int
+  vui: VUI = field(default_factory=VUI)
+
+  @property
+  def display_size(self) -> tuple[int, int]:
+    """(width, height) after the conformance window crop."""
+    left, right, top, bottom = self.conformance_window
+    return self.width - left - right, self.height - top - bottom
+
+  @property
+  def profile(self) -> str:
+    return {1: "Main", 2: "Main10", 3: "Main Still Picture", 4: "RExt"}.get(self.ptl.profile_idc, f"profile {self.ptl.profile_idc}")
+
+
+@dataclass
+class PPSInfo:
+  id: int
+  sps_id: int
+  tiles: bool
+  entropy_coding_sync: bool
+
+
+def _profile_tier_level(r: BitReader, max_sub_layers_minus1: int) -> ProfileTierLevel:
+  space, tier, idc = r.u(2, "general_profile_space"), r.u(1, "general_tier_flag"), r.u(5, "general_profile_idc")
+  compat = r.u(32, "general_profile_compatibility_flags")
+  r.skip(48, "general constraint flags")
+  level = r.u(8, "general_level_idc")
+  present = [(r.flag("sub_layer_profile_present_flag"), r.flag("sub_layer_level_present_flag")) for _ in range(max_sub_layers_minus1)]
+  if max_sub_layers_minus1 > 0: r.skip(2 * (8 - max_sub_layers_minus1), "reserved_zero_2bits")
+  for prof, lev in present:
+    if prof: r.skip(88, "sub_layer profile")
+    if lev: r.skip(8, "sub_layer_level_idc")
+  if space != 0: raise r.fail(f"general_profile_space {space} is reserved")
+  if idc == 0 and compat:  # a decoder infers the profile from the compatibility flags
+    idc = next((i for i in range(1, 32) if compat & (1 << (31 - i))), 0)
+  return ProfileTierLevel(idc, tier, level, compat)
+
+
+def parse_vps(unit: NalUnit) -> VPSInfo:
+  r = BitReader(unit)
+  vps_id = r.u(4, "vps_video_parameter_set_id")
+  r.skip(2 + 6, "vps base layer flags and vps_max_layers_minus1")
+  max_sub = r.u(3, "vps_max_sub_layers_minus1")
+  if max_sub > 6: raise r.fail(f"vps_max_sub_layers_minus1 = {max_sub} is out of range 0..6")
+  r.skip(1 + 16, "vps_temporal_id_nesting_flag and vps_reserved_0xffff_16bits")
+  return VPSInfo(vps_id, max_sub + 1, _profile_tier_level(r, max_sub))
+
+
+def _scaling_list_data(r: BitReader) -> None:
+  for size_id in range(4):
+    for _ in range(0, 6, 3 if size_id == 3 else 1):
+      if not r.flag("scaling_list_pred_mode_flag"):
+        r.ue("scaling_list_pred_matrix_id_delta", 5)
+        continue
+      if size_id > 1: r.se("scaling_list_dc_coef_minus8")
+      for _ in range(min(64, 1 << (4 + (size_id << 1)))): r.se("scaling_list_delta_coef")
+
+
+def _st_ref_pic_set(r: BitReader, idx: int, sets: list[tuple[list[int], list[int]]]) -> tuple[list[int], list[int]]:
+  """One short-term reference picture set (7.3.7, derived as in 7.4.8): its negative and positive POC deltas."""
+  if idx != 0 and r.flag("inter_ref_pic_set_prediction_flag"):
+    sign, abs_minus1 = r.u(1, "delta_rps_sign"), r.ue("abs_delta_rps_minus1", 1 << 15)
+    delta = (1 - 2 * sign) * (abs_minus1 + 1)
+    s0, s1 = sets[idx - 1]
+    use = []
+    for _ in range(len(s0) + len(s1) + 1):
+      used = r.flag("used_by_curr_pic_flag")
+      use.append(used or r.flag("use_delta_flag"))
+    n0 = len(s0)
+    neg = [d + delta for j, d in reversed(list(enumerate(s1))) if d + delta < 0 and use[n0 + j]]
+    if delta < 0 and use[-1]: neg.append(delta)
+    neg += [d + delta for j, d in enumerate(s0) if d + delta < 0 and use[j]]
+    pos = [d + delta for j, d in reversed(list(enumerate(s0))) if d + delta > 0 and use[j]]
+    if delta > 0 and use[-1]: pos.append(delta)
+    pos += [d + delta for j, d in enumerate(s1) if d + delta > 0 and use[n0 + j]]
+    if len(neg) + len(pos) > 16: raise r.fail("a short-term reference picture set with more than 16 pictures")
+    return neg, pos
+  n_neg, n_pos = r.ue("num_negative_pics", 16), r.ue("num_positive_pics", 16)
+  if n_neg + n_pos > 16: raise r.fail("a short-term reference picture set with more than 16 pictures")
+  neg, pos, poc = [], [], 0
+  for _ in range(n_neg):
+    poc -= r.ue("delta_poc_s0_minus1", 1 << 15) + 1
+    r.skip(1, "used_by_curr_pic_s0_flag")
+    neg.append(poc)
+  poc = 0
+  for _ in range(n_pos):
+    poc += r.ue("delta_poc_s1_minus1", 1 << 15) + 1
+    r.skip(1, "used_by_curr_pic_s1_flag")
+    pos.append(poc)
+  return neg, pos
+
+
+def _vui(r: BitReader) -> VUI:
+  v = VUI()
+  if r.flag("aspect_ratio_info_present_flag") and r.u(8, "aspect_ratio_idc") == 255: r.skip(32, "sar_width and sar_height")
+  if r.flag("overscan_info_present_flag"): r.skip(1, "overscan_appropriate_flag")
+  if r.flag("video_signal_type_present_flag"):
+    v.video_signal_type_present = True
+    v.video_format, v.full_range = r.u(3, "video_format"), r.flag("video_full_range_flag")
+    if r.flag("colour_description_present_flag"):
+      v.colour_description_present = True
+      v.colour_primaries = r.u(8, "colour_primaries")
+      v.transfer_characteristics = r.u(8, "transfer_characteristics")
+      v.matrix_coefficients = r.u(8, "matrix_coeffs")
+  if r.flag("chroma_loc_info_present_flag"):
+    v.chroma_sample_loc_type = r.ue("chroma_sample_loc_type_top_field", 5)
+    r.ue("chroma_sample_loc_type_bottom_field", 5)
+  r.skip(3, "neutral_chroma_indication, field_seq and frame_field_info_present flags")
+  if r.flag("default_display_window_flag"):
+    for name in ("left", "right", "top", "bottom"): r.ue(f"def_disp_win_{name}_offset")
+  if r.flag("vui_timing_info_present_flag"):
+    v.timing = (r.u(32, "vui_num_units_in_tick"), r.u(32, "vui_time_scale"))
+  return v  # HRD parameters and bitstream restrictions follow: nothing a front end needs
+
+
+def parse_sps(unit: NalUnit) -> SPSInfo:
+  r = BitReader(unit)
+  vps_id = r.u(4, "sps_video_parameter_set_id")
+  max_sub = r.u(3, "sps_max_sub_layers_minus1")
+  if max_sub > 6: raise r.fail(f"sps_max_sub_layers_minus1 = {max_sub} is out of range 0..6")
+  r.skip(1, "sps_temporal_id_nesting_flag")
+  ptl = _profile_tier_level(r, max_sub)
+  sps_id = r.ue("sps_seq_parameter_set_id", 15)
+  chroma = r.ue("chroma_format_idc", 3)
+  if chroma == 3: r.skip(1, "separate_colour_plane_flag")
+  width, height = r.ue("pic_width_in_luma_samples", 1 << 16), r.ue("pic_height_in_luma_samples", 1 << 16)
+  if width == 0 or height == 0: raise r.fail(f"a picture size of {width}x{height}")
+  window = (0, 0, 0, 0)
+  if r.flag("conformance_window_flag"):
+    sub_w, sub_h = (2 if chroma in (1, 2) else 1), (2 if chroma == 1 else 1)
+    left, right, top, bottom = (r.ue(f"conf_win_{n}_offset", 1 << 16) for n in ("left", "right", "top", "bottom"))
+    window = (left * sub_w, right * sub_w, top * sub_h, bottom * sub_h)
+    if window[0] + window[1] >= width or window[2] + window[3] >= height:
+      raise r.fail(f"the conformance window {window} leaves nothing of a {width}x{height} picture")
+  depth_luma, depth_chroma = r.ue("bit_depth_luma_minus8", 8) + 8, r.ue("bit_depth_chroma_minus8", 8) + 8
+  log2_poc = r.ue("log2_max_pic_order_cnt_lsb_minus4", 12) + 4
+  all_layers = r.flag("sps_sub_layer_ordering_info_present_flag")
+  dpb = 1
+  for _ in range(0 if all_layers else max_sub, max_sub + 1):
+    dpb = max(dpb, r.ue("sps_max_dec_pic_buffering_minus1", 15) + 1)
+    r.ue("sps_max_num_reorder_pics", 15)
+    r.ue("sps_max_latency_increase_plus1")
+  for what in ("log2_min_luma_coding_block_size_minus3", "log2_diff_max_min_luma_coding_block_size",
+               "log2_min_luma_transform_block_size_minus2", "log2_diff_max_min_luma_transform_block_size",
+               "max_transform_hierarchy_depth_inter", "max_transform_hierarchy_depth_intra"):
+    r.ue(what, 32)
+  if r.flag("scaling_list_enabled_flag") and r.flag("sps_scaling_list_data_present_flag"): _scaling_list_data(r)
+  r.skip(2, "amp_enabled_flag and sample_adaptive_offset_enabled_flag")
+  if r.flag("pcm_enabled_flag"):
+    r.skip(8, "pcm sample bit depths")
+    r.ue("log2_min_pcm_luma_coding_block_size_minus3", 32)
+    r.ue("log2_diff_max_min_pcm_luma_coding_block_size", 32)
+    r.skip(1, "pcm_loop_filter_disabled_flag")
+  sets: list[tuple[list[int], list[int]]] = []
+  for i in range(r.ue("num_short_term_ref_pic_sets", 64)): sets.append(_st_ref_pic_set(r, i, sets))
+  if r.flag("long_term_ref_pics_present_flag"):
+    for _ in range(r.ue("num_long_term_ref_pics_sps", 32)): r.skip(log2_poc + 1, "lt_ref_pic_poc_lsb_sps and used_by_curr_pic_lt_sps_flag")
+  r.skip(2, "sps_temporal_mvp_enabled_flag and strong_intra_smoothing_enabled_flag")
+  vui = _vui(r) if r.flag("vui_parameters_present_flag") else VUI()
+  return SPSInfo(sps_id, vps_id, ptl, chroma, width, height, window, depth_luma, depth_chroma, dpb, vui)
+
+
+def parse_pps(unit: NalUnit) -> PPSInfo:
+  r = BitReader(unit)
+  pps_id, sps_id = r.ue("pps_pic_parameter_set_id", 63), r.ue("pps_seq_parameter_set_id", 15)
+  r.skip(1 + 1 + 3 + 1 + 1, "slice segment flags")
+  r.ue("num_ref_idx_l0_default_active_minus1", 14)
+  r.ue("num_ref_idx_l1_default_active_minus1", 14)
+  r.se("init_qp_minus26")
+  r.skip(2, "constrained_intra_pred_flag and transform_skip_enabled_flag")
+  if r.flag("cu_qp_delta_enabled_flag"): r.ue("diff_cu_qp_delta_depth", 6)
+  r.se("pps_cb_qp_offset")
+  r.se("pps_cr_qp_offset")
+  r.skip(4, "chroma QP offsets, weighted prediction and transquant bypass flags")
+  tiles, sync = r.flag("tiles_enabled_flag"), r.flag("entropy_coding_sync_enabled_flag")
+  if tiles:
+    cols, rows = r.ue("num_tile_columns_minus1", 1 << 10), r.ue("num_tile_rows_minus1", 1 << 10)
+    if not r.flag("uniform_spacing_flag"):
+      for _ in range(cols): r.ue("column_width_minus1")
+      for _ in range(rows): r.ue("row_height_minus1")
+    r.skip(1, "loop_filter_across_tiles_enabled_flag")
+  return PPSInfo(pps_id, sps_id, tiles, sync)
+
+
+@dataclass
+class StreamInfo:
+  """What a scan of a whole stream found: its parameter sets (the last of each id wins) and its pictures."""
+  vps: dict[int, VPSInfo] = field(default_factory=dict)
+  sps: dict[int, SPSInfo] = field(default_factory=dict)
+  pps: dict[int, PPSInfo] = field(default_factory=dict)
+  sequences: list[SPSInfo] = field(default_factory=list)  # the SPS in force at each change of picture format, in order
+  pictures: int = 0
+  units: int = 0
+
+
+def scan(stream: bytes | bytearray | memoryview) -> StreamInfo:
+  """Split and check a whole stream: every parameter set parses, every slice refers to a PPS and SPS that came before.
+  Raises VideoStreamError naming the offset of the first problem."""
+  info = StreamInfo()
+  active: SPSInfo | None = None
+  for u in split_nal_units(stream):
+    info.units += 1
+    if u.layer_id != 0: continue  # layers other than the base are not decoded
+    if u.type == VPS:
+      v = parse_vps(u)
+      info.vps[v.id] = v
+    elif u.type == SPS:
+      s = parse_sps(u)
+      info.sps[s.id] = s
+    elif u.type == PPS:
+      p = parse_pps(u)
+      if p.sps_id not in info.sps: raise VideoStreamError(f"PPS {p.id} refers to SPS {p.sps_id}, which has not appeared", u.offset)
+      info.pps[p.id] = p
+    elif u.is_vcl:
+      if u.type > 21: raise VideoStreamError(f"NAL unit type {u.type} is reserved (corrupt stream)", u.offset)
+      r = BitReader(u)
+      first = r.flag("first_slice_segment_in_pic_flag")
+      if 16 <= u.type <= 23: r.skip(1, "no_output_of_prior_pics_flag")
+      pps_id = r.ue("slice_pic_parameter_set_id", 63)
+      if pps_id not in info.pps:
+        raise VideoStreamError(f"a slice refers to PPS {pps_id}, which has not appeared (the stream does not start with its parameter sets)",
+                               u.offset, "start the stream at a VPS/SPS/PPS and an IRAP picture")
+      sps = info.sps[info.pps[pps_id].sps_id]
+      if first:
+        info.pictures += 1
+        if active is None or (sps.width, sps.height, sps.bit_depth_luma, sps.chroma_format_idc) != \
+            (active.width, active.height, active.bit_depth_luma, active.chroma_format_idc):
+          info.sequences.append(sps)
+        active = sps
+  if not info.pictures: raise VideoStreamError("the stream holds no picture (no slice NAL unit)", len(bytes(stream)))
+  return info

@@ -1,0 +1,416 @@
+"""NVDEC through NVIDIA's libnvcuvid (the Video Codec SDK's C API, installed with the driver), by ctypes, in
+plugrt-cuda's context: HEVC Annex B streams decode into NV12/P016 surfaces that plugrt's conversion kernel reads
+where NVDEC mapped them.
+
+    from plugrt_cuda.cuvid import decode_annexb_iter, decode_annexb_to_tensors_auto   # the same as plugrt.video's
+
+How a stream runs: a worker thread (one per stream) feeds the stream to the parser (cuvidParseVideoData) one access
+unit at a time, each tagged with its byte offset as the packet timestamp. The parser calls back on that thread:
+the sequence callback creates the decoder (cuvidCreateDecoder, after cuvidGetDecoderCaps checked the stream at open)
+or reconfigures it at a resolution change (cuvidReconfigureDecoder), the decode callback submits a picture
+(cuvidDecodePicture), and the display callback, in display order, maps the picture (cuvidMapVideoFrame64), checks
+its decode status (cuvidGetDecodeStatus; an error names the byte offset of the picture's access unit) and puts it in
+a bounded queue, so decoding runs ahead of the consumer by `queue_depth` surfaces and blocks when it is that far
+ahead. The consumer (plugrt.video's front end) wraps each mapped surface as a plugrt Buffer (no copy), launches the
+conversion kernel on the context's stream, and releases the frame: an event is recorded after the kernel and the
+surface is unmapped once that event has completed. close() stops the worker, unmaps every surface and destroys
+the parser and the decoder, whatever state the stream was in.
+
+Struct layouts and constants: NVIDIA's cuviddec.h and nvcuvid.h (Video Codec SDK 13.0), see docs/research/nvdec.md.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from plugrt.errors import Reason, VideoDecoderUnavailable, VideoStreamError
+from plugrt.video import FrameIterator, decode_annexb_iter, decode_annexb_to_tensors_auto  # noqa: F401  (the contract's names, here too)
+
+c_uint, c_int, c_ulong, c_ubyte, c_ushort, c_short, c_ulonglong, c_longlong, c_void_p = (
+  ctypes.c_uint, ctypes.c_int, ctypes.c_ulong, ctypes.c_ubyte, ctypes.c_ushort, ctypes.c_short, ctypes.c_ulonglong, ctypes.c_longlong,
+  ctypes.c_void_p)
+
+# cuviddec.h / nvcuvid.h enums
+cudaVideoCodec_HEVC = 8
+cudaVideoChromaFormat_420 = 1
+cudaVideoSurfaceFormat_NV12, cudaVideoSurfaceFormat_P016 = 0, 1
+cudaVideoDeinterlaceMode_Weave = 0
+cudaVideoCreate_PreferCUVID = 0x04
+cuvidDecodeStatus_Error, cuvidDecodeStatus_Error_Concealed = 8, 9
+CUVID_PKT_ENDOFSTREAM, CUVID_PKT_TIMESTAMP, CUVID_PKT_ENDOFPICTURE = 0x01, 0x02, 0x08
+CUDA_ERROR_NOT_READY = 600
+
+
+class Rect16(ctypes.Structure): _fields_ = [("left", c_short), ("top", c_short), ("right", c_short), ("bottom", c_short)]
+class Rect32(ctypes.Structure): _fields_ = [("left", c_int), ("top", c_int), ("right", c_int), ("bottom", c_int)]
+
+
+class CUVIDDECODECAPS(ctypes.Structure):
+  _fields_ = [("eCodecType", c_int), ("eChromaFormat", c_int), ("nBitDepthMinus8", c_uint), ("reserved1", c_uint * 3),
+              ("bIsSupported", c_ubyte), ("nNumNVDECs", c_ubyte), ("nOutputFormatMask", c_ushort), ("nMaxWidth", c_uint),
+              ("nMaxHeight", c_uint), ("nMaxMBCount", c_uint), ("nMinWidth", c_ushort), ("nMinHeight", c_ushort),
+              ("bIsHistogramSupported", c_ubyte), ("nCounterBitDepth", c_ubyte), ("nMaxHistogramBins", c_ushort), ("reserved3", c_uint * 10)]
+
+
+class CUVIDDECODECREATEINFO(ctypes.Structure):
+  _fields_ = [("ulWidth", c_ulong), ("ulHeight", c_ulong), ("ulNumDecodeSurfaces", c_ulong), ("CodecType", c_int), ("ChromaFormat", c_int),
+              ("ulCreationFlags", c_ulong), ("bitDepthMinus8", c_ulong), ("ulIntraDecodeOnly", c_ulong), ("ulMaxWidth", c_ulong),
+              ("ulMaxHeight", c_ulong), ("Reserved1", c_ulong), ("display_area", Rect16), ("OutputFormat", c_int), ("DeinterlaceMode", c_int),
+              ("ulTargetWidth", c_ulong), ("ulTargetHeight", c_ulong), ("ulNumOutputSurfaces", c_ulong), ("vidLock", c_void_p),
+              ("target_rect", Rect16), ("enableHistogram", c_ulong), ("Reserved2", c_ulong * 4)]
+
+
+class VideoSignal(ctypes.Structure):
+  _fields_ = [("video_format", c_ubyte, 3), ("video_full_range_flag", c_ubyte, 1), ("reserved_zero_bits", c_ubyte, 4),
+              ("color_primaries", c_ubyte), ("transfer_characteristics", c_ubyte), ("matrix_coefficients", c_ubyte)]
+
+
+class CUVIDEOFORMAT(ctypes.Structure):
+  _fields_ = [("codec", c_int), ("frame_rate", c_uint * 2), ("progressive_sequence", c_ubyte), ("bit_depth_luma_minus8", c_ubyte),
+              ("bit_depth_chroma_minus8", c_ubyte), ("min_num_decode_surfaces", c_ubyte), ("coded_width", c_uint), ("coded_height", c_uint),
+              ("display_area", Rect32), ("chroma_format", c_int), ("bitrate", c_uint), ("display_aspect_ratio", c_int * 2),
+              ("video_signal_description", VideoSignal), ("seqhdr_data_length", c_uint)]
+
+
+class CUVIDPARSERDISPINFO(ctypes.Structure):
+  _fields_ = [("picture_index", c_int), ("progressive_frame", c_int), ("top_field_first", c_int), ("repeat_first_field", c_int),
+              ("timestamp", c_longlong)]
+
+
+class CUVIDSOURCEDATAPACKET(ctypes.Structure):
+  _fields_ = [("flags", c_ulong), ("payload_size", c_ulong), ("payload", c_void_p), ("timestamp", c_longlong)]
+
+
+SequenceCallback = ctypes.CFUNCTYPE(c_int, c_void_p, ctypes.POINTER(CUVIDEOFORMAT))
+DecodeCallback = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p)  # CUVIDPICPARAMS*: filled by the parser, passed on untouched
+DisplayCallback = ctypes.CFUNCTYPE(c_int, c_void_p, ctypes.POINTER(CUVIDPARSERDISPINFO))
+
+
+class CUVIDPARSERPARAMS(ctypes.Structure):
+  _fields_ = [("CodecType", c_int), ("ulMaxNumDecodeSurfaces", c_uint), ("ulClockRate", c_uint), ("ulErrorThreshold", c_uint),
+              ("ulMaxDisplayDelay", c_uint), ("bAnnexb", c_uint, 1), ("bMemoryOptimize", c_uint, 1), ("uReserved", c_uint, 30),
+              ("uReserved1", c_uint * 4), ("pUserData", c_void_p), ("pfnSequenceCallback", SequenceCallback),
+              ("pfnDecodePicture", DecodeCallback), ("pfnDisplayPicture", DisplayCallback), ("pfnGetOperatingPoint", c_void_p),
+              ("pfnGetSEIMsg", c_void_p), ("pvReserved2", c_void_p * 5), ("pExtVideoInfo", c_void_p)]
+
+
+class CUVIDPROCPARAMS(ctypes.Structure):
+  _fields_ = [("progressive_frame", c_int), ("second_field", c_int), ("top_field_first", c_int), ("unpaired_field", c_int),
+              ("reserved_flags", c_uint), ("reserved_zero", c_uint), ("raw_input_dptr", c_ulonglong), ("raw_input_pitch", c_uint),
+              ("raw_input_format", c_uint), ("raw_output_dptr", c_ulonglong), ("raw_output_pitch", c_uint), ("Reserved1", c_uint),
+              ("output_stream", c_void_p), ("Reserved", c_uint * 46), ("histogram_dptr", c_void_p), ("Reserved2", c_void_p * 1)]
+
+
+class CUVIDRECONFIGUREDECODERINFO(ctypes.Structure):
+  _fields_ = [("ulWidth", c_uint), ("ulHeight", c_uint), ("ulTargetWidth", c_uint), ("ulTargetHeight", c_uint), ("ulNumDecodeSurfaces", c_uint),
+              ("reserved1", c_uint * 12), ("display_area", Rect16), ("target_rect", Rect16), ("reserved2", c_uint * 11)]
+
+
+class CUVIDGETDECODESTATUS(ctypes.Structure):
+  _fields_ = [("decodeStatus", c_int), ("reserved", c_uint * 31), ("pReserved", c_void_p * 8)]
+
+
+#: sizes a C compiler gives the SDK 13.0 headers on x86-64 Linux (docs/research/nvdec.md); tests compare the ctypes layouts
+C_SIZES = {CUVIDDECODECAPS: 88, CUVIDDECODECREATEINFO: 176, CUVIDEOFORMAT: 64, CUVIDPARSERDISPINFO: 24, CUVIDSOURCEDATAPACKET: 32,
+           CUVIDPARSERPARAMS: 136, CUVIDPROCPARAMS: 264, CUVIDRECONFIGUREDECODERINFO: 128, CUVIDGETDECODESTATUS: 192}
+
+_lib: Any = None
+_counts = {"decoders": 0, "parsers": 0, "mapped": 0}  # live objects, for leak tests (live_objects())
+_counts_lock = threading.Lock()
+
+
+def libnvcuvid() -> Any:
+  """libnvcuvid.so.1 with its signatures, loaded once; None when the driver does not ship it."""
+  global _lib
+  if _lib is None:
+    try: lib = ctypes.CDLL("libnvcuvid.so.1")
+    except OSError: lib = False
+    else:
+      P = ctypes.POINTER
+      sigs = {"cuvidGetDecoderCaps": [P(CUVIDDECODECAPS)], "cuvidCreateDecoder": [P(c_void_p), P(CUVIDDECODECREATEINFO)],
+              "cuvidReconfigureDecoder": [c_void_p, P(CUVIDRECONFIGUREDECODERINFO)], "cuvidDestroyDecoder": [c_void_p],
+              "cuvidDecodePicture": [c_void_p, c_void_p], "cuvidGetDecodeStatus": [c_void_p, c_int, P(CUVIDGETDECODESTATUS)],
+              "cuvidMapVideoFrame64": [c_void_p, c_int, P(c_ulonglong), P(c_uint), P(CUVIDPROCPARAMS)],
+              "cuvidUnmapVideoFrame64": [c_void_p, c_ulonglong], "cuvidCreateVideoParser": [P(c_void_p), P(CUVIDPARSERPARAMS)],
+              "cuvidParseVideoData": [c_void_p, P(CUVIDSOURCEDATAPACKET)], "cuvidDestroyVideoParser": [c_void_p]}
+      for name, args in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, c_int
+    _lib = lib
+  return _lib or None
+
+
+def live_objects() -> dict[str, int]:
+  """Decoders, parsers and mapped surfaces that exist now (every close() brings them back to where they were)."""
+  with _counts_lock: return dict(_counts)
+
+
+def _count(what: str, d: int) -> None:
+  with _counts_lock: _counts[what] += d
+
+
+def _check(code: int, call: str) -> None:
+  if code != 0:
+    from plugrt_cuda import driver as D
+    D.check(code, call)
+
+
+def decoder_caps(bit_depth: int) -> CUVIDDECODECAPS:
+  """What NVDEC on the current context's GPU can do with HEVC 4:2:0 at `bit_depth` bits."""
+  caps = CUVIDDECODECAPS(eCodecType=cudaVideoCodec_HEVC, eChromaFormat=cudaVideoChromaFormat_420, nBitDepthMinus8=bit_depth - 8)
+  _check(libnvcuvid().cuvidGetDecoderCaps(ctypes.byref(caps)), "cuvidGetDecoderCaps")
+  return caps
+
+
+_END = object()
+
+
+class NVDECDecoder:
+  """One stream on NVDEC (see the module docstring)."""
+
+  def __init__(self, device: Any, stream: bytes, info: Any, options: dict[str, Any], state: Any = None, lib: Any = None):
+    """`state` and `lib` stand in for the device's CUDAState and libnvcuvid in tests (tests/test_cuvid_fake.py)."""
+    lib = lib or libnvcuvid()
+    if lib is None:
+      raise VideoDecoderUnavailable("libnvcuvid.so.1 (NVDEC) is not installed with this driver", Reason.NOT_INSTALLED,
+                                    "install the NVIDIA driver's video decode library (libnvidia-decode)")
+    from plugrt.device import Buffer
+    from plugrt.dtype import dtypes
+    from plugrt_cuda import driver as D
+    self.lib, self.D, self.Buffer, self.dtypes = lib, D, Buffer, dtypes
+    self.device, self.state, self.info = device, state or device.info.state, info
+    self.state.make_current()
+    for seq in info.sequences:  # every format the stream switches to, before anything is created
+      caps = CUVIDDECODECAPS(eCodecType=cudaVideoCodec_HEVC, eChromaFormat=cudaVideoChromaFormat_420, nBitDepthMinus8=seq.bit_depth_luma - 8)
+      _check(lib.cuvidGetDecoderCaps(ctypes.byref(caps)), "cuvidGetDecoderCaps")
+      what = f"HEVC {seq.profile} 4:2:0 {seq.bit_depth_luma}-bit {seq.width}x{seq.height}"
+      if seq.chroma_format_idc != 1 or seq.bit_depth_luma != seq.bit_depth_chroma:
+        raise VideoDecoderUnavailable(f"NVDEC path decodes 4:2:0 with equal luma and chroma depth, not {what} (chroma_format_idc "
+                                      f"{seq.chroma_format_idc})", Reason.NO_DEVICE, "decode it in software")
+      if not caps.bIsSupported or seq.width > caps.nMaxWidth or seq.height > caps.nMaxHeight or \
+          seq.width < caps.nMinWidth or seq.height < caps.nMinHeight or (seq.width * seq.height) // 256 > caps.nMaxMBCount:
+        raise VideoDecoderUnavailable(f"NVDEC on {self.state.name} cannot decode {what} (supported: {bool(caps.bIsSupported)}, "
+                                      f"{caps.nMinWidth}x{caps.nMinHeight} to {caps.nMaxWidth}x{caps.nMaxHeight})", Reason.NO_DEVICE,
+                                      "decode it in software (fallback)")
+    self.max_w = max(-(-s.width // 16) * 16 for s in info.sequences)
+    self.max_h = max(-(-s.height // 16) * 16 for s in info.sequences)
+    self.depth = int(options.get("queue_depth", 4))
+    self.out_surfaces = self.depth + 4  # queued + held by the consumer + released, waiting for their kernels
+    self.stream = ctypes.create_string_buffer(bytes(stream), len(stream))
+    self.base = ctypes.addressof(self.stream)
+    self.queue: queue.Queue[Any] = queue.Queue(self.depth)
+    self.pending: collections.deque[tuple[ctypes.c_void_p, int]] = collections.deque()  # (event, mapped pointer) released
+    self.spare_events: list[ctypes.c_void_p] = []
+    self.handed: dict[int, bool] = {}  # surfaces given to the consumer and not released yet: close() releases them
+    self.lock = threading.Lock()  # decoder calls from the worker (map, decode) and the consumer (unmap)
+    self.decoder, self.parser = c_void_p(), c_void_p()
+    self.fmt: CUVIDEOFORMAT | None = None
+    self.surface: tuple[int, int, int, int, int, int, int, bool, int] | None = None
+    self.stopping, self.closed, self.error, self.mapped, self.shown = False, False, None, 0, 0
+    self._callbacks = (SequenceCallback(self._on_sequence), DecodeCallback(self._on_decode), DisplayCallback(self._on_display))
+    params = CUVIDPARSERPARAMS(CodecType=cudaVideoCodec_HEVC, ulMaxNumDecodeSurfaces=1, ulClockRate=0, ulErrorThreshold=0,
+                               ulMaxDisplayDelay=2, pfnSequenceCallback=self._callbacks[0], pfnDecodePicture=self._callbacks[1],
+                               pfnDisplayPicture=self._callbacks[2])
+    _check(lib.cuvidCreateVideoParser(ctypes.byref(self.parser), ctypes.byref(params)), "cuvidCreateVideoParser")
+    _count("parsers", 1)
+    self.worker = threading.Thread(target=self._feed, name="plugrt-nvdec", daemon=True)
+    self.worker.start()
+
+  # ------------------------------------------------------------ the worker thread and the parser's callbacks
+  def _feed(self) -> None:
+    from plugrt.video.hevc import access_units, split_nal_units
+    try:
+      self.state.make_current()
+      pkt = CUVIDSOURCEDATAPACKET()
+      units = list(split_nal_units(bytes(self.stream.raw)))
+      aus = list(access_units(units))
+      for k, au in enumerate(aus):
+        if self.stopping or self.error is not None: break
+        start = au[0].offset - 3  # with the start code
+        end = aus[k + 1][0].offset - 3 if k + 1 < len(aus) else len(self.stream.raw)
+        # one access unit a packet: ENDOFPICTURE lets the parser hand the picture on without waiting for the next one
+        pkt.flags, pkt.payload_size = CUVID_PKT_TIMESTAMP | CUVID_PKT_ENDOFPICTURE, end - start
+        pkt.payload, pkt.timestamp = self.base + start, au[0].offset
+        r = self.lib.cuvidParseVideoData(self.parser, ctypes.byref(pkt))
+        if r != 0 and self.error is None and not self.stopping:
+          self.error = VideoStreamError(f"the NVDEC parser rejected the access unit (CUresult {r})", au[0].offset)
+      if not self.stopping and self.error is None:
+        pkt.flags, pkt.payload_size, pkt.payload, pkt.timestamp = CUVID_PKT_ENDOFSTREAM, 0, None, 0
+        self.lib.cuvidParseVideoData(self.parser, ctypes.byref(pkt))
+    except BaseException as e:
+      if self.error is None: self.error = e
+    self._put(self.error if self.error is not None else _END)
+
+  def _put(self, item: Any) -> bool:
+    while not self.stopping:
+      try:
+        self.queue.put(item, timeout=0.05)
+        return True
+      except queue.Full: continue
+    return False
+
+  def _on_sequence(self, _user: Any, fmt_p: Any) -> int:
+    try:
+      fmt = fmt_p.contents
+      depth = fmt.bit_depth_luma_minus8 + 8
+      surfaces = max(int(fmt.min_num_decode_surfaces), 1) + 4
+      da = fmt.display_area
+      w, h = da.right - da.left, da.bottom - da.top
+      tw, th = w + (w & 1), h + (h & 1)
+      if self.fmt is None or not self.decoder.value:
+        ci = CUVIDDECODECREATEINFO(ulWidth=fmt.coded_width, ulHeight=fmt.coded_height, ulNumDecodeSurfaces=surfaces, CodecType=cudaVideoCodec_HEVC,
+                                   ChromaFormat=cudaVideoChromaFormat_420, ulCreationFlags=cudaVideoCreate_PreferCUVID,
+                                   bitDepthMinus8=depth - 8, ulMaxWidth=max(self.max_w, fmt.coded_width),
+                                   ulMaxHeight=max(self.max_h, fmt.coded_height), OutputFormat=cudaVideoSurfaceFormat_P016 if depth > 8
+                                   else cudaVideoSurfaceFormat_NV12, DeinterlaceMode=cudaVideoDeinterlaceMode_Weave, ulTargetWidth=tw,
+                                   ulTargetHeight=th, ulNumOutputSurfaces=self.out_surfaces)
+        ci.display_area = Rect16(da.left, da.top, da.right, da.bottom)
+        with self.lock:
+          _check(self.lib.cuvidCreateDecoder(ctypes.byref(self.decoder), ctypes.byref(ci)), "cuvidCreateDecoder")
+        _count("decoders", 1)
+        self.depth_bits = depth
+      else:
+        if depth != self.depth_bits:
+          raise VideoStreamError(f"the bit depth changes from {self.depth_bits} to {depth} mid-stream, which NVDEC cannot reconfigure",
+                                 0, "split the stream at the change")
+        while self.mapped and not self.stopping:  # the decoder's surfaces are reallocated: every mapped one must be back first
+          self._unmap_done(wait=True)
+          time.sleep(0.001)
+        rc = CUVIDRECONFIGUREDECODERINFO(ulWidth=fmt.coded_width, ulHeight=fmt.coded_height, ulTargetWidth=tw, ulTargetHeight=th,
+                                         ulNumDecodeSurfaces=surfaces)
+        rc.display_area = Rect16(da.left, da.top, da.right, da.bottom)
+        with self.lock:
+          _check(self.lib.cuvidReconfigureDecoder(self.decoder, ctypes.byref(rc)), "cuvidReconfigureDecoder")
+      self.fmt = fmt
+      vs = fmt.video_signal_description
+      self.surface = (w, h, tw, th, depth, 16 - depth if depth > 8 else 0, 2 if depth > 8 else 1, bool(vs.video_full_range_flag),
+                      int(vs.matrix_coefficients))
+      return surfaces
+    except BaseException as e:
+      if self.error is None: self.error = e
+      return 0
+
+  def _on_decode(self, _user: Any, pic: Any) -> int:
+    if self.stopping: return 0
+    with self.lock: r = self.lib.cuvidDecodePicture(self.decoder, pic)
+    if r != 0:
+      if self.error is None: self.error = VideoStreamError(f"cuvidDecodePicture failed (CUresult {r})", 0)
+      return 0
+    return 1
+
+  def _on_display(self, _user: Any, disp_p: Any) -> int:
+    if not disp_p: return 1  # the end of the stream (CUVID_PKT_NOTIFY_EOS)
+    if self.stopping: return 0
+    try:
+      disp = disp_p.contents
+      self._unmap_done(wait=self.mapped >= self.out_surfaces - 1)
+      proc = CUVIDPROCPARAMS(progressive_frame=disp.progressive_frame, top_field_first=disp.top_field_first, output_stream=None)
+      ptr, pitch, status = c_ulonglong(), c_uint(), CUVIDGETDECODESTATUS()
+      with self.lock:
+        _check(self.lib.cuvidMapVideoFrame64(self.decoder, disp.picture_index, ctypes.byref(ptr), ctypes.byref(pitch), ctypes.byref(proc)),
+               "cuvidMapVideoFrame64")
+        self.mapped += 1
+        _count("mapped", 1)
+        r = self.lib.cuvidGetDecodeStatus(self.decoder, disp.picture_index, ctypes.byref(status))
+      if r == 0 and status.decodeStatus in (cuvidDecodeStatus_Error, cuvidDecodeStatus_Error_Concealed):
+        self._unmap(ptr.value)
+        raise VideoStreamError("NVDEC found an error decoding the picture of the access unit" +
+                               (" (concealed)" if status.decodeStatus == cuvidDecodeStatus_Error_Concealed else ""), int(disp.timestamp))
+      if not self._put((ptr.value, pitch.value, self.surface)):
+        self._unmap(ptr.value)
+        return 0
+      return 1
+    except BaseException as e:
+      if self.error is None: self.error = e
+      return 0
+
+  # ------------------------------------------------------------ surfaces
+  def _unmap(self, ptr: int) -> None:
+    with self.lock: r = self.lib.cuvidUnmapVideoFrame64(self.decoder, c_ulonglong(ptr))
+    self.mapped -= 1
+    _count("mapped", -1)
+    _check(r, "cuvidUnmapVideoFrame64")
+
+  def _unmap_done(self, wait: bool = False) -> None:
+    """Unmap released surfaces whose conversion finished; with `wait`, wait for the oldest one at least."""
+    cuda = self.state.lib
+    while self.pending:
+      ev, ptr = self.pending[0]
+      if cuda.cuEventQuery(ev) == CUDA_ERROR_NOT_READY:
+        if not wait: return
+        cuda.cuEventSynchronize(ev)
+      wait = False
+      self.pending.popleft()
+      self.spare_events.append(ev)
+      self._unmap(ptr)
+
+  def _release(self, ptr: int) -> None:
+    if self.handed.pop(ptr, None) is None: return  # released already (twice, or by close())
+    ev = self.spare_events.pop() if self.spare_events else None
+    if ev is None:
+      ev = c_void_p()
+      self.D.check(self.state.lib.cuEventCreate(ctypes.byref(ev), 2), "cuEventCreate")  # CU_EVENT_DISABLE_TIMING
+    self.D.check(self.state.lib.cuEventRecord(ev, self.state.stream), "cuEventRecord")
+    self.pending.append((ev, ptr))
+
+  def frames(self) -> Iterator[Any]:
+    from plugrt.video import Frame
+    from plugrt.video.convert import Surface
+    dev, Buffer = self.device, self.Buffer
+    while True:
+      try: item = self.queue.get(timeout=0.1)
+      except queue.Empty:
+        if not self.worker.is_alive() and self.queue.empty(): raise RuntimeError("the NVDEC worker ended without a result") from None
+        continue
+      if item is _END: break
+      if isinstance(item, BaseException): raise item
+      ptr, pitch, (w, h, _tw, th, depth, shift, esize, full, matrix) = item
+      n = (pitch * th + pitch * ((th + 1) // 2)) // esize
+      # the mapped surface is device memory of this context by cuvidMapVideoFrame's contract: wrapped as it is, no copy
+      buf = Buffer._make(dev, n, self.dtypes.uint16 if esize == 2 else self.dtypes.uint8, ptr, None, 0, True)
+      s = Surface(buf, w, h, pitch // esize, pitch * th // esize, depth, shift, 0, 0, full, matrix)
+      t = self.shown
+      self.shown += 1
+      self.handed[ptr] = True
+      yield Frame(t, s, lambda p=ptr: self._release(p))
+    if self.shown < self.info.pictures:
+      raise VideoStreamError(f"{self.info.pictures - self.shown} of the stream's {self.info.pictures} pictures did not come out of "
+                             "NVDEC (a truncated or corrupt stream)", len(self.stream.raw))
+
+  def close(self) -> None:
+    if self.closed: return
+    self.closed = self.stopping = True
+    self.state.make_current()
+    try:
+      self.worker.join(30)
+      while True:
+        try: item = self.queue.get_nowait()
+        except queue.Empty: break
+        if isinstance(item, tuple): self.handed[item[0]] = True
+      for ptr in list(self.handed): self._release(ptr)  # a frame the consumer held when it stopped, or got from the queue here
+      self._unmap_done(wait=True)
+      while self.pending: self._unmap_done(wait=True)
+    finally:
+      if self.parser.value:
+        self.lib.cuvidDestroyVideoParser(self.parser)
+        self.parser = c_void_p()
+        _count("parsers", -1)
+      if self.decoder.value:
+        self.lib.cuvidDestroyDecoder(self.decoder)
+        self.decoder = c_void_p()
+        _count("decoders", -1)
+      for ev in self.spare_events: self.state.lib.cuEventDestroy_v2(ev)
+      self.spare_events.clear()
+
+  def __del__(self) -> None:
+    try: self.close()
+    except Exception: pass
+
+
+def open_decoder(device: Any, stream: bytes, info: Any, options: dict[str, Any]) -> NVDECDecoder:
+  return NVDECDecoder(device, stream, info, options)

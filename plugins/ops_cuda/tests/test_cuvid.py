@@ -1,0 +1,168 @@
+"""NVDEC through libnvcuvid (plugrt_cuda.cuvid). Without a GPU: the ctypes layouts against the SDK headers' C layout,
+the declaration and its probe, and the fallback. With one (marker `gpu`, scripts/gpu-check.sh): every frame of
+PyAV-made streams (8-bit, 10-bit, a resolution change, a cropped size) equals PyAV's software decode through the
+same kernel within 1 level in uint8 (floats: 2**-9 in float16, 1e-6 in float32, both normalized), four streams at
+once, typed errors for cut streams, and 1000 open/close cycles with early closes and exceptions that leak nothing.
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+from plugrt import Device, dtypes
+from plugrt.errors import Reason, VideoDecoderUnavailable, VideoStreamError
+from plugrt.video import decode_annexb_iter, decode_annexb_to_tensors_auto, hevc, software_decode
+from plugrt_cuda import cuvid
+
+
+def has_gpu() -> bool: return Device.registry.probe("CUDA").ok
+
+
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not has_gpu(), reason="no NVIDIA GPU here (run scripts/gpu-check.sh on the GPU machine)")
+
+#: offsets a C compiler gives the SDK 13.0 headers (clang, x86-64; docs/research/nvdec.md)
+C_OFFSETS = [(cuvid.CUVIDDECODECAPS, "bIsSupported", 24), (cuvid.CUVIDDECODECAPS, "nMaxWidth", 28), (cuvid.CUVIDDECODECAPS, "nMinWidth", 40),
+             (cuvid.CUVIDDECODECREATEINFO, "display_area", 80), (cuvid.CUVIDDECODECREATEINFO, "OutputFormat", 88),
+             (cuvid.CUVIDDECODECREATEINFO, "vidLock", 120), (cuvid.CUVIDDECODECREATEINFO, "target_rect", 128),
+             (cuvid.CUVIDDECODECREATEINFO, "enableHistogram", 136), (cuvid.CUVIDEOFORMAT, "coded_width", 16),
+             (cuvid.CUVIDEOFORMAT, "display_area", 24), (cuvid.CUVIDEOFORMAT, "chroma_format", 40),
+             (cuvid.CUVIDEOFORMAT, "video_signal_description", 56), (cuvid.CUVIDEOFORMAT, "seqhdr_data_length", 60),
+             (cuvid.CUVIDPARSERDISPINFO, "timestamp", 16), (cuvid.CUVIDSOURCEDATAPACKET, "payload", 16),
+             (cuvid.CUVIDSOURCEDATAPACKET, "timestamp", 24), (cuvid.CUVIDPARSERPARAMS, "pUserData", 40),
+             (cuvid.CUVIDPARSERPARAMS, "pfnSequenceCallback", 48), (cuvid.CUVIDPARSERPARAMS, "pfnGetSEIMsg", 80),
+             (cuvid.CUVIDPARSERPARAMS, "pExtVideoInfo", 128), (cuvid.CUVIDPROCPARAMS, "raw_input_dptr", 24),
+             (cuvid.CUVIDPROCPARAMS, "output_stream", 56), (cuvid.CUVIDPROCPARAMS, "histogram_dptr", 248),
+             (cuvid.CUVIDRECONFIGUREDECODERINFO, "display_area", 68), (cuvid.CUVIDRECONFIGUREDECODERINFO, "target_rect", 76),
+             (cuvid.CUVIDGETDECODESTATUS, "pReserved", 128)]
+
+
+def test_struct_layouts_match_the_sdk_headers() -> None:
+  for struct, size in cuvid.C_SIZES.items(): assert ctypes.sizeof(struct) == size, struct.__name__
+  for struct, name, offset in C_OFFSETS: assert getattr(struct, name).offset == offset, f"{struct.__name__}.{name}"
+  fmt = cuvid.CUVIDEOFORMAT()
+  ctypes.memmove(ctypes.addressof(fmt) + 56, bytes([0b0001_1101, 9, 16, 9]), 4)  # video_format 5, full range 1 (bit 3)
+  vs = fmt.video_signal_description
+  assert (vs.video_format, vs.video_full_range_flag, vs.color_primaries, vs.matrix_coefficients) == (5, 1, 9, 9)
+
+
+def test_the_contract_is_importable_from_plugrt_cuda() -> None:
+  import plugrt.video
+  assert cuvid.decode_annexb_iter is plugrt.video.decode_annexb_iter
+  assert cuvid.decode_annexb_to_tensors_auto is plugrt.video.decode_annexb_to_tensors_auto
+
+
+def test_nvdec_is_declared_and_listed() -> None:
+  from plugrt.video import decoder_rows
+  row = next(r for r in decoder_rows() if r["decoder"] == "NVDEC")
+  assert row["device"] == "CUDA" and row["package"] == "plugrt-cuda"
+  if not has_gpu(): assert not row["available"] and row["reason"] == "no device" and row["hint"]
+
+
+@pytest.mark.skipif(has_gpu(), reason="there is a GPU here")
+def test_without_a_gpu_the_auto_variant_falls_back() -> None:
+  pytest.importorskip("av")
+  from plugrt.testing.video import make_hevc
+  stream = make_hevc(64, 48, frames=3)
+  seen = []
+  got = decode_annexb_to_tensors_auto(stream, dtype=dtypes.uint8, normalize=False, fallback=lambda e: seen.append(e) or "software")
+  assert got == "software" and isinstance(seen[0], VideoDecoderUnavailable) and seen[0].reason is Reason.NO_DEVICE
+  assert "NVDEC" in seen[0].reasons
+
+
+# ---------------------------------------------------------------- on the GPU
+
+def _streams() -> dict[str, bytes]:
+  from plugrt.testing.video import make_hevc
+  return {"8bit-bt709": make_hevc(128, 72, frames=12, tag="bt709", pattern="gradient"),
+          "8bit-cropped-bt601-full": make_hevc(66, 34, frames=8, tag="bt601", full_range=True),
+          "10bit-bt2020": make_hevc(192, 108, frames=10, bit_depth=10, tag="bt2020", pattern="gradient"),
+          "resolution-change": make_hevc(128, 72, frames=5, tag="bt709") + make_hevc(256, 144, frames=6, tag="bt709", seed=3)}
+
+
+@pytest.fixture(scope="module")
+def streams() -> dict[str, bytes]:
+  pytest.importorskip("av")
+  return _streams()
+
+
+def _compare(stream: bytes, dtype, normalize: bool, tol: float) -> int:
+  hw = decode_annexb_to_tensors_auto(stream, dtype=dtype, normalize=normalize, decoder="NVDEC", device="CUDA")
+  sw = software_decode(stream, dtype=dtype, normalize=normalize, device="CUDA")
+  assert len(hw) == len(sw) == hevc.scan(stream).pictures
+  for (ts_h, th), (ts_s, ts) in zip(hw, sw):
+    assert ts_h == ts_s and th.shape == ts.shape and str(th.device).startswith("CUDA")
+    err = np.abs(th.numpy().astype(np.float64) - ts.numpy().astype(np.float64)).max()
+    assert err <= tol, f"frame {ts_h}: NVDEC and software differ by {err}"
+  return len(hw)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("name", ["8bit-bt709", "8bit-cropped-bt601-full", "10bit-bt2020", "resolution-change"])
+def test_every_frame_matches_software(streams: dict[str, bytes], name: str) -> None:
+  assert _compare(streams[name], dtypes.uint8, False, 1) > 0
+  _compare(streams[name], dtypes.float16, True, 2 ** -9)
+  _compare(streams[name], dtypes.float32, True, 1e-6)
+
+
+@gpu
+@needs_gpu
+def test_four_streams_at_once(streams: dict[str, bytes]) -> None:
+  errors: list[BaseException] = []
+
+  def run(s: bytes) -> None:
+    try: _compare(s, dtypes.uint8, False, 1)
+    except BaseException as e: errors.append(e)
+  threads = [threading.Thread(target=run, args=(streams[n],)) for n in ("8bit-bt709", "10bit-bt2020", "resolution-change", "8bit-bt709")]
+  for t in threads: t.start()
+  for t in threads: t.join(120)
+  assert not errors, errors
+
+
+@gpu
+@needs_gpu
+def test_cut_stream_is_a_typed_error(streams: dict[str, bytes]) -> None:
+  s = streams["8bit-bt709"]
+  cut = [u for u in hevc.split_nal_units(s) if u.is_vcl][5].offset + 6
+  with pytest.raises(VideoStreamError):
+    decode_annexb_to_tensors_auto(s[:cut], dtype=dtypes.uint8, normalize=False, decoder="NVDEC", device="CUDA")
+  assert cuvid.live_objects() == {"decoders": 0, "parsers": 0, "mapped": 0}
+
+
+def _free_gpu_memory() -> int:
+  dev = Device["CUDA"]
+  dev.synchronize()
+  dev.allocator.free_cache()
+  free, total = ctypes.c_size_t(), ctypes.c_size_t()
+  dev.info.state.lib.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+  return free.value
+
+
+@gpu
+@needs_gpu
+def test_a_thousand_open_close_cycles_leak_nothing(streams: dict[str, bytes]) -> None:
+  s = streams["8bit-bt709"]
+  list(decode_annexb_iter(s, dtype=dtypes.float16, normalize=True, decoder="NVDEC"))  # warm: kernels compiled, context made
+  gc.collect()
+  before, objects = _free_gpu_memory(), cuvid.live_objects()
+  assert objects == {"decoders": 0, "parsers": 0, "mapped": 0}
+  for i in range(1000):
+    if i % 3 == 0:
+      it = decode_annexb_iter(s, dtype=dtypes.float16, normalize=True, decoder="NVDEC")
+      next(it)
+      it.close()                      # early close after one frame
+    elif i % 3 == 1:                  # an exception inside the loop (the iterator is the loop's own, as users write it)
+      with pytest.raises(ZeroDivisionError):
+        for _ts, _t in decode_annexb_iter(s, dtype=dtypes.float16, normalize=True, decoder="NVDEC"): _ = 1 / 0
+    else:
+      for _ in decode_annexb_iter(s, dtype=dtypes.float16, normalize=True, decoder="NVDEC"): pass  # to the end
+    assert cuvid.live_objects()["decoders"] == 0, f"cycle {i}"
+  gc.collect()
+  assert cuvid.live_objects() == objects
+  after = _free_gpu_memory()
+  assert before - after < 64 << 20, f"{(before - after) >> 20} MiB of GPU memory not given back after 1000 cycles"
