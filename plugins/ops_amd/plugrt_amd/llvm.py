@@ -91,7 +91,7 @@ class AMDLLVMRenderer(LLVMRenderer):
     taken: set[str] = set()
     for u in (*kernel.buffers, *kernel.scalars):
       name = u.arg[1]
-      while name in taken or re.fullmatch(r"[a-z]+\d+.*", name): name += "_"  # never one of the renderer's own names
+      while name in taken or re.fullmatch(r"[a-z]+\d+", name): name += "_"  # never one of the renderer's own names
       taken.add(name)
       if u.op is Ops.BUFFER:
         args.append(f"ptr addrspace(1) %{name}")
