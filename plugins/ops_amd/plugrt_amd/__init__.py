@@ -106,7 +106,7 @@ def probe_hip(ctx: PluginContext) -> Probe:
 def plugrt_backends() -> list[BackendSpec]:
   # below NV (45) and CUDA (50); a machine with an AMD GPU has neither, and opening it refuses for now
   return [BackendSpec(name="AMD", api_version="1.2", probe=probe_amd, priority=40,
-                      compilers=(CompilerSpec("LLVM", "LLVM IR through LLVM's AMDGPU target (llvmlite), linked by ld.lld to a code object v5", probe_llvm),
+                      compilers=(CompilerSpec("LLVM", "LLVM IR through LLVM's AMDGPU target (llvmlite), ld.lld to a code object v5", probe_llvm),
                                  CompilerSpec("HIP", "HIP C through ROCm's hiprtc", probe_hip)),
                       description="AMD GPUs (compilers and code objects; the KFD queue layer is not written yet)")]
 

@@ -33,8 +33,12 @@ PRELUDE = f"""#pragma clang fp contract(off)
   return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }}
 {D} float __plugrt_rbf(float f) {{ return __plugrt_bf2f(__plugrt_f2bf(f)); }}
-{D} int __plugrt_group_size(int axis) {{ return (int)((const unsigned short*)__builtin_amdgcn_implicitarg_ptr())[{hw.HIDDEN_GROUP_SIZE // 2} + axis]; }}
-{D} int __plugrt_num_groups(int axis) {{ return (int)((const unsigned int*)__builtin_amdgcn_implicitarg_ptr())[{hw.HIDDEN_BLOCK_COUNT // 4} + axis]; }}
+{D} int __plugrt_group_size(int axis) {{
+  return (int)((const unsigned short*)__builtin_amdgcn_implicitarg_ptr())[{hw.HIDDEN_GROUP_SIZE // 2} + axis];
+}}
+{D} int __plugrt_num_groups(int axis) {{
+  return (int)((const unsigned int*)__builtin_amdgcn_implicitarg_ptr())[{hw.HIDDEN_BLOCK_COUNT // 4} + axis];
+}}
 """
 #: the ROCm device library (ocml) functions the source calls, declared here so no header is needed
 _OCML = {"f16": "_Float16", "f32": "float", "f64": "double"}

@@ -128,7 +128,8 @@ def llvmlite_amdgpu() -> Any:
   if _llvm is None:
     with _init_lock:
       if _llvm is None:
-        try: import llvmlite.binding as llvm
+        try:
+          import llvmlite.binding as llvm
         except ImportError as e: raise CompileError("llvmlite is not installed", str(e), "pip install llvmlite") from None
         llvm.initialize_all_targets()
         llvm.initialize_all_asmprinters()

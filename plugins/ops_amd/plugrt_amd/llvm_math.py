@@ -82,7 +82,7 @@ def _log2() -> str:
             "  %sfR = fmul double %s, %fR",
             "  %L = fsub double %f, %sfR",                                     # ln m
             f"  %hi = fmul double %L, {_d(inv_hi)}",
-            f"  %nhi = fneg double %hi",
+            "  %nhi = fneg double %hi",
             f"  %err = call double @llvm.fma.f64(double %L, double {_d(inv_hi)}, double %nhi)",
             f"  %lo = call double @llvm.fma.f64(double %L, double {_d(inv_lo)}, double %err)",
             "  %ed = sitofp i32 %e to double",

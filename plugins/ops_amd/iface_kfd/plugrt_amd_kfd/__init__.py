@@ -37,7 +37,6 @@ def plugrt_interfaces() -> list[InterfaceSpec]:
 @hookimpl
 def plugrt_open_interface(device: DeviceInfo, interface: str) -> Any:
   from plugrt.errors import DeviceUnavailable
-
   from plugrt_amd.device import HINT, AMDNotImplemented
   if not os.path.exists(KFD):
     raise DeviceUnavailable(f"{device.canonical} through KFD: {KFD} does not exist", Reason.NO_DEVICE, "load the amdgpu kernel driver")

@@ -43,7 +43,7 @@ def plugrt_interfaces() -> list[InterfaceSpec]:
 
 @hookimpl
 def plugrt_open_interface(device: DeviceInfo, interface: str) -> Any:
-  from plugrt_amd.device import AMDNotImplemented, AcknowledgementRequired
+  from plugrt_amd.device import AcknowledgementRequired, AMDNotImplemented
   if not device.context.flag(ACK):
     raise AcknowledgementRequired(f"{device.canonical} through PCI: {WOULD}, and {ACK}=1 is not set",
                                   f"set {ACK}=1 only on a machine where nothing else uses the GPU; or {HINT}")

@@ -60,7 +60,7 @@ def plugrt_interfaces() -> list[InterfaceSpec]:
 
 @hookimpl
 def plugrt_open_interface(device: DeviceInfo, interface: str) -> Any:
-  from plugrt_amd.device import AMDNotImplemented, AcknowledgementRequired
+  from plugrt_amd.device import AcknowledgementRequired, AMDNotImplemented
   if not device.context.flag(ACK):
     raise AcknowledgementRequired(f"{device.canonical} through USB: {WOULD}, and {ACK}=1 is not set",
                                   f"set {ACK}=1 to accept that; or {HINT}")
