@@ -226,3 +226,11 @@ def test_hip_c_of_every_conformance_kernel_passes_clang(case: K.Case, tmp_path) 
   r = subprocess.run([clang, "-x", "hip", "--cuda-gpu-arch=gfx90a", "-nogpulib", "-nogpuinc", "--cuda-device-only", "-fsyntax-only",
                       "-Werror=implicit-function-declaration", "-Werror=return-type", str(src)], capture_output=True, text=True, timeout=120)
   assert r.returncode == 0, r.stderr
+
+
+def test_disk_cache_round_trip(tmp_path) -> None:
+  c = compiler_for("gfx1201", env={"PATH": os.environ.get("PATH", ""), "PLUGRT_CACHE_DIR": str(tmp_path)})
+  src = c.render(K.saxpy_kernel())
+  first, hit = c.compile_cached(src)
+  again, hit2 = c.compile_cached(src)
+  assert not hit and hit2 and first == again and codeobject.parse(again).arch == "gfx1201"
