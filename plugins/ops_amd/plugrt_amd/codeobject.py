@@ -15,6 +15,7 @@ kernel's 64-byte kernel descriptor. Layouts: LLVM's AMDGPUUsage ("Kernel Descrip
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,6 +204,29 @@ class KernelInfo:
     """The hidden argument of `kind` ("hidden_block_count_x", or "block_count_x"), or None when the kernel has none."""
     kind = kind if kind.startswith("hidden_") else "hidden_" + kind
     return next((a for a in self.args if a.kind == kind), None)
+
+  def kernargs(self, buffers: Sequence[int], scalars: Sequence[bytes], groups: Sequence[int], local: Sequence[int]) -> bytearray:
+    """The kernel argument segment for one launch: buffer addresses and scalars' bytes (little-endian, their own sizes)
+    at their offsets, and the hidden arguments a plugrt kernel reads (block counts, group sizes; remainders 0: plugrt
+    launches whole groups; grid dims 3; global offsets 0). Every other hidden argument (hostcall, heap, queue and
+    aperture pointers) stays 0: plugrt's renderers never use them. The reference a dispatcher's prepared launch
+    (and the fake KFD's check of it) is measured against; ValueError when the counts or sizes disagree with the kernel."""
+    explicit = self.explicit_args
+    ptrs = [a for a in explicit if a.kind == "global_buffer"]
+    vals = [a for a in explicit if a.kind != "global_buffer"]
+    if len(ptrs) != len(buffers) or len(vals) != len(scalars):
+      raise ValueError(f"kernel {self.name} takes {len(ptrs)} buffers and {len(vals)} scalars, not {len(buffers)} and {len(scalars)}")
+    out = bytearray(self.kernarg_size)
+    for a, ptr in zip(ptrs, buffers): struct.pack_into("<Q", out, a.offset, ptr)
+    for a, raw in zip(vals, scalars):
+      if len(raw) != a.size: raise ValueError(f"kernel {self.name}: scalar {a.name or a.offset} is {a.size} bytes, not {len(raw)}")
+      out[a.offset:a.offset + a.size] = raw
+    for a in self.hidden_args:
+      axis = "xyz".find(a.kind[-1]) if a.kind[-2:-1] == "_" else -1
+      if a.kind.startswith("hidden_block_count_"): struct.pack_into("<I", out, a.offset, groups[axis])
+      elif a.kind.startswith("hidden_group_size_"): struct.pack_into("<H", out, a.offset, local[axis])
+      elif a.kind == "hidden_grid_dims": struct.pack_into("<H", out, a.offset, 3)
+    return out
 
   @property
   def implicit_offset(self) -> int:

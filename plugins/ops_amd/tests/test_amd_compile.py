@@ -234,3 +234,19 @@ def test_disk_cache_round_trip(tmp_path) -> None:
   first, hit = c.compile_cached(src)
   again, hit2 = c.compile_cached(src)
   assert not hit and hit2 and first == again and codeobject.parse(again).arch == "gfx1201"
+
+
+def test_kernargs_fill_explicit_and_hidden_arguments() -> None:
+  import struct
+  co = codeobject.parse(compiler("gfx942").compile_uncached(compiler("gfx942").render(K.saxpy_kernel())))
+  k = co.kernels[K.saxpy_kernel().name]
+  seg = k.kernargs([0x1000, 0x2000, 0x3000], [struct.pack("<f", 2.5), struct.pack("<i", 77)], (4, 2, 1), (64, 1, 1))
+  assert len(seg) == k.kernarg_size == k.descriptor.kernarg_size
+  offs = [a.offset for a in k.explicit_args]
+  assert [struct.unpack_from("<Q", seg, o)[0] for o in offs[:3]] == [0x1000, 0x2000, 0x3000]
+  assert struct.unpack_from("<f", seg, offs[3])[0] == 2.5 and struct.unpack_from("<i", seg, offs[4])[0] == 77
+  base = k.implicit_offset
+  assert struct.unpack_from("<3I", seg, base + hw.HIDDEN_BLOCK_COUNT) == (4, 2, 1)
+  assert struct.unpack_from("<3H", seg, base + hw.HIDDEN_GROUP_SIZE) == (64, 1, 1)
+  with pytest.raises(ValueError, match="3 buffers and 2 scalars"): k.kernargs([1], [], (1, 1, 1), (1, 1, 1))
+  with pytest.raises(ValueError, match="is 4 bytes, not 8"): k.kernargs([1, 2, 3], [bytes(8), bytes(4)], (1, 1, 1), (1, 1, 1))
