@@ -14,15 +14,19 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 # clang: the CPU backend; PoCL: OpenCL on the CPU; Mesa's lavapipe (Vulkan) and llvmpipe (OpenGL): WebGPU on the CPU;
 # python3-venv: Debian and Ubuntu keep `python3 -m venv` (ensurepip) out of python3;
-# lld-19: AMD_LLVM links its code objects with ld.lld; llvm-19: llvm-readelf/llvm-objdump that know gfx942 and gfx12 (the AMD tests)
-APT="clang binutils pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1 libegl1 libgl1-mesa-dri python3 python3-venv lld-19 llvm-19"
+# lld-19: AMD_LLVM links its code objects with ld.lld; llvm-19: llvm-readelf/llvm-objdump that know gfx942 and gfx12 (the AMD tests);
+# where a distribution has no 19 (Ubuntu 22.04), its own lld and llvm (AMD_LLVM links with any lld; the AMD tool checks then skip)
+APT="clang binutils pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1 libegl1 libgl1-mesa-dri python3 python3-venv"
+APT_LLVM="lld-19 llvm-19"
 KIND=$(plugrt_env_kind)
 if ! command -v clang >/dev/null || ! command -v ld >/dev/null || ! [ -e /etc/OpenCL/vendors/pocl.icd ] || \
    ! ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || ! command -v python3 >/dev/null || \
-   ! [ -x /usr/lib/llvm-19/bin/ld.lld ] || ! [ -x /usr/lib/llvm-19/bin/llvm-readelf ] || \
+   { ! [ -x /usr/lib/llvm-19/bin/ld.lld ] && ! command -v ld.lld >/dev/null; } || \
    { [ "$KIND" = venv ] && ! python3 -c "import ensurepip" 2>/dev/null; }; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $APT >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $APT_LLVM >/dev/null 2>&1 || \
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq lld llvm >/dev/null
   KIND=$(plugrt_env_kind)
 fi
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "plugrt needs Python >= 3.10; python3 is $(python3 -V)" >&2; exit 1; }
