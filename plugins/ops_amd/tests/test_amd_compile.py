@@ -250,3 +250,25 @@ def test_kernargs_fill_explicit_and_hidden_arguments() -> None:
   assert struct.unpack_from("<3H", seg, base + hw.HIDDEN_GROUP_SIZE) == (64, 1, 1)
   with pytest.raises(ValueError, match="3 buffers and 2 scalars"): k.kernargs([1], [], (1, 1, 1), (1, 1, 1))
   with pytest.raises(ValueError, match="is 4 bytes, not 8"): k.kernargs([1, 2, 3], [bytes(8), bytes(4)], (1, 1, 1), (1, 1, 1))
+
+
+def test_hiprtc_binding_against_a_fake_library(tmp_path) -> None:
+  """plugrt_amd.hip's ctypes calls, their arguments and its error path, on a stand-in library (hiprtc itself never ran here)."""
+  import plugrt_amd
+  from plugrt.context import PluginContext
+  cc = os.environ.get("CC", "cc") if not hip_clang() else hip_clang()
+  lib = tmp_path / "libhiprtc.so"
+  r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), os.path.join(os.path.dirname(__file__), "fake_hiprtc.c")],
+                     capture_output=True, text=True)
+  if r.returncode: pytest.skip(f"no C compiler for the fake hiprtc: {r.stderr[:200]}")
+  env = {"PLUGRT_HIPRTC": str(lib), "PLUGRT_CACHE": "0"}
+  assert plugrt_amd.probe_hip(PluginContext(env)).ok
+  c = compiler_for("gfx942", "HIP", env=env)
+  src = c.render(K.saxpy_kernel())
+  assert c.compile_uncached(src) == src.encode()  # the fake's "code" is the source
+  opts = ctypes.CDLL(str(lib)).fake_last_options
+  opts.restype = ctypes.c_char_p
+  assert opts().decode().split() == ["--offload-arch=gfx942", "-O3", "-ffp-contract=off", "-mcode-object-version=5"]
+  assert c.toolchain()[0] == "hiprtc 6.2" and "gfx942" in c.toolchain()
+  with pytest.raises(CompileError, match="HIPRTC_ERROR_COMPILATION") as e: c.compile_uncached(src + "\nSYNTAX_ERROR\n")
+  assert "bad syntax" in e.value.log
