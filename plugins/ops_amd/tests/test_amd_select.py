@@ -147,3 +147,12 @@ def test_compiler_through_the_registry_reads_dev_arch(monkeypatch) -> None:
   c = plugrt_amd.plugrt_compiler(info, "LLVM")
   assert c.arch == "gfx942" and c.name == "LLVM"
   with pytest.raises(UnsupportedError, match="dispatches nothing"): plugrt_amd.plugrt_program(info)
+
+
+def test_self_check_runs_without_a_gpu(capsys, monkeypatch, tmp_path) -> None:
+  from plugrt_amd.__main__ import main
+  monkeypatch.setenv("PLUGRT_CACHE_DIR", str(tmp_path))
+  assert main(["gfx1201"]) == 0
+  out = capsys.readouterr().out
+  assert "gfx1201: code object v5" in out and "wave32" in out and "interface KFD" in out and "never run on an AMD GPU" in out
+  assert main(["gfx9999"]) == 1 and "no architecture 'gfx9999'" in capsys.readouterr().out
