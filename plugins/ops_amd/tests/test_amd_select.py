@@ -108,8 +108,11 @@ def test_pci_and_usb_are_never_automatic_and_refuse(monkeypatch, iface: str, mod
   reg = registry()
   with pytest.raises(DeviceUnavailable, match=f"{iface} is never chosen automatically"): reg.open("AMD")
   p = reg.interface_probe(next(i for i, _ in reg.interfaces["AMD"] if i.name == iface))
-  assert not p.ok and "not implemented" in p.detail and ("0000:03:00.0" in p.detail or "174c:2464" in p.detail)
-  with pytest.raises(DeviceUnavailable, match="not implemented"): registry(**{"AMD_IFACE": iface}).open("AMD")
+  assert p.ok and "not implemented" in p.detail and "PLUGRT_AMD_ALLOW_UNBIND=1" in p.detail
+  assert "0000:03:00.0" in p.detail or "174c:2464" in p.detail
+  with pytest.raises(AcknowledgementRequired, match="PLUGRT_AMD_ALLOW_UNBIND=1 is not set"): registry(**{"AMD_IFACE": iface}).open("AMD")
+  with pytest.raises(AMDNotImplemented, match="not implemented yet"):
+    registry(**{"DEV": f"{iface}+AMD", "PLUGRT_AMD_ALLOW_UNBIND": "1"}).open("AMD")
   # the interface's own open: the acknowledgement first, then what is missing
   info = DeviceInfo("AMD", 0, "LLVM", iface, context=PluginContext({}))
   with pytest.raises(AcknowledgementRequired, match="PLUGRT_AMD_ALLOW_UNBIND=1 is not set"): module.plugrt_open_interface(info, iface)

@@ -49,7 +49,7 @@ def probe(ctx: PluginContext) -> Probe:
     return Probe.missing(Reason.NO_DEVICE, f"no ASM24xx USB-to-PCIe bridge on USB (looked for {ids} in {USB_DEVICES})",
                          "plug in an ASM2464PD enclosure holding the GPU, or use the KFD interface")
   listed = ", ".join(f"{n} ({v:04x}:{p:04x}, {what})" for n, v, p, what in found)
-  return Probe.missing(Reason.NO_DEVICE, f"found {listed}; {WOULD}; {NOT_YET}", HINT, bridges=" ".join(n for n, *_ in found))
+  return Probe.found(len(found), f"found {listed}; {WOULD} (needs {ACK}=1); {NOT_YET}", bridges=" ".join(n for n, *_ in found))
 
 
 @hookimpl
