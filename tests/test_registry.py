@@ -316,9 +316,9 @@ def test_first_party_backends_not_installed(name):
   with isolated(["plugrt.reference", "plugrt_cpu"]) as reg:
     br = reg.load().backends[name]
     assert br.reason is Reason.NOT_INSTALLED and br.spec is None
-    dists = [f"plugrt-{name.lower()}"] + (["plugrt-webgpu-wgpu"] if name == "WEBGPU" else [])  # a WebGPU device needs an engine too
+    dists = [f"plugrt-{name.lower()}"] + {"WEBGPU": ["plugrt-webgpu-wgpu"], "AMD": ["plugrt-amd-kfd"]}.get(name, [])  # an engine, an interface
     assert br.detail == f"plugrt-{name.lower()} is not installed" and br.hint == install_hint(*dists)
-    assert br.hint.startswith("pip install ") if name not in ("AMD", "QCOM") else br.hint.endswith("is not written")
+    assert br.hint.startswith("pip install ") if name not in ("QCOM",) else br.hint.endswith("is not written")
     assert name not in reg.available()
     with pytest.raises(DeviceUnavailable) as ei:
       reg.open(f"{name.lower()}:1")

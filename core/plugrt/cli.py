@@ -50,6 +50,10 @@ def device_rows() -> tuple[list[dict[str, Any]], str | None, str | None]:
       for c in br.spec.compilers:
         cp = reg.compiler_probe(br.name, c.name)
         compilers.append({"name": c.name, "ok": cp.ok, "default": c.name == chosen, "detail": cp.detail, "hint": cp.hint})
+    elif br.spec is not None and probe.reason is Reason.NO_DEVICE:  # installed, no hardware: its compilers may still build (AMD's do)
+      for c in br.spec.compilers:
+        cp = reg.compiler_probe(br.name, c.name)
+        compilers.append({"name": c.name, "ok": cp.ok, "default": False, "detail": cp.detail, "hint": cp.hint})
     elif br.spec is not None:
       compilers = [{"name": c.name, "ok": None, "default": False, "detail": "", "hint": ""} for c in br.spec.compilers]
     for spec, _ in reg.interfaces.get(br.name, []):

@@ -42,7 +42,7 @@ FIRST_PARTY: dict[str, tuple[str, dict[str, str]]] = {
   "CPU": ("plugrt-cpu", {"CLANG": "CPU:CLANG", "LLVM": "CPU:LLVM"}),
   "CUDA": ("plugrt-cuda", {}),
   "NV": ("plugrt-nv", {}),
-  "AMD": ("plugrt-amd", {}),
+  "AMD": ("plugrt-amd plugrt-amd-kfd", {}),  # the device package and its kernel-driver interface
   "QCOM": ("plugrt-qcom", {}),
   "METAL": ("plugrt-metal", {}),
   "CL": ("plugrt-cl", {"GPU": "CL"}),
