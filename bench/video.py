@@ -15,7 +15,7 @@ machine has no network: carry them there), then from the package index.
 from __future__ import annotations
 
 import argparse
-import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -169,8 +169,9 @@ def main() -> int:
   from plugrt import Device
   gpu = Device.registry.probe("CUDA")
   # PyNvVideoCodec is only worth installing where it can run: a machine with an NVIDIA GPU
-  nvc_missing = ensure("PyNvVideoCodec", "pynvvideocodec") if gpu.ok and not args.no_install else \
-    ("--no-install" if args.no_install else f"no NVIDIA GPU here ({gpu.detail})")
+  if not gpu.ok: nvc_missing = f"no NVIDIA GPU here ({gpu.detail})"
+  elif args.no_install: nvc_missing = "" if importlib.util.find_spec("PyNvVideoCodec") else "not installed (--no-install)"
+  else: nvc_missing = ensure("PyNvVideoCodec", "pynvvideocodec")
   rows.insert(0, ("PyNvVideoCodec NV12 (device memory)", lambda: pynvvideocodec_nv12(path), nvc_missing))
   rows += [("plugrt NVDEC to NV12 surfaces", lambda: plugrt_nv12(clip), ""),
            ("plugrt NVDEC to float16 RGB tensors", lambda: plugrt_rgb(clip), ""),

@@ -78,10 +78,12 @@ def test_without_a_gpu_the_auto_variant_falls_back() -> None:
 
 def _streams() -> dict[str, bytes]:
   from plugrt.testing.video import make_hevc
-  return {"8bit-bt709": make_hevc(128, 72, frames=12, tag="bt709", pattern="gradient"),
-          "8bit-cropped-bt601-full": make_hevc(66, 34, frames=8, tag="bt601", full_range=True),
-          "10bit-bt2020": make_hevc(192, 108, frames=10, bit_depth=10, tag="bt2020", pattern="gradient"),
-          "resolution-change": make_hevc(128, 72, frames=5, tag="bt709") + make_hevc(256, 144, frames=6, tag="bt709", seed=3)}
+  # NVDEC's smallest HEVC picture is 144x144 on Hopper (cuvidGetDecoderCaps): every stream here is at least that
+  return {"8bit-bt709": make_hevc(256, 144, frames=12, tag="bt709", pattern="gradient"),
+          "8bit-cropped-bt601-full": make_hevc(202, 146, frames=8, tag="bt601", full_range=True),
+          "10bit-bt2020": make_hevc(320, 180, frames=10, bit_depth=10, tag="bt2020", pattern="gradient"),
+          "resolution-change": make_hevc(192, 144, frames=5, tag="bt709") + make_hevc(320, 176, frames=6, tag="bt709", seed=3),
+          "too-small": make_hevc(128, 72, frames=2, tag="bt709")}
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +110,18 @@ def test_every_frame_matches_software(streams: dict[str, bytes], name: str) -> N
   assert _compare(streams[name], dtypes.uint8, False, 1) > 0
   _compare(streams[name], dtypes.float16, True, 2 ** -9)
   _compare(streams[name], dtypes.float32, True, 1e-6)
+
+
+@gpu
+@needs_gpu
+def test_a_picture_below_nvdec_minimum_is_a_typed_refusal(streams: dict[str, bytes]) -> None:
+  with pytest.raises(VideoDecoderUnavailable, match="144x144"):
+    decode_annexb_to_tensors_auto(streams["too-small"], dtype=dtypes.uint8, normalize=False, decoder="NVDEC", device="CUDA")
+  seen: list[BaseException] = []
+  got = decode_annexb_to_tensors_auto(streams["too-small"], dtype=dtypes.uint8, normalize=False, decoder="NVDEC", device="CUDA",
+                                      fallback=lambda e: seen.append(e) or "software")
+  assert got == "software" and isinstance(seen[0], VideoDecoderUnavailable)
+  assert cuvid.live_objects() == {"decoders": 0, "parsers": 0, "mapped": 0}
 
 
 @gpu
