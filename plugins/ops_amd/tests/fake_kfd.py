@@ -30,12 +30,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from plugrt.ir import Kernel, Signature
+from plugrt.testing.fakegpu import FakeDevice, FakeMemory
 from plugrt_amd import aql, sdma
 from plugrt_amd_kfd import kfd
 from plugrt_amd_kfd.kfdev import PAGE, PROT_NONE, TOPOLOGY, KFDOps
-
-from plugrt.ir import Kernel, Signature
-from plugrt.testing.fakegpu import FakeDevice, FakeMemory
 
 KFD_FD, DRM_FD = 1000, 1001
 GPU_ID = 0x1234

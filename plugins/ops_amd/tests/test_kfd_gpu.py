@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+
 from plugrt_amd_kfd.kfdev import KFDDevice
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not os.path.exists("/dev/kfd"), reason="no /dev/kfd (no AMD GPU with the amdgpu driver)")]

@@ -12,6 +12,10 @@ import time
 import numpy as np
 import pytest
 from fake_kfd import GFX942, GFX1100, GPU_ID, FakeKFD, expected_cwsr, natural_kernarg_layout
+
+from plugrt import dtypes
+from plugrt.errors import DeviceUnavailable
+from plugrt.ir import KernelBuilder
 from plugrt_amd import aql, sdma
 from plugrt_amd_kfd import kfd
 from plugrt_amd_kfd.kfdev import (
@@ -27,10 +31,6 @@ from plugrt_amd_kfd.kfdev import (
   gfx_arch,
   read_topology,
 )
-
-from plugrt import dtypes
-from plugrt.errors import DeviceUnavailable
-from plugrt.ir import KernelBuilder
 
 # ---------------------------------------------------------------- the ABI, from kfd_ioctl.h (ABI 1.18) by hand
 # struct -> (size, {field: offset}); each offset follows from the header's field order and C's natural alignment

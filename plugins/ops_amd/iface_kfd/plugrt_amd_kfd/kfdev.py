@@ -28,11 +28,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from plugrt_amd import aql, sdma
-from plugrt_amd_kfd import kfd
-
 from plugrt.errors import DeviceUnavailable, LaunchError, OutOfMemoryError, Reason
 from plugrt.hwqueue import CommandSlots, QueueError, Timeline, round_up
+from plugrt_amd import aql, sdma
+from plugrt_amd_kfd import kfd
 
 PAGE = 0x1000
 TOPOLOGY = "/sys/devices/virtual/kfd/kfd/topology/nodes"
