@@ -1,0 +1,250 @@
+"""QCOM's runtime objects: the device state (KGSL context, timeline, command slots), the allocator, programs.
+
+Memory is KGSL GPU objects mapped for the CPU at their GPU address (plugrt_qcom.kgsldev), so a buffer's handle is its
+address, host copies are memmoves after the GPU finished with it, and an image is linear RGBA memory whose rows are
+`cmd.image_pitch` bytes apart (a `QCOMImage` handle: the address and the dtype).
+
+Every launch is one submission: the CPU writes the kernel's arguments and descriptors into a command slot's
+argument block, the launch's PM4 words after them (plugrt_qcom.cmd), and the timeline store that ends it, then hands
+the slot to the driver with one GPU_COMMAND ioctl. Waits are KGSLTimeline's: bounded (PLUGRT_QCOM_TIMEOUT seconds,
+30 by default), blocking in the driver, a reset reported by the driver becomes KGSLFault.
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+import time
+import weakref
+from _thread import RLock
+from collections.abc import Sequence
+from typing import Any
+
+from plugrt.device import Buffer
+from plugrt.dtype import ImageDType
+from plugrt.errors import CompileError, UnsupportedError
+from plugrt.hookspecs import DeviceInfo
+from plugrt.hwqueue import CommandSlots, queue_timeout, round_up
+from plugrt.ir import Signature
+from plugrt.launchargs import bytes_packer
+from plugrt.runtime import Allocator, DeviceState, LaunchLimits, Program, buffer_address
+from plugrt_qcom import binary, cmd
+from plugrt_qcom.kgsldev import GpuMem, KGSLDevice, KGSLError, KGSLOps, KGSLTimeline
+
+SLOT, SLOTS = 8192, 256     # command slots: the argument block (constants, descriptors) then the launch's words at IB_OFF
+IB_OFF = 4096               # (the constants load reads 4 KiB from the block's start: the descriptors are inside it)
+MAX_ARG_BYTES = cmd.DESC_OFF
+
+
+class QCOMImage:
+  """An image's handle: its GPU (= CPU) address and dtype; rows are cmd.image_pitch(dtype) bytes apart."""
+  __slots__ = ("address", "dtype", "pitch", "external")
+
+  def __init__(self, address: int, dtype: ImageDType, external: bool = False):
+    self.address, self.dtype, self.pitch, self.external = address, dtype, cmd.image_pitch(dtype), external
+
+  def __repr__(self) -> str: return f"QCOMImage({self.address:#x}, {self.dtype!r})"
+
+
+class QCOMState(KGSLTimeline, DeviceState):
+  """One Adreno GPU through KGSL: the context, the timeline (inherited), the command slots, private memory."""
+
+  def __init__(self, info: DeviceInfo, ops: KGSLOps | None = None):
+    self.index, self.lock = info.index, RLock()
+    ctx = info.context
+    self.kgsl = kg = KGSLDevice(ops)
+    try:
+      self.signals = kg.alloc(0x1000, uncached=True)
+      self.init_timeline(kg, self.signals.va, timeout=queue_timeout(ctx, "PLUGRT_QCOM_TIMEOUT"), label=f"QCOM:{info.index}",
+                         setting="PLUGRT_QCOM_TIMEOUT")
+      self.slots_mem = kg.alloc(SLOT * SLOTS)
+      self.slots = CommandSlots(self.slots_mem.va, SLOT, SLOTS)
+      self.run_opencl = ctx.choice("PLUGRT_QCOM_DISPATCH", ("run_opencl", "exec_cs"), "run_opencl") == "run_opencl"
+    except BaseException:
+      kg.close()
+      raise
+    self.private: GpuMem | None = None
+    self.description = f"{kg.name} through KGSL"
+
+  def ensure_private(self, nbytes: int) -> int:
+    """GPU address of at least `nbytes` of private (stack) memory for the shaders, grown after the GPU is idle."""
+    if nbytes == 0: return self.private.va if self.private else 0
+    if self.private is None or self.private.size < nbytes:
+      self.synchronize()
+      if self.private is not None: self.kgsl.free(self.private)
+      self.private = self.kgsl.alloc(nbytes)
+    return self.private.va
+
+  def take_slot(self) -> tuple[int, int]:
+    """(slot index, its address), once the GPU finished the submission that last used it."""
+    if self.broken: raise KGSLError(f"QCOM:{self.index} cannot run more work: {self.broken}", "restart the process")
+    i = self.slots.take(self)
+    return i, self.slots.address(i)
+
+  def submit(self, slot: int, words: list[int]) -> int:
+    """Append the timeline store to `words`, write them at the slot's IB_OFF and submit them; the timeline value."""
+    value = self.value + 1
+    words = words + cmd.timestamp(self.counter_address, value)
+    if len(words) * 4 > SLOT - IB_OFF: raise KGSLError(f"internal: {len(words)} command words do not fit a command slot")
+    va = self.slots.address(slot) + IB_OFF
+    struct.pack_into(f"<{len(words)}I", self.slots.view, slot * SLOT + IB_OFF, *words)
+    ts = self.kgsl.submit(va, len(words) * 4)
+    self.value = self.slots.last_use[slot] = value
+    self.submitted(value, ts)
+    return value
+
+  def close(self) -> None:
+    try: self.synchronize()
+    except KGSLError: pass
+    self.kgsl.close()
+
+
+class QCOMAllocator(Allocator[Any]):
+  supports_wrap = True
+  supports_images = True
+  max_image = (16384, 16384)  # TEX_CONST_1's WIDTH is 15 bits; Adreno 6xx's OpenCL reports 16384 x 16384 images
+
+  def __init__(self, device: DeviceInfo):
+    super().__init__(device)
+    self.state: QCOMState = device.state
+    self.mems: dict[int, GpuMem] = {}
+
+  def _alloc(self, nbytes: int, options: Any) -> Any:
+    st = self.state
+    if isinstance(options, ImageDType):
+      with st.lock: m = st.kgsl.alloc(cmd.image_pitch(options) * options.height)
+      self.mems[m.va] = m
+      return QCOMImage(m.va, options)
+    with st.lock: m = st.kgsl.alloc(nbytes)
+    self.mems[m.va] = m
+    return m.va
+
+  def _free(self, handle: Any, nbytes: int, options: Any) -> None:
+    addr = handle.address if isinstance(handle, QCOMImage) else handle
+    if (m := self.mems.pop(addr, None)) is None: return  # external memory (from_blob): not ours to free
+    st = self.state
+    with st.lock:
+      st.synchronize()  # the GPU may still use it
+      st.kgsl.free(m)
+
+  def _offset(self, handle: Any, offset: int, nbytes: int) -> Any:
+    if isinstance(handle, QCOMImage): raise UnsupportedError("an image has no views", "copy the texels out with Buffer.numpy()")
+    return handle + offset
+
+  def _wrap(self, ptr: int, nbytes: int) -> Any: return ptr
+
+  def _wrap_image(self, ptr: int, nbytes: int, image: Any) -> Any:
+    if ptr & 0x3F: raise UnsupportedError(f"an Adreno image must start 64-byte aligned, not at {ptr:#x}", "pass the address a cl_mem image has")
+    return QCOMImage(ptr, image, external=True)
+
+  def _rows(self, handle: QCOMImage) -> tuple[int, int, int]:
+    img = handle.dtype
+    return img.height, img.width * 4 * img.itemsize, handle.pitch
+
+  def _copyin(self, dest: Any, src: memoryview) -> None:
+    self.state.synchronize()  # the GPU is done with what it was doing to this memory
+    host = buffer_address(src)
+    if isinstance(dest, QCOMImage):
+      h, row, pitch = self._rows(dest)
+      for y in range(h): ctypes.memmove(dest.address + y * pitch, host + y * row, row)
+    else: ctypes.memmove(dest, host, src.nbytes)
+
+  def _copyout(self, dest: memoryview, src: Any) -> None:
+    self.state.synchronize()
+    host = buffer_address(dest)
+    if isinstance(src, QCOMImage):
+      h, row, pitch = self._rows(src)
+      for y in range(h): ctypes.memmove(host + y * row, src.address + y * pitch, row)
+    else: ctypes.memmove(host, src, dest.nbytes)
+
+  def _copy(self, dest: Any, src: Any, nbytes: int) -> Any:
+    if isinstance(dest, QCOMImage) or isinstance(src, QCOMImage): return NotImplemented
+    self.state.synchronize()
+    ctypes.memmove(dest, src, nbytes)
+    return None
+
+
+def _release_program(st: QCOMState, mem: GpuMem) -> None:
+  try:
+    with st.lock:
+      st.synchronize()
+      st.kgsl.free(mem)
+  except Exception: pass  # the device may be closed already
+
+
+class QCOMProgram(Program):
+  """A kernel compiled by Qualcomm's OpenCL driver: its shader in GPU memory, and where each argument goes."""
+
+  def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
+    super().__init__(device, name, lib, signature)
+    st: QCOMState = device.info.state
+    self.state = st
+    sb = binary.parse(lib)
+    want = 2 * self.nbufs + self.nvals  # the renderer's parameters: (base, offset) per buffer or image, then the scalars
+    if len(sb.args) != want:
+      raise CompileError(f"the program binary of {name} lists {len(sb.args)} arguments; its OpenCL C declares {want}")
+    self.images: list[tuple[int, int]] = []  # (buffer index, argument kind) of each image
+    for i, dt in enumerate(signature.buffers):
+      kind = sb.args[2 * i].kind
+      if isinstance(dt, ImageDType) != (kind in (binary.ARG_TEXTURE, binary.ARG_UAV)):
+        raise CompileError(f"the program binary of {name} says argument {2 * i} is {'an image' if kind in (1, 2) else 'a buffer'}; "
+                           f"the kernel's is {dt.name}")
+      if isinstance(dt, ImageDType): self.images.append((i, kind))
+    if any(a.offset + 8 > MAX_ARG_BYTES for a in sb.args):
+      raise UnsupportedError(f"kernel {name} has more arguments than QCOM's {MAX_ARG_BYTES}-byte argument block holds")
+    self.ntex, self.nuav = sb.textures, sb.uavs
+    self.nsamp = sb.samplers + 1 if sb.samplers else 0  # the driver's samplers, and the one after them the compiler expects
+    if cmd.DESC_OFF + (self.ntex + self.nuav) * cmd.DESC_BYTES + self.nsamp * cmd.SAMP_BYTES > IB_OFF:
+      raise UnsupportedError(f"kernel {name} uses {self.ntex + self.nuav} images; QCOM's argument block holds fewer")
+    self.binary = sb
+    with st.lock: self.mem = st.kgsl.alloc(len(sb.code) + cmd.SHADER_UNIT)  # room past the end: the SP prefetches
+    ctypes.memmove(self.mem.va, sb.code, len(sb.code))
+    self.shader = cmd.Shader(self.mem.va, len(sb.code), sb.entry, sb.full_regs, sb.half_regs, sb.branch_stack, sb.shared, sb.private)
+    self.private_bytes = round_up(sb.private, 512) * 128 * 2 * 16 if sb.private else 0
+    self.buf_offs = [a.offset for a in sb.args[:2 * self.nbufs:2]]
+    self.off_offs = [a.offset for a in sb.args[1:2 * self.nbufs:2]]
+    self.val_offs = [a.offset for a in sb.args[2 * self.nbufs:]]
+    self.pack = [bytes_packer(dt) for dt in signature.scalars]
+    self.consts = bytearray(MAX_ARG_BYTES)
+    for value, off, size in sb.consts: self.consts[off:off + size] = value.to_bytes(size, "little")
+    self.samplers = b"".join(struct.pack("<4I", *cmd.sampler()) for _ in range(self.nsamp))
+    regs = max(1, sb.full_regs + round_up(sb.half_regs, 2) // 2)
+    self.max_threads = max(64, min(1024, (384 * 32) // (regs * 128) * 128))  # the register file as Qualcomm's driver divides it
+    self.launch_limits = LaunchLimits(str(device), (65535, 65535, 65535), (1024, 1024, 1024), self.max_threads)
+    weakref.finalize(self, _release_program, st, self.mem)
+
+  def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
+               wait: bool = False) -> float | None:
+    gs, ls = self.check_args(bufs, vals, global_size, local_size)
+    st = self.state
+    with st.lock:
+      slot, base = st.take_slot()
+      o = slot * SLOT
+      view = st.slots.view
+      view[o:o + MAX_ARG_BYTES] = self.consts
+      uav_at, tex_at = o + cmd.DESC_OFF, o + cmd.DESC_OFF + self.nuav * cmd.DESC_BYTES
+      for b, off in zip(bufs, self.buf_offs):
+        h = b.handle
+        struct.pack_into("<Q", view, o + off, h.address if isinstance(h, QCOMImage) else h)
+      for off in self.off_offs: struct.pack_into("<Q", view, o + off, 0)
+      for off, pack, v in zip(self.val_offs, self.pack, vals):
+        raw = pack(v)
+        view[o + off:o + off + len(raw)] = raw
+      for i, kind in self.images:
+        h = bufs[i].handle
+        if kind == binary.ARG_UAV:
+          struct.pack_into("<16I", view, uav_at, *cmd.tex_descriptor(h.dtype, h.address, store=True))
+          uav_at += cmd.DESC_BYTES
+        else:
+          struct.pack_into("<16I", view, tex_at, *cmd.tex_descriptor(h.dtype, h.address))
+          tex_at += cmd.DESC_BYTES
+      if self.nsamp:
+        s = o + cmd.DESC_OFF + (self.nuav + self.ntex) * cmd.DESC_BYTES
+        view[s:s + len(self.samplers)] = self.samplers
+      private = st.ensure_private(self.private_bytes)
+      words = cmd.launch(self.shader, base, ls, gs, ntex=self.ntex, nsamp=self.nsamp, nuav=self.nuav, private_base=private,
+                         run_opencl=st.run_opencl)
+      t = time.perf_counter()
+      value = st.submit(slot, words)
+      if not wait: return None
+      st.wait(value)
+      return time.perf_counter() - t
