@@ -93,8 +93,10 @@ class QCOMState(KGSLTimeline, DeviceState):
     return value
 
   def close(self) -> None:
+    if self.closed: return
     try: self.synchronize()
     except KGSLError: pass
+    self.closed = True
     self.kgsl.close()
 
 
@@ -122,8 +124,9 @@ class QCOMAllocator(Allocator[Any]):
     addr = handle.address if isinstance(handle, QCOMImage) else handle
     if (m := self.mems.pop(addr, None)) is None: return  # external memory (from_blob): not ours to free
     st = self.state
+    if st.closed: return  # closing the device freed every GPU object
     with st.lock:
-      st.synchronize()  # the GPU may still use it
+      if not st.broken: st.synchronize()  # the GPU may still use it (a failed context runs nothing more)
       st.kgsl.free(m)
 
   def _offset(self, handle: Any, offset: int, nbytes: int) -> Any:
@@ -164,6 +167,7 @@ class QCOMAllocator(Allocator[Any]):
 
 
 def _release_program(st: QCOMState, mem: GpuMem) -> None:
+  if st.closed: return
   try:
     with st.lock:
       st.synchronize()
