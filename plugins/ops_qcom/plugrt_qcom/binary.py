@@ -7,7 +7,7 @@ as facts about the layout (docs/research/qcom.md): little-endian 32-bit words at
 - the register footprint: a block whose offset is at 0x34, full registers at +0x14, half registers at +0x18;
 - the shader descriptor: offset at 0x110; in it the first instruction's offset (+0xC4), private memory per thread
   (+0xC8), local memory (+0xD8), the number of samplers (+0xDC), twice the branch stack depth (+0x108), and the kernel's
-  name at +0x158;
+  name at +0x158 (its length is not stored: the reader knows the name, and the next field may overwrite its terminator);
 - the kernel arguments, in declaration order, from the first 4-byte boundary after the name plus 8 bytes per sampler:
   records of eight words (length in bytes, -, -, offset in the constant file in 32-bit words, -, -, -, kind), ended by a
   length of 0; kind 1 is an image read through a texture, kind 2 an image written through a UAV, others a plain argument;
@@ -51,8 +51,8 @@ class ShaderBinary:
   def uavs(self) -> int: return sum(a.kind == ARG_UAV for a in self.args)
 
 
-def parse(lib: bytes) -> ShaderBinary:
-  """The shader and its layout from a Qualcomm OpenCL program binary (see the module docstring)."""
+def parse(lib: bytes, name: str) -> ShaderBinary:
+  """The shader and its layout from a Qualcomm OpenCL program binary of the kernel `name` (see the module docstring)."""
   def u32(off: int, what: str) -> int:
     if not 0 <= off <= len(lib) - 4: raise CompileError(f"the Qualcomm program binary ({len(lib)} bytes) is too short for its {what} at {off:#x}")
     return struct.unpack_from("<I", lib, off)[0]
@@ -63,9 +63,8 @@ def parse(lib: bytes) -> ShaderBinary:
   desc = u32(0x110, "shader descriptor offset")
   samplers = u32(desc + 0xDC, "sampler count")
   name_at = desc + 0x158
-  end = lib.find(b"\0", name_at)
-  if end < 0: raise CompileError("the Qualcomm program binary's kernel name is not terminated")
-  name = lib[name_at:end].decode("latin-1")
+  if lib[name_at:name_at + len(name)] != name.encode():
+    raise CompileError(f"the Qualcomm program binary is not kernel {name}'s: it names {lib[name_at:name_at + len(name)]!r}")
   sb = ShaderBinary(lib[code_off:code_off + code_size], u32(desc + 0xC4, "entry offset"), u32(regs + 0x14, "full registers"),
                     u32(regs + 0x18, "half registers"), u32(desc + 0x108, "branch stack") // 2, u32(desc + 0xC8, "private memory"),
                     u32(desc + 0xD8, "local memory"), samplers, name)

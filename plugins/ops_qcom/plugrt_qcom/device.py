@@ -109,6 +109,7 @@ class QCOMAllocator(Allocator[Any]):
     super().__init__(device)
     self.state: QCOMState = device.state
     self.mems: dict[int, GpuMem] = {}
+    self.user: dict[int, int] = {}  # from_blob of host memory: GPU address -> host address
 
   def _alloc(self, nbytes: int, options: Any) -> Any:
     st = self.state
@@ -122,9 +123,14 @@ class QCOMAllocator(Allocator[Any]):
 
   def _free(self, handle: Any, nbytes: int, options: Any) -> None:
     addr = handle.address if isinstance(handle, QCOMImage) else handle
-    if (m := self.mems.pop(addr, None)) is None: return  # external memory (from_blob): not ours to free
     st = self.state
     if st.closed: return  # closing the device freed every GPU object
+    if self.user.pop(addr, None) is not None:  # host memory mapped for the GPU by from_blob
+      with st.lock:
+        if not st.broken: st.synchronize()
+        st.kgsl.unmap_host(addr)
+      return
+    if (m := self.mems.pop(addr, None)) is None: return  # external GPU memory (from_blob of a cl_mem): not ours to free
     with st.lock:
       if not st.broken: st.synchronize()  # the GPU may still use it (a failed context runs nothing more)
       st.kgsl.free(m)
@@ -133,7 +139,14 @@ class QCOMAllocator(Allocator[Any]):
     if isinstance(handle, QCOMImage): raise UnsupportedError("an image has no views", "copy the texels out with Buffer.numpy()")
     return handle + offset
 
-  def _wrap(self, ptr: int, nbytes: int) -> Any: return ptr
+  def _wrap(self, ptr: int, nbytes: int) -> Any:
+    """Host memory is mapped for the GPU (MAP_USER_MEM); an address the driver does not take as host memory is GPU
+    memory already (a cl_mem's address from plugrt_qcom.interop) and is used as it is."""
+    st = self.state
+    with st.lock: addr = st.kgsl.map_host(ptr, nbytes)
+    if addr is None: return ptr
+    self.user[addr] = ptr
+    return addr
 
   def _wrap_image(self, ptr: int, nbytes: int, image: Any) -> Any:
     if ptr & 0x3F: raise UnsupportedError(f"an Adreno image must start 64-byte aligned, not at {ptr:#x}", "pass the address a cl_mem image has")
@@ -182,7 +195,7 @@ class QCOMProgram(Program):
     super().__init__(device, name, lib, signature)
     st: QCOMState = device.info.state
     self.state = st
-    sb = binary.parse(lib)
+    sb = binary.parse(lib, name)
     want = 2 * self.nbufs + self.nvals  # the renderer's parameters: (base, offset) per buffer or image, then the scalars
     if len(sb.args) != want:
       raise CompileError(f"the program binary of {name} lists {len(sb.args)} arguments; its OpenCL C declares {want}")

@@ -33,6 +33,7 @@ KGSL_CACHEMODE_WRITECOMBINE, KGSL_CACHEMODE_UNCACHED, KGSL_CACHEMODE_WRITETHROUG
 KGSL_MEMTYPE_SHIFT, KGSL_MEMTYPE_MASK = 8, 0x0000FF00
 KGSL_MEMTYPE_CL = 10
 KGSL_MEMTYPE_COMMAND = 16
+KGSL_USER_MEM_TYPE_ADDR = 0x00000002
 
 KGSL_PROP_DEVICE_INFO = 0x1
 KGSL_PROP_GPU_RESET_STAT = 0x9         # value: the context id in, its kgsl_ctx_reset_stat out
@@ -111,6 +112,18 @@ class GpuobjInfo(ctypes.Structure):
               ("va_addr", ctypes.c_uint64), ("id", ctypes.c_uint32)]
 
 
+class MapUserMem(ctypes.Structure):
+  """struct kgsl_map_user_mem: map `len` bytes of host memory at `hostptr` (memtype KGSL_USER_MEM_TYPE_ADDR) for the GPU;
+  the driver writes `gpuaddr`."""
+  _fields_ = [("fd", ctypes.c_int), ("gpuaddr", ctypes.c_ulong), ("len", ctypes.c_size_t), ("offset", ctypes.c_size_t),
+              ("hostptr", ctypes.c_ulong), ("memtype", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
+
+
+class SharedmemFree(ctypes.Structure):
+  """struct kgsl_sharedmem_free: unmap what MAP_USER_MEM mapped at `gpuaddr`."""
+  _fields_ = [("gpuaddr", ctypes.c_ulong)]
+
+
 class CommandObject(ctypes.Structure):
   """struct kgsl_command_object: one indirect buffer (flags KGSL_CMDLIST_IB) of `size` bytes at `gpuaddr`."""
   _fields_ = [("offset", ctypes.c_uint64), ("gpuaddr", ctypes.c_uint64), ("size", ctypes.c_uint64), ("flags", ctypes.c_uint32),
@@ -142,7 +155,9 @@ IOCTL_KGSL_DEVICE_GETPROPERTY = _iowr(0x02, DeviceGetProperty)
 IOCTL_KGSL_DEVICE_WAITTIMESTAMP_CTXTID = _iow(0x07, DeviceWaitTimestampCtxtId)
 IOCTL_KGSL_DRAWCTXT_CREATE = _iowr(0x13, DrawctxtCreate)
 IOCTL_KGSL_DRAWCTXT_DESTROY = _iow(0x14, DrawctxtDestroy)
+IOCTL_KGSL_MAP_USER_MEM = _iowr(0x15, MapUserMem)
 IOCTL_KGSL_CMDSTREAM_READTIMESTAMP_CTXTID = _iowr(0x16, CmdstreamReadTimestampCtxtId)
+IOCTL_KGSL_SHAREDMEM_FREE = _iow(0x21, SharedmemFree)
 IOCTL_KGSL_TIMESTAMP_EVENT = _iowr(0x33, TimestampEvent)
 IOCTL_KGSL_GPUOBJ_ALLOC = _iowr(0x45, GpuobjAlloc)
 IOCTL_KGSL_GPUOBJ_FREE = _iow(0x46, GpuobjFree)
@@ -155,7 +170,9 @@ REQUESTS: dict[int, tuple[str, type[ctypes.Structure]]] = {
   IOCTL_KGSL_DEVICE_WAITTIMESTAMP_CTXTID: ("DEVICE_WAITTIMESTAMP_CTXTID", DeviceWaitTimestampCtxtId),
   IOCTL_KGSL_DRAWCTXT_CREATE: ("DRAWCTXT_CREATE", DrawctxtCreate),
   IOCTL_KGSL_DRAWCTXT_DESTROY: ("DRAWCTXT_DESTROY", DrawctxtDestroy),
+  IOCTL_KGSL_MAP_USER_MEM: ("MAP_USER_MEM", MapUserMem),
   IOCTL_KGSL_CMDSTREAM_READTIMESTAMP_CTXTID: ("CMDSTREAM_READTIMESTAMP_CTXTID", CmdstreamReadTimestampCtxtId),
+  IOCTL_KGSL_SHAREDMEM_FREE: ("SHAREDMEM_FREE", SharedmemFree),
   IOCTL_KGSL_TIMESTAMP_EVENT: ("TIMESTAMP_EVENT", TimestampEvent),
   IOCTL_KGSL_GPUOBJ_ALLOC: ("GPUOBJ_ALLOC", GpuobjAlloc),
   IOCTL_KGSL_GPUOBJ_FREE: ("GPUOBJ_FREE", GpuobjFree),

@@ -117,6 +117,7 @@ class KGSLDevice:
       raise DeviceUnavailable(f"cannot open {kgsl.DEVICE}: {e.strerror}", Reason.OPEN_FAILED,
                               "check the device file's permissions (on Android, the app's SELinux domain must allow it)") from e
     self.memory: dict[int, GpuMem] = {}
+    self.user: dict[int, int] = {}  # host memory mapped for the GPU: its GPU address -> the mapping's (page-aligned) address
     self.closed, self.ctx = False, 0
     info = kgsl.DevInfo()
     self.getproperty(kgsl.KGSL_PROP_DEVICE_INFO, info)
@@ -173,6 +174,20 @@ class KGSLDevice:
     self.ops.munmap(mem.va, mem.mmapsize)
     self.ioctl(kgsl.IOCTL_KGSL_GPUOBJ_FREE, kgsl.GpuobjFree(id=mem.id))
 
+  def map_host(self, ptr: int, size: int) -> int | None:
+    """The GPU address of host memory [ptr, ptr+size) mapped for the GPU (MAP_USER_MEM, whole pages), or None when the
+    driver says it is not host memory the process owns (EFAULT: an address of GPU memory, such as a cl_mem's)."""
+    start, end = ptr & ~(PAGE - 1), round_up(ptr + size, PAGE)
+    try: m = self.ioctl(kgsl.IOCTL_KGSL_MAP_USER_MEM, kgsl.MapUserMem(fd=-1, len=end - start, hostptr=start, memtype=kgsl.KGSL_USER_MEM_TYPE_ADDR))
+    except OSError as e:
+      if e.errno == errno.EFAULT: return None
+      raise
+    self.user[m.gpuaddr + (ptr - start)] = m.gpuaddr
+    return m.gpuaddr + (ptr - start)
+
+  def unmap_host(self, gpuaddr: int) -> None:
+    if (base := self.user.pop(gpuaddr, None)) is not None: self.ioctl(kgsl.IOCTL_KGSL_SHAREDMEM_FREE, kgsl.SharedmemFree(gpuaddr=base))
+
   # ------------------------------------------------------------ submission and waits
   def submit(self, ib: int, nbytes: int) -> int:
     """Run the indirect buffer of `nbytes` at GPU address `ib` after everything submitted before; the context timestamp."""
@@ -214,6 +229,7 @@ class KGSLDevice:
     if self.closed: return
     self.closed = True
     for m in list(self.memory.values()): self.free(m)
+    for a in list(self.user): self.unmap_host(a)
     if self.ctx: self.ioctl(kgsl.IOCTL_KGSL_DRAWCTXT_DESTROY, kgsl.DrawctxtDestroy(drawctxt_id=self.ctx))
     self.ops.close(self.fd)
 

@@ -36,7 +36,7 @@ from plugrt_qcom.kgsldev import KGSLOps
 from qcom_standin import MARKER, PROGRAMS, TEXTURE, UAV, Layout
 
 from plugrt.dtype import ImageDType
-from plugrt.testing.fakegpu import FakeDevice, FakeMemory, release
+from plugrt.testing.fakegpu import FakeDevice, FakeMemory, Mapping, release
 
 FD = 1000
 ADRENO_630 = 0x06030001
@@ -87,7 +87,6 @@ class FakeKGSL(FakeDevice, KGSLOps):
   def close(self, fd: int) -> None:  # type: ignore[override]  # KGSLOps.close(fd) and FakeDevice.close() share a name
     self.fds.discard(fd)
 
-  def shutdown(self) -> None: FakeDevice.close(self)
 
   def mmap(self, length: int, fd: int, offset: int) -> int:
     obj = self.objects.get(offset >> 12)
@@ -148,6 +147,26 @@ class FakeKGSL(FakeDevice, KGSLOps):
     if o.va: self.munmap(o.va, o.size)
     del self.objects[a.id]
     self.memory_left += o.size
+
+  def _map_user_mem(self, a: kgsl.MapUserMem) -> None:
+    if a.memtype != kgsl.KGSL_USER_MEM_TYPE_ADDR or a.hostptr & 0xFFF or a.len & 0xFFF or a.len == 0:
+      raise OSError(errno.EINVAL, "MAP_USER_MEM takes whole pages of type ADDR")
+    try:
+      self.memory.find(a.hostptr)
+      raise OSError(errno.EFAULT, "not host memory: a KGSL mapping")  # (pin_user_pages refuses the driver's own mappings)
+    except KeyError: pass
+    with self.memory.lock: self.memory.maps[a.hostptr] = Mapping(a.hostptr, a.len, "user")  # the GPU sees it at its host address
+    a.gpuaddr = a.hostptr
+
+  def _sharedmem_free(self, a: kgsl.SharedmemFree) -> None:
+    with self.memory.lock: m = self.memory.maps.get(a.gpuaddr)
+    if m is None or m.kind != "user": raise OSError(errno.EINVAL, f"nothing mapped by MAP_USER_MEM at {a.gpuaddr:#x}")
+    with self.memory.lock: del self.memory.maps[a.gpuaddr]
+
+  def shutdown(self) -> None:
+    with self.memory.lock:
+      for va in [va for va, m in self.memory.maps.items() if m.kind == "user"]: del self.memory.maps[va]  # not ours to munmap
+    FakeDevice.close(self)
 
   def _object(self, id_: int) -> GpuObject:
     if (o := self.objects.get(id_)) is None: raise OSError(errno.EINVAL, f"no GPU object {id_}")

@@ -68,8 +68,8 @@ def build(kernel: Kernel, name: str, *, samplers: int = 0, consts: tuple[tuple[i
   # the container: header words at fixed offsets, then the register block, the shader descriptor with the name,
   # the sampler slots and the argument records, the constant records, and the shader code last
   regs, desc = 0x200, 0x300
-  name_b = name.encode() + b"\0"
-  args_at = -(-(desc + 0x158 + len(name_b) - 1) // 4) * 4 + 8 * samplers
+  name_b = name.encode()  # no terminator: the argument records may start right after it
+  args_at = -(-(desc + 0x158 + len(name_b)) // 4) * 4 + 8 * samplers
   rec = b"".join(struct.pack("<8I", 32, 0, 0, off // 4, 0, 0, 0, kind) for off, kind in records) + bytes(32)
   consts_at = args_at + len(rec)
   crec = b"".join(struct.pack("<4I", value, 0, 0, 0) + struct.pack("<3I", units, 0, is32) + bytes(12) for value, units, is32 in consts)
