@@ -35,12 +35,32 @@ IB_OFF = 4096               # (the constants load reads 4 KiB from the block's s
 MAX_ARG_BYTES = cmd.DESC_OFF
 
 
+class HostMapping:
+  """Host memory mapped for the GPU by from_blob (MAP_USER_MEM): unmapped when the last handle that holds it goes (the
+  core never frees wrapped memory itself; it synchronises the device before the wrapped buffer's owner may go)."""
+  __slots__ = ("state", "gpuaddr")
+
+  def __init__(self, state: QCOMState, gpuaddr: int): self.state, self.gpuaddr = state, gpuaddr
+
+  def __del__(self) -> None:
+    st = self.state
+    try:
+      if not st.closed:
+        with st.lock: st.kgsl.unmap_host(self.gpuaddr)
+    except Exception: pass  # a failed device, or interpreter shutdown: closing the device unmaps it anyway
+
+
+class HostAddress(int):
+  """A buffer handle (its GPU address) of wrapped host memory, holding the mapping."""
+  mapping: HostMapping | None = None
+
+
 class QCOMImage:
   """An image's handle: its GPU (= CPU) address and dtype; rows are cmd.image_pitch(dtype) bytes apart."""
-  __slots__ = ("address", "dtype", "pitch", "external")
+  __slots__ = ("address", "dtype", "pitch", "external", "mapping")
 
-  def __init__(self, address: int, dtype: ImageDType, external: bool = False):
-    self.address, self.dtype, self.pitch, self.external = address, dtype, cmd.image_pitch(dtype), external
+  def __init__(self, address: int, dtype: ImageDType, external: bool = False, mapping: HostMapping | None = None):
+    self.address, self.dtype, self.pitch, self.external, self.mapping = address, dtype, cmd.image_pitch(dtype), external, mapping
 
   def __repr__(self) -> str: return f"QCOMImage({self.address:#x}, {self.dtype!r})"
 
@@ -109,7 +129,6 @@ class QCOMAllocator(Allocator[Any]):
     super().__init__(device)
     self.state: QCOMState = device.state
     self.mems: dict[int, GpuMem] = {}
-    self.user: dict[int, int] = {}  # from_blob of host memory: GPU address -> host address
 
   def _alloc(self, nbytes: int, options: Any) -> Any:
     st = self.state
@@ -125,11 +144,6 @@ class QCOMAllocator(Allocator[Any]):
     addr = handle.address if isinstance(handle, QCOMImage) else handle
     st = self.state
     if st.closed: return  # closing the device freed every GPU object
-    if self.user.pop(addr, None) is not None:  # host memory mapped for the GPU by from_blob
-      with st.lock:
-        if not st.broken: st.synchronize()
-        st.kgsl.unmap_host(addr)
-      return
     if (m := self.mems.pop(addr, None)) is None: return  # external GPU memory (from_blob of a cl_mem): not ours to free
     with st.lock:
       if not st.broken: st.synchronize()  # the GPU may still use it (a failed context runs nothing more)
@@ -145,12 +159,24 @@ class QCOMAllocator(Allocator[Any]):
     st = self.state
     with st.lock: addr = st.kgsl.map_host(ptr, nbytes)
     if addr is None: return ptr
-    self.user[addr] = ptr
-    return addr
+    h = HostAddress(addr)
+    h.mapping = HostMapping(st, addr)
+    return h
 
   def _wrap_image(self, ptr: int, nbytes: int, image: Any) -> Any:
+    """A cl_mem image's GPU address (plugrt_qcom.interop): rows padded to cmd.image_pitch, as Qualcomm's driver lays them
+    out. Host memory holds packed rows, which an Adreno descriptor can describe only when a row is a multiple of 64 bytes."""
     if ptr & 0x3F: raise UnsupportedError(f"an Adreno image must start 64-byte aligned, not at {ptr:#x}", "pass the address a cl_mem image has")
-    return QCOMImage(ptr, image, external=True)
+    row = image.width * 4 * image.itemsize
+    st = self.state
+    with st.lock: addr = st.kgsl.map_host(ptr, row * image.height)
+    if addr is None: return QCOMImage(ptr, image, external=True)
+    if row % cmd.IMAGE_PITCH_ALIGN:
+      with st.lock: st.kgsl.unmap_host(addr)
+      per = cmd.IMAGE_PITCH_ALIGN // (4 * image.itemsize)
+      raise UnsupportedError(f"host memory of {image!r} has {row}-byte rows; an Adreno image's rows are {cmd.IMAGE_PITCH_ALIGN}-byte multiples",
+                             f"wrap a cl_mem image (plugrt_qcom.interop), or an image whose width is a multiple of {per}")
+    return QCOMImage(addr, image, external=True, mapping=HostMapping(st, addr))
 
   def _rows(self, handle: QCOMImage) -> tuple[int, int, int]:
     img = handle.dtype

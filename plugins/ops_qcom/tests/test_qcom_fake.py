@@ -132,3 +132,24 @@ def test_a_7xx_chip_opens_and_an_unknown_chip_is_refused():
 def test_no_device_file_is_no_device():
   with pytest.raises(DeviceUnavailable, match="kgsl-3d0 does not exist"):
     with fake_qcom(present=False): pass
+
+
+def test_from_blob_of_host_memory_and_images(fake):
+  kg, dev = fake
+  from plugrt.errors import UnsupportedError
+  from plugrt.tensor import Tensor
+  raw = np.zeros(2 * 4 * 4 + 16, np.float32)
+  host = raw[(-raw.ctypes.data % 64) // 4:][:2 * 4 * 4]  # a 64-byte aligned 2x4 imagef: 64-byte rows, which a descriptor describes in place
+  host[:] = np.arange(host.size)
+  t = Tensor.from_blob(host.ctypes.data, (2, 4, 4), dtype=dtypes.imagef((2, 4)), device=dev, keepalive=host)
+  assert "MAP_USER_MEM" in kg.requests and t.numpy().ravel().tolist() == host.tolist()
+  host[3] = 42
+  assert t.numpy().ravel()[3] == 42  # wrapped, not copied
+  odd = np.zeros(3 * 5 * 4 + 16, np.float32)
+  odd = odd[(-odd.ctypes.data % 64) // 4:][:3 * 5 * 4]
+  with pytest.raises(UnsupportedError, match="80-byte rows"):
+    Tensor.from_blob(odd.ctypes.data, (3, 5, 4), dtype=dtypes.imagef((3, 5)), device=dev, keepalive=odd)
+  del t
+  import gc
+  gc.collect()
+  assert not dev.info.state.kgsl.user and kg.requests.count("SHAREDMEM_FREE") == 2  # the refused one at once, the other once its buffer went
