@@ -71,9 +71,9 @@ def build(kernel: Kernel, name: str, *, samplers: int = 0, consts: tuple[tuple[i
   name_b = name.encode()  # no terminator: the argument records may start right after it
   args_at = -(-(desc + 0x158 + len(name_b)) // 4) * 4 + 8 * samplers
   rec = b"".join(struct.pack("<8I", 32, 0, 0, off // 4, 0, 0, 0, kind) for off, kind in records) + bytes(32)
-  consts_at = args_at + len(rec)
   crec = b"".join(struct.pack("<4I", value, 0, 0, 0) + struct.pack("<3I", units, 0, is32) + bytes(12) for value, units, is32 in consts)
-  code_at = -(-(consts_at + len(crec)) // 256) * 256
+  code_at = -(-(args_at + len(rec) + len(crec)) // 256) * 256
+  consts_at = code_at - len(crec)  # the constant records run up to the shader code (the reader stops there)
   blob = bytearray(code_at + len(code))
   struct.pack_into("<I", blob, 0x34, regs)
   struct.pack_into("<I", blob, 0xAC, consts_at)
