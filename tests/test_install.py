@@ -99,7 +99,7 @@ def test_hint_for_an_index_or_a_source_gone(tmp_path, direct_url):
 
 
 def test_no_install_command_for_what_is_not_written():
-  for name in ("AMD", "QCOM"):
+  for name in ("AMD",):
     dist = FIRST_PARTY[name][0]
     assert dist not in DISTRIBUTIONS and install_hint(dist) == f"none from plugrt yet: {dist} is not written"
 
@@ -129,7 +129,7 @@ def test_scripts_run_uses_the_active_venv_or_else_the_checkouts(tmp_path):
 
 #: what `plugrt devices --json` shows installed for each extra (the core's PYTHON always)
 EXTRA_DEVICES = {"cpu": {"CPU"}, "cl": {"CL"}, "cuda": {"CUDA"}, "nv": {"NV"}, "webgpu": {"WEBGPU"}, "dawn": {"WEBGPU"}, "metal": {"METAL"},
-                 "all": {"CPU", "CL", "CUDA", "NV", "WEBGPU", "METAL"}}
+                 "qcom": {"QCOM"}, "all": {"CPU", "CL", "CUDA", "NV", "WEBGPU", "METAL", "QCOM"}}
 
 
 def _venv(path) -> str:
