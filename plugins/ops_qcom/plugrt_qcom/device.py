@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from plugrt.device import Buffer
-from plugrt.dtype import ImageDType
+from plugrt.dtype import ImageDType, dtypes
 from plugrt.errors import CompileError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import CommandSlots, queue_timeout, round_up
@@ -55,12 +55,24 @@ class HostAddress(int):
   mapping: HostMapping | None = None
 
 
+class GpuAddress(int):
+  """A buffer handle of GPU memory the CPU cannot see (a cl_mem's, wrapped by from_blob): copies go through the GPU."""
+
+
 class QCOMImage:
   """An image's handle: its GPU (= CPU) address and dtype; rows are cmd.image_pitch(dtype) bytes apart."""
   __slots__ = ("address", "dtype", "pitch", "external", "mapping")
 
   def __init__(self, address: int, dtype: ImageDType, external: bool = False, mapping: HostMapping | None = None):
     self.address, self.dtype, self.pitch, self.external, self.mapping = address, dtype, cmd.image_pitch(dtype), external, mapping
+
+  @property
+  def gpu_only(self) -> bool: return self.external and self.mapping is None
+
+
+def gpu_only(handle: Any) -> bool:
+  """Whether the CPU cannot read or write this memory (a cl_mem's): copies then run as a kernel on the GPU."""
+  return isinstance(handle, GpuAddress) or (isinstance(handle, QCOMImage) and handle.gpu_only)
 
   def __repr__(self) -> str: return f"QCOMImage({self.address:#x}, {self.dtype!r})"
 
@@ -129,6 +141,7 @@ class QCOMAllocator(Allocator[Any]):
     super().__init__(device)
     self.state: QCOMState = device.state
     self.mems: dict[int, GpuMem] = {}
+    self.kcopy: QCOMProgram | None = None  # the copy kernel for GPU-only memory, made on first use
 
   def _alloc(self, nbytes: int, options: Any) -> Any:
     st = self.state
@@ -151,14 +164,14 @@ class QCOMAllocator(Allocator[Any]):
 
   def _offset(self, handle: Any, offset: int, nbytes: int) -> Any:
     if isinstance(handle, QCOMImage): raise UnsupportedError("an image has no views", "copy the texels out with Buffer.numpy()")
-    return handle + offset
+    return GpuAddress(handle + offset) if isinstance(handle, GpuAddress) else handle + offset
 
   def _wrap(self, ptr: int, nbytes: int) -> Any:
     """Host memory is mapped for the GPU (MAP_USER_MEM); an address the driver does not take as host memory is GPU
     memory already (a cl_mem's address from plugrt_qcom.interop) and is used as it is."""
     st = self.state
     with st.lock: addr = st.kgsl.map_host(ptr, nbytes)
-    if addr is None: return ptr
+    if addr is None: return GpuAddress(ptr)
     h = HostAddress(addr)
     h.mapping = HostMapping(st, addr)
     return h
@@ -183,6 +196,7 @@ class QCOMAllocator(Allocator[Any]):
     return img.height, img.width * 4 * img.itemsize, handle.pitch
 
   def _copyin(self, dest: Any, src: memoryview) -> None:
+    if gpu_only(dest): return self._through_gpu(dest, src, into=True)
     self.state.synchronize()  # the GPU is done with what it was doing to this memory
     host = buffer_address(src)
     if isinstance(dest, QCOMImage):
@@ -191,6 +205,7 @@ class QCOMAllocator(Allocator[Any]):
     else: ctypes.memmove(dest, host, src.nbytes)
 
   def _copyout(self, dest: memoryview, src: Any) -> None:
+    if gpu_only(src): return self._through_gpu(src, dest, into=False)
     self.state.synchronize()
     host = buffer_address(dest)
     if isinstance(src, QCOMImage):
@@ -200,9 +215,60 @@ class QCOMAllocator(Allocator[Any]):
 
   def _copy(self, dest: Any, src: Any, nbytes: int) -> Any:
     if isinstance(dest, QCOMImage) or isinstance(src, QCOMImage): return NotImplemented
+    if gpu_only(dest) or gpu_only(src):
+      self._gpu_copy(dest, src, nbytes)
+      return None
     self.state.synchronize()
     ctypes.memmove(dest, src, nbytes)
     return None
+
+  # ------------------------------------------------------------ memory only the GPU sees (a cl_mem's)
+  def _through_gpu(self, mem: Any, host: memoryview, into: bool) -> None:
+    """A host copy to or from GPU-only memory: through a staging GPU object and the copy kernel (an image's rows as
+    the GPU lays them out, padded to its pitch)."""
+    st = self.state
+    addr = mem.address if isinstance(mem, QCOMImage) else int(mem)
+    size = mem.pitch * mem.dtype.height if isinstance(mem, QCOMImage) else host.nbytes
+    with st.lock: stage = st.kgsl.alloc(size)
+    try:
+      staged = QCOMImage(stage.va, mem.dtype) if isinstance(mem, QCOMImage) else stage.va
+      if into:
+        self._copyin(staged, host)
+        self._gpu_copy(addr, stage.va, size)
+      else:
+        self._gpu_copy(stage.va, addr, size)
+        self._copyout(host, staged)
+    finally:
+      with st.lock:
+        if not st.broken: st.synchronize()
+        st.kgsl.free(stage)
+
+  def _gpu_copy(self, dest: int, src: int, nbytes: int) -> None:
+    """Copy nbytes between GPU addresses with the copy kernel (compiled on first use by the device's compiler)."""
+    if nbytes == 0: return
+    prg = self._copy_program()
+    local, groups = 256, max(1, min(-(-nbytes // 256), 1024))
+    threads = local * groups
+    prg.launch((int(dest), int(src)), (nbytes, threads, -(-nbytes // threads)), (groups, 1, 1), (local, 1, 1), wait=True)
+
+  def _copy_program(self) -> QCOMProgram:
+    if self.kcopy is None:
+      from plugrt.device import Device
+      self.kcopy = Device[self.device.canonical].program(copy_kernel())
+    return self.kcopy
+
+
+def copy_kernel() -> Any:
+  """The byte copy QCOM runs for memory only the GPU sees: thread t copies bytes k*threads + t, k < per."""
+  from plugrt.ir import KernelBuilder
+  b = KernelBuilder("plugrt_qcom_copy")
+  dst, src = b.buffer("dst", dtypes.uint8), b.buffer("src", dtypes.uint8)
+  n, threads, per = b.scalar("n", dtypes.int32), b.scalar("threads", dtypes.int32), b.scalar("per", dtypes.int32)
+  t = b.global_id(0)
+  with b.range(per) as k:
+    j = k * threads + t
+    with b.if_(j < n): dst[j] = src[j]
+  return b.finish()
 
 
 def _release_program(st: QCOMState, mem: GpuMem) -> None:
@@ -258,6 +324,11 @@ class QCOMProgram(Program):
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:
     gs, ls = self.check_args(bufs, vals, global_size, local_size)
+    return self.launch(tuple(b.handle for b in bufs), vals, gs, ls, wait)
+
+  def launch(self, handles: Sequence[Any], vals: Sequence[Any], gs: tuple[int, int, int], ls: tuple[int, int, int],
+             wait: bool = False) -> float | None:
+    """One launch with the buffers' handles (GPU addresses, QCOMImages) and the scalars, already checked."""
     st = self.state
     with st.lock:
       slot, base = st.take_slot()
@@ -265,15 +336,14 @@ class QCOMProgram(Program):
       view = st.slots.view
       view[o:o + MAX_ARG_BYTES] = self.consts
       uav_at, tex_at = o + cmd.DESC_OFF, o + cmd.DESC_OFF + self.nuav * cmd.DESC_BYTES
-      for b, off in zip(bufs, self.buf_offs):
-        h = b.handle
+      for h, off in zip(handles, self.buf_offs):
         struct.pack_into("<Q", view, o + off, h.address if isinstance(h, QCOMImage) else h)
       for off in self.off_offs: struct.pack_into("<Q", view, o + off, 0)
       for off, pack, v in zip(self.val_offs, self.pack, vals):
         raw = pack(v)
         view[o + off:o + off + len(raw)] = raw
       for i, kind in self.images:
-        h = bufs[i].handle
+        h = handles[i]
         if kind == binary.ARG_UAV:
           struct.pack_into("<16I", view, uav_at, *cmd.tex_descriptor(h.dtype, h.address, store=True))
           uav_at += cmd.DESC_BYTES

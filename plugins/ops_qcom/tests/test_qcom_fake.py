@@ -4,6 +4,8 @@ the fake's command processor decodes all of it, checks it against the program th
 dispatch with the reference interpreter, and stores the timeline. Faults and hangs become the typed errors users see."""
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 from fake_kgsl import ADRENO_740, image_rows
@@ -153,3 +155,20 @@ def test_from_blob_of_host_memory_and_images(fake):
   import gc
   gc.collect()
   assert not dev.info.state.kgsl.user and kg.requests.count("SHAREDMEM_FREE") == 2  # the refused one at once, the other once its buffer went
+
+
+def test_memory_only_the_gpu_sees_is_copied_by_the_gpu(fake):
+  kg, dev = fake
+  from plugrt.tensor import Tensor
+  st = dev.info.state
+  other = st.kgsl.alloc(0x2000)  # stands in for a cl_mem's memory: KGSL's MAP_USER_MEM refuses it (EFAULT), so it is GPU memory
+  t = Tensor.from_blob(other.va, (64,), dtype=dtypes.float32, device=dev)
+  assert type(t.node.buffer.handle).__name__ == "GpuAddress"
+  t.assign(Tensor(np.arange(64, dtype=np.float32), device=dev))
+  assert np.array_equal(np.frombuffer(ctypes.string_at(other.va, 256), np.float32), np.arange(64))
+  assert np.array_equal(t.numpy(), np.arange(64)) and any(d["kernel"] == "plugrt_qcom_copy" for d in kg.dispatches)
+  img = dtypes.imagef((3, 5))  # its rows padded to 128 bytes, as Qualcomm's driver lays out a cl_mem image
+  x = np.arange(3 * 5 * 4, dtype=np.float32)
+  ti = Tensor.from_blob(other.va + 0x1000, (3, 5, 4), dtype=img, device=dev)
+  ti.node.buffer.copyin(x)
+  assert np.array_equal(image_rows(other.va + 0x1000, img).ravel(), x) and np.array_equal(ti.numpy().ravel(), x)
