@@ -16,6 +16,7 @@ import struct
 import time
 import weakref
 from _thread import RLock
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -112,17 +113,16 @@ class QCOMState(KGSLTimeline, DeviceState):
     i = self.slots.take(self)
     return i, self.slots.address(i)
 
-  def submit(self, slot: int, words: list[int]) -> int:
-    """Append the timeline store to `words`, write them at the slot's IB_OFF and submit them; the timeline value."""
-    value = self.value + 1
-    words = words + cmd.timestamp(self.counter_address, value)
-    if len(words) * 4 > SLOT - IB_OFF: raise KGSLError(f"internal: {len(words)} command words do not fit a command slot")
-    va = self.slots.address(slot) + IB_OFF
-    struct.pack_into(f"<{len(words)}I", self.slots.view, slot * SLOT + IB_OFF, *words)
-    ts = self.kgsl.submit(va, len(words) * 4)
+  def submit(self, slot: int, words: array, value: int) -> None:
+    """Write `words` (ending with the timeline store of `value`, the next timeline value) at the slot's IB_OFF and
+    submit them."""
+    n = len(words) * 4
+    if n > SLOT - IB_OFF: raise KGSLError(f"internal: {len(words)} command words do not fit a command slot")
+    o = slot * SLOT + IB_OFF
+    self.slots.view[o:o + n] = memoryview(words).cast("B")
+    ts = self.kgsl.submit(self.slots.base + o, n)
     self.value = self.slots.last_use[slot] = value
     self.submitted(value, ts)
-    return value
 
   def close(self) -> None:
     if self.closed: return
@@ -319,7 +319,22 @@ class QCOMProgram(Program):
     regs = max(1, sb.full_regs + round_up(sb.half_regs, 2) // 2)
     self.max_threads = max(64, min(1024, (384 * 32) // (regs * 128) * 128))  # the register file as Qualcomm's driver divides it
     self.launch_limits = LaunchLimits(str(device), (65535, 65535, 65535), (1024, 1024, 1024), self.max_threads)
+    self.prepared: dict[Any, tuple[array, list[int]]] = {}  # (grid, block, private memory) -> the launch's words and where its argument block goes
     weakref.finalize(self, _release_program, st, self.mem)
+
+  def _prepare(self, key: tuple[tuple[int, int, int], tuple[int, int, int], int]) -> tuple[array, list[int]]:
+    """The launch's words for this grid with the argument block at address 0 and timeline value 0, and where the
+    block's address goes (found by building them for two addresses): a launch copies them and patches those words."""
+    st = self.state
+    gs, ls, private = key
+    def words(args: int) -> list[int]:
+      return cmd.launch(self.shader, args, ls, gs, ntex=self.ntex, nsamp=self.nsamp, nuav=self.nuav, private_base=private,
+                        run_opencl=st.run_opencl) + cmd.timestamp(st.counter_address, 0)
+    a, b = words(0), words(0x10000)
+    prep = array("I", a), [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    if len(self.prepared) >= 64: self.prepared.clear()
+    self.prepared[key] = prep
+    return prep
 
   def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
                wait: bool = False) -> float | None:
@@ -353,11 +368,17 @@ class QCOMProgram(Program):
       if self.nsamp:
         s = o + cmd.DESC_OFF + (self.nuav + self.ntex) * cmd.DESC_BYTES
         view[s:s + len(self.samplers)] = self.samplers
-      private = st.ensure_private(self.private_bytes)
-      words = cmd.launch(self.shader, base, ls, gs, ntex=self.ntex, nsamp=self.nsamp, nuav=self.nuav, private_base=private,
-                         run_opencl=st.run_opencl)
+      key = (gs, ls, st.ensure_private(self.private_bytes) if self.private_bytes else 0)  # private memory may have moved
+      if (prep := self.prepared.get(key)) is None: prep = self._prepare(key)
+      template, lows = prep
+      words = array("I", template)
+      for i in lows:  # the argument block's address, in each place the launch names it (low word, then high word)
+        a = template[i] + base
+        words[i], words[i + 1] = a & 0xFFFFFFFF, a >> 32
+      value = st.value + 1
+      words[-1] = value & 0xFFFFFFFF  # the timeline store's payload
       t = time.perf_counter()
-      value = st.submit(slot, words)
+      st.submit(slot, words, value)
       if not wait: return None
       st.wait(value)
       return time.perf_counter() - t
