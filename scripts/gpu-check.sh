@@ -19,7 +19,7 @@ echo "== install (no network: --no-deps, no build isolation)"
 PKGS="./core ./plugins/ops_cpu ./plugins/ops_cuda/toolchain ./plugins/ops_cuda"
 for p in ./plugins/ops_cl ./plugins/ops_webgpu ./plugins/ops_webgpu/iface_wgpu ./plugins/ops_webgpu/iface_dawn \
          ./plugins/ops_nv ./plugins/ops_nv/iface_nvk ./plugins/ops_nv/iface_pci \
-         ./plugins/ops_amd ./plugins/ops_amd/iface_kfd ./plugins/ops_amd/iface_pci ./plugins/ops_amd/iface_usb ./plugins/ops_metal; do [ -f "$p/pyproject.toml" ] && PKGS="$PKGS $p"; done
+         ./plugins/ops_amd ./plugins/ops_amd/iface_kfd ./plugins/ops_amd/iface_pci ./plugins/ops_amd/iface_usb ./plugins/ops_metal ./plugins/ops_qcom; do [ -f "$p/pyproject.toml" ] && PKGS="$PKGS $p"; done
 $PY -m pip install -q --upgrade --no-deps --no-build-isolation --no-compile --target /tmp/site $PKGS 2>&1 | tail -3
 [ -d .whl ] && $PY -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -3
 export PYTHONPATH=/tmp/site

@@ -3,7 +3,8 @@
 #   bash scripts/setup.sh          the runtime: clang, binutils, PoCL and Mesa (apt); plugrt, plugrt-cpu, plugrt-cl,
 #                                  plugrt-webgpu with both engines, plugrt-cuda, plugrt-nv and plugrt-amd with their interfaces
 #                                  (and plugrt-nvidia-toolchain, which both of those require), plugrt-metal ("Metal needs macOS" here; its
-#                                  renderer and Objective-C layer are tested)
+#                                  renderer and Objective-C layer are tested), plugrt-qcom ("no device" without an Adreno; its KGSL layer
+#                                  runs against a fake KGSL)
 #                                  (pip; CUDA and NV stay "no device" without a GPU, but their compilers are tested)
 #   bash scripts/setup.sh --test   the same, plus what the test suite needs
 # pip installs into the active virtual or conda environment, or else into .venv in this checkout (scripts/env.sh);
@@ -43,7 +44,7 @@ PIP="$PY -m pip install -q --disable-pip-version-check"
 $PIP ./core ./plugins/ops_cpu ./plugins/ops_cl ./plugins/ops_cuda/toolchain ./plugins/ops_cuda \
   ./plugins/ops_webgpu ./plugins/ops_webgpu/iface_wgpu ./plugins/ops_webgpu/iface_dawn \
   ./plugins/ops_nv ./plugins/ops_nv/iface_nvk ./plugins/ops_nv/iface_pci \
-  ./plugins/ops_amd ./plugins/ops_amd/iface_kfd ./plugins/ops_amd/iface_pci ./plugins/ops_amd/iface_usb ./plugins/ops_metal
+  ./plugins/ops_amd ./plugins/ops_amd/iface_kfd ./plugins/ops_amd/iface_pci ./plugins/ops_amd/iface_usb ./plugins/ops_metal ./plugins/ops_qcom
 if [ "${1:-}" = "--test" ]; then
   $PIP -r requirements-test.txt
 fi

@@ -16,7 +16,7 @@ from plugrt.errors import ImageError, IRError, PlugrtError, RenderError, Unsuppo
 from plugrt.ir import Kernel, KernelBuilder, Ops, UOp, parse, verify
 from plugrt.testing import kernels as K
 
-IMAGE_DEVICES = [d for d in ("PYTHON", "CL") if d in Device.available()]
+IMAGE_DEVICES = [d for d in ("PYTHON", "CL", "QCOM") if d in Device.available()]
 
 
 # ---------------------------------------------------------------- the dtype
@@ -243,6 +243,7 @@ def test_image_tensor_from_blob(device):
   h, w = 3, 5
   host = np.arange(h * w * 4, dtype=np.float32)
   if not Device[device].allocator.supports_wrap: pytest.skip(f"{device} does not wrap host memory here")
+  if device == "QCOM": pytest.skip("QCOM wraps host images only with 64-byte rows (this one's are 80): tested in plugins/ops_qcom")
   t = Tensor.from_blob(host.ctypes.data, (h * w * 4,), dtype=dtypes.imagef((h, w)), device=device, keepalive=host)
   assert t.shape == (h, w, 4) and np.array_equal(t.numpy(), host.reshape(h, w, 4))
   host[5] = 99

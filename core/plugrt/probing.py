@@ -87,6 +87,7 @@ DISTRIBUTIONS: dict[str, str] = {
   "plugrt-webgpu-wgpu": "plugins/ops_webgpu/iface_wgpu",
   "plugrt-webgpu-dawn": "plugins/ops_webgpu/iface_dawn",
   "plugrt-metal": "plugins/ops_metal",
+  "plugrt-qcom": "plugins/ops_qcom",
 }
 
 #: The libraries of this repository (distributions with no plugrt entry point) each distribution requires: installing

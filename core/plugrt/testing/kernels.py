@@ -273,7 +273,7 @@ def bitcast_case(group: Sequence[DType], n: int = 32, seed: int = 2) -> Case:
   for (s, d), o in outs.items(): o[i] = ins[group.index(s)][i].bitcast(d)
   k = b.finish()
   fl = next((d for d in group if d.kind == "f"), None)
-  raw = values(fl, n, rng).view(np.dtype(f"u{group[0].itemsize}")) if fl else rng.integers(0, 256, n).astype(np.uint8)
+  raw = values(fl, n, rng).view(np.dtype(f"u{group[0].itemsize}")) if fl else rng.integers(0, 256, n * group[0].itemsize).astype(np.uint8)
   inputs = [raw.view(d.numpy).copy() for d in group] + [np.zeros(n, d.numpy) for (_, d) in outs]
   labels = {len(group) + j: [(0, n, f"BITCAST {s.name} -> {d.name}", (group.index(s),))] for j, (s, d) in enumerate(outs)}
   return Case(k.name, k, inputs, (), (n, 1, 1), labels=labels)

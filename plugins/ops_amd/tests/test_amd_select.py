@@ -94,7 +94,7 @@ def test_kfd_opens_to_a_typed_not_implemented(monkeypatch) -> None:
   _fake_gpu(monkeypatch, kfd=True)
   reg = registry(DEV="KFD+AMD:LLVM:gfx1100")
   assert reg.probe("AMD").ok and "gfx1100" in reg.probe("AMD").detail
-  with pytest.raises(AMDNotImplemented, match="KFD queue layer is not implemented yet"): reg.open("AMD")
+  with pytest.raises(AMDNotImplemented, match="KFD queue layer is not wired to the AMD device yet"): reg.open("AMD")
   # tried automatically, it fails quietly and the next device is chosen
   import plugrt.reference
   auto = Registry(plugins=[*PLUGINS, plugrt.reference], env={"PATH": os.environ.get("PATH", "")}).load()

@@ -16,7 +16,8 @@ from plugrt.hookspecs import DeviceInfo, InterfaceSpec, Probe, hookimpl
 __version__ = "0.1.0"
 NAME = "KFD"
 KFD = "/dev/kfd"
-NOT_YET = "the KFD queue layer is not implemented yet (the next step of issue 13): plugrt cannot dispatch to an AMD GPU"
+NOT_YET = ("the KFD queue layer is not wired to the AMD device yet (it runs against a fake KFD only; the next step of issue 13): "
+           "plugrt cannot dispatch to an AMD GPU")
 
 
 def probe() -> Probe:

@@ -16,7 +16,7 @@
 Why polling and not interrupts: a launch's completion is one 64-bit read of the signal (the common wait ends in
 the first spins), and the exception events are read without blocking. Each completion signal still carries a KFD
 signal event's mailbox and id, so the packet processor raises the interrupt and `KFDDevice.sleep` can block in
-WAIT_EVENTS for a long wait; docs/backends/amd-kfd.md has the details.
+WAIT_EVENTS for a long wait; docs/backends/amd.md ("The KFD queue layer") has the details.
 """
 from __future__ import annotations
 
