@@ -1,10 +1,12 @@
 """Adreno 6xx/7xx command-processor facts as data: PM4 packet types and opcodes, the compute registers plugrt-qcom
 writes, and the fields it sets in them.
 
-Every value is from Mesa's freedreno register database (src/freedreno/registers/adreno/adreno_pm4.xml for packets
-and events, a6xx.xml for registers, texture descriptors and enums), read through the C definitions that database
-generates (names as in Mesa 25/26; Mesa's older names in comments). docs/research/qcom.md lists the sources and how
-the table was produced. A field is (shift, mask); `pack(fields, **values)` puts values in a register word.
+Every value is checked against Mesa's freedreno register database XML itself (src/freedreno/registers/adreno/
+adreno_pm4.xml for packets and events, a6xx.xml and a6xx_enums.xml for registers, texture descriptors and enums);
+names are Mesa 25/26's (older names in comments). docs/research/qcom.md has the table, value by value, with the
+commits read. The REG_A6XX_* offsets are the A6XX variants: several compute registers sit elsewhere on A7XX
+(REG_A7XX_* below), and the A7XX event-write packet and cache events differ.
+A field is (shift, mask); `pack(fields, **values)` puts values in a register word.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ CP_RUN_OPENCL = 0x31
 CP_EXEC_CS = 0x33
 CP_LOAD_STATE6_FRAG = 0x34
 CP_REG_TO_MEM = 0x3E
-CP_EVENT_WRITE = 0x46
+CP_EVENT_WRITE = 0x46       # A2XX-A6XX payload; A7XX calls 0x46 CP_EVENT_WRITE7, whose dword 0 and payload differ
 CP_SET_MODE = 0x63
 CP_SET_MARKER = 0x65
 
@@ -27,7 +29,8 @@ OPCODES = {v: k for k, v in dict(globals()).items() if k.startswith("CP_") and n
 
 # events (vgt_event_type)
 CACHE_FLUSH_TS = 4          # write back the caches, then write the packet's value at its address
-CACHE_INVALIDATE = 49
+CACHE_INVALIDATE = 49       # A6XX only: on A7XX event 49 is CACHE_CLEAN and the invalidate is CACHE_INVALIDATE7 = 51
+CACHE_INVALIDATE7 = 51      # A7XX
 CP_EVENT_WRITE_0_EVENT = (0, 0xFF)
 
 # CP_SET_MARKER (a6xx_marker)
@@ -44,7 +47,7 @@ ST6_SHADER, ST6_CONSTANTS, ST6_UBO, ST6_UAV = 0, 1, 2, 3   # a6xx_state_type (ST
 SS6_DIRECT, SS6_BINDLESS, SS6_INDIRECT = 0, 1, 2           # a6xx_state_src
 SB6_CS_TEX, SB6_CS_SHADER = 5, 13                          # a6xx_state_block
 
-# ---------------------------------------------------------------- registers (a6xx.xml; 7xx keeps these compute offsets)
+# ---------------------------------------------------------------- registers (a6xx.xml, A6XX variants; see REG_A7XX_* for 7xx)
 REG_A6XX_SP_CS_CNTL_0 = 0xA9B0                 # SP_CS_CTRL_REG0
 REG_A6XX_SP_CS_CNTL_1 = 0xA9B1                 # SP_CS_UNKNOWN_A9B1
 REG_A6XX_SP_CS_PROGRAM_COUNTER_OFFSET = 0xA9B3  # SP_CS_OBJ_FIRST_EXEC_OFFSET
@@ -70,6 +73,15 @@ REG_A6XX_SP_CS_KERNEL_GROUP_X = 0xB999          # HLSQ_CS_KERNEL_GROUP_X; _Y, _Z
 REG_A6XX_SP_UPDATE_CNTL = 0xBB08                # HLSQ_UPDATE_CNTL
 
 REGISTERS = {v: k[9:] for k, v in dict(globals()).items() if k.startswith("REG_A6XX_")}
+
+# The A7XX variants of the compute registers that move (a6xx.xml variants="A7XX-"); every other REG_A6XX_* offset above
+# is the same on A7XX. SP_CS_CONST_CONFIG_0 (0xB997) has no A7XX variant.
+REG_A7XX_SP_CS_UAV_BASE = 0xA9F8
+REG_A7XX_SP_CS_CONST_CONFIG = 0xA9CD
+REG_A7XX_SP_CS_NDRANGE_0 = 0xA9D4             # _1.._6 follow (0xA9D5-0xA9DA)
+REG_A7XX_SP_CS_WGE_CNTL = 0xA9DB
+REG_A7XX_SP_CS_KERNEL_GROUP_X = 0xA9DC        # _Y, _Z follow
+REG_A7XX_SP_UPDATE_CNTL = 0xAB1F
 
 # fields
 A6XX_SP_CS_NDRANGE_0_KERNELDIM = (0, 0x00000003)
