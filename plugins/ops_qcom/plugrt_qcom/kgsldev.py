@@ -126,6 +126,11 @@ class KGSLDevice:
       ops.close(self.fd)
       raise DeviceUnavailable(f"the KGSL GPU has chip id {info.chip_id:#010x}: plugrt-qcom knows the Adreno 6xx and 7xx command streams only",
                               Reason.NO_DEVICE, "use the CL device (plugrt-cl) with Qualcomm's OpenCL driver on this GPU")
+    if self.generation == 7:  # refused rather than a launch that writes 6xx register offsets on a 7xx (a silent wrong result)
+      ops.close(self.fd)
+      raise DeviceUnavailable(f"the KGSL GPU is an Adreno 7xx (chip id {info.chip_id:#010x}): its compute registers and event packet "
+                              "differ from 6xx's (docs/research/qcom.md) and plugrt-qcom writes the 6xx command stream only yet",
+                              Reason.NO_DEVICE, "use the CL device (plugrt-cl) with Qualcomm's OpenCL driver on this GPU")
     self.ctx = self.ioctl(kgsl.IOCTL_KGSL_DRAWCTXT_CREATE, kgsl.DrawctxtCreate(flags=CONTEXT_FLAGS)).drawctxt_id
     # one command object and one submission, reused for every submission (nothing allocated per launch)
     self._obj = kgsl.CommandObject(flags=kgsl.KGSL_CMDLIST_IB)
