@@ -126,7 +126,7 @@ def test_launch_limits(fake):
 
 
 def test_a_7xx_chip_and_an_unknown_chip_are_refused():
-  with pytest.raises(DeviceUnavailable, match="Adreno 7xx .* 6xx command stream only"):  # not a launch at 6xx offsets
+  with pytest.raises(DeviceUnavailable, match=r"Adreno 7xx .* 6xx command stream only"):  # not a launch at 6xx offsets
     with fake_qcom(chip_id=ADRENO_740): pass
   with pytest.raises(DeviceUnavailable, match="chip id 0x05000000"):
     with fake_qcom(chip_id=0x05000000): pass
