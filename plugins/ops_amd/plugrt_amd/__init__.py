@@ -8,8 +8,8 @@ gfx90a, gfx942, gfx1100 and gfx1201 here). `plugrt_amd.codeobject` parses what t
 The way to the GPU is an interface plugin: KFD (plugrt-amd-kfd, the amdgpu kernel driver's /dev/kfd), PCI
 (plugrt-amd-pci, driverless) or USB (plugrt-amd-usb, through an ASM24xx USB3-to-PCIe bridge); PCI and USB are
 never chosen automatically. Through KFD, AMD allocates, copies (SDMA) and dispatches (AQL) from user space
-(plugrt_amd.runtime), tested against a fake KFD only: none of it has run on AMD hardware. This entry module imports only the standard library and plugrt; the probe
-reads sysfs and /dev file names only.
+(plugrt_amd.runtime), tested against a fake KFD only: none of it has run on AMD hardware. This entry module
+imports only the standard library and plugrt; the probe reads sysfs and /dev file names only.
 """
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import plugrt_amd
-import plugrt_amd_kfd
 from fake_kfd import FakeKFD
 
+import plugrt_amd
+import plugrt_amd_kfd
 from plugrt.hookspecs import InterfaceSpec, Probe, hookimpl
 from plugrt.ir import Kernel
 from plugrt.registry import isolated

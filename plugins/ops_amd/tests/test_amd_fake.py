@@ -78,7 +78,7 @@ def test_hidden_arguments_are_checked(amd):
 
 
 def test_fault_in_a_kernel_is_a_memory_fault(amd):
-  fake, dev = amd
+  _, dev = amd
   prg = dev.program(K.saxpy_kernel())
   a = Buffer(dev, 4, dtypes.float32)
   with pytest.raises(KFDMemoryFault):
@@ -92,7 +92,7 @@ def test_hang_is_a_timeout(amd):
   prg = dev.program(K.tiny_kernel())
   a = Buffer(dev, 1, dtypes.float32)
   fake.hang = True
-  with pytest.raises(KFDTimeout, match="within 0.3 s"): prg(a, a, wait=True)
+  with pytest.raises(KFDTimeout, match=r"within 0\.3 s"): prg(a, a, wait=True)
 
 
 class _OnInstances:
