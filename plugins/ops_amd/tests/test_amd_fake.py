@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from amd_fixtures import fake_amd
+from fake_kfd import GFX942
 
 from plugrt import Buffer, dtypes
 from plugrt.context import PluginContext
@@ -50,6 +51,41 @@ def test_saxpy_through_aql(amd):
     prg(out, xb, yb, global_size=(4, 1, 1), local_size=(256, 1, 1), vals=(float(i % 7), n))
   dev.synchronize()
   assert np.array_equal(out.numpy(), 599 % 7 * x + 2 * x) and len(fake.dispatches) == 601
+
+
+def test_arch_follows_the_opened_gpu():
+  """On an MI300 (gfx942, wave64) the compiler builds for gfx942 and the fake accepts the wave64 descriptor."""
+  with fake_amd(props=GFX942) as (fake, dev):
+    assert dev.compiler.arch == "gfx942"
+    prg = dev.program(K.saxpy_kernel())
+    assert prg.code.arch == "gfx942" and prg.info.wavefront_size == 64
+    x = np.arange(512, dtype=np.float32)
+    out, xb = Buffer(dev, 512, dtypes.float32), Buffer.from_numpy(x, dev)
+    prg(out, xb, xb, global_size=(2, 1, 1), local_size=(256, 1, 1), vals=(2.0, 512), wait=True)
+    assert np.array_equal(out.numpy(), 3 * x) and fake.dispatches
+
+
+def test_launches_and_copies_from_threads(amd):
+  """Threads sharing one program and the device's kernarg blocks, AQL ring and staging buffers."""
+  import threading
+  _, dev = amd
+  n, nthreads = 256, 4
+  prg = dev.program(K.saxpy_kernel())
+  errors: list[BaseException] = []
+
+  def work(t: int) -> None:
+    try:
+      x = np.arange(n, dtype=np.float32) + 1000 * t
+      xb, yb, out = Buffer.from_numpy(x, dev), Buffer.from_numpy(2 * x, dev), Buffer(dev, n, dtypes.float32)
+      for i in range(20):
+        prg(out, xb, yb, global_size=(1, 1, 1), local_size=(n, 1, 1), vals=(float(t + i), n))
+        np.testing.assert_array_equal(out.numpy(), (t + i) * x + 2 * x, err_msg=f"thread {t}, launch {i}")
+    except BaseException as e: errors.append(e)
+
+  threads = [threading.Thread(target=work, args=(t,)) for t in range(nthreads)]
+  for th in threads: th.start()
+  for th in threads: th.join()
+  if errors: raise errors[0]
 
 
 def test_device_copy_and_views(amd):
