@@ -148,7 +148,8 @@ class TestAMDConformance(ConformanceSuite):
     with fake_amd() as (_, dev): yield dev
 
   def test_fuzz(self) -> None:  # type: ignore[override]
-    pytest.skip("the differential fuzzer opens devices by name in the process's registry, which has no AMD GPU")
+    pytest.skip("plugrt's pytest plugin parametrizes fuzz seeds only for a suite whose class names a device of the process's "
+                "registry, which has no AMD GPU")
 
   def test_entry_module_imports_only_stdlib(self) -> None:
     code = ("import importlib, json, sys\nimport plugrt.registry\nbefore = set(sys.modules)\nimportlib.import_module('plugrt_amd')\n"
