@@ -7,9 +7,9 @@ gfx90a, gfx942, gfx1100 and gfx1201 here). `plugrt_amd.codeobject` parses what t
 
 The way to the GPU is an interface plugin: KFD (plugrt-amd-kfd, the amdgpu kernel driver's /dev/kfd), PCI
 (plugrt-amd-pci, driverless) or USB (plugrt-amd-usb, through an ASM24xx USB3-to-PCIe bridge); PCI and USB are
-never chosen automatically. This release dispatches nothing yet: opening AMD refuses with a typed reason naming
-what is missing (the KFD queue layer). This entry module imports only the standard library and plugrt; the probe
-reads sysfs and /dev file names only.
+never chosen automatically. Through KFD, AMD allocates, copies (SDMA) and dispatches (AQL) from user space
+(plugrt_amd.runtime), tested against a fake KFD only: none of it has run on AMD hardware. This entry module
+imports only the standard library and plugrt; the probe reads sysfs and /dev file names only.
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def probe_amd(ctx: PluginContext) -> Probe:
     from plugrt_amd.hw import arch_from_target_version
     archs = ", ".join(sorted({arch_from_target_version(v) for _, v in gpus}))
     return Probe.found(len(gpus), f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} in KFD's topology ({archs}); "
-                       "never run: this release compiles for AMD but dispatches nothing yet", archs=archs)
+                       "never run on AMD hardware: the KFD path is tested against a fake KFD only", archs=archs)
   if (pci := pci_gpus()):
     return Probe.found(len(pci), f"{len(pci)} AMD GPU function{'s' if len(pci) != 1 else ''} on PCI ({', '.join(a for a, *_ in pci)}) "
                        "but no KFD node for them; never run", pci=" ".join(a for a, *_ in pci))
@@ -104,11 +104,11 @@ def probe_hip(ctx: PluginContext) -> Probe:
 
 @hookimpl
 def plugrt_backends() -> list[BackendSpec]:
-  # below NV (45) and CUDA (50); a machine with an AMD GPU has neither, and opening it refuses for now
+  # below NV (45) and CUDA (50); a machine with an AMD GPU has neither
   return [BackendSpec(name="AMD", api_version="1.2", probe=probe_amd, priority=40,
                       compilers=(CompilerSpec("LLVM", "LLVM IR through LLVM's AMDGPU target (llvmlite), ld.lld to a code object v5", probe_llvm),
                                  CompilerSpec("HIP", "HIP C through ROCm's hiprtc", probe_hip)),
-                      description="AMD GPUs (compilers and code objects; the KFD queue layer is not written yet)")]
+                      description="AMD GPUs from user space through KFD (AQL dispatch, SDMA copies; never run on AMD hardware)")]
 
 
 @hookimpl
@@ -119,8 +119,8 @@ def plugrt_open_device(device: DeviceInfo) -> Any:
 
 @hookimpl
 def plugrt_allocator(device: DeviceInfo) -> Any:
-  from plugrt_amd.device import refuse
-  refuse(device)
+  from plugrt_amd.runtime import AMDAllocator
+  return AMDAllocator(device)
 
 
 @hookimpl
@@ -131,8 +131,8 @@ def plugrt_compiler(device: DeviceInfo, compiler: str) -> Any:
 
 @hookimpl
 def plugrt_program(device: DeviceInfo) -> Any:
-  from plugrt_amd.device import refuse
-  refuse(device)
+  from plugrt_amd.runtime import AMDProgram
+  return AMDProgram
 
 
 def compiler_for(arch: str = "", compiler: str = "LLVM", env: dict[str, str] | None = None) -> Any:

@@ -1,6 +1,7 @@
-"""What opening AMD does in this release: nothing reaches a GPU yet. The interfaces refuse when they open (KFD:
-the queue layer is not written; PCI and USB: not implemented, and guarded by an acknowledgement), and should a
-third-party interface open, the device refuses here with the same typed reason. The compilers need no device.
+"""Opening AMD: through the KFD interface (plugrt-amd-kfd returns its KFDDevice) the device state, allocator and
+programs are plugrt_amd.runtime's; PCI and USB refuse when they open (not implemented, and guarded by an
+acknowledgement), and an interface that returns something other than a KFD device is refused here with a typed
+reason. Nothing has run on AMD hardware (docs/backends/amd.md). The compilers need no device.
 """
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any, NoReturn
 from plugrt.errors import UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 
-NOT_YET = ("AMD dispatches nothing in this release: the KFD queue layer (memory, AQL queues, doorbells, signals) "
-           "is the next step of issue 13")
+NOT_YET = ("AMD dispatches only through the KFD interface (plugrt-amd-kfd): this interface gave the device no KFD queue layer "
+           "(memory, AQL queues, doorbells, signals)")
 HINT = "compile for AMD without a device (plugrt_amd.compiler_for), or use another device"
 
 
@@ -26,7 +27,10 @@ def refuse(device: DeviceInfo) -> NoReturn:
   raise AMDNotImplemented(f"{device.canonical}: {NOT_YET}", HINT)
 
 
-def open_device(device: DeviceInfo) -> Any: refuse(device)
+def open_device(device: DeviceInfo) -> Any:
+  if not hasattr(device.iface_object, "compute_queue"): refuse(device)
+  from plugrt_amd.runtime import AMDState
+  return AMDState(device)
 
 
 def make_compiler(device: DeviceInfo, name: str) -> Any:

@@ -124,6 +124,9 @@ class FakeKFD(FakeDevice, KFDOps):
     self.mem_fault_data: kfd.MemoryExceptionData | None = None
     self.hw_fault_data: kfd.HwExceptionData | None = None
     self.kernargs: dict[int, tuple[list[int], int]] = {}  # kernel_object -> (argument offsets, kernarg size)
+    self.registered: dict[bytes, list] = {}     # kernel descriptor bytes -> [(CodeObject, KernelInfo, Kernel)] (register)
+    self.seen: set[bytes] = set()
+    self.infos: dict = {}                       # kernel_object -> the KernelInfo of a registered program (hidden-argument checks)
     self.dispatches: list[aql.KernelDispatchPacket] = []
     self.copies: list[tuple[int, int, int]] = []
     self.log: list[str] = []  # the ioctls in order
@@ -143,6 +146,29 @@ class FakeKFD(FakeDevice, KFDOps):
     offs, size = natural_kernarg_layout(kernel.signature)
     self.runner.load(kernel_object, kernel)
     self.kernargs[kernel_object] = (arg_offsets if arg_offsets is not None else offs, kernarg_size if kernarg_size is not None else size)
+
+  def register(self, code_object: bytes, kernel: Kernel) -> None:
+    """Make `kernel` (its IR) the program of `code_object` wherever it gets loaded: the compiler side of the tests
+    calls this for every code object it builds, and the first dispatch whose kernel descriptor lies in memory holding
+    that code object's image (relocated to where it lies) loads it, with the kernarg layout of its metadata."""
+    from plugrt_amd import codeobject
+    if code_object in self.seen: return
+    self.seen.add(code_object)
+    co = codeobject.parse(code_object)
+    info = co.kernels[kernel.name]
+    self.registered.setdefault(info.descriptor.raw, []).append((co, info, kernel))
+
+  def _resolve(self, ko: int) -> None:
+    """Load the registered program whose image lies around kernel_object `ko` (nothing when none does)."""
+    kd = ctypes.string_at(ko, aql.KERNEL_DESCRIPTOR_SIZE)
+    for co, info, kernel in self.registered.get(kd, ()):
+      base = ko - info.kd_offset
+      if self.gpu_bo(base, co.image_size) is not None and ctypes.string_at(base, co.image_size) == co.image(base):
+        explicit = info.explicit_args
+        offsets = [a.offset for a in explicit if a.kind == "global_buffer"] + [a.offset for a in explicit if a.kind != "global_buffer"]
+        self.load(ko, kernel, offsets, info.kernarg_size)
+        self.infos[ko] = info
+        return
 
   # ------------------------------------------------------------ the seam: files
   def _files(self) -> dict[str, str]:
@@ -436,6 +462,7 @@ class FakeKFD(FakeDevice, KFDOps):
     if ko % aql.KERNEL_DESCRIPTOR_ALIGN: raise self.hw_fault(f"kernel_object {ko:#x} is not 64-byte aligned")
     if self.gpu_bo(ko, aql.KERNEL_DESCRIPTOR_SIZE) is None: raise self.memory_fault(ko, "kernel descriptor not in GPU-mapped memory")
     kd = aql.KernelDescriptor.from_buffer_copy(ctypes.string_at(ko, aql.KERNEL_DESCRIPTOR_SIZE))
+    if ko not in self.runner.programs: self._resolve(ko)
     if ko not in self.runner.programs: raise self.hw_fault(f"no program is loaded at kernel_object {ko:#x}")
     kernel = self.runner.programs[ko]
     offsets, kernarg_size = self.kernargs[ko]
@@ -467,6 +494,13 @@ class FakeKFD(FakeDevice, KFDOps):
     for b, dt in zip(bufs, sig.buffers):
       if self.gpu_bo(b, dt.itemsize) is None: raise self.memory_fault(b, f"{name}: buffer argument not in GPU-mapped memory")
     scalars = self.runner.decode_scalars(sig, lambda i, n: ctypes.string_at(at[nb + i], n))
+    if (info := self.infos.get(ko)) is not None:  # a code object's hidden arguments: what its code reads for the group size and count
+      for axis in range(3):
+        bc, gsz = info.hidden(f"block_count_{'xyz'[axis]}"), info.hidden(f"group_size_{'xyz'[axis]}")
+        if bc is not None and ctypes.c_uint32.from_address(p.kernarg_address + bc.offset).value != grid[axis]:
+          raise self.hw_fault(f"{name}: hidden_block_count_{'xyz'[axis]} is not the dispatch's {grid[axis]} groups")
+        if gsz is not None and ctypes.c_uint16.from_address(p.kernarg_address + gsz.offset).value != block[axis]:
+          raise self.hw_fault(f"{name}: hidden_group_size_{'xyz'[axis]} is not the dispatch's workgroup {block[axis]}")
     try: self.runner.run(kernel, bufs, scalars, grid, block)
     except IndexError as e: raise self.memory_fault(bufs[0] if bufs else 0, f"{name}: {e}") from e
 

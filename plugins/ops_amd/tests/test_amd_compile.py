@@ -1,6 +1,6 @@
 """AMD_LLVM and AMD_HIP without a GPU: every conformance kernel built for gfx90a, gfx942, gfx1100 and gfx1201, its code
 object parsed by plugrt_amd.codeobject and cross-checked with LLVM's own tools (llvm-readelf --notes, llvm-objdump -d);
-the HIP C of every kernel checked by clang's HIP mode. Execution comes with the fake KFD (next step of issue 13)."""
+the HIP C of every kernel checked by clang's HIP mode. Execution through the fake KFD: test_amd_fake.py."""
 from __future__ import annotations
 
 import ctypes

@@ -10,7 +10,7 @@ import plugrt_amd_kfd
 import plugrt_amd_pci
 import plugrt_amd_usb
 from plugrt.context import DeviceInfo, PluginContext
-from plugrt.errors import ConflictError, DeviceUnavailable, EnvError, Reason, UnknownDeviceError, UnsupportedError
+from plugrt.errors import ConflictError, DeviceUnavailable, EnvError, Reason, UnknownDeviceError
 from plugrt.registry import Registry
 from plugrt_amd.device import AcknowledgementRequired, AMDNotImplemented
 
@@ -90,15 +90,16 @@ def _fake_gpu(monkeypatch, kfd: bool) -> None:
   monkeypatch.setattr(plugrt_amd_kfd.os, "access", lambda p, m: True)
 
 
-def test_kfd_opens_to_a_typed_not_implemented(monkeypatch) -> None:
+def test_kfd_opens_through_the_real_kernel_seam(monkeypatch) -> None:
+  """With /dev/kfd (faked here) but no KFD topology, opening goes to the real kernel seam and says what is missing."""
   _fake_gpu(monkeypatch, kfd=True)
   reg = registry(DEV="KFD+AMD:LLVM:gfx1100")
-  assert reg.probe("AMD").ok and "gfx1100" in reg.probe("AMD").detail
-  with pytest.raises(AMDNotImplemented, match="KFD queue layer is not wired to the AMD device yet"): reg.open("AMD")
+  assert reg.probe("AMD").ok and "gfx1100" in reg.probe("AMD").detail and "never run on AMD hardware" in reg.probe("AMD").detail
+  with pytest.raises(DeviceUnavailable, match="KFD"): reg.open("AMD")
   # tried automatically, it fails quietly and the next device is chosen
   import plugrt.reference
   auto = Registry(plugins=[*PLUGINS, plugrt.reference], env={"PATH": os.environ.get("PATH", "")}).load()
-  assert auto.default == "PYTHON" and isinstance(auto.backend("AMD").open_error, UnsupportedError)
+  assert auto.default == "PYTHON" and isinstance(auto.backend("AMD").open_error, DeviceUnavailable)
 
 
 @pytest.mark.parametrize("iface, module", [("PCI", plugrt_amd_pci), ("USB", plugrt_amd_usb)])
@@ -149,7 +150,10 @@ def test_compiler_through_the_registry_reads_dev_arch(monkeypatch) -> None:
   info = DeviceInfo("AMD", 0, "LLVM", None, "gfx942", context=PluginContext({"PATH": os.environ.get("PATH", ""), "PLUGRT_CACHE": "0"}))
   c = plugrt_amd.plugrt_compiler(info, "LLVM")
   assert c.arch == "gfx942" and c.name == "LLVM"
-  with pytest.raises(UnsupportedError, match="dispatches nothing"): plugrt_amd.plugrt_program(info)
+  from plugrt_amd.runtime import AMDProgram
+  assert plugrt_amd.plugrt_program(info) is AMDProgram
+  # an interface that gives the device no KFD queue layer is refused with a typed reason
+  with pytest.raises(AMDNotImplemented, match="only through the KFD interface"): plugrt_amd.plugrt_open_device(info)
 
 
 def test_self_check_runs_without_a_gpu(capsys, monkeypatch, tmp_path) -> None:

@@ -30,3 +30,19 @@ def test_kfd_on_hardware():
     assert q.completed() == 1 and q.rptr.value == 1
   finally:
     dev.close()
+
+
+def test_device_saxpy_on_hardware():
+  """The AMD device through the installed plugins on a real GPU: AMD_LLVM's code object, AQL dispatch, SDMA copies."""
+  from plugrt import Buffer, dtypes
+  from plugrt.registry import Registry
+  from plugrt.testing import kernels as K
+  reg = Registry(env={**os.environ, "AMD": "1", "PLUGRT_AMD_TIMEOUT": "10"}).load()
+  try:
+    dev = reg.open("AMD")
+    n = 1 << 16
+    x = np.arange(n, dtype=np.float32)
+    out, xb, yb = Buffer(dev, n, dtypes.float32), Buffer.from_numpy(x, dev), Buffer.from_numpy(2 * x, dev)
+    dev.program(K.saxpy_kernel())(out, xb, yb, global_size=(n // 256, 1, 1), local_size=(256, 1, 1), vals=(3.0, n), wait=True)
+    assert np.array_equal(out.numpy(), 5 * x)
+  finally: reg.close()

@@ -293,6 +293,14 @@ class KFDDevice:
     self.ops.ioctl(self.kfd_fd, request, arg)
     return arg
 
+  @property
+  def arch(self) -> str: return self.node.arch
+
+  def check_dispatch(self, descriptor: Any, kernarg_size: int, workgroup: tuple[int, int, int], group_segment_size: int = 0,
+                     name: str = "kernel") -> None:
+    """check_dispatch with this GPU's LDS size (the device code calls it once per program)."""
+    check_dispatch(descriptor, kernarg_size, workgroup, group_segment_size, name, self.node.lds_bytes)
+
   def _aperture(self) -> kfd.ProcessDeviceApertures:
     n = 16
     aps = (kfd.ProcessDeviceApertures * n)()
