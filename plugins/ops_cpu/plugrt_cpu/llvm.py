@@ -3,14 +3,13 @@
 The renderer is the core's LLVM renderer with the CPU calling convention shared with
 the C renderer (see plugrt_cpu.program):
 
-    void NAME(ptr %args, i32 %gx0, i32 %gx1, i32 %gid1, i32 %gid2)
+    void NAME(ptr %args, i32 %gid0, i32 %gid1, i32 %gid2)
 
 args holds the buffer addresses, one 8-byte slot per scalar, then the number of
-groups and the group size per axis; the function runs the groups gx0 .. gx1-1 of row
-(gid1, gid2): one plain counted loop around the body, the argument loads before it. The kernel is first
-lowered (plugrt.lowering.serialize_groups) so that one pass of the body runs a group's threads; the
-walk over rows and slices of the grid is plugrt_cpu.grid's runner (the kernel's old general loop over
-groups, with its divisions, was half of a small kernel's compile time). float16/bfloat16 are emulated (held as float,
+groups and the group size per axis; the function runs one group. The kernel is first
+lowered (plugrt.lowering.serialize_groups) so that one call runs a group's threads; the
+grid is run by plugrt_cpu.grid's runner (a kernel has no loop over groups: that loop
+was half of a small kernel's compile time). float16/bfloat16 are emulated (held as float,
 rounded after every op), because LLVM's own half conversions call compiler-rt
 functions that an in-process JIT cannot resolve.
 
@@ -85,24 +84,11 @@ class CPULLVMRenderer(LLVMRenderer):
       if (("num_groups", "local_size")[k // 3], k % 3) not in used: continue
       addr = f.op(f"getelementptr inbounds i64, ptr %args, i64 {nslot + k}")
       f.op(f"trunc i64 {f.op(f'load i64, ptr {addr}, align 8', f'%{d}.64')} to i32", f"%{d}")
-    # the row's groups: a counted loop the optimiser is told not to unroll or vectorise (it stays cheap to compile)
-    pre = f.block
-    f.emit("br i1 " + f.op("icmp ult i32 %gx0, %gx1", "%span.any") + ", label %group, label %span.exit")
-    f.label("group")
-    phi = len(f.lines)
-    f.lines.append("")  # the phi, once the latch block is known
-    spills = any(u.op is Ops.SPILL for u in kernel.uops)
-    if spills:  # SPILL arrays are dynamic allocas: give their stack back after every group
-      f.op(f"call ptr {f.declare('llvm.stacksave.p0', 'declare ptr @llvm.stacksave.p0()')}()", "%group.stack")
+    # one group per call: a SPILL array (a dynamic alloca) is given back when the call returns
     self.emit_body(f, kernel, params)
-    if spills: f.emit(f"call void {f.declare('llvm.stackrestore.p0', 'declare void @llvm.stackrestore.p0(ptr)')}(ptr %group.stack)")
-    f.lines[phi] = f"  %gid0 = phi i32 [ %gx0, %{pre} ], [ %gid0.next, %{f.block} ]"
-    f.op("add nuw i32 %gid0, 1", "%gid0.next")  # gid0 < gx1: no wrap
-    f.emit("br i1 " + f.op("icmp ult i32 %gid0.next, %gx1", "%span.more") + f", label %group, label %span.exit{f.plain_loop()}")
-    f.label("span.exit")
     f.emit("ret void")
-    # args is read-only and no buffer overlaps it: the slot loads stay out of the loops
-    return self.define(f, f"define void @{kernel.name}(ptr noalias readonly %args, i32 %gx0, i32 %gx1, i32 %gid1, i32 %gid2) {self.fn_attrs}")
+    # args is read-only and no buffer overlaps it: the slot loads stay out of the thread loops
+    return self.define(f, f"define void @{kernel.name}(ptr noalias readonly %args, i32 %gid0, i32 %gid1, i32 %gid2) {self.fn_attrs}")
 
 
 # ---------------------------------------------------------------- llvmlite, initialised once

@@ -1,12 +1,13 @@
 """CPU programs: load compiled code and call it.
 
-Calling convention (both compilers): ``void NAME(const u64 *args, u32 gx0, u32 gx1, u32 gid1, u32 gid2)``
-runs groups gx0..gx1-1 of one row; args = buffer addresses, one 8-byte slot per scalar, then num_groups[3]
-and local_size[3]. A launch is one foreign call of the grid runner (plugrt_cpu.grid) on the block
-[kernel address, ng0, ng1, args...], which calls the kernel once per row piece. A launch with the same arguments
-as the previous one makes one foreign call on the argument block prepared for them; other arguments get a new
-prepared launch (its own block), so threads sharing a program never see each other's arguments. Grids with enough
-work are split across cores: ctypes releases the GIL during the call, so the slices run in parallel.
+Calling convention (both compilers): ``void NAME(const u64 *args, u32 gid0, u32 gid1, u32 gid2)``
+runs one group; args = buffer addresses, one 8-byte slot per scalar, then num_groups[3]
+and local_size[3]. A launch is one foreign call of the grid runner (plugrt_cpu.grid) on
+the block [kernel address, ng0, ng1, args...], which calls the kernel for each group. A launch with the same arguments as the previous
+one makes one foreign call on the argument block prepared for them; other arguments
+get a new prepared launch (its own block), so threads sharing a program never see
+each other's arguments. Grids with enough work are split across cores: ctypes releases
+the GIL during the call, so the slices run in parallel.
 """
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ _NONE = _Launch(ctypes.c_uint64 * 3, [0, 1, 1], (), NO_CALL.call, [], _ZERO, Fal
 class CPUProgram(Program):
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature, fn_addr: int, keepalive: Any,
                runner: tuple[int, Any]):
-    """fn_addr: the kernel (a row piece of groups per call); runner: (address, owner) of the grid runner that calls it."""
+    """fn_addr: the kernel (one group per call); runner: (address, owner) of the grid runner that calls it."""
     super().__init__(device, name, lib, signature)
     self._keepalive = (keepalive, runner[1])  # the loaded library or JIT engine that owns the code, and the runner's
     self._kernel_addr = fn_addr

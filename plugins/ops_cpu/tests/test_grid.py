@@ -1,7 +1,7 @@
 """The grid runner (plugrt_cpu.grid): every group of every grid shape runs exactly once, on one thread and split
 over the worker pool, for kernels of both compilers, with either compiler's runner; any slice [g0, g1) of the flat
-grid (starting or ending mid-row) runs exactly its groups; a kernel's span of groups gives back each group's
-SPILL arrays; shared objects still load."""
+grid (starting or ending mid-row) runs exactly its groups; a long run of groups that spill gives each group's
+SPILL arrays back; shared objects still load."""
 from __future__ import annotations
 
 import ctypes
@@ -54,7 +54,7 @@ def test_every_group_runs_once_with_its_ids(dev, compiler: str, gs: tuple[int, i
 
 @pytest.mark.parametrize("compiler", ["CLANG", "LLVM"])
 def test_any_slice_runs_exactly_its_groups(dev, compiler: str) -> None:
-  """A worker's slice may start and end mid-row: the runner cuts it into row pieces, one kernel call each."""
+  """A worker's slice may start and end mid-row (the runner starts it from a flat group index)."""
   prg = dev.program(count_kernel(), compiler)
   gs = (5, 3, 2)
   n = gs[0] * gs[1] * gs[2]
@@ -71,8 +71,9 @@ def test_any_slice_runs_exactly_its_groups(dev, compiler: str) -> None:
 
 @pytest.mark.parametrize("compiler", ["CLANG", "LLVM"])
 def test_a_long_row_gives_back_each_groups_spill_arrays(dev, compiler: str) -> None:
-  """One kernel call runs a whole row of groups; each group's SPILL array (a value kept across a barrier, one
-  element per thread) must be freed after the group, or 2**15 groups of 512 floats would take 64 MiB of stack."""
+  """Each group's SPILL array (a value kept across a barrier, one element per thread) must be freed after the
+  group, even if one call runs many groups (a kernel with a loop over groups did), or 2**15 groups of 512 floats
+  would take 64 MiB of stack."""
   b = KernelBuilder("spill_row")
   out, x = b.buffer("out", dtypes.float32), b.buffer("x", dtypes.float32)
   sh = b.shared("tile", dtypes.float32, 512)

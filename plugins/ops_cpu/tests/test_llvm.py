@@ -356,7 +356,7 @@ def test_render_is_llvm_ir(dev):
   from plugrt_cpu.llvm import CPULLVMRenderer
   src = dev.compiler_for("LLVM").render(add1())
   assert src == CPULLVMRenderer().render(add1())
-  assert "define void @add1(ptr noalias readonly %args, i32 %gx0, i32 %gx1, i32 %gid1, i32 %gid2)" in src
+  assert "define void @add1(ptr noalias readonly %args, i32 %gid0, i32 %gid1, i32 %gid2)" in src
   assert "fast" not in src and "contract" not in src  # no fast-math: every op rounds as IEEE says
 
 
