@@ -1,7 +1,10 @@
 """The grid runner (plugrt_cpu.grid): every group of every grid shape runs exactly once, on one thread and split
-over the worker pool, for kernels of both compilers, with either compiler's runner; shared objects still load."""
+over the worker pool, for kernels of both compilers, with either compiler's runner; any slice [g0, g1) of the flat
+grid (starting or ending mid-row) runs exactly its groups; a long run of groups that spill gives each group's
+SPILL arrays back; shared objects still load."""
 from __future__ import annotations
 
+import ctypes
 import subprocess
 
 import numpy as np
@@ -47,6 +50,44 @@ def test_every_group_runs_once_with_its_ids(dev, compiler: str, gs: tuple[int, i
   prg(hits, ids, global_size=gs, local_size=(1, 1, 1), wait=True)
   assert (hits.numpy() == 1).all(), f"groups ran {hits.numpy().tolist()} times"
   assert (ids.numpy() == want_ids(gs)).all()
+
+
+@pytest.mark.parametrize("compiler", ["CLANG", "LLVM"])
+def test_any_slice_runs_exactly_its_groups(dev, compiler: str) -> None:
+  """A worker's slice may start and end mid-row (the runner starts it from a flat group index)."""
+  prg = dev.program(count_kernel(), compiler)
+  gs = (5, 3, 2)
+  n = gs[0] * gs[1] * gs[2]
+  hits, ids = Buffer(dev, n, dtypes.int32), Buffer(dev, n, dtypes.int32)
+  prg(hits, ids, global_size=gs, wait=True)  # prepares the launch whose block the slices below run on
+  for g0, g1 in [(0, n), (0, 1), (2, 3), (2, 5), (4, 6), (3, 14), (5, 10), (7, 23), (14, 16), (29, 30), (9, 9), (12, 3)]:
+    hits.copyin(np.zeros(n, np.int32))
+    prg._fn(prg._launch.argp, ctypes.c_uint64(g0), ctypes.c_uint64(g1))
+    want = np.zeros(n, np.int32)
+    want[g0:g1] = 1
+    assert (hits.numpy() == want).all(), f"slice [{g0}, {g1}): groups ran {hits.numpy().tolist()} times"
+    assert (ids.numpy()[g0:g1] == want_ids(gs)[g0:g1]).all()
+
+
+@pytest.mark.parametrize("compiler", ["CLANG", "LLVM"])
+def test_a_long_row_gives_back_each_groups_spill_arrays(dev, compiler: str) -> None:
+  """Each group's SPILL array (a value kept across a barrier, one element per thread) must be freed after the
+  group, even if one call runs many groups (a kernel with a loop over groups did), or 2**15 groups of 512 floats
+  would take 64 MiB of stack."""
+  b = KernelBuilder("spill_row")
+  out, x = b.buffer("out", dtypes.float32), b.buffer("x", dtypes.float32)
+  sh = b.shared("tile", dtypes.float32, 512)
+  lid, gid = b.local_id(0), b.global_id(0)
+  mine = x[gid] * 2.0                                 # loaded before the barrier, used after: spilled
+  sh[lid] = mine
+  b.barrier()
+  out[gid] = sh[511 - lid] + mine
+  ng, ls = 1 << 15, 512
+  xs = np.random.default_rng(2).random(ng * ls, np.float32)
+  bo, bx = Buffer(dev, ng * ls), Buffer(dev, ng * ls).copyin(xs)
+  dev.program(b.finish(), compiler)(bo, bx, global_size=(ng, 1, 1), local_size=(ls, 1, 1), wait=True)
+  want = (xs * 2).reshape(ng, ls)
+  np.testing.assert_array_equal(bo.numpy().reshape(ng, ls), want[:, ::-1] + want)
 
 
 @pytest.mark.parametrize("compiler,runner", [("CLANG", "LLVM"), ("LLVM", "CLANG")])
