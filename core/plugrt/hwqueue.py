@@ -38,6 +38,24 @@ from plugrt.errors import PlugrtError
 def round_up(x: int, a: int) -> int: return (x + a - 1) // a * a
 
 
+_libc: Any = None
+
+
+def libc() -> Any:
+  """The C library already in the process (CDLL(None): no find_library, which runs ldconfig) with the calls a
+  user-space backend's interface and its fake make typed once: ioctl(fd, request, struct*), mmap, munmap. One shared
+  object, so every caller sees the same argument types."""
+  global _libc
+  if _libc is None:
+    c = ctypes.CDLL(None, use_errno=True)
+    c.ioctl.argtypes, c.ioctl.restype = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p], ctypes.c_int
+    c.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    c.mmap.restype = ctypes.c_void_p
+    c.munmap.argtypes, c.munmap.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int
+    _libc = c
+  return _libc
+
+
 class QueueError(PlugrtError, RuntimeError):
   """Work on a hardware queue failed: the GPU reported a fault, or did not reach a timeline value within the
   timeout. `reason` is the device's account of it (the driver's fault report, ring positions), `value` the

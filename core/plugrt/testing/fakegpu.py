@@ -48,17 +48,11 @@ from typing import Any
 import numpy as np
 
 from plugrt.dtype import DType, bf16_to_f32, dtypes
+from plugrt.hwqueue import libc
 from plugrt.ir import Kernel, Signature
 
 PAGE = 4096
 _PROT_RW, _MAP_PRIVATE_ANON, _MAP_FIXED_NOREPLACE = 3, 0x02 | 0x20, 0x100000
-
-
-def _libc() -> Any:
-  libc = ctypes.CDLL(None, use_errno=True)
-  libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-  libc.munmap.restype, libc.munmap.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]
-  return libc
 
 
 @dataclass(frozen=True)
@@ -80,7 +74,7 @@ class FakeMemory:
     self.place, self.unplace, self.page = place, unplace, page
     self.maps: dict[int, Mapping] = {}
     self.lock = threading.Lock()
-    self._libc = _libc()
+    self._libc = libc()
 
   def map(self, size: int, kind: str = "device") -> Mapping:
     size = (max(size, 1) + self.page - 1) // self.page * self.page

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from plugrt.errors import DeviceUnavailable, Reason
-from plugrt.hwqueue import QueueError, Timeline, round_up
+from plugrt.hwqueue import QueueError, Timeline, libc, round_up
 from plugrt_qcom import kgsl
 
 PAGE = 0x1000
@@ -49,18 +49,6 @@ class KGSLTimeout(KGSLError):
 
 # ---------------------------------------------------------------- the kernel seam
 
-_libc: Any = None
-
-
-def _c() -> Any:
-  global _libc
-  if _libc is None:
-    _libc = ctypes.CDLL(None, use_errno=True)
-    _libc.ioctl.argtypes, _libc.ioctl.restype = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p], ctypes.c_int
-    _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    _libc.mmap.restype = ctypes.c_void_p
-    _libc.munmap.argtypes, _libc.munmap.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int
-  return _libc
 
 
 class KGSLOps:
@@ -72,18 +60,18 @@ class KGSLOps:
 
   def ioctl(self, fd: int, request: int, arg: ctypes.Structure) -> None:
     """The one way every KGSL request is made: `arg` is the kgsl.py struct, changed in place by the driver."""
-    while _c().ioctl(fd, request, ctypes.byref(arg)) < 0:
+    while libc().ioctl(fd, request, ctypes.byref(arg)) < 0:
       e = ctypes.get_errno()
       if e not in (errno.EINTR, errno.EAGAIN):
         raise OSError(e, f"KGSL {kgsl.REQUESTS.get(request, (hex(request),))[0]}: {os.strerror(e)}")
 
   def mmap(self, length: int, fd: int, offset: int) -> int:
-    r = _c().mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, offset)
+    r = libc().mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, offset)
     if r in (None, ctypes.c_void_p(-1).value): raise OSError(ctypes.get_errno(), f"mmap of {length:#x} bytes of KGSL object at {offset:#x} failed")
     return r
 
   def munmap(self, addr: int, length: int) -> None:
-    if _c().munmap(addr, length) != 0: raise OSError(ctypes.get_errno(), f"munmap of {length:#x} bytes at {addr:#x} failed")
+    if libc().munmap(addr, length) != 0: raise OSError(ctypes.get_errno(), f"munmap of {length:#x} bytes at {addr:#x} failed")
 
 
 # ---------------------------------------------------------------- the device

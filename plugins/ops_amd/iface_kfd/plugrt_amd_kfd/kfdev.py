@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from plugrt.errors import DeviceUnavailable, LaunchError, OutOfMemoryError, Reason
-from plugrt.hwqueue import CommandSlots, QueueError, Timeline, round_up
+from plugrt.hwqueue import CommandSlots, QueueError, Timeline, libc, round_up
 from plugrt_amd import aql, sdma
 from plugrt_amd_kfd import kfd
 
@@ -71,18 +71,6 @@ class KFDLaunchError(LaunchError):
 
 # ---------------------------------------------------------------- the kernel seam
 
-_libc: Any = None
-
-
-def _c() -> Any:
-  global _libc
-  if _libc is None:
-    _libc = ctypes.CDLL(None, use_errno=True)
-    _libc.ioctl.argtypes, _libc.ioctl.restype = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p], ctypes.c_int
-    _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    _libc.mmap.restype = ctypes.c_void_p
-    _libc.munmap.argtypes, _libc.munmap.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int
-  return _libc
 
 
 MAP_FAILED = ctypes.c_void_p(-1).value
@@ -99,18 +87,18 @@ class KFDOps:
 
   def ioctl(self, fd: int, request: int, arg: ctypes.Structure) -> None:
     """The one way every KFD request is made: `arg` is the kfd.py struct, changed in place by the driver."""
-    while _c().ioctl(fd, request, ctypes.byref(arg)) < 0:
+    while libc().ioctl(fd, request, ctypes.byref(arg)) < 0:
       e = ctypes.get_errno()
       if e not in (errno.EINTR, errno.EAGAIN):
         raise OSError(e, f"KFD {kfd.REQUESTS.get(request, (hex(request),))[0]}: {os.strerror(e)}")
 
   def mmap(self, addr: int, length: int, prot: int, flags: int, fd: int = -1, offset: int = 0) -> int:
-    r = _c().mmap(addr or None, length, prot, flags, fd, offset)
+    r = libc().mmap(addr or None, length, prot, flags, fd, offset)
     if r in (None, MAP_FAILED): raise OSError(ctypes.get_errno(), f"mmap of {length:#x} bytes (fd {fd}, offset {offset:#x}) failed")
     return r
 
   def munmap(self, addr: int, length: int) -> None:
-    if _c().munmap(addr, length) != 0: raise OSError(ctypes.get_errno(), f"munmap of {length:#x} bytes at {addr:#x} failed")
+    if libc().munmap(addr, length) != 0: raise OSError(ctypes.get_errno(), f"munmap of {length:#x} bytes at {addr:#x} failed")
 
   def read_text(self, path: str) -> str:
     with open(path) as f: return f.read()
