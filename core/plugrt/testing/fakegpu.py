@@ -205,3 +205,27 @@ class FakeDevice:
     self.stop = True
     for t in self.threads: t.join(5)
     self.memory.close()
+
+
+# ---------------------------------------------------------------- a fake device for a whole pytest session
+
+def use_fake_for_session(fake: Any, plugins: Sequence[Any], env: dict[str, str], disable: Sequence[str]) -> Callable[[], None]:
+  """Make the fake-backed `plugins` devices of the process's registry until the returned function is called: the
+  usual registry (every installed plugin, `env` over the process's environment) with the real distributions named in
+  `disable` turned off, so the tests that run "on every available device" run through the backend's real command
+  path against `fake` (a backend's `<name>_session.py` pytest plugin calls this from pytest_configure, and the
+  returned function from pytest_unconfigure; it closes the registry and shuts the fake down)."""
+  import os
+
+  from plugrt.registry import Registry, use
+  full = {**os.environ, **env}
+  full["PLUGRT_DISABLE"] = ",".join(filter(None, [full.get("PLUGRT_DISABLE", ""), *disable]))
+  reg = Registry(plugins=list(plugins), env=full, autoload=True)
+  ctx = use(reg)
+  ctx.__enter__()
+
+  def undo() -> None:
+    ctx.__exit__(None, None, None)
+    reg.close()
+    fake.shutdown()
+  return undo

@@ -8,29 +8,21 @@ The registry is the usual one (every installed plugin, the process's environment
 plugrt-amd-kfd's own entry points disabled and the fake-backed AMD (amd_fixtures.fake_plugins) in their place."""
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from typing import Any
 
-_session: list[Any] = []
+_undo: list[Callable[[], None]] = []
 
 
 def pytest_configure(config: Any) -> None:
   from amd_fixtures import ENV, fake_plugins
   from fake_kfd import FakeKFD
 
-  from plugrt.registry import Registry, use
+  from plugrt.testing.fakegpu import use_fake_for_session
   fake = FakeKFD()
-  env = {**os.environ, **{k: v for k, v in ENV.items() if k not in ("AMD", "AMD_LLVM")}}
-  env["PLUGRT_DISABLE"] = ",".join(filter(None, [env.get("PLUGRT_DISABLE", ""), "plugrt-amd", "plugrt-amd-kfd"]))
-  reg = Registry(plugins=fake_plugins(fake)[:2], env=env, autoload=True)
-  ctx = use(reg)
-  ctx.__enter__()
-  _session.extend([fake, reg, ctx])
+  env = {k: v for k, v in ENV.items() if k not in ("AMD", "AMD_LLVM")}
+  _undo.append(use_fake_for_session(fake, fake_plugins(fake)[:2], env, ("plugrt-amd", "plugrt-amd-kfd")))
 
 
 def pytest_unconfigure(config: Any) -> None:
-  if _session:
-    fake, reg, ctx = _session
-    ctx.__exit__(None, None, None)
-    reg.close()
-    fake.shutdown()
+  if _undo: _undo.pop()()

@@ -7,29 +7,21 @@ The registry is the usual one (every installed plugin, the process's environment
 disabled and the fake-backed QCOM (qcom_fixtures.fake_plugins) in its place."""
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from typing import Any
 
-_session: list[Any] = []
+_undo: list[Callable[[], None]] = []
 
 
 def pytest_configure(config: Any) -> None:
   from fake_kgsl import FakeKGSL
   from qcom_fixtures import ENV, fake_plugins
 
-  from plugrt.registry import Registry, use
+  from plugrt.testing.fakegpu import use_fake_for_session
   fake = FakeKGSL()
-  env = {**os.environ, **{k: v for k, v in ENV.items() if k != "QCOM"}}
-  env["PLUGRT_DISABLE"] = ",".join(filter(None, [env.get("PLUGRT_DISABLE", ""), "plugrt-qcom"]))
-  reg = Registry(plugins=fake_plugins(fake)[:1], env=env, autoload=True)
-  ctx = use(reg)
-  ctx.__enter__()
-  _session.extend([fake, reg, ctx])
+  env = {k: v for k, v in ENV.items() if k != "QCOM"}
+  _undo.append(use_fake_for_session(fake, fake_plugins(fake)[:1], env, ("plugrt-qcom",)))
 
 
 def pytest_unconfigure(config: Any) -> None:
-  if _session:
-    fake, reg, ctx = _session
-    ctx.__exit__(None, None, None)
-    reg.close()
-    fake.shutdown()
+  if _undo: _undo.pop()()
