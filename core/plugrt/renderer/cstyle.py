@@ -14,6 +14,7 @@ refuses a kernel that both reads and writes one image.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -73,7 +74,14 @@ class CStyleRenderer:
   def round_to(self, dt: DType, expr: str) -> str:  # round a computed value to dt
     return f"{self.emulated[dt][2]}({expr})" if dt in self.emulated else expr
 
+  # NaN and infinities from their bits, where the language has no NAN/INFINITY macros: formats of a float32's and a
+  # float64's bits as a signed integer (e.g. CUDA's "__int_as_float({})"); None: the macros
+  float_from_bits: tuple[str, str] | None = None
+
   def float_literal(self, x: float, dt: DType) -> str:
+    if self.float_from_bits is not None and not math.isfinite(x):
+      if dt is dtypes.float64: return self.float_from_bits[1].format(struct.unpack("<q", struct.pack("<d", x))[0])
+      return self.float_from_bits[0].format(struct.unpack("<i", struct.pack("<f", x))[0])
     if math.isnan(x): return "NAN" if dt is not dtypes.float64 else "(double)NAN"
     if math.isinf(x): return ("-" if x < 0 else "") + ("INFINITY" if dt is not dtypes.float64 else "(double)INFINITY")
     s = repr(float(x))

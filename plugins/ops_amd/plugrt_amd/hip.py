@@ -11,8 +11,6 @@ stored as 16 raw bits, rounded after every op by exact integer helpers.
 from __future__ import annotations
 
 import ctypes
-import math
-import struct
 from typing import Any
 
 from plugrt.dtype import DType, dtypes
@@ -64,12 +62,7 @@ class HIPRenderer(CStyleRenderer):
 
   def _sfx(self, dt: DType) -> str: return {dtypes.float16: "f16", dtypes.float64: "f64"}.get(dt, "f32")  # bfloat16 values are floats
 
-  def float_literal(self, x: float, dt: DType) -> str:
-    if dt is dtypes.float64:
-      if math.isfinite(x): return repr(float(x))
-      return f"__builtin_bit_cast(double, {struct.unpack('<q', struct.pack('<d', x))[0]}LL)"
-    if math.isfinite(x): return repr(float(x)) + "f"
-    return f"__builtin_bit_cast(float, {struct.unpack('<i', struct.pack('<f', x))[0]})"
+  float_from_bits = ("__builtin_bit_cast(float, {})", "__builtin_bit_cast(double, {}LL)")
 
   def literal(self, x: Any, dt: DType) -> str:
     if dt is dtypes.bool: return "true" if x else "false"

@@ -8,8 +8,6 @@ source needs no header and the results are the IR's per-op rounding exactly.
 """
 from __future__ import annotations
 
-import math
-import struct
 from typing import Any
 
 from plugrt.dtype import DType, dtypes
@@ -37,12 +35,7 @@ class CUDARenderer(CStyleRenderer):
   emulated = {dtypes.float16: ("__plugrt_h2f", "__plugrt_f2h", "__plugrt_rh"), dtypes.bfloat16: ("__plugrt_bf2f", "__plugrt_f2bf", "__plugrt_rbf")}
   c_math = ""  # CUDA's math library: sinf, fmaxf, ...
 
-  def float_literal(self, x: float, dt: DType) -> str:
-    if dt is dtypes.float64:
-      if math.isfinite(x): return repr(float(x))
-      return f"__longlong_as_double({struct.unpack('<q', struct.pack('<d', x))[0]}LL)"
-    if math.isfinite(x): return repr(float(x)) + "f"
-    return f"__int_as_float({struct.unpack('<i', struct.pack('<f', x))[0]})"
+  float_from_bits = ("__int_as_float({})", "__longlong_as_double({}LL)")
 
   def literal(self, x: Any, dt: DType) -> str:
     if dt is dtypes.bool: return "true" if x else "false"
