@@ -67,6 +67,37 @@ def test_emulation_prevention_offsets() -> None:
   assert r.offset(3 * 8) == 10 + 2 + 4  # RBSP byte 3 is stream byte 16 (one 03 dropped before it)
 
 
+def _rbsp_bytewise(raw: bytes) -> tuple[bytes, list[int]]:
+  """H.265 7.4.2 read byte by byte: a 03 after two zero bytes of output is dropped (the reference for BitReader)."""
+  out, removed, zeros = bytearray(), [], 0
+  for b in raw:
+    if zeros >= 2 and b == 3:
+      removed.append(len(out))
+      zeros = 0
+      continue
+    out.append(b)
+    zeros = zeros + 1 if b == 0 else 0
+  return bytes(out), removed
+
+
+def test_emulation_prevention_matches_the_bytewise_rule() -> None:
+  """Random payloads dense in 00 and 03 (runs like 00 00 03 03, 00 00 00 03, 00 00 03 00 00 03) unescape as the standard's rule does."""
+  rng = random.Random(7)
+  for _ in range(2000):
+    raw = bytes(rng.choice((0, 0, 0, 3, 3, 1, 0xFF)) for _ in range(rng.randint(0, 40)))
+    r = hevc.BitReader(hevc.NalUnit(0, b"\x42\x01" + raw, hevc.SPS, 0, 0))
+    assert (r.rbsp, r.removed) == _rbsp_bytewise(raw), raw.hex()
+
+
+def test_slice_scan_reads_only_the_header() -> None:
+  """scan() reads a slice's first bytes only: a big slice costs no more than a small one (the payload is never unescaped)."""
+  stream = make_hevc(64, 48, frames=2)
+  units = list(hevc.split_nal_units(stream))
+  vcl = next(u for u in units if u.is_vcl)
+  r = hevc.BitReader(vcl, limit=hevc.SLICE_HEADER_PREFIX)
+  assert len(r.rbsp) <= hevc.SLICE_HEADER_PREFIX < len(vcl.data) - 2
+
+
 @pytest.mark.parametrize("data, where", [
   (b"", 0), (b"\x12\x34\x56", 0), (b"\x01\x02\x00\x00\x01\x40\x01", 0),  # empty, no start code, garbage before it
   (b"\x00\x00\x01\x00\x00\x01\x40\x01", 3),                             # an empty NAL unit
