@@ -109,12 +109,12 @@ def pyav_software(clip: bytes, rgb: bool) -> int:
   return n
 
 
-def plugrt_nv12(clip: bytes) -> int:
+def plugrt_nv12(clip: bytes, **options: Any) -> int:
   from plugrt import Device
   from plugrt.video import hevc
   from plugrt_cuda.cuvid import NVDECDecoder
   dev = Device["CUDA"]
-  dec = NVDECDecoder(dev, clip, hevc.scan(clip), {"queue_depth": 4})
+  dec = NVDECDecoder(dev, clip, hevc.scan(clip), {"queue_depth": 4, **options})
   n = 0
   try:
     for frame in dec.frames():
@@ -122,6 +122,76 @@ def plugrt_nv12(clip: bytes) -> int:
       n += 1
   finally: dec.close()
   return n
+
+
+def plugrt_decode_only(clip: bytes) -> int:
+  """The parser and decoder alone: the display callback counts the picture and maps nothing (the ceiling for NV12)."""
+  from plugrt import Device
+  from plugrt.video import hevc
+  from plugrt_cuda.cuvid import NVDECDecoder
+
+  class Counting(NVDECDecoder):
+    shown_here = 0
+
+    def _on_display(self, _user: Any, disp_p: Any) -> int:
+      if disp_p: self.shown_here += 1
+      return 1
+  dec = Counting(Device["CUDA"], clip, hevc.scan(clip), {"queue_depth": 4})
+  try:
+    dec.worker.join()
+    Device["CUDA"].synchronize()
+  finally: dec.close()
+  return dec.shown_here
+
+
+def pynvvideocodec_many(path: str, streams: int) -> int:
+  counts = [0] * streams
+
+  def run(k: int) -> None: counts[k] = pynvvideocodec_nv12(path)
+  threads = [threading.Thread(target=run, args=(k,)) for k in range(streams)]
+  for t in threads: t.start()
+  for t in threads: t.join()
+  return sum(counts)
+
+
+def decoder_busy(fn: Any) -> tuple[int, str]:
+  """fn()'s frames, and nvidia-smi's NVDEC utilization (%) sampled every 100 ms while it ran."""
+  smi = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.decoder", "--format=csv,noheader,nounits", "-lms", "100"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+  try: n = fn()
+  finally:
+    smi.terminate()
+    out = smi.communicate()[0]
+  busy = [int(x) for x in out.split() if x.strip().isdigit()]
+  return n, f"NVDEC busy {max(busy)}% peak, {sorted(busy)[len(busy) // 2]}% median" if busy else "no NVDEC utilization reading"
+
+
+def sweep(clip: bytes, path: str, streams: int) -> None:
+  """Where NVDEC time goes: the decoder alone, the parser's display delay and decode surfaces, maps on the context's
+  legacy stream or on each decoder's own stream, and `streams` concurrent streams on plugrt and PyNvVideoCodec."""
+  from plugrt_cuda import cuvid
+
+  def own(fn: Any) -> Any:  # fn with the decoders' own_stream default switched on
+    def run(*a: Any) -> Any:
+      cuvid.OWN_STREAM = True
+      try: return fn(*a)
+      finally: cuvid.OWN_STREAM = False
+    return run
+  rows: list[tuple[str, Any]] = [("plugrt decode only (no map)", lambda: plugrt_decode_only(clip)),
+                                 ("plugrt NV12 display_delay=0 extra_surfaces=12", lambda: plugrt_nv12(clip, display_delay=0, extra_surfaces=12))]
+  for k in sorted({1, streams}):
+    rows += [(f"PyNvVideoCodec NV12, {k} streams", lambda k=k: pynvvideocodec_many(path, k)),
+             (f"plugrt NV12, {k} streams", lambda k=k: concurrent(plugrt_nv12, clip, k)),
+             (f"plugrt NV12, {k} streams, own map streams", own(lambda k=k: concurrent(plugrt_nv12, clip, k))),
+             (f"plugrt float16 RGB, {k} streams", lambda k=k: concurrent(plugrt_rgb, clip, k)),
+             (f"plugrt float16 RGB, {k} streams, own map streams", own(lambda k=k: concurrent(plugrt_rgb, clip, k)))]
+  for name, fn in rows:
+    try:
+      fn()
+      secs, n = timed(fn, 3)
+      _, busy = decoder_busy(fn)  # once more, sampling the engines
+      print(f"  {name:<50} {n / secs:8.0f} fps  ({n} frames in {secs:.2f} s; {busy})")
+    except Exception as e: print(f"  {name:<50} failed: {type(e).__name__}: {e}")
 
 
 def plugrt_rgb(clip: bytes) -> int:
@@ -153,16 +223,23 @@ def main() -> int:
   ap.add_argument("--preset", default="fast", help="x265 preset for the clip")
   ap.add_argument("--streams", type=int, default=4)
   ap.add_argument("--json", help="write the results here")
+  ap.add_argument("--sweep", action="store_true", help="measure the decoder's settings instead of the comparison rows")
   ap.add_argument("--no-install", action="store_true", help="never run pip: compare with what is installed")
   args = ap.parse_args()
   frames, reps = (120, 1) if args.quick else (args.frames, 3)
   if (why := ensure("av", "av") if not args.no_install else ""): print(f"cannot make the clip: {why}"); return 1
   t0 = time.perf_counter()
-  clip = make_clip(frames, args.preset)
+  made = Path(tempfile.gettempdir()) / f"plugrt-bench-clip-{frames}-{args.preset}.hevc"  # the sweep and the rows share one clip
+  clip = made.read_bytes() if made.exists() else make_clip(frames, args.preset)
+  made.write_bytes(clip)
   print(f"clip: 1920x1080 HEVC Main, {frames} frames, {len(clip) / 1e6:.1f} MB, x265 preset {args.preset}, made in {time.perf_counter() - t0:.0f} s")
   with tempfile.NamedTemporaryFile(suffix=".hevc", delete=False) as f:
     f.write(clip)
     path = f.name
+  if args.sweep:
+    sweep(clip, path, args.streams)
+    os.unlink(path)
+    return 0
   results: dict[str, Any] = {"frames": frames, "bytes": len(clip), "cpus": os.cpu_count(), "rows": {}}
   rows = [("PyAV software, all cores (decode)", lambda: pyav_software(clip, False), ""),
           ("PyAV software, all cores (decode + RGB arrays)", lambda: pyav_software(clip, True), "")]

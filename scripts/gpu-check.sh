@@ -28,8 +28,9 @@ $PY -m plugrt devices 2>&1 | tee "$OUT/devices.txt" | head -20
 [ -d .video-whl ] && $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .video-whl/*.whl 2>&1 | tail -3
 if [ -z "$ONLY" ] || [ "$ONLY" = "video" ]; then
   echo "== video: NVDEC (plugrt_cuda.cuvid) against PyAV, leaks, the software path, then bench/video.py"
-  timeout ${VIDEO_TESTS_S:-400} $PY -m pytest -v -p no:cacheprovider -o faulthandler_timeout=200 --tb=short -rfEs plugins/ops_cuda/tests/test_cuvid.py \
+  [ "${VIDEO_TESTS:-1}" != 0 ] && timeout ${VIDEO_TESTS_S:-400} $PY -m pytest -v -p no:cacheprovider -o faulthandler_timeout=200 --tb=short -rfEs plugins/ops_cuda/tests/test_cuvid.py \
     tests/test_video.py tests/test_video_hevc.py tests/test_video_convert.py 2>&1 | tee "$OUT/video_tests.txt" | grep -E "^(FAILED|ERROR)|passed|failed|SKIPPED" | tail -30
+  [ "$ONLY" = "video" ] && [ -n "${VIDEO_SWEEP:-}" ] && timeout ${VIDEO_SWEEP_S:-300} $PY bench/video.py $QUICK --no-install --sweep 2>&1 | tee "$OUT/bench_video_sweep.txt"
   [ "$ONLY" = "video" ] && timeout ${VIDEO_BENCH_S:-420} $PY bench/video.py $QUICK --no-install --json "$OUT/bench_video.json" 2>&1 | tee "$OUT/bench_video.txt"
   [ "$ONLY" = "video" ] && exit 0
 fi

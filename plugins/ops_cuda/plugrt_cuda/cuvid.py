@@ -168,6 +168,8 @@ def decoder_caps(bit_depth: int) -> CUVIDDECODECAPS:
 
 
 _END = object()
+#: the default of the decoder option own_stream (see NVDECDecoder.__init__); bench/video.py --sweep measures both
+OWN_STREAM = False
 
 
 class NVDECDecoder:
@@ -200,6 +202,10 @@ class NVDECDecoder:
     self.max_w = max(-(-s.width // 16) * 16 for s in info.sequences)
     self.max_h = max(-(-s.height // 16) * 16 for s in info.sequences)
     self.depth = int(options.get("queue_depth", 4))
+    # tuning knobs (bench/video.py --sweep measures them): the parser's display delay and the decode surfaces beyond
+    # the stream's minimum
+    self.display_delay = int(options.get("display_delay", 2))
+    self.extra_surfaces = int(options.get("extra_surfaces", 4))
     self.out_surfaces = self.depth + 4  # queued + held by the consumer + released, waiting for their kernels
     self.stream = ctypes.create_string_buffer(bytes(stream), len(stream))
     self.base = ctypes.addressof(self.stream)
@@ -212,9 +218,17 @@ class NVDECDecoder:
     self.fmt: CUVIDEOFORMAT | None = None
     self.surface: tuple[int, int, int, int, int, int, int, bool, int] | None = None
     self.stopping, self.closed, self.error, self.mapped, self.shown = False, False, None, 0, 0
+    # own_stream: maps post-process on this decoder's own non-blocking stream, and the context's stream waits for each
+    # map's event before the conversion kernel, so several decoders sharing a context do not serialize on one stream
+    self.map_stream = c_void_p()
+    self.map_events: collections.deque[ctypes.c_void_p] = collections.deque()  # recorded after a map, free again once waited on
+    if options.get("own_stream", OWN_STREAM):
+      self.D.check(self.state.lib.cuStreamCreate(ctypes.byref(self.map_stream), self.D.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+    self._map_args = (CUVIDPROCPARAMS(output_stream=self.map_stream.value), c_ulonglong(), c_uint(), CUVIDGETDECODESTATUS())
+    self._map_refs = tuple(ctypes.byref(a) for a in self._map_args)
     self._callbacks = (SequenceCallback(self._on_sequence), DecodeCallback(self._on_decode), DisplayCallback(self._on_display))
     params = CUVIDPARSERPARAMS(CodecType=cudaVideoCodec_HEVC, ulMaxNumDecodeSurfaces=1, ulClockRate=0, ulErrorThreshold=0,
-                               ulMaxDisplayDelay=2, pfnSequenceCallback=self._callbacks[0], pfnDecodePicture=self._callbacks[1],
+                               ulMaxDisplayDelay=self.display_delay, pfnSequenceCallback=self._callbacks[0], pfnDecodePicture=self._callbacks[1],
                                pfnDisplayPicture=self._callbacks[2])
     _check(lib.cuvidCreateVideoParser(ctypes.byref(self.parser), ctypes.byref(params)), "cuvidCreateVideoParser")
     _count("parsers", 1)
@@ -258,7 +272,7 @@ class NVDECDecoder:
     try:
       fmt = fmt_p.contents
       depth = fmt.bit_depth_luma_minus8 + 8
-      surfaces = max(int(fmt.min_num_decode_surfaces), 1) + 4
+      surfaces = max(int(fmt.min_num_decode_surfaces), 1) + self.extra_surfaces
       da = fmt.display_area
       w, h = da.right - da.left, da.bottom - da.top
       tw, th = w + (w & 1), h + (h & 1)
@@ -309,19 +323,23 @@ class NVDECDecoder:
     try:
       disp = disp_p.contents
       self._unmap_done(wait=self.mapped >= self.out_surfaces - 1)
-      proc = CUVIDPROCPARAMS(progressive_frame=disp.progressive_frame, top_field_first=disp.top_field_first, output_stream=None)
-      ptr, pitch, status = c_ulonglong(), c_uint(), CUVIDGETDECODESTATUS()
+      proc, ptr, pitch, status = self._map_args  # this callback runs on the worker thread only: one set of out-structs serves every map
+      proc.progressive_frame, proc.top_field_first = disp.progressive_frame, disp.top_field_first
       with self.lock:
-        _check(self.lib.cuvidMapVideoFrame64(self.decoder, disp.picture_index, ctypes.byref(ptr), ctypes.byref(pitch), ctypes.byref(proc)),
+        _check(self.lib.cuvidMapVideoFrame64(self.decoder, disp.picture_index, self._map_refs[1], self._map_refs[2], self._map_refs[0]),
                "cuvidMapVideoFrame64")
         self.mapped += 1
         _count("mapped", 1)
-        r = self.lib.cuvidGetDecodeStatus(self.decoder, disp.picture_index, ctypes.byref(status))
+        r = self.lib.cuvidGetDecodeStatus(self.decoder, disp.picture_index, self._map_refs[3])
       if r == 0 and status.decodeStatus in (cuvidDecodeStatus_Error, cuvidDecodeStatus_Error_Concealed):
         self._unmap(ptr.value)
         raise VideoStreamError("NVDEC found an error decoding the picture of the access unit" +
                                (" (concealed)" if status.decodeStatus == cuvidDecodeStatus_Error_Concealed else ""), int(disp.timestamp))
-      if not self._put((ptr.value, pitch.value, self.surface)):
+      ev = None
+      if self.map_stream.value:
+        ev = self.map_events.popleft() if self.map_events else self._new_event()
+        self.D.check(self.state.lib.cuEventRecord(ev, self.map_stream), "cuEventRecord")
+      if not self._put((ptr.value, pitch.value, self.surface, ev)):
         self._unmap(ptr.value)
         return 0
       return 1
@@ -349,12 +367,14 @@ class NVDECDecoder:
       self.spare_events.append(ev)
       self._unmap(ptr)
 
+  def _new_event(self) -> ctypes.c_void_p:
+    ev = c_void_p()
+    self.D.check(self.state.lib.cuEventCreate(ctypes.byref(ev), 2), "cuEventCreate")  # CU_EVENT_DISABLE_TIMING
+    return ev
+
   def _release(self, ptr: int) -> None:
     if self.handed.pop(ptr, None) is None: return  # released already (twice, or by close())
-    ev = self.spare_events.pop() if self.spare_events else None
-    if ev is None:
-      ev = c_void_p()
-      self.D.check(self.state.lib.cuEventCreate(ctypes.byref(ev), 2), "cuEventCreate")  # CU_EVENT_DISABLE_TIMING
+    ev = self.spare_events.pop() if self.spare_events else self._new_event()
     self.D.check(self.state.lib.cuEventRecord(ev, self.state.stream), "cuEventRecord")
     self.pending.append((ev, ptr))
 
@@ -369,7 +389,10 @@ class NVDECDecoder:
         continue
       if item is _END: break
       if isinstance(item, BaseException): raise item
-      ptr, pitch, (w, h, _tw, th, depth, shift, esize, full, matrix) = item
+      ptr, pitch, (w, h, _tw, th, depth, shift, esize, full, matrix), mapped_ev = item
+      if mapped_ev is not None:  # the map's post-processing ran on the decoder's stream: the context's stream waits for it
+        self.D.check(self.state.lib.cuStreamWaitEvent(self.state.stream, mapped_ev, 0), "cuStreamWaitEvent")
+        self.map_events.append(mapped_ev)
       n = (pitch * th + pitch * ((th + 1) // 2)) // esize
       # the mapped surface is device memory of this context by cuvidMapVideoFrame's contract: wrapped as it is, no copy
       buf = Buffer._make(dev, n, self.dtypes.uint16 if esize == 2 else self.dtypes.uint8, ptr, None, 0, True)
@@ -404,8 +427,13 @@ class NVDECDecoder:
         self.lib.cuvidDestroyDecoder(self.decoder)
         self.decoder = c_void_p()
         _count("decoders", -1)
-      for ev in self.spare_events: self.state.lib.cuEventDestroy_v2(ev)
+      for ev in (*self.spare_events, *self.map_events): self.state.lib.cuEventDestroy_v2(ev)
       self.spare_events.clear()
+      self.map_events.clear()
+      if self.map_stream.value:
+        self.state.lib.cuStreamSynchronize(self.map_stream)
+        self.state.lib.cuStreamDestroy_v2(self.map_stream)
+        self.map_stream = c_void_p()
 
   def __del__(self) -> None:
     try: self.close()

@@ -37,6 +37,19 @@ class FakeCuda:
   def cuEventDestroy_v2(self, ev: Any) -> int:
     self.events -= 1
     return 0
+  # own_stream: a decoder's map stream, and the context stream's waits on its events (recorded in `waits`)
+  def cuStreamCreate(self, p: Any, flags: int) -> int:
+    assert flags == 1  # non-blocking: the legacy default stream must not serialize with it
+    self.streams = getattr(self, "streams", 0) + 1
+    p._obj.value = 0x5000
+    return 0
+  def cuStreamWaitEvent(self, stream: Any, ev: Any, flags: int) -> int:
+    self.waits = getattr(self, "waits", 0) + 1
+    return 0
+  def cuStreamSynchronize(self, stream: Any) -> int: return 0
+  def cuStreamDestroy_v2(self, stream: Any) -> int:
+    self.streams -= 1
+    return 0
 
 
 class FakeState:
@@ -148,9 +161,9 @@ class FakeCuvid:
     return 0
 
 
-def _run(stream: bytes, lib: FakeCuvid, state: FakeState | None = None, depth: int = 3, consume: Any = None) -> list[Any]:
+def _run(stream: bytes, lib: FakeCuvid, state: FakeState | None = None, depth: int = 3, consume: Any = None, **options: Any) -> list[Any]:
   dev = Device["CPU"]
-  dec = cuvid.NVDECDecoder(dev, stream, hevc.scan(stream), {"queue_depth": depth}, state=state or FakeState(), lib=lib)
+  dec = cuvid.NVDECDecoder(dev, stream, hevc.scan(stream), {"queue_depth": depth, **options}, state=state or FakeState(), lib=lib)
   out = []
   try:
     for frame in dec.frames():
@@ -179,6 +192,16 @@ def test_frames_through_the_real_decoder_logic(bits: int, tag: str) -> None:
   assert ci.OutputFormat == (cuvid.cudaVideoSurfaceFormat_P016 if bits > 8 else cuvid.cudaVideoSurfaceFormat_NV12)
   assert ci.bitDepthMinus8 == bits - 8 and ci.ulNumOutputSurfaces == 3 + 4 and lib.max_mapped <= ci.ulNumOutputSurfaces
   assert (lib.parsers, lib.decoders, len(lib.mapped), state.lib.events) == (0, 0, 0, 0)
+
+
+def test_own_stream_orders_each_frame_after_its_map() -> None:
+  """own_stream: every map is followed by one wait of the context's stream on that map's event, and close() gives
+  the stream and every event back."""
+  stream = make_hevc(96, 64, frames=9, tag="bt709")
+  lib, state = FakeCuvid(), FakeState()
+  got = _run(stream, lib, state, own_stream=True)
+  _check_against_pyav(stream, got)
+  assert state.lib.waits == 9 and state.lib.streams == 0 and state.lib.events == 0
 
 
 def test_resolution_change_reconfigures() -> None:
