@@ -19,9 +19,8 @@ last work-group's size (SP_CS_NDRANGE_7) and the thread size in SP_CS_WIE_CNTL_1
 the kernel through the reference interpreter with the buffer addresses and scalars read out of the constant file
 where the program's layout put them, and the generation's event write stores its value: CP_EVENT_WRITE(CACHE_FLUSH_TS)
 on 6xx, CP_EVENT_WRITE7(CACHE_CLEAN, WRITE_ENABLED, 32-bit payload to memory) on 7xx; any other event write is refused.
-Anything wrong faults the context: the thread
-stops, `error` says what, GPU_RESET_STAT reports the context guilty and waits return EDEADLK, as KGSL does after a
-GPU fault. `hang` stops the command processor (a kernel that never ends).
+Anything wrong faults the context: the thread stops, `error` says what, GPU_RESET_STAT reports the context guilty and
+waits return EDEADLK, as KGSL does after a GPU fault. `hang` stops the command processor (a kernel that never ends).
 """
 from __future__ import annotations
 
