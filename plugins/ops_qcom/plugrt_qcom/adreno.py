@@ -4,8 +4,10 @@ writes, and the fields it sets in them.
 Every value is checked against Mesa's freedreno register database XML itself (src/freedreno/registers/adreno/
 adreno_pm4.xml for packets and events, a6xx.xml and a6xx_enums.xml for registers, texture descriptors and enums);
 names are Mesa 25/26's (older names in comments). docs/research/qcom.md has the table, value by value, with the
-commits read. The REG_A6XX_* offsets are the A6XX variants: several compute registers sit elsewhere on A7XX
-(REG_A7XX_* below), and the A7XX event-write packet and cache events differ.
+commits read; tests/test_qcom_xml.py checks every value here against a vendored excerpt of that XML
+(tests/data/freedreno_excerpt.xml). The REG_A6XX_* offsets are the A6XX variants: several compute registers sit
+elsewhere on A7XX (REG_A7XX_* below), A7XX has compute registers A6XX lacks, and its event-write packet
+(CP_EVENT_WRITE7) and cache events differ.
 A field is (shift, mask); `pack(fields, **values)` puts values in a register word.
 """
 from __future__ import annotations
@@ -26,12 +28,22 @@ CP_SET_MODE = 0x63
 CP_SET_MARKER = 0x65
 
 OPCODES = {v: k for k, v in dict(globals()).items() if k.startswith("CP_") and not k.startswith("CP_TYPE") and isinstance(v, int)}
+CP_EVENT_WRITE7 = 0x46      # A7XX- (the same opcode as CP_EVENT_WRITE, another payload)
 
 # events (vgt_event_type)
 CACHE_FLUSH_TS = 4          # write back the caches, then write the packet's value at its address
 CACHE_INVALIDATE = 49       # A6XX only: on A7XX event 49 is CACHE_CLEAN and the invalidate is CACHE_INVALIDATE7 = 51
 CACHE_INVALIDATE7 = 51      # A7XX
+CACHE_CLEAN = 49            # A7XX: write back dirty cache lines (A6XX's CACHE_FLUSH_TS does that and stores a value)
 CP_EVENT_WRITE_0_EVENT = (0, 0xFF)
+
+# CP_EVENT_WRITE7 dword 0 (A7XX); with WRITE_DST = RAM, dwords 1-2 are the address and dword 3 the 32-bit payload
+CP_EVENT_WRITE7_0_EVENT = (0, 0x000000FF)
+CP_EVENT_WRITE7_0_WRITE_SRC = (20, 0x00700000)
+CP_EVENT_WRITE7_0_WRITE_DST = (24, 0x01000000)
+CP_EVENT_WRITE7_0_WRITE_ENABLED = (27, 0x08000000)
+EV_WRITE_USER_32B = 0       # event_write_src: write payload[0]
+EV_DST_RAM = 0              # event_write_dst: to memory
 
 # CP_SET_MARKER (a6xx_marker)
 RM6_COMPUTE = 8
@@ -72,6 +84,9 @@ REG_A6XX_SP_CS_WGE_CNTL = 0xB998                # HLSQ_CS_CNTL_1
 REG_A6XX_SP_CS_KERNEL_GROUP_X = 0xB999          # HLSQ_CS_KERNEL_GROUP_X; _Y, _Z follow
 REG_A6XX_SP_UPDATE_CNTL = 0xBB08                # HLSQ_UPDATE_CNTL
 
+REG_A6XX_SP_CS_WIE_CNTL_0 = 0xA9C2             # SP_CS_CNTL_0 in older Mesa; A6XX gen4+ and A7XX (same offset)
+REG_A6XX_SP_CS_WIE_CNTL_1 = 0xA9C3             # A7XX moves its THREADSIZE to bit 8
+
 REGISTERS = {v: k[9:] for k, v in dict(globals()).items() if k.startswith("REG_A6XX_")}
 
 # The A7XX variants of the compute registers that move (a6xx.xml variants="A7XX-"); every other REG_A6XX_* offset above
@@ -82,6 +97,13 @@ REG_A7XX_SP_CS_NDRANGE_0 = 0xA9D4             # _1.._6 follow (0xA9D5-0xA9DA)
 REG_A7XX_SP_CS_WGE_CNTL = 0xA9DB
 REG_A7XX_SP_CS_KERNEL_GROUP_X = 0xA9DC        # _Y, _Z follow
 REG_A7XX_SP_UPDATE_CNTL = 0xAB1F
+# compute registers A7XX has and A6XX has not (a6xx.xml variants="A7XX-")
+REG_A7XX_SP_CS_UNKNOWN_A9BE = 0xA9BE
+REG_A7XX_SP_CS_VGS_CNTL = 0xA9C5
+REG_A7XX_SP_PS_WAVE_CNTL = 0xA9C6             # HLSQ_FS_CNTL_0 in older Mesa; A6XX's is 0xB980
+REG_A7XX_SP_CS_NDRANGE_7 = 0xA9DF             # HLSQ_CS_LAST_LOCAL_SIZE in older Mesa: the last work-group's size
+
+REGISTERS_A7XX = {**REGISTERS, **{v: k[9:] for k, v in dict(globals()).items() if k.startswith("REG_A7XX_")}}
 
 # fields
 A6XX_SP_CS_NDRANGE_0_KERNELDIM = (0, 0x00000003)
@@ -100,7 +122,21 @@ A6XX_SP_CS_CONFIG_NSAMP = (17, 0x003E0000)
 A6XX_SP_CS_CONFIG_NUAV = (22, 0x1FC00000)
 A6XX_SP_CS_CONST_CONFIG_CONSTLEN = (0, 0x000000FF)
 A6XX_SP_CS_CONST_CONFIG_ENABLED = (8, 0x00000100)
+A6XX_SP_CS_WGE_CNTL_LINEARLOCALIDREGID = (0, 0x000000FF)
 A6XX_SP_CS_WGE_CNTL_THREADSIZE = (9, 0x00000200)
+# SP_CS_CONST_CONFIG_0 (A6XX) and SP_CS_WIE_CNTL_0 (A6XX gen4+, A7XX): which registers the work-item ids arrive in
+A6XX_SP_CS_CONST_CONFIG_0_WGIDCONSTID = (0, 0x000000FF)
+A6XX_SP_CS_CONST_CONFIG_0_WGSIZECONSTID = (8, 0x0000FF00)
+A6XX_SP_CS_CONST_CONFIG_0_WGOFFSETCONSTID = (16, 0x00FF0000)
+A6XX_SP_CS_CONST_CONFIG_0_LOCALIDREGID = (24, 0xFF000000)
+A7XX_SP_CS_WIE_CNTL_1_LINEARLOCALIDREGID = (0, 0x000000FF)
+A7XX_SP_CS_WIE_CNTL_1_THREADSIZE = (8, 0x00000100)
+A7XX_SP_CS_WIE_CNTL_1_WORKITEMRASTORDER = (15, 0x00008000)
+A7XX_SP_CS_NDRANGE_7_LOCALSIZEX = (2, 0x00000FFC)
+A7XX_SP_CS_NDRANGE_7_LOCALSIZEY = (12, 0x003FF000)
+A7XX_SP_CS_NDRANGE_7_LOCALSIZEZ = (22, 0xFFC00000)
+A7XX_SP_PS_WAVE_CNTL_THREADSIZE = (0, 0x00000001)
+WORKITEMRASTORDER_LINEAR = 0    # a7xx_workitem_rast_order
 A6XX_SP_UPDATE_CNTL_CS_STATE = (5, 0x00000020)
 A6XX_SP_UPDATE_CNTL_CS_UAV = (6, 0x00000040)
 A6XX_SP_MODE_CNTL_ISAMMODE = (1, 0x00000006)
@@ -111,6 +147,10 @@ A6XX_SP_CS_PVT_MEM_STACK_OFFSET_OFFSET = (0, 0x0007FFFF)
 THREAD64, THREAD128 = 0, 1      # a6xx_threadsize
 CONSTLEN_256 = 2                # a6xx_const_ram_mode
 ISAMMODE_CL = 1                 # a6xx_isam_mode
+# Not register facts (so not in the XML check): "no register" in an a3xx_regid field is regid(63, 0) = 63 << 2 in Mesa's
+# ir3 (INVALID_REG); the work-item constant slots are the ones the seeds' system names for Qualcomm-compiled shaders.
+REGID_INVALID = 0xFC
+QCOM_WGIDCONSTID, QCOM_WGSIZECONSTID, QCOM_WGOFFSETCONSTID, QCOM_LOCALIDREGID = 0xCF, 0xC0, 0xCC, 0x00
 
 # ---------------------------------------------------------------- texture / UAV descriptors (a6xx.xml, A6XX_TEX_CONST: 16 dwords)
 TEX_CONST_DWORDS = 16

@@ -10,8 +10,13 @@ shared memory, code address and length, private memory), the grid (SP_CS_NDRANGE
 constants (kernel arguments) loaded by CP_LOAD_STATE6 from the launch's argument block, the texture descriptors,
 samplers and UAV (image store) descriptors the program uses, SP_CS_CONFIG with their counts, then the dispatch:
 CP_RUN_OPENCL (what shaders compiled by Qualcomm's OpenCL driver are dispatched with) or CP_EXEC_CS (group counts in
-the packet). `timestamp` ends a submission: wait for idle, then CP_EVENT_WRITE(CACHE_FLUSH_TS) writes back the
-caches and stores the timeline value.
+the packet). `timestamp` ends a submission: wait for idle, then an event write that writes back the caches and stores
+the timeline value.
+
+Adreno 6xx and 7xx share the stream's shape; what differs is a `Generation` (A6XX, A7XX below): where the compute
+registers that moved live, the 7xx-only registers a dispatch programs, whether the shader is preloaded, and the
+event packet (A6XX: CP_EVENT_WRITE with CACHE_FLUSH_TS; A7XX: CP_EVENT_WRITE7 with CACHE_CLEAN and WRITE_ENABLED).
+`GENERATIONS` maps KGSLDevice.generation to it.
 """
 from __future__ import annotations
 
@@ -57,9 +62,59 @@ def load_state6(state_type: int, block: int, units: int, address: int) -> list[i
   return pkt7(A.CP_LOAD_STATE6_FRAG, w0, *lo_hi(address))
 
 
-def timestamp(address: int, value: int) -> list[int]:
-  """End of a submission: wait for the launches before, write back the caches, store `value` at `address`."""
-  return pkt7(A.CP_WAIT_FOR_IDLE) + pkt7(A.CP_EVENT_WRITE, A.pack((A.CP_EVENT_WRITE_0_EVENT, A.CACHE_FLUSH_TS)), *lo_hi(address), value & 0xFFFFFFFF)
+@dataclass(frozen=True)
+class Generation:
+  """What a compute stream writes differently on one Adreno generation (everything else is shared)."""
+  number: int                  # 6 or 7
+  update_cntl: int             # SP_UPDATE_CNTL
+  const_config: int            # SP_CS_CONST_CONFIG
+  ndrange_0: int               # SP_CS_NDRANGE_0; _1.._6 follow
+  wge_cntl: int                # SP_CS_WGE_CNTL
+  kernel_group_x: int          # SP_CS_KERNEL_GROUP_X; _Y, _Z follow
+  uav_base: int                # SP_CS_UAV_BASE (64 bits)
+  work_item: int               # the register naming the work-item ids' registers: SP_CS_CONST_CONFIG_0 / SP_CS_WIE_CNTL_0
+  preload_shader: bool         # CP_LOAD_STATE6 of the shader's code (Mesa does on A6XX only; A7XX fetches it from SP_CS_BASE)
+  foreign: frozenset[int]      # compute registers of the other generation, which a stream for this one never writes
+  names: dict[int, str] = field(default_factory=dict, compare=False)
+
+  def __post_init__(self) -> None:  # a launch writes SP_CS_WGE_CNTL and the group counts in one packet
+    assert self.kernel_group_x == self.wge_cntl + 1, "SP_CS_KERNEL_GROUP_X must follow SP_CS_WGE_CNTL"
+
+  def timestamp(self, address: int, value: int) -> list[int]:
+    """End of a submission: wait for the launches before, write back the caches, store `value` at `address` (the
+    value is the stream's last word, which a launch patches)."""
+    if self.number == 6:
+      ev = pkt7(A.CP_EVENT_WRITE, A.pack((A.CP_EVENT_WRITE_0_EVENT, A.CACHE_FLUSH_TS)), *lo_hi(address), value & 0xFFFFFFFF)
+    else:  # KGSL's own gen7 ringbuffer stores its timestamps this way (CACHE_CLEAN with WRITE_ENABLED, 32-bit user payload)
+      w0 = A.pack((A.CP_EVENT_WRITE7_0_EVENT, A.CACHE_CLEAN), (A.CP_EVENT_WRITE7_0_WRITE_SRC, A.EV_WRITE_USER_32B),
+                  (A.CP_EVENT_WRITE7_0_WRITE_DST, A.EV_DST_RAM), (A.CP_EVENT_WRITE7_0_WRITE_ENABLED, 1))
+      ev = pkt7(A.CP_EVENT_WRITE7, w0, *lo_hi(address), value & 0xFFFFFFFF)
+    return pkt7(A.CP_WAIT_FOR_IDLE) + ev
+
+  def __repr__(self) -> str: return f"A{self.number}XX"
+
+
+_NDRANGE6 = range(A.REG_A6XX_SP_CS_NDRANGE_0, A.REG_A6XX_SP_CS_NDRANGE_0 + 7)
+_NDRANGE7 = range(A.REG_A7XX_SP_CS_NDRANGE_0, A.REG_A7XX_SP_CS_NDRANGE_0 + 7)
+_GROUPS6 = range(A.REG_A6XX_SP_CS_KERNEL_GROUP_X, A.REG_A6XX_SP_CS_KERNEL_GROUP_X + 3)
+_GROUPS7 = range(A.REG_A7XX_SP_CS_KERNEL_GROUP_X, A.REG_A7XX_SP_CS_KERNEL_GROUP_X + 3)
+_ONLY6 = frozenset({A.REG_A6XX_SP_UPDATE_CNTL, A.REG_A6XX_SP_CS_CONST_CONFIG, A.REG_A6XX_SP_CS_CONST_CONFIG_0, A.REG_A6XX_SP_CS_WGE_CNTL,
+                    A.REG_A6XX_SP_CS_UAV_BASE, A.REG_A6XX_SP_CS_UAV_BASE + 1, *_NDRANGE6, *_GROUPS6})
+_ONLY7 = frozenset({A.REG_A7XX_SP_UPDATE_CNTL, A.REG_A7XX_SP_CS_CONST_CONFIG, A.REG_A7XX_SP_CS_WGE_CNTL, A.REG_A7XX_SP_CS_UAV_BASE,
+                    A.REG_A7XX_SP_CS_UAV_BASE + 1, A.REG_A7XX_SP_CS_NDRANGE_7, A.REG_A7XX_SP_CS_UNKNOWN_A9BE, A.REG_A7XX_SP_CS_VGS_CNTL,
+                    A.REG_A7XX_SP_PS_WAVE_CNTL, *_NDRANGE7, *_GROUPS7})
+A6XX = Generation(6, A.REG_A6XX_SP_UPDATE_CNTL, A.REG_A6XX_SP_CS_CONST_CONFIG, A.REG_A6XX_SP_CS_NDRANGE_0, A.REG_A6XX_SP_CS_WGE_CNTL,
+                  A.REG_A6XX_SP_CS_KERNEL_GROUP_X, A.REG_A6XX_SP_CS_UAV_BASE, A.REG_A6XX_SP_CS_CONST_CONFIG_0, True, _ONLY7 - _ONLY6,
+                  A.REGISTERS)
+A7XX = Generation(7, A.REG_A7XX_SP_UPDATE_CNTL, A.REG_A7XX_SP_CS_CONST_CONFIG, A.REG_A7XX_SP_CS_NDRANGE_0, A.REG_A7XX_SP_CS_WGE_CNTL,
+                  A.REG_A7XX_SP_CS_KERNEL_GROUP_X, A.REG_A7XX_SP_CS_UAV_BASE, A.REG_A6XX_SP_CS_WIE_CNTL_0, False, _ONLY6 - _ONLY7,
+                  A.REGISTERS_A7XX)
+GENERATIONS = {6: A6XX, 7: A7XX}
+
+
+def timestamp(address: int, value: int, gen: Generation = A6XX) -> list[int]:
+  """End of a submission on `gen`: wait for the launches before, write back the caches, store `value` at `address`."""
+  return gen.timestamp(address, value)
 
 
 # ---------------------------------------------------------------- descriptors
@@ -127,22 +182,41 @@ class Shader:
 
 
 def launch(sh: Shader, args: int, local: tuple[int, int, int], groups: tuple[int, int, int], *, ntex: int = 0, nsamp: int = 0,
-           nuav: int = 0, private_base: int = 0, run_opencl: bool = True) -> list[int]:
-  """The words of one compute launch of `sh` with its argument block at GPU address `args` (constants, then the
-  descriptors at DESC_OFF: `nuav` UAVs, `ntex` textures, `nsamp` samplers), `groups` work-groups of `local` threads."""
+           nuav: int = 0, private_base: int = 0, run_opencl: bool = True, gen: Generation = A6XX) -> list[int]:
+  """The words of one compute launch of `sh` on an Adreno of generation `gen` with its argument block at GPU address
+  `args` (constants, then the descriptors at DESC_OFF: `nuav` UAVs, `ntex` textures, `nsamp` samplers), `groups`
+  work-groups of `local` threads."""
   units = -(-sh.size // SHADER_UNIT)
   per_item = -(-sh.private // 512)
   w = pkt7(A.CP_SET_MARKER, A.pack((A.CP_SET_MARKER_0_MODE, A.RM6_COMPUTE)))
-  w += pkt4(A.REG_A6XX_SP_UPDATE_CNTL, A.pack((A.A6XX_SP_UPDATE_CNTL_CS_STATE, 1), (A.A6XX_SP_UPDATE_CNTL_CS_UAV, 1)))
-  w += pkt4(A.REG_A6XX_SP_UPDATE_CNTL, 0)
+  w += pkt4(gen.update_cntl, A.pack((A.A6XX_SP_UPDATE_CNTL_CS_STATE, 1), (A.A6XX_SP_UPDATE_CNTL_CS_UAV, 1)))
+  w += pkt4(gen.update_cntl, 0)
   w += pkt4(A.REG_A6XX_SP_MODE_CNTL, A.pack((A.A6XX_SP_MODE_CNTL_ISAMMODE, A.ISAMMODE_CL)))
   w += pkt4(A.REG_A6XX_TPL1_MODE_CNTL, A.pack((A.A6XX_TPL1_MODE_CNTL_ISAMMODE, A.ISAMMODE_CL)))
   w += pkt7(A.CP_WAIT_FOR_IDLE)
   ndr0 = A.pack((A.A6XX_SP_CS_NDRANGE_0_KERNELDIM, 3), (A.A6XX_SP_CS_NDRANGE_0_LOCALSIZEX, local[0] - 1),
                 (A.A6XX_SP_CS_NDRANGE_0_LOCALSIZEY, local[1] - 1), (A.A6XX_SP_CS_NDRANGE_0_LOCALSIZEZ, local[2] - 1))
   g = [groups[i] * local[i] for i in range(3)]
-  w += pkt4(A.REG_A6XX_SP_CS_NDRANGE_0, ndr0, g[0], 0, g[1], 0, g[2], 0)
-  w += pkt4(A.REG_A6XX_SP_CS_WGE_CNTL, A.pack((A.A6XX_SP_CS_WGE_CNTL_THREADSIZE, A.THREAD64)), *groups)
+  w += pkt4(gen.ndrange_0, ndr0, g[0], 0, g[1], 0, g[2], 0)
+  # no linear local id register (REGID_INVALID: as Mesa and the seeds' system write it); A7XX's work-group tiling fields stay 0
+  w += pkt4(gen.wge_cntl, A.pack((A.A6XX_SP_CS_WGE_CNTL_LINEARLOCALIDREGID, A.REGID_INVALID),
+                                 (A.A6XX_SP_CS_WGE_CNTL_THREADSIZE, A.THREAD64)), *groups)  # SP_CS_KERNEL_GROUP_* follow it
+  # where the work-item ids arrive: the slots Qualcomm-compiled shaders read (the seeds' system's SP_CS_CONST_CONFIG_0
+  # on 6xx; A7XX carries the same fields in SP_CS_WIE_CNTL_0)
+  w += pkt4(gen.work_item, A.pack((A.A6XX_SP_CS_CONST_CONFIG_0_WGIDCONSTID, A.QCOM_WGIDCONSTID),
+                                  (A.A6XX_SP_CS_CONST_CONFIG_0_WGSIZECONSTID, A.QCOM_WGSIZECONSTID),
+                                  (A.A6XX_SP_CS_CONST_CONFIG_0_WGOFFSETCONSTID, A.QCOM_WGOFFSETCONSTID),
+                                  (A.A6XX_SP_CS_CONST_CONFIG_0_LOCALIDREGID, A.QCOM_LOCALIDREGID)))
+  if gen.number == 7:  # the 7xx-only compute state Mesa programs for every A7XX dispatch (turnip and freedreno)
+    w += pkt4(A.REG_A7XX_SP_CS_NDRANGE_7, A.pack((A.A7XX_SP_CS_NDRANGE_7_LOCALSIZEX, local[0] - 1),  # whole groups: the last is full
+                                                 (A.A7XX_SP_CS_NDRANGE_7_LOCALSIZEY, local[1] - 1),
+                                                 (A.A7XX_SP_CS_NDRANGE_7_LOCALSIZEZ, local[2] - 1)))
+    w += pkt4(A.REG_A6XX_SP_CS_WIE_CNTL_1, A.pack((A.A7XX_SP_CS_WIE_CNTL_1_LINEARLOCALIDREGID, A.REGID_INVALID),
+                                                  (A.A7XX_SP_CS_WIE_CNTL_1_THREADSIZE, A.THREAD64),
+                                                  (A.A7XX_SP_CS_WIE_CNTL_1_WORKITEMRASTORDER, A.WORKITEMRASTORDER_LINEAR)))
+    w += pkt4(A.REG_A7XX_SP_PS_WAVE_CNTL, A.pack((A.A7XX_SP_PS_WAVE_CNTL_THREADSIZE, A.THREAD64)))
+    w += pkt4(A.REG_A7XX_SP_CS_UNKNOWN_A9BE, 0)
+    w += pkt4(A.REG_A7XX_SP_CS_VGS_CNTL, 0)
   cntl0 = A.pack((A.A6XX_SP_CS_CNTL_0_THREADSIZE, A.THREAD64), (A.A6XX_SP_CS_CNTL_0_HALFREGFOOTPRINT, sh.half_regs),
                  (A.A6XX_SP_CS_CNTL_0_FULLREGFOOTPRINT, sh.full_regs), (A.A6XX_SP_CS_CNTL_0_BRANCHSTACK, sh.branch_stack))
   cntl1 = A.pack((A.A6XX_SP_CS_CNTL_1_CONSTANTRAMMODE, A.CONSTLEN_256), (A.A6XX_SP_CS_CNTL_1_SHARED_SIZE, max(0, (sh.shared - 1) // 1024)))
@@ -150,8 +224,8 @@ def launch(sh: Shader, args: int, local: tuple[int, int, int], groups: tuple[int
             A.pack((A.A6XX_SP_CS_PVT_MEM_PARAM_MEMSIZEPERITEM, per_item)), *lo_hi(private_base),
             A.pack((A.A6XX_SP_CS_PVT_MEM_SIZE_TOTALPVTMEMSIZE, per_item * 128 * 2)))
   w += load_state6(A.ST6_CONSTANTS, A.SB6_CS_SHADER, ARGS_CONST_UNITS, args)
-  w += load_state6(A.ST6_SHADER, A.SB6_CS_SHADER, units, sh.address)
-  w += pkt4(A.REG_A6XX_SP_CS_CONST_CONFIG,
+  if gen.preload_shader: w += load_state6(A.ST6_SHADER, A.SB6_CS_SHADER, units, sh.address)
+  w += pkt4(gen.const_config,
             A.pack((A.A6XX_SP_CS_CONST_CONFIG_CONSTLEN, ARGS_CONST_UNITS - 1), (A.A6XX_SP_CS_CONST_CONFIG_ENABLED, 1)))
   w += pkt4(A.REG_A6XX_SP_CS_INSTR_SIZE, units)
   uav, tex = args + DESC_OFF, args + DESC_OFF + nuav * DESC_BYTES
@@ -164,7 +238,7 @@ def launch(sh: Shader, args: int, local: tuple[int, int, int], groups: tuple[int
     w += pkt4(A.REG_A6XX_SP_CS_TEXMEMOBJ_BASE, *lo_hi(tex))
   if nuav:
     w += load_state6(A.ST6_UAV, A.SB6_CS_SHADER, nuav, uav)
-    w += pkt4(A.REG_A6XX_SP_CS_UAV_BASE, *lo_hi(uav))
+    w += pkt4(gen.uav_base, *lo_hi(uav))
   w += pkt4(A.REG_A6XX_SP_CS_CONFIG, A.pack((A.A6XX_SP_CS_CONFIG_ENABLED, 1), (A.A6XX_SP_CS_CONFIG_NSAMP, nsamp),
                                             (A.A6XX_SP_CS_CONFIG_NTEX, ntex), (A.A6XX_SP_CS_CONFIG_NUAV, nuav)))
   w += pkt7(A.CP_RUN_OPENCL, 0) if run_opencl else pkt7(A.CP_EXEC_CS, 0, *groups)
@@ -181,7 +255,7 @@ class Packet:
   at: int                       # word index of its header
 
   def __str__(self) -> str:
-    name = A.REGISTERS.get(self.code, hex(self.code)) if self.type == 4 else A.OPCODES.get(self.code, hex(self.code))
+    name = A.REGISTERS_A7XX.get(self.code, hex(self.code)) if self.type == 4 else A.OPCODES.get(self.code, hex(self.code))
     return f"{'PKT4' if self.type == 4 else 'PKT7'} {name} {[hex(v) for v in self.values]}"
 
 
@@ -208,7 +282,9 @@ def decode(words: list[int] | tuple[int, ...]) -> list[Packet]:
 
 @dataclass
 class ComputeState:
-  """The compute state a stream leaves: registers written and the last address each state block was loaded from."""
+  """The compute state a stream leaves on an Adreno of generation `gen`: registers written and the last address each
+  state block was loaded from."""
+  gen: Generation = A6XX
   regs: dict[int, int] = field(default_factory=dict)
   loads: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # (state type, block) -> (address, units)
 
@@ -224,12 +300,12 @@ class ComputeState:
       self.loads[key] = (p.values[2] << 32 | p.values[1], A.get(w0, A.CP_LOAD_STATE6_0_NUM_UNIT))
 
   def local_size(self) -> tuple[int, int, int]:
-    w = self.regs.get(A.REG_A6XX_SP_CS_NDRANGE_0, 0)
+    w = self.regs.get(self.gen.ndrange_0, 0)
     return (A.get(w, A.A6XX_SP_CS_NDRANGE_0_LOCALSIZEX) + 1, A.get(w, A.A6XX_SP_CS_NDRANGE_0_LOCALSIZEY) + 1,
             A.get(w, A.A6XX_SP_CS_NDRANGE_0_LOCALSIZEZ) + 1)
 
   def global_size(self) -> tuple[int, int, int]:
-    return tuple(self.regs.get(A.REG_A6XX_SP_CS_NDRANGE_0 + 1 + 2 * k, 0) for k in range(3))  # type: ignore[return-value]
+    return tuple(self.regs.get(self.gen.ndrange_0 + 1 + 2 * k, 0) for k in range(3))  # type: ignore[return-value]
 
   def groups(self) -> tuple[int, int, int]:
-    return tuple(self.regs.get(A.REG_A6XX_SP_CS_KERNEL_GROUP_X + k, 0) for k in range(3))  # type: ignore[return-value]
+    return tuple(self.regs.get(self.gen.kernel_group_x + k, 0) for k in range(3))  # type: ignore[return-value]

@@ -92,6 +92,7 @@ class QCOMState(KGSLTimeline, DeviceState):
       self.slots_mem = kg.alloc(SLOT * SLOTS)
       self.slots = CommandSlots(self.slots_mem.va, SLOT, SLOTS)
       self.run_opencl = ctx.choice("PLUGRT_QCOM_DISPATCH", ("run_opencl", "exec_cs"), "run_opencl") == "run_opencl"
+      self.gen = cmd.GENERATIONS[kg.generation]  # the A6XX or A7XX command stream
     except BaseException:
       kg.close()
       raise
@@ -329,7 +330,7 @@ class QCOMProgram(Program):
     gs, ls, private = key
     def words(args: int) -> list[int]:
       return cmd.launch(self.shader, args, ls, gs, ntex=self.ntex, nsamp=self.nsamp, nuav=self.nuav, private_base=private,
-                        run_opencl=st.run_opencl) + cmd.timestamp(st.counter_address, 0)
+                        run_opencl=st.run_opencl, gen=st.gen) + st.gen.timestamp(st.counter_address, 0)
     a, b = words(0), words(0x10000)
     prep = array("I", a), [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
     if len(self.prepared) >= 64: self.prepared.clear()

@@ -87,10 +87,19 @@ class GpuMem:
   def view(self) -> memoryview: return memoryview((ctypes.c_char * self.size).from_address(self.va)).cast("B")
 
 
+# Which command stream a chip id takes, as Mesa's device table (src/freedreno/common/freedreno_devices.py) files the
+# parts: 6xx ids (core 6) and the 702 and 710 (core 7, major 0 and 1: "CHIP.A6XX, NOT a mistake") are A6XX; 725 and
+# 730 (0x0703xxxx) and the parts that report core 0x43 (735 0x43030B00, 740 0x43050A01, 750 0x43051401, X1-85
+# 0x43050C01, ...) are A7XX. Anything else (a8xx reports core 0x44 and up) has no stream here.
+A7XX_NAMES = {0x43030B00: "Adreno 735", 0x43050A01: "Adreno 740", 0x43050B00: "Adreno 740v3", 0x43050C01: "Adreno X1-85",
+              0x43051401: "Adreno 750"}
+
+
 def adreno_generation(chip_id: int) -> int:
-  """6 or 7 for the Adreno 6xx / 7xx chip ids KGSL reports (7xx parts after the 730 report core 0x43), else 0."""
-  core = kgsl.chip_generation(chip_id)[0]
-  if core in (6, 7): return core
+  """6 or 7: which Adreno compute stream (A6XX or A7XX) a KGSL chip id takes, else 0 (unknown)."""
+  core, major, _ = kgsl.chip_generation(chip_id)
+  if core == 6: return 6
+  if core == 7: return 7 if major >= 3 else 6
   return 7 if core == 0x43 else 0
 
 
@@ -114,11 +123,6 @@ class KGSLDevice:
       ops.close(self.fd)
       raise DeviceUnavailable(f"the KGSL GPU has chip id {info.chip_id:#010x}: plugrt-qcom knows the Adreno 6xx and 7xx command streams only",
                               Reason.NO_DEVICE, "use the CL device (plugrt-cl) with Qualcomm's OpenCL driver on this GPU")
-    if self.generation == 7:  # refused rather than a launch that writes 6xx register offsets on a 7xx (a silent wrong result)
-      ops.close(self.fd)
-      raise DeviceUnavailable(f"the KGSL GPU is an Adreno 7xx (chip id {info.chip_id:#010x}): its compute registers and event packet "
-                              "differ from 6xx's (docs/research/qcom.md) and plugrt-qcom writes the 6xx command stream only yet",
-                              Reason.NO_DEVICE, "use the CL device (plugrt-cl) with Qualcomm's OpenCL driver on this GPU")
     self.ctx = self.ioctl(kgsl.IOCTL_KGSL_DRAWCTXT_CREATE, kgsl.DrawctxtCreate(flags=CONTEXT_FLAGS)).drawctxt_id
     # one command object and one submission, reused for every submission (nothing allocated per launch)
     self._obj = kgsl.CommandObject(flags=kgsl.KGSL_CMDLIST_IB)
@@ -128,7 +132,8 @@ class KGSLDevice:
   @property
   def name(self) -> str:
     core, major, minor = kgsl.chip_generation(self.chip_id)
-    return f"Adreno {core}{major}{minor}" if core in (6, 7) else f"Adreno (chip id {self.chip_id:#010x})"
+    if core in (6, 7): return f"Adreno {core}{major}{minor}"
+    return A7XX_NAMES.get(self.chip_id, f"Adreno {self.generation}xx (chip id {self.chip_id:#010x})")
 
   def ioctl(self, request: int, arg: Any) -> Any:
     self.ops.ioctl(self.fd, request, arg)

@@ -7,16 +7,20 @@ share the address, as USE_CPU_MAP promises), GPU_COMMAND (the command objects re
 indirect buffer inside a GPU object), DEVICE_WAITTIMESTAMP_CTXTID (blocks until the context's timestamp retires, or
 ETIMEDOUT; EDEADLK once the context faulted) and CMDSTREAM_READTIMESTAMP_CTXTID.
 
-One thread (FakeDevice.serve) plays the command processor: it decodes each submission's PM4 packets with the same
-parity rules as the CP (plugrt_qcom.cmd.decode), keeps the register and state-load state, and on CP_RUN_OPENCL or
-CP_EXEC_CS checks the launch: the shader address in SP_CS_BASE is where the shader was loaded from and holds a program
-the stand-in compiler built (qcom_standin.PROGRAMS), its size matches SP_CS_INSTR_SIZE, SP_CS_CONFIG's texture / UAV
-counts match the kernel's images and what was loaded, each image descriptor (format, size, pitch, type) matches the
-image the kernel takes, the grid in SP_CS_NDRANGE_* agrees with the group counts. Then it runs the kernel through the
-reference interpreter with the buffer addresses and scalars read out of the constant file where the program's
-layout put them, and CP_EVENT_WRITE(CACHE_FLUSH_TS) stores its value. Anything wrong faults the context: the thread
-stops, `error` says what, GPU_RESET_STAT reports the context guilty and waits return EDEADLK, as KGSL does after a
-GPU fault. `hang` stops the command processor (a kernel that never ends).
+One thread (FakeDevice.serve) plays the command processor of the chip id's generation (A6XX or A7XX: plugrt_qcom.cmd's
+Generation gives the register offsets it reads): it decodes each submission's PM4 packets with the same parity rules
+as the CP (plugrt_qcom.cmd.decode), refuses a write to a compute register of the other generation (a 6xx stream on a
+7xx, or the reverse), keeps the register and state-load state, and on CP_RUN_OPENCL or CP_EXEC_CS checks the launch:
+the shader address in SP_CS_BASE holds a program the stand-in compiler built (qcom_standin.PROGRAMS) and, on 6xx, is
+where the shader was loaded from; its size matches SP_CS_INSTR_SIZE; SP_CS_CONFIG's texture / UAV counts match the
+kernel's images and what was loaded; each image descriptor (format, size, pitch, type) matches the image the kernel
+takes; the grid in SP_CS_NDRANGE_* agrees with the group counts; the work-item register names the slots; on 7xx the
+last work-group's size (SP_CS_NDRANGE_7) and the thread size in SP_CS_WIE_CNTL_1 agree with the launch. Then it runs
+the kernel through the reference interpreter with the buffer addresses and scalars read out of the constant file
+where the program's layout put them, and the generation's event write stores its value: CP_EVENT_WRITE(CACHE_FLUSH_TS)
+on 6xx, CP_EVENT_WRITE7(CACHE_CLEAN, WRITE_ENABLED, 32-bit payload to memory) on 7xx; any other event write is refused.
+Anything wrong faults the context: the thread stops, `error` says what, GPU_RESET_STAT reports the context guilty and
+waits return EDEADLK, as KGSL does after a GPU fault. `hang` stops the command processor (a kernel that never ends).
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from typing import Any
 import numpy as np
 from plugrt_qcom import adreno as A
 from plugrt_qcom import cmd, kgsl
-from plugrt_qcom.kgsldev import KGSLOps
+from plugrt_qcom.kgsldev import KGSLOps, adreno_generation
 from qcom_standin import MARKER, PROGRAMS, TEXTURE, UAV, Layout
 
 from plugrt.dtype import ImageDType
@@ -40,7 +44,10 @@ from plugrt.testing.fakegpu import FakeDevice, FakeMemory, Mapping, release
 
 FD = 1000
 ADRENO_630 = 0x06030001
-ADRENO_740 = 0x43050A00  # a 7xx part that reports core 0x43
+ADRENO_730 = 0x07030001  # Mesa's freedreno_devices.py: FD730 (A7XX)
+ADRENO_740 = 0x43050A01  # FD740, a 7xx part that reports core 0x43
+ADRENO_702 = 0x07000200  # FD702: core 7, but Mesa files it as A6XX
+CHIPS = {"a630": ADRENO_630, "a740": ADRENO_740}  # what qcom_session and the conformance suite run on
 
 
 @dataclass
@@ -65,6 +72,7 @@ class FakeKGSL(FakeDevice, KGSLOps):
   def __init__(self, chip_id: int = ADRENO_630, present: bool = True, memory_limit: int = 1 << 30):
     super().__init__(FakeMemory())
     self.chip_id, self.present, self.memory_left = chip_id, present, memory_limit
+    self.gen = cmd.GENERATIONS.get(adreno_generation(chip_id), cmd.A6XX)  # the command processor's register map
     self.objects: dict[int, GpuObject] = {}
     self.contexts: dict[int, Context] = {}
     self.queue: deque[tuple[Context, int, list[tuple[int, int]]]] = deque()
@@ -218,21 +226,36 @@ class FakeKGSL(FakeDevice, KGSLOps):
     return True
 
   def _run(self, words: tuple[int, ...]) -> None:
-    state = cmd.ComputeState()
+    state, gen = cmd.ComputeState(self.gen), self.gen
     for p in cmd.decode(words):
+      if p.type == 4 and (bad := gen.foreign.intersection(range(p.code, p.code + len(p.values)))):
+        raise ValueError(f"{p}: writes {', '.join(f'{r:#x}' for r in sorted(bad))}, compute registers of another generation than {gen!r}")
       state.apply(p)
       if p.type != 7: continue
       if p.code in (A.CP_RUN_OPENCL, A.CP_EXEC_CS): self._dispatch(state, p)
-      elif p.code == A.CP_EVENT_WRITE:
-        if A.get(p.values[0], A.CP_EVENT_WRITE_0_EVENT) == A.CACHE_FLUSH_TS and len(p.values) == 4:
-          release(p.values[2] << 32 | p.values[1], p.values[3])
+      elif p.code == A.CP_EVENT_WRITE: self._event_write(p)  # (CP_EVENT_WRITE7 on 7xx: the same opcode)
       elif p.code not in (A.CP_SET_MARKER, A.CP_WAIT_FOR_IDLE, A.CP_LOAD_STATE6_FRAG, A.CP_NOP, A.CP_WAIT_MEM_WRITES):
         raise ValueError(f"the fake command processor does not execute {p}")
 
+  def _event_write(self, p: cmd.Packet) -> None:
+    """A6XX: CP_EVENT_WRITE(CACHE_FLUSH_TS) with an address and a value stores the value. A7XX: CP_EVENT_WRITE7 stores
+    only with WRITE_ENABLED, and plugrt's form is CACHE_CLEAN with a 32-bit user payload to memory."""
+    w0 = p.values[0]
+    if self.gen.number == 6:
+      if A.get(w0, A.CP_EVENT_WRITE_0_EVENT) == A.CACHE_FLUSH_TS and len(p.values) == 4: release(p.values[2] << 32 | p.values[1], p.values[3])
+      return
+    want = A.pack((A.CP_EVENT_WRITE7_0_EVENT, A.CACHE_CLEAN), (A.CP_EVENT_WRITE7_0_WRITE_SRC, A.EV_WRITE_USER_32B),
+                  (A.CP_EVENT_WRITE7_0_WRITE_DST, A.EV_DST_RAM), (A.CP_EVENT_WRITE7_0_WRITE_ENABLED, 1))
+    if w0 != want or len(p.values) != 4:
+      raise ValueError(f"{p}: not the CP_EVENT_WRITE7 this fake executes (dword 0 {want:#x} and address, payload: 4 words)")
+    release(p.values[2] << 32 | p.values[1], p.values[3])
+
   def _dispatch(self, st: cmd.ComputeState, p: cmd.Packet) -> None:
+    gen = st.gen
     shader = st.reg64(A.REG_A6XX_SP_CS_BASE)
-    loaded, units = st.loads.get((A.ST6_SHADER, A.SB6_CS_SHADER), (None, 0))
-    if loaded != shader: raise ValueError(f"SP_CS_BASE is {shader:#x} but the shader was loaded from {loaded}")
+    loaded, units = st.loads.get((A.ST6_SHADER, A.SB6_CS_SHADER), (None, st.regs.get(A.REG_A6XX_SP_CS_INSTR_SIZE, 0)))
+    if gen.preload_shader and loaded != shader: raise ValueError(f"SP_CS_BASE is {shader:#x} but the shader was loaded from {loaded}")
+    if not gen.preload_shader and loaded is not None: raise ValueError(f"a {gen!r} stream preloads the shader (Mesa fetches it from SP_CS_BASE)")
     head = ctypes.string_at(shader, 64)
     if head[:32] != MARKER or (prg := PROGRAMS.get(head[32:])) is None: raise ValueError(f"no program at shader address {shader:#x}")
     if st.regs.get(A.REG_A6XX_SP_CS_INSTR_SIZE) != units or units * cmd.SHADER_UNIT < prg.code_size:
@@ -243,6 +266,10 @@ class FakeKGSL(FakeDevice, KGSLOps):
     if (ntex, nuav) != (prg.kinds.count(TEXTURE), prg.kinds.count(UAV)):
       raise ValueError(f"SP_CS_CONFIG says {ntex} textures and {nuav} UAVs; the kernel reads {prg.kinds.count(TEXTURE)} and writes "
                        f"{prg.kinds.count(UAV)} images")
+    for n, reg, block, what in ((nuav, gen.uav_base, (A.ST6_UAV, A.SB6_CS_SHADER), "SP_CS_UAV_BASE"),
+                                (ntex, A.REG_A6XX_SP_CS_TEXMEMOBJ_BASE, (A.ST6_CONSTANTS, A.SB6_CS_TEX), "SP_CS_TEXMEMOBJ_BASE")):
+      if n and st.reg64(reg) != st.loads.get(block, (None, 0))[0]:
+        raise ValueError(f"{what} is {st.reg64(reg):#x}, not where the descriptors were loaded from")
     consts, cunits = st.loads.get((A.ST6_CONSTANTS, A.SB6_CS_SHADER), (0, 0))
     need = max([*prg.bases, *prg.offsets, *prg.scalars, 0]) + 8
     if cunits * 16 < need: raise ValueError(f"{cunits} units of constants loaded; the kernel's arguments need {need} bytes")
@@ -250,6 +277,7 @@ class FakeKGSL(FakeDevice, KGSLOps):
     groups = tuple(p.values[1:4]) if p.code == A.CP_EXEC_CS else st.groups()
     if tuple(g * l for g, l in zip(groups, local)) != st.global_size():
       raise ValueError(f"SP_CS_NDRANGE says {st.global_size()} threads, but {groups} groups of {local}")
+    self._check_work_items(st, local)
     kernel = prg.kernel
     sig = kernel.signature
     q = lambda off: ctypes.c_uint64.from_address(consts + off).value
@@ -275,8 +303,29 @@ class FakeKGSL(FakeDevice, KGSLOps):
       else: addrs.append(q(prg.bases[i]) + q(prg.offsets[i]))
     scalars = self.runner.decode_scalars(sig, lambda i, n: ctypes.string_at(consts + prg.scalars[i], n))
     self.dispatches.append({"kernel": kernel.name, "groups": groups, "local": local, "shader": shader, "buffers": addrs, "scalars": scalars,
-                            "ntex": ntex, "nuav": nuav, "op": A.OPCODES[p.code]})
+                            "ntex": ntex, "nuav": nuav, "op": A.OPCODES[p.code], "gen": gen.number})
     self._run_kernel(prg, addrs, images, scalars, groups, local)
+
+  def _check_work_items(self, st: cmd.ComputeState, local: tuple[int, ...]) -> None:
+    """The registers that say where work-item ids arrive, and on 7xx the last group's size and the thread size."""
+    gen = st.gen
+    slots = (A.QCOM_WGIDCONSTID, A.QCOM_WGSIZECONSTID, A.QCOM_WGOFFSETCONSTID, A.QCOM_LOCALIDREGID)
+    fields = (A.A6XX_SP_CS_CONST_CONFIG_0_WGIDCONSTID, A.A6XX_SP_CS_CONST_CONFIG_0_WGSIZECONSTID,
+              A.A6XX_SP_CS_CONST_CONFIG_0_WGOFFSETCONSTID, A.A6XX_SP_CS_CONST_CONFIG_0_LOCALIDREGID)
+    wi = st.regs.get(gen.work_item)
+    if wi is None or tuple(A.get(wi, f) for f in fields) != slots:
+      raise ValueError(f"{gen.names.get(gen.work_item)} is {wi}: not the work-item slots the compiler's shaders read {slots}")
+    wge = st.regs.get(gen.wge_cntl, 0)
+    if A.get(wge, A.A6XX_SP_CS_WGE_CNTL_LINEARLOCALIDREGID) != A.REGID_INVALID:
+      raise ValueError(f"SP_CS_WGE_CNTL {wge:#x} has the hardware write the linear local id into a register the shader owns")
+    if gen.number == 7:
+      last = st.regs.get(A.REG_A7XX_SP_CS_NDRANGE_7)
+      got = None if last is None else tuple(A.get(last, f) + 1 for f in (A.A7XX_SP_CS_NDRANGE_7_LOCALSIZEX, A.A7XX_SP_CS_NDRANGE_7_LOCALSIZEY,
+                                                                           A.A7XX_SP_CS_NDRANGE_7_LOCALSIZEZ))
+      if got != tuple(local): raise ValueError(f"SP_CS_NDRANGE_7 says the last work-group is {got}; every group of this launch is {local}")
+      wie1 = st.regs.get(A.REG_A6XX_SP_CS_WIE_CNTL_1)
+      if wie1 is None or A.get(wie1, A.A7XX_SP_CS_WIE_CNTL_1_THREADSIZE) != A.get(wge, A.A6XX_SP_CS_WGE_CNTL_THREADSIZE):
+        raise ValueError(f"SP_CS_WIE_CNTL_1 is {wie1}: its thread size must match SP_CS_WGE_CNTL's")
 
   def _run_kernel(self, prg: Layout, addrs: list[int], images: list[tuple[int, Any, int]], scalars: list[Any], groups: Any, local: Any) -> None:
     """The interpreter sees an image as exactly its texels, rows packed: each image is read from its padded rows into

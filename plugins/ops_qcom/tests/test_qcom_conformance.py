@@ -1,7 +1,8 @@
-"""The conformance suite on QCOM, end to end through the real submission path against the fake KGSL: every kernel is
-rendered as the OpenCL C Qualcomm's driver would compile, packed into a program binary by the stand-in compiler,
-loaded, launched through plugrt-qcom's command stream and GPU_COMMAND, decoded and checked by the fake's command
-processor and run with the reference interpreter. What this cannot check (the driver's compiler, the hardware's
+"""The conformance suite on QCOM, end to end through the real submission path against the fake KGSL, once on a faked
+Adreno 630 (the A6XX stream) and once on a faked Adreno 740 (the A7XX stream): every kernel is rendered as the OpenCL
+C Qualcomm's driver would compile, packed into a program binary by the stand-in compiler, loaded, launched through
+plugrt-qcom's command stream and GPU_COMMAND, decoded and checked by the fake's command processor (with the chip's
+register map) and run with the reference interpreter. What this cannot check (the driver's compiler, the hardware's
 execution) is listed in docs/backends/qcom.md."""
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 from typing import Any
 
 import pytest
+from fake_kgsl import CHIPS
 from qcom_fixtures import fake_qcom
 
 from plugrt.dtype import dtypes
@@ -30,9 +32,14 @@ class TestQCOMConformance(ConformanceSuite):
   @pytest.fixture(params=["CL"])
   def compiler(self, request: pytest.FixtureRequest) -> str: return request.param
 
+  @pytest.fixture(params=sorted(CHIPS))
+  def chip(self, request: pytest.FixtureRequest) -> int: return CHIPS[request.param]
+
   @pytest.fixture
-  def dev(self, compiler: str) -> Any:
-    with fake_qcom() as (_, dev): yield dev
+  def dev(self, compiler: str, chip: int) -> Any:
+    with fake_qcom(chip_id=chip) as (kg, dev):
+      assert dev.info.state.gen is kg.gen  # the stream plugrt writes is the one the fake's command processor reads
+      yield dev
 
   def test_fuzz(self) -> None:  # type: ignore[override]
     pytest.skip("the differential fuzzer opens devices by name in the process's registry, which has no Adreno")

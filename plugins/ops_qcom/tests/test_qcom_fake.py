@@ -8,7 +8,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from fake_kgsl import ADRENO_740, image_rows
+from fake_kgsl import ADRENO_702, ADRENO_730, ADRENO_740, FakeKGSL, image_rows
 from plugrt_qcom import adreno as A
 from plugrt_qcom import cmd
 from plugrt_qcom.kgsldev import KGSLError, KGSLFault, KGSLTimeout
@@ -125,11 +125,60 @@ def test_launch_limits(fake):
   with pytest.raises(LaunchError): dev.program(K.saxpy_kernel())(b, b, b, global_size=(1, 1, 1), local_size=(2048, 1, 1), vals=(1.0, 1))
 
 
-def test_a_7xx_chip_and_an_unknown_chip_are_refused():
-  with pytest.raises(DeviceUnavailable, match=r"Adreno 7xx .* 6xx command stream only"):  # not a launch at 6xx offsets
-    with fake_qcom(chip_id=ADRENO_740): pass
+def test_chip_ids_pick_the_stream_and_an_unknown_chip_is_refused():
+  from plugrt_qcom.kgsldev import adreno_generation
+  assert [adreno_generation(c) for c in (0x06030001, ADRENO_702, 0x07010000, ADRENO_730, 0x07030002, ADRENO_740, 0x43051401)] == \
+         [6, 6, 6, 7, 7, 7, 7]  # Mesa's device table: the 702 and 710 are A6XX parts
+  assert [adreno_generation(c) for c in (0x05000000, 0x44050000, 0)] == [0, 0, 0]
+  for chip, name, gen in ((ADRENO_740, "Adreno 740", cmd.A7XX), (ADRENO_730, "Adreno 730", cmd.A7XX), (ADRENO_702, "Adreno 702", cmd.A6XX)):
+    with fake_qcom(chip_id=chip) as (_, dev):
+      assert dev.info.state.kgsl.name == name and dev.info.state.gen is gen
   with pytest.raises(DeviceUnavailable, match="chip id 0x05000000"):
     with fake_qcom(chip_id=0x05000000): pass
+
+
+def test_7xx_dispatch_through_the_a7xx_stream():
+  with fake_qcom(chip_id=ADRENO_740) as (kg, dev):
+    n = 300
+    x = np.arange(n, dtype=np.float32)
+    out, xb, yb = Buffer(dev, n, dtypes.float32), Buffer.from_numpy(x, dev), Buffer.from_numpy(2 * x, dev)
+    prg = dev.program(K.saxpy_kernel())
+    prg(out, xb, yb, global_size=(5, 1, 1), local_size=(64, 1, 1), vals=(3.0, n), wait=True)
+    assert np.array_equal(out.numpy(), 5 * x) and kg.dispatches[-1]["gen"] == 7 and kg.dispatches[-1]["local"] == (64, 1, 1)
+    st = dev.info.state
+    assert st.completed() == st.value  # the timeline was stored by CP_EVENT_WRITE7
+  words = cmd.launch(cmd.Shader(0x10000, 300), 0x20000, (8, 4, 2), (2, 3, 1), nuav=1, gen=cmd.A7XX) + cmd.A7XX.timestamp(0x3000, 7)
+  regs = {p.code for p in cmd.decode(words) if p.type == 4}
+  assert {A.REG_A7XX_SP_CS_NDRANGE_0, A.REG_A7XX_SP_CS_CONST_CONFIG, A.REG_A7XX_SP_UPDATE_CNTL, A.REG_A7XX_SP_CS_UAV_BASE,
+          A.REG_A7XX_SP_CS_WGE_CNTL, A.REG_A7XX_SP_CS_NDRANGE_7, A.REG_A6XX_SP_CS_WIE_CNTL_0, A.REG_A6XX_SP_CS_WIE_CNTL_1} <= regs
+  assert not regs & cmd.A7XX.foreign and not any(p.code == A.CP_LOAD_STATE6_FRAG and p.values[0] >> 14 & 3 == A.ST6_SHADER
+                                                 for p in cmd.decode(words) if p.type == 7)
+  ev = cmd.decode(words)[-1]  # CACHE_CLEAN 49 | WRITE_ENABLED bit 27 (USER_32B and RAM are 0), address, payload
+  assert ev.code == A.CP_EVENT_WRITE7 and ev.values == (49 | 1 << 27, 0x3000, 0, 7)
+  st = cmd.ComputeState(cmd.A7XX)
+  for p in cmd.decode(words): st.apply(p)
+  assert st.local_size() == (8, 4, 2) and st.groups() == (2, 3, 1) and st.global_size() == (16, 12, 2)
+  assert st.regs[A.REG_A7XX_SP_CS_NDRANGE_7] == 7 << 2 | 3 << 12 | 1 << 22
+
+
+@pytest.mark.parametrize("chip,other", [(0x06030001, cmd.A7XX), (ADRENO_740, cmd.A6XX)])
+def test_a_stream_of_the_other_generation_faults(chip, other):
+  """plugrt writing the 6xx stream on a 7xx (or the reverse) is what the fake must catch: it faults the context."""
+  with fake_qcom(chip_id=chip) as (kg, dev):
+    st = dev.info.state
+    st.gen = other  # as if the chip id had been read wrong
+    b = Buffer(dev, 64, dtypes.float32)
+    with pytest.raises(KGSLFault):
+      dev.program(K.saxpy_kernel())(b, b, b, global_size=(1, 1, 1), local_size=(64, 1, 1), vals=(1.0, 64), wait=True)
+    assert "another generation" in str(kg.error) or "CP_EVENT_WRITE7" in str(kg.error)
+
+
+def test_7xx_event_write_forms():
+  kg = FakeKGSL(chip_id=ADRENO_740)
+  try:
+    with pytest.raises(ValueError, match="CP_EVENT_WRITE7"):  # A6XX's CACHE_FLUSH_TS form is not what a 7xx stores a value with
+      kg._run(tuple(cmd.A6XX.timestamp(0x3000, 1)))
+  finally: kg.shutdown()
 
 
 def test_no_device_file_is_no_device():
