@@ -9,7 +9,7 @@ PLUGRT_AMD_ALLOW_UNBIND=1); otherwise it raises `AcknowledgementRequired` with t
 What `take()` changed (the driver it unbound, whether it enabled the function) is recorded, and `release()` undoes it:
 unmaps the BARs, disables what it enabled, and binds the driver back.
 
-sysfs resource files, not VFIO: mapping a BAR needs only `resourceN` (root, or CAP_SYS_ADMIN); VFIO would add DMA
+sysfs resource files, not VFIO: mapping a BAR needs only `resourceN` (root: the files are mode 0600); VFIO would add DMA
 mapping through the IOMMU and interrupts, which belong to the GART/VM and interrupt steps plugrt does not implement,
 and would need the function bound to vfio-pci. `vfio_available()` is reported, not used.
 """
@@ -150,7 +150,7 @@ class PCIFunction:
     try: self.write(path, text)
     except PermissionError:
       raise DeviceUnavailable(f"{self.address}: no permission to {what} ({path})", Reason.NO_DEVICE,
-                              "driverless access needs root (or CAP_SYS_ADMIN)") from None
+                              "driverless access needs root") from None
     except OSError as e:
       raise DeviceUnavailable(f"{self.address}: {what} failed: {e}", Reason.NO_DEVICE) from None
 
@@ -164,7 +164,7 @@ class PCIFunction:
     try: bar = MappedBAR(self.path(f"resource{index}"), index, res[index].size)
     except PermissionError:
       raise DeviceUnavailable(f"{self.address}: no permission to map BAR{index}", Reason.NO_DEVICE,
-                              "mapping PCI resource files needs root (or CAP_SYS_ADMIN)") from None
+                              "mapping PCI resource files needs root (they are mode 0600; kernel lockdown forbids it)") from None
     except (OSError, ValueError) as e:
       raise DeviceUnavailable(f"{self.address}: cannot map BAR{index}: {e}", Reason.NO_DEVICE) from None
     self.bars[index] = bar

@@ -48,6 +48,12 @@ def test_tlp_engine_routing_and_retries() -> None:
   with pytest.raises(asm24.BridgeError, match="error 11 times"): b.cfg_read(0, 0, 0, 0)
   fake.fail_next = 0
   with pytest.raises(ValueError, match="crosses a dword"): b.tlp(asm24.MRD32, 0x1003, size=2)
+  # sub-dword requests: byte enables select the bytes written; reads shift the dword
+  fake.funcs[0].cfg[0x3C:0x40] = bytes([0x11, 0x22, 0x33, 0x44])
+  b.cfg_write(0, 0, 0, 0x3D, 0xAB, 1)
+  b.cfg_write(0, 0, 0, 0x3E, 0xBEEF, 2)
+  assert bytes(fake.funcs[0].cfg[0x3C:0x40]) == bytes([0x11, 0xAB, 0xEF, 0xBE])
+  assert b.cfg_read(0, 0, 0, 0x3D, 1) == 0xAB and b.cfg_read(0, 0, 0, 0x3E, 2) == 0xBEEF
 
 
 def test_walk_to_the_gpu_sizes_and_places_bars() -> None:
