@@ -53,7 +53,8 @@ def bridges(root: str = USB_DEVICES) -> list[tuple[str, int, int, str]]:
 def probe(ctx: PluginContext) -> Probe:
   if not (found := bridges()):
     ids = ", ".join(f"{v:04x}:{p:04x}" for v, p in BRIDGES)
-    return Probe.missing(Reason.NO_DEVICE, f"no ASM24xx USB-to-PCIe bridge on USB (looked for {ids} in {USB_DEVICES})",
+    return Probe.missing(Reason.NO_DEVICE, f"no ASM24xx USB-to-PCIe bridge on USB (looked for {ids} in {USB_DEVICES}; this interface "
+                         f"implements the bridge's commands and bring-up up to IP discovery; {NOT_YET})",
                          "plug in an ASM2464PD enclosure holding the GPU, or use the KFD interface")
   listed = ", ".join(f"{n} ({v:04x}:{p:04x}, {what})" for n, v, p, what in found)
   return Probe.found(len(found), f"found {listed}; {WOULD} (needs {ACK}=1); {NOT_YET}", bridges=" ".join(n for n, *_ in found))
