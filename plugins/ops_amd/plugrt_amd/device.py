@@ -1,7 +1,8 @@
 """Opening AMD: through the KFD interface (plugrt-amd-kfd returns its KFDDevice) the device state, allocator and
-programs are plugrt_amd.runtime's; PCI and USB refuse when they open (not implemented, and guarded by an
-acknowledgement), and an interface that returns something other than a KFD device is refused here with a typed
-reason. Nothing has run on AMD hardware (docs/backends/amd.md). The compilers need no device.
+programs are plugrt_amd.runtime's; PCI and USB (guarded by an acknowledgement) run the driverless bring-up as far as
+it is implemented (plugrt_amd.bringup) and raise AMDNotImplemented where it stops, and an interface that returns
+something other than a KFD device is refused here with a typed reason. Nothing has run on AMD hardware
+(docs/backends/amd.md). The compilers need no device.
 """
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
-"""plugrt-amd-pci: the PCI interface of the AMD device, which would drive the GPU with no kernel driver.
+"""plugrt-amd-pci: the PCI interface of the AMD device: an AMD GPU with no kernel driver, through sysfs.
 
-Doing that means unbinding the GPU from amdgpu, mapping its BARs (vfio or sysfs resource files), and bringing up
-its firmware (PSP, SMU, the MEC) from user space: the GPU is taken from every other program on the machine. So
-this interface is never chosen automatically (`AMD_IFACE=PCI` or `DEV=PCI+AMD` must name it), opening it refuses
-unless PLUGRT_AMD_ALLOW_UNBIND=1 says the user accepts that, and in this release it then refuses anyway: none of the
-bring-up is written. It never unbinds anything and never writes PCI configuration. The probe reads sysfs only.
-Entry module: standard library and plugrt only.
+What is implemented (docs/backends/amd.md): the function is taken through sysfs (the amdgpu driver unbound only with
+PLUGRT_AMD_ALLOW_UNBIND=1, and bound back when the interface closes; the function enabled), the register BAR (BAR5)
+and the VRAM BAR (BAR0) mapped from their `resourceN` files, VRAM size read, the IP discovery table read from the top
+of VRAM (or through MM_INDEX/MM_DATA when VRAM is not CPU-visible) and validated, the NBIO index/data pair set up, and
+the firmware the IP versions call for looked up in /lib/firmware/amdgpu. What is not: PSP/SMU firmware loading,
+GMC/GART, interrupts, MEC queues; so opening always ends in `AMDNotImplemented` saying what was found and where it
+stopped, after releasing the function. Never chosen automatically (`AMD_IFACE=PCI` or `DEV=PCI+AMD`). The probe
+reads sysfs only. Entry module: standard library and plugrt only.
 """
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ from plugrt.hookspecs import DeviceInfo, InterfaceSpec, Probe, hookimpl
 __version__ = "0.1.0"
 NAME = "PCI"
 ACK = "PLUGRT_AMD_ALLOW_UNBIND"
-WOULD = ("opening would unbind the GPU from its kernel driver (amdgpu) and bring up its firmware from user space, "
-         "taking it from every other program")
-NOT_YET = ("the driverless PCI bring-up is not implemented yet: no BAR mapping, PSP/SMU firmware loading, "
-           "GART/VM set-up or MEC queue programming is written")
+FIRMWARE = "PLUGRT_AMD_FIRMWARE"
+WOULD = ("opening unbinds the GPU from amdgpu (binding it back on close), maps its BARs through sysfs, reads its IP discovery "
+         "table and checks its firmware files")
+NOT_YET = ("PSP/SMU firmware loading, GMC/GART set-up and MEC queues are not implemented, so AMD cannot run kernels "
+           "through PCI yet")
 HINT = "use the KFD interface (AMD_IFACE=KFD) with the amdgpu driver loaded"
 
 
@@ -29,23 +32,60 @@ def probe(ctx: PluginContext) -> Probe:
   from plugrt_amd import pci_gpus
   if not (gpus := pci_gpus()):
     return Probe.missing(Reason.NO_DEVICE, "no AMD GPU on PCI: sysfs shows no vendor 0x1002 function of class display (0x03) "
-                         "or processing accelerator (0x12)", "run on a machine with an AMD GPU")
+                         f"or processing accelerator (0x12) (this interface implements bring-up up to IP discovery; {NOT_YET})",
+                         "run on a machine with an AMD GPU")
   found = ", ".join(f"{a} (device 0x{d:04x}, driver {drv or 'none'})" for a, d, _, drv in gpus)
-  # found: the hardware is there (the probe says what opening would do); opening itself refuses (acknowledgement, then not implemented)
   return Probe.found(len(gpus), f"found {found}; {WOULD} (needs {ACK}=1); {NOT_YET}", gpus=" ".join(a for a, *_ in gpus))
 
 
 @hookimpl
 def plugrt_interfaces() -> list[InterfaceSpec]:
   return [InterfaceSpec(device="AMD", name=NAME, probe=probe, auto=False, priority=0,
-                        description="driverless: would unbind the GPU from amdgpu (not implemented; never automatic; "
-                                    f"needs {ACK}=1)")]
+                        description=f"driverless through sysfs: IP discovery only, no kernels (never automatic; needs {ACK}=1)")]
+
+
+def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any = None) -> Any:
+  """Take the device's GPU function, run the implemented bring-up, release it, and raise where bring-up stops.
+
+  `root`/`drivers`/`write` are the sysfs seam (tests pass a fake tree). AcknowledgementRequired without ACK=1;
+  DeviceUnavailable when the function cannot be taken or mapped; DiscoveryError/RegisterError for what the GPU
+  answers; AMDNotImplemented after the last implemented step."""
+  from plugrt.errors import DeviceUnavailable
+  from plugrt_amd import pci_gpus
+  from plugrt_amd.device import AcknowledgementRequired
+  from plugrt_amd_pci.sysfs import PCI_DEVICES, PCI_DRIVERS, PCIFunction
+  root, drivers = root or PCI_DEVICES, drivers or PCI_DRIVERS
+  gpus = pci_gpus(root)
+  if device.index >= len(gpus):
+    raise DeviceUnavailable(f"{device.canonical} through PCI: {len(gpus)} AMD GPU function(s) on PCI", Reason.NO_DEVICE,
+                            "DEV=PCI+AMD:<index> with an index below that" if gpus else "run on a machine with an AMD GPU")
+  address, _, _, driver = gpus[device.index]
+  if not device.context.flag(ACK):
+    bound = f"; {address} is bound to {driver}: without {ACK}=1 plugrt never unbinds it" if driver else ""
+    cmd = f" (to unbind it yourself: echo {address} | sudo tee {root}/{address}/driver/unbind)" if driver else ""
+    raise AcknowledgementRequired(f"{device.canonical} through PCI: {WOULD}, and {ACK}=1 is not set{bound}",
+                                  f"set {ACK}=1 only on a machine where nothing else uses the GPU{cmd}; or {HINT}")
+  fn = PCIFunction(address, root, drivers, write)
+  done: list[str] = []
+  try:
+    fn.take(allow_unbind=True, ack=ACK)
+    from plugrt_amd import bringup
+    from plugrt_amd.firmware import FIRMWARE_DIR
+    from plugrt_amd.regs import REGISTER_BAR, VRAM_BAR, GPURegisters
+    regs_bar = fn.map_bar(REGISTER_BAR)
+    try: vram = fn.map_bar(VRAM_BAR)
+    except DeviceUnavailable: vram = None
+    took = f"unbound {fn.unbound_driver}, " if fn.unbound_driver else ""
+    step = f"{address}: {took}BAR{REGISTER_BAR} mapped ({regs_bar.size >> 10} KiB)" + \
+           (f", BAR{VRAM_BAR} ({vram.size >> 20} MiB)" if vram else f", BAR{VRAM_BAR} not mapped (VRAM through MM_INDEX/MM_DATA)")
+    b = bringup.bring_up(GPURegisters(regs_bar, vram), f"{device.name}:{device.index} through PCI", device.context.get(FIRMWARE, FIRMWARE_DIR))
+    b.steps.insert(0, step)
+  finally:
+    done = fn.release()
+  if done: b.steps.append("released (" + ", ".join(done) + ")")
+  b.stop()
 
 
 @hookimpl
 def plugrt_open_interface(device: DeviceInfo, interface: str) -> Any:
-  from plugrt_amd.device import AcknowledgementRequired, AMDNotImplemented
-  if not device.context.flag(ACK):
-    raise AcknowledgementRequired(f"{device.canonical} through PCI: {WOULD}, and {ACK}=1 is not set",
-                                  f"set {ACK}=1 only on a machine where nothing else uses the GPU; or {HINT}")
-  raise AMDNotImplemented(f"{device.canonical} through PCI: {NOT_YET}", HINT)
+  return open_pci(device)

@@ -1,11 +1,14 @@
 """plugrt-amd-usb: the USB interface of the AMD device: a GPU behind an ASMedia ASM24xx USB3-to-PCIe bridge
-(ASM2464PD-class enclosures), reached through the bridge's vendor commands.
+(ASM2464PD-class enclosures), reached through the bridge's vendor SCSI commands.
 
-Using one means claiming the USB device from its kernel driver (uas or usb-storage) and reaching the GPU's PCI
-space through the bridge: never chosen automatically (`AMD_IFACE=USB` or `DEV=USB+AMD`), refused unless
-PLUGRT_AMD_ALLOW_UNBIND=1 acknowledges it, and in this release refused then too: none of it is written. The probe
-reads sysfs only (/sys/bus/usb/devices/*/idVendor, idProduct) and opens no USB device. Entry module: standard
-library and plugrt only.
+What is implemented (docs/backends/amd.md): the bridge's command set (XDATA reads/writes, its PCIe TLP engine:
+configuration and 32-bit memory requests) over a libusb Bulk-Only transport found at run time; the walk from bus 0
+through the PCI-to-PCI bridges to the GPU, its BARs sized and placed; then the same bring-up as the PCI interface
+(VRAM size, IP discovery, NBIO pair, firmware check) over memory TLPs. Not implemented: PSP/SMU firmware loading,
+GMC/GART, MEC queues, DMA from the GPU into the bridge's SRAM; so opening ends in `AMDNotImplemented` saying where
+it stopped. Never chosen automatically (`AMD_IFACE=USB` or `DEV=USB+AMD`); refused unless PLUGRT_AMD_ALLOW_UNBIND=1
+(the bridge is detached from usb-storage/uas, and re-attached on close). The probe reads sysfs only
+(/sys/bus/usb/devices/*/idVendor, idProduct) and opens no USB device. Entry module: standard library and plugrt only.
 """
 from __future__ import annotations
 
@@ -24,8 +27,12 @@ USB_DEVICES = "/sys/bus/usb/devices"
 #: same chip shows with the custom firmware tinygrad's and comma's GPU enclosures flash
 BRIDGES = {(0x174C, 0x2464): "ASMedia ASM2464PD", (0x174C, 0x2463): "ASMedia ASM2464PD",
            (0xADD1, 0x0001): "ASM2464PD with tinygrad/comma firmware", (0x3801, 0x0001): "ASM2464PD with tinygrad/comma firmware"}
-WOULD = "opening would detach the bridge from its kernel driver (uas or usb-storage) and drive the GPU through its vendor commands"
-NOT_YET = "the USB bridge interface is not implemented yet: no bridge command set, PCI config access or GPU bring-up is written"
+LIBUSB = "PLUGRT_LIBUSB"
+FIRMWARE = "PLUGRT_AMD_FIRMWARE"
+WOULD = ("opening detaches the bridge from its kernel driver (uas or usb-storage; re-attached on close), finds the GPU behind it "
+         "through PCIe configuration requests, reads its IP discovery table and checks its firmware files")
+NOT_YET = ("PSP/SMU firmware loading, GMC/GART set-up and MEC queues are not implemented, so AMD cannot run kernels "
+           "through USB yet")
 HINT = "put the GPU in a PCIe slot and use the KFD interface (AMD_IFACE=KFD)"
 
 
@@ -46,7 +53,8 @@ def bridges(root: str = USB_DEVICES) -> list[tuple[str, int, int, str]]:
 def probe(ctx: PluginContext) -> Probe:
   if not (found := bridges()):
     ids = ", ".join(f"{v:04x}:{p:04x}" for v, p in BRIDGES)
-    return Probe.missing(Reason.NO_DEVICE, f"no ASM24xx USB-to-PCIe bridge on USB (looked for {ids} in {USB_DEVICES})",
+    return Probe.missing(Reason.NO_DEVICE, f"no ASM24xx USB-to-PCIe bridge on USB (looked for {ids} in {USB_DEVICES}; this interface "
+                         f"implements the bridge's commands and bring-up up to IP discovery; {NOT_YET})",
                          "plug in an ASM2464PD enclosure holding the GPU, or use the KFD interface")
   listed = ", ".join(f"{n} ({v:04x}:{p:04x}, {what})" for n, v, p, what in found)
   return Probe.found(len(found), f"found {listed}; {WOULD} (needs {ACK}=1); {NOT_YET}", bridges=" ".join(n for n, *_ in found))
@@ -55,13 +63,46 @@ def probe(ctx: PluginContext) -> Probe:
 @hookimpl
 def plugrt_interfaces() -> list[InterfaceSpec]:
   return [InterfaceSpec(device="AMD", name=NAME, probe=probe, auto=False, priority=0,
-                        description=f"an ASM24xx USB3-to-PCIe bridge (not implemented; never automatic; needs {ACK}=1)")]
+                        description=f"an ASM24xx USB3-to-PCIe bridge: IP discovery only, no kernels (never automatic; needs {ACK}=1)")]
+
+
+def open_usb(device: DeviceInfo, transport: Any = None, root: str = USB_DEVICES) -> Any:
+  """Find the device's bridge, reach the GPU behind it, run the implemented bring-up, and raise where it stops.
+
+  `transport` is the SCSI seam (plugrt_amd_usb.asm24.Transport; tests pass a fake bridge); by default libusb."""
+  from plugrt.errors import DeviceUnavailable
+  from plugrt_amd.device import AcknowledgementRequired
+  if not device.context.flag(ACK):
+    raise AcknowledgementRequired(f"{device.canonical} through USB: {WOULD}, and {ACK}=1 is not set", f"set {ACK}=1 to accept that; or {HINT}")
+  own = transport is None
+  if own:
+    found = bridges(root)
+    if device.index >= len(found):
+      raise DeviceUnavailable(f"{device.canonical} through USB: {len(found)} ASM24xx bridge(s) on USB", Reason.NO_DEVICE,
+                              "plug in an ASM2464PD enclosure holding the GPU, or use the KFD interface")
+    _, vendor, product, _ = found[device.index]
+    from plugrt_amd_usb.libusb import LibUSBTransport, load
+    transport = LibUSBTransport(vendor, product, allow_detach=True, lib=load(device.context.get(LIBUSB)))
+  try:
+    from plugrt_amd import bringup
+    from plugrt_amd.firmware import FIRMWARE_DIR
+    from plugrt_amd.regs import REGISTER_BAR, VRAM_BAR, GPURegisters
+    from plugrt_amd_usb.asm24 import ASM24Bridge, BridgeMMIO, find_gpu
+    bridge = ASM24Bridge(transport)
+    bridge.init()
+    gpu = find_gpu(bridge)
+    if REGISTER_BAR not in gpu.bars:
+      raise DeviceUnavailable(f"{device.canonical} through USB: the GPU at bus {gpu.bus} has no BAR{REGISTER_BAR}", Reason.NO_DEVICE)
+    mmio = BridgeMMIO(bridge, *gpu.bars[REGISTER_BAR])
+    vram = BridgeMMIO(bridge, *gpu.bars[VRAM_BAR]) if VRAM_BAR in gpu.bars else None
+    b = bringup.bring_up(GPURegisters(mmio, vram), f"{device.name}:{device.index} through USB", device.context.get(FIRMWARE, FIRMWARE_DIR))
+    bars = ", ".join(f"BAR{i} at 0x{a:x} ({s >> 10} KiB)" for i, (a, s) in sorted(gpu.bars.items()))
+    b.steps.insert(0, f"GPU 0x{gpu.vendor:04x}:0x{gpu.device:04x} at bus {gpu.bus} behind {len(gpu.bridges)} bridge port(s); {bars}")
+  finally:
+    if own: transport.close()
+  b.stop()
 
 
 @hookimpl
 def plugrt_open_interface(device: DeviceInfo, interface: str) -> Any:
-  from plugrt_amd.device import AcknowledgementRequired, AMDNotImplemented
-  if not device.context.flag(ACK):
-    raise AcknowledgementRequired(f"{device.canonical} through USB: {WOULD}, and {ACK}=1 is not set",
-                                  f"set {ACK}=1 to accept that; or {HINT}")
-  raise AMDNotImplemented(f"{device.canonical} through USB: {NOT_YET}", HINT)
+  return open_usb(device)

@@ -1,0 +1,75 @@
+"""The driverless bring-up of an AMD GPU, as far as plugrt implements it, on any `regs.GPURegisters`.
+
+Steps (each recorded in `BringUp.steps`, in order):
+
+1. VRAM size from RCC_CONFIG_MEMSIZE (a dead GPU reads 0 or 0xffffffff: `RegisterError`);
+2. the IP discovery binary, `DISCOVERY_TMR_SIZE` bytes at `DISCOVERY_TMR_OFFSET` below the top of VRAM (through the
+   VRAM BAR or MM_INDEX/MM_DATA); if its signature is wrong, amdgpu/ip_discovery.bin as the kernel's fallback does;
+   validated and parsed (`discovery.parse`; corruption is a `DiscoveryError`);
+3. the NBIO block's index/data pair for registers beyond the register BAR;
+4. the firmware files the IP versions call for, and which are present.
+
+Then it stops: `stop()` raises `AMDNotImplemented` saying what was found and that PSP/SMU firmware loading, GMC/GART
+set-up and MEC queues are not implemented. Nothing is written to the GPU except MM_INDEX/MM_INDEX_HI (VRAM reads)
+and the NBIO index register. Never run on an AMD GPU: tested on fake register files (docs/backends/amd.md).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+from plugrt_amd import discovery, firmware
+from plugrt_amd.regs import GPURegisters
+
+NOT_IMPLEMENTED = ("PSP firmware loading (SOS, then SMU/SDMA/GC microcode through the PSP ring), SMU start-up, GMC/GART and "
+                   "VM set-up, interrupt handler and MEC compute queues are not implemented")
+HINT = "use AMD_IFACE=KFD with the amdgpu kernel driver loaded"
+
+
+@dataclass
+class BringUp:
+  label: str
+  steps: list[str] = field(default_factory=list)
+  vram_size: int = 0
+  table: discovery.DiscoveryTable | None = None
+  source: str = ""                      # "VRAM" or the firmware file the table came from
+  firmware: list[tuple[firmware.FirmwareNeed, str | None]] = field(default_factory=list)
+
+  def summary(self) -> str:
+    return "; ".join(self.steps)
+
+  def stop(self) -> NoReturn:
+    from plugrt_amd.device import AMDNotImplemented
+    raise AMDNotImplemented(f"{self.label}: {self.summary()}; {NOT_IMPLEMENTED}", HINT)
+
+
+def read_discovery(regs: GPURegisters, vram_size: int, firmware_dir: str = firmware.FIRMWARE_DIR) -> tuple[discovery.DiscoveryTable, str]:
+  """The discovery table from the top of VRAM; with a wrong signature there, from amdgpu/ip_discovery.bin."""
+  blob = regs.read_vram(vram_size - discovery.DISCOVERY_TMR_OFFSET, discovery.DISCOVERY_TMR_SIZE)
+  if int.from_bytes(blob[:4], "little") == discovery.BINARY_SIGNATURE: return discovery.parse(blob), "VRAM"
+  path = os.path.join(firmware_dir, discovery.FIRMWARE_IP_DISCOVERY)
+  try:
+    with open(path, "rb") as f: blob = f.read()
+  except OSError:
+    raise discovery.DiscoveryError(f"IP discovery: no binary signature at VRAM offset 0x{vram_size - discovery.DISCOVERY_TMR_OFFSET:x} "
+                                   f"(read 0x{int.from_bytes(blob[:4], 'little'):08x}) and no {path}",
+                                   "the GPU's firmware has not written the table (power-cycle it), or supply the table as that file") from None
+  return discovery.parse(blob), path
+
+
+def bring_up(regs: GPURegisters, label: str, firmware_dir: str = firmware.FIRMWARE_DIR) -> BringUp:
+  """Run the implemented steps; returns the record (call `.stop()` to raise where bring-up stops)."""
+  b = BringUp(label)
+  b.vram_size = regs.vram_size()
+  b.steps.append(f"VRAM {b.vram_size >> 20} MiB (RCC_CONFIG_MEMSIZE)")
+  b.table, b.source = read_discovery(regs, b.vram_size, firmware_dir)
+  t = b.table
+  gc = f" ({t.gc.num_se} SE, wave{t.gc.wave_size})" if t.gc else ""
+  b.steps.append(f"IP discovery read from {b.source}: {t.summary()}{gc}, {len(t.blocks)} IP blocks")
+  if (nbio := t.find("NBIF")) is not None:
+    regs.use_nbio(nbio.version, nbio.bases)
+    b.steps.append(f"NBIO {nbio.version_str} index/data pair at dwords 0x{regs.smn_pair[0]:x}/0x{regs.smn_pair[1]:x}")
+  b.firmware, line = firmware.report(t, firmware_dir)
+  b.steps.append(line)
+  return b

@@ -1,0 +1,257 @@
+"""Fakes below the driverless AMD interfaces: a GPU's register file and VRAM, a sysfs tree for plugrt-amd-pci, and an
+ASM24xx bridge (its XDATA space and TLP engine, with PCI-to-PCI bridges and the GPU behind it) for plugrt-amd-usb.
+
+The GPU model answers what plugrt_amd.bringup touches: RCC_CONFIG_MEMSIZE, MM_INDEX/MM_INDEX_HI/MM_DATA into VRAM, and
+the NBIO index/data pair into a SMN space. The IP discovery binary in its VRAM is built with plugrt_amd.discovery.build
+from the documented layout; the IP blocks and register bases below are synthetic (an RDNA3-like GPU), not a real board's.
+"""
+from __future__ import annotations
+
+import os
+import struct
+
+from plugrt_amd import discovery
+from plugrt_amd.discovery import GCInfo, IPBlock
+from plugrt_amd.regs import MM_DATA, MM_INDEX, MM_INDEX_HI, RCC_CONFIG_MEMSIZE
+
+HW = discovery.HW_ID_BY_NAME
+VRAM_MIB = 16
+REG_BAR_SIZE = 512 << 10
+NBIO_BASES = (0x0, 0x14, 0xD20, 0x10400)
+
+
+def gfx1100_blocks(gc: tuple[int, int, int] = (11, 0, 0), nbio: tuple[int, int, int] = (4, 3, 0)) -> list[IPBlock]:
+  """A synthetic RDNA3-like block list (versions as an RX 7900 reports them; bases made up)."""
+  rows = [("GC", gc, (0x1260, 0xA000, 0x1C000, 0x2402C00)), ("MP0", (13, 0, 0), (0x16000, 0xDC0000)),
+          ("MP1", (13, 0, 0), (0x16000, 0xDC0000)), ("SDMA0", (6, 0, 0), (0x1260, 0xA000)), ("SDMA1", (6, 0, 0), (0x1260, 0xA000)),
+          ("NBIF", nbio, NBIO_BASES), ("MMHUB", (3, 0, 0), (0x1A000, 0x2408800)), ("HDP", (6, 0, 0), (0xF20, 0x240A400)),
+          ("OSSSYS", (6, 0, 0), (0x10A0, 0x240A000)), ("UMC", (8, 10, 0), (0x14000,)), ("VCN", (4, 0, 0), (0x7800, 0x7E00))]
+  return [IPBlock(HW[n], 0, *v, 0, b) for n, v, b in rows]
+
+
+GC_INFO = GCInfo((1, 0), num_se=6, wave_size=32, max_waves_per_simd=16, lds_size=64, num_sa_per_se=2, num_cu_per_sh=0, num_wgp_per_sa=4)
+
+
+def table(**kw) -> bytes:
+  return discovery.build(gfx1100_blocks(**kw), GC_INFO, harvest=((HW["VCN"], 1),))
+
+
+class FakeVRAM:
+  """VRAM of `mib` MiB of which the top `keep` bytes are stored (where the discovery table lives); the rest reads 0."""
+
+  def __init__(self, mib: int = VRAM_MIB, keep: int = 1 << 20):
+    self.size, self.base = mib << 20, (mib << 20) - keep
+    self.top = bytearray(keep)
+
+  def put(self, offset: int, data: bytes) -> None: self.top[offset - self.base:offset - self.base + len(data)] = data
+  def read32(self, offset: int) -> int: return struct.unpack_from("<I", self.top, offset - self.base)[0] if offset >= self.base else 0
+  def write32(self, offset: int, value: int) -> None:
+    if offset >= self.base: struct.pack_into("<I", self.top, offset - self.base, value)
+
+
+class FakeRegisters:
+  """The register BAR of a fake GPU: an MMIO (read32/write32 by byte offset)."""
+
+  def __init__(self, vram: FakeVRAM, size: int = REG_BAR_SIZE, pair: tuple[int, int] = (NBIO_BASES[1], NBIO_BASES[1] + 1),
+               memsize: int | None = None):
+    self.vram, self.size = vram, size
+    self.regs: dict[int, int] = {RCC_CONFIG_MEMSIZE: vram.size >> 20 if memsize is None else memsize}
+    self.smn: dict[int, int] = {}
+    self.pair = pair
+    self.log: list[tuple[str, int, int]] = []
+
+  def _vram_pos(self) -> int: return ((self.regs.get(MM_INDEX_HI, 0) << 31) | (self.regs.get(MM_INDEX, 0) & 0x7FFFFFFF))
+
+  def read32(self, offset: int) -> int:
+    reg = offset // 4
+    if reg == MM_DATA and self.regs.get(MM_INDEX, 0) & (1 << 31): v = self.vram.read32(self._vram_pos())
+    elif reg == self.pair[1]: v = self.smn.get(self.regs.get(self.pair[0], 0), 0)
+    else: v = self.regs.get(reg, 0)
+    self.log.append(("r", reg, v))
+    return v
+
+  def write32(self, offset: int, value: int) -> None:
+    reg = offset // 4
+    self.log.append(("w", reg, value))
+    if reg == MM_DATA and self.regs.get(MM_INDEX, 0) & (1 << 31): self.vram.write32(self._vram_pos(), value)
+    elif reg == self.pair[1]: self.smn[self.regs.get(self.pair[0], 0)] = value
+    else: self.regs[reg] = value
+
+
+def fake_gpu(blob: bytes | None = None, **kw) -> tuple[FakeRegisters, FakeVRAM]:
+  vram = FakeVRAM()
+  vram.put(vram.size - discovery.DISCOVERY_TMR_OFFSET, table() if blob is None else blob)
+  return FakeRegisters(vram, **kw), vram
+
+
+# ---- sysfs -----------------------------------------------------------------------------------------------------------
+
+def make_sysfs(root: str, address: str = "0000:03:00.0", driver: str = "amdgpu", blob: bytes | None = None, bar0_mib: int = VRAM_MIB,
+               enabled: bool = False) -> tuple[str, str]:
+  """A fake /sys/bus/pci tree with one AMD GPU: (devices dir, drivers dir). BAR files are regular files: resource5 is
+  the register BAR (RCC_CONFIG_MEMSIZE set), resource0 the VRAM BAR (`bar0_mib`, the discovery table at the top of VRAM
+  when it reaches that far)."""
+  devices, drivers = os.path.join(root, "devices"), os.path.join(root, "drivers")
+  d = os.path.join(devices, address)
+  os.makedirs(d)
+  os.makedirs(os.path.join(drivers, "amdgpu"))
+  for n in ("bind", "unbind"): open(os.path.join(drivers, "amdgpu", n), "w").close()
+  for n, v in (("vendor", "0x1002"), ("device", "0x744c"), ("class", "0x030000"), ("enable", "1" if enabled else "0")):
+    with open(os.path.join(d, n), "w") as f: f.write(v + "\n")
+  cfg = bytearray(256)
+  struct.pack_into("<HH", cfg, 0, 0x1002, 0x744C)
+  struct.pack_into("<I", cfg, 8, 0x030000C8)
+  with open(os.path.join(d, "config"), "wb") as f: f.write(cfg)
+  bar0, bar5 = 0xF000000000, 0xFCE00000
+  lines = [(bar0, bar0 + (bar0_mib << 20) - 1, 0x14220C), (0, 0, 0), (0xF800000000, 0xF8001FFFFF, 0x14220C), (0, 0, 0),
+           (0xE000, 0xE0FF, 0x40101), (bar5, bar5 + REG_BAR_SIZE - 1, 0x40200)] + [(0, 0, 0)] * 7
+  with open(os.path.join(d, "resource"), "w") as f: f.write("".join(f"0x{a:016x} 0x{b:016x} 0x{c:016x}\n" for a, b, c in lines))
+  regs = bytearray(REG_BAR_SIZE)
+  struct.pack_into("<I", regs, RCC_CONFIG_MEMSIZE * 4, VRAM_MIB)
+  with open(os.path.join(d, "resource5"), "wb") as f: f.write(regs)
+  with open(os.path.join(d, "resource0"), "wb") as f:
+    f.truncate(bar0_mib << 20)
+    pos = (VRAM_MIB << 20) - discovery.DISCOVERY_TMR_OFFSET
+    if pos < bar0_mib << 20:
+      f.seek(pos)
+      f.write(table() if blob is None else blob)
+  with open(os.path.join(d, "resource2"), "wb") as f: f.truncate(2 << 20)
+  if driver: os.symlink(os.path.join("..", "..", "drivers", driver), os.path.join(d, "driver"))
+  return devices, drivers
+
+
+class KernelWrites:
+  """The kernel's part for writes into a fake sysfs tree: unbind removes the device's driver link, bind restores it."""
+
+  def __init__(self, devices: str, drivers: str, refuse_unbind: bool = False):
+    self.devices, self.drivers, self.refuse_unbind = devices, drivers, refuse_unbind
+    self.log: list[tuple[str, str]] = []
+
+  def __call__(self, path: str, text: str) -> None:
+    self.log.append((os.path.relpath(path, os.path.dirname(self.devices)), text))
+    if path.endswith("/driver/unbind"):
+      if not self.refuse_unbind: os.unlink(os.path.join(self.devices, text, "driver"))
+    elif path.endswith("/bind"):
+      drv = os.path.basename(os.path.dirname(path))
+      os.symlink(os.path.join("..", "..", "drivers", drv), os.path.join(self.devices, text, "driver"))
+    else:
+      with open(path, "w") as f: f.write(text)
+
+
+# ---- the USB bridge ----------------------------------------------------------------------------------------------------
+
+class FakeFunction:
+  """Config space of one function: `bars` maps BAR index -> (size, 64-bit, prefetchable) for type-0 headers."""
+
+  def __init__(self, vendor: int, device: int, cls: int, bridge: bool, bars: dict[int, tuple[int, bool, bool]] | None = None):
+    self.cfg = bytearray(4096)
+    struct.pack_into("<HH", self.cfg, 0, vendor, device)
+    struct.pack_into("<I", self.cfg, 8, cls << 8)
+    self.cfg[0x0E] = 1 if bridge else 0
+    self.bridge, self.bars = bridge, bars or {}
+    for i, (_, wide, pref) in self.bars.items(): struct.pack_into("<I", self.cfg, 0x10 + 4 * i, (4 if wide else 0) | (8 if pref else 0))
+
+  def read(self, off: int) -> int: return struct.unpack_from("<I", self.cfg, off)[0]
+
+  def write(self, off: int, value: int, be: int) -> None:
+    old = self.read(off)
+    mask = sum(0xFF << (8 * i) for i in range(4) if be >> i & 1)
+    new = (old & ~mask) | (value & mask)
+    if not self.bridge and 0x10 <= off < 0x28:                 # BAR semantics: size bits read back as zero
+      i = (off - 0x10) // 4
+      if i in self.bars:
+        size, wide, pref = self.bars[i]
+        new = (new & ~(size - 1) & 0xFFFFFFF0) | (4 if wide else 0) | (8 if pref else 0)
+      elif i - 1 in self.bars and self.bars[i - 1][1]:         # the upper half of a 64-bit BAR
+        new &= ~((self.bars[i - 1][0] - 1) >> 32) & 0xFFFFFFFF
+      else: new = 0
+    struct.pack_into("<I", self.cfg, off, new)
+
+  def bar(self, i: int) -> int:
+    lo = self.read(0x10 + 4 * i) & 0xFFFFFFF0
+    return lo | (self.read(0x14 + 4 * i) << 32 if self.bars[i][1] else 0)
+
+  @property
+  def secondary(self) -> int: return self.cfg[0x19]
+  @property
+  def memory(self) -> bool: return bool(self.cfg[4] & 2)
+
+
+class FakeASM24:
+  """An ASM24xx bridge as a Transport: vendor CDBs on an XDATA space whose TLP engine reaches a chain of PCI-to-PCI bridges
+  (buses 0-3) and a GPU (bus 4) with a register BAR (BAR5, FakeRegisters) and a small VRAM BAR (BAR0, FakeVRAM)."""
+
+  def __init__(self, regs: FakeRegisters, vram: FakeVRAM, bar0_size: int = 8 << 20, gpu_bus: int = 4):
+    from plugrt_amd_usb import asm24
+    self.a = asm24
+    self.xdata = bytearray(0x20000)
+    self.regs, self.vram, self.gpu_bus = regs, vram, gpu_bus
+    ids = [(0x174C, 0x2464), (0x174C, 0x2464), (0x1002, 0x1478), (0x1002, 0x1479)]
+    self.funcs = {bus: FakeFunction(*ids[bus % 4], 0x060400, True) for bus in range(gpu_bus)}
+    self.funcs[gpu_bus] = FakeFunction(0x1002, 0x744C, 0x030000, False,
+                                       {0: (bar0_size, True, True), 2: (2 << 20, True, True), 5: (REG_BAR_SIZE, False, False)})
+    self.commands = 0
+    self.fail_next = 0          # TLP engine error reports to inject before the next completion
+    self.tlps: list[tuple[int, int]] = []
+
+  def execute(self, cdb: bytes, read: int = 0) -> bytes:
+    self.commands += 1
+    op, val, hi, lo, _ = struct.unpack(">BBBHB", cdb)
+    addr = ((hi << 16) | lo)
+    assert addr & 0xFF0000 in (0x500000, 0x510000), f"XDATA select missing in {cdb.hex()}"
+    addr &= 0x1FFFF
+    if op == self.a.CDB_XDATA_READ:
+      assert read == val
+      return bytes(self.xdata[addr:addr + val])
+    assert op == self.a.CDB_XDATA_WRITE and read == 0, cdb.hex()
+    if addr == self.a.TLP_STATUS:
+      if val == self.a.TLP_START: self._run()
+      elif val == self.a.TLP_ERROR: self.xdata[addr] = 0
+      return b""
+    self.xdata[addr] = val
+    return b""
+
+  def _route(self, bus: int) -> bool:
+    """Bus 0 is the bridge's own; bus n > 0 is reachable when the bridge on bus n-1 forwards to it."""
+    return bus == 0 or (bus - 1 in self.funcs and self.funcs[bus - 1].bridge and self.funcs[bus - 1].secondary == bus and self._route(bus - 1))
+
+  def _run(self) -> None:
+    x = self.xdata
+    fmt, be = x[self.a.TLP_FMT_TYPE], x[self.a.TLP_BYTE_ENABLE]
+    address = struct.unpack_from(">I", x, self.a.TLP_ADDR_LO)[0] | struct.unpack_from(">I", x, self.a.TLP_ADDR_HI)[0] << 32
+    data = struct.unpack_from(">I", x, self.a.TLP_DATA)[0]
+    self.tlps.append((fmt, address))
+    if self.fail_next:
+      self.fail_next -= 1
+      x[self.a.TLP_STATUS] = self.a.TLP_ERROR
+      return
+    status, out, with_data, count = 0, 0, fmt in (self.a.CFGRD0, self.a.CFGRD1, self.a.MRD32), 4
+    if fmt in (self.a.CFGRD0, self.a.CFGRD1, self.a.CFGWR0, self.a.CFGWR1):
+      bus, dev, fn, off = address >> 24, (address >> 19) & 31, (address >> 16) & 7, address & 0xFFC
+      if (fmt & 1) != (bus > 0) or dev or fn or bus not in self.funcs or not self._route(bus): status = 1
+      elif fmt & 0x40: self.funcs[bus].write(off, data, be)
+      else: out = self.funcs[bus].read(off)
+    elif fmt in (self.a.MRD32, self.a.MWR32):
+      gpu = self.funcs[self.gpu_bus]
+      count = bin(be).count("1")
+      target = None
+      if gpu.memory and self._route(self.gpu_bus):
+        for i, dev_ in ((5, self.regs), (0, self.vram)):
+          if gpu.bar(i) <= address < gpu.bar(i) + gpu.bars[i][0]: target = (dev_, address - gpu.bar(i) + (0 if i == 5 else self._vram_window()))
+      if target is None: status = 1
+      elif fmt == self.a.MWR32: target[0].write32(target[1], data)
+      else: out = target[0].read32(target[1])
+    else: status = 1
+    if status: with_data = False
+    struct.pack_into(">I", x, self.a.TLP_DATA, out)
+    struct.pack_into(">H", x, self.a.TLP_COMPLETION, status << 13 | count)
+    x[self.a.TLP_CPL_FLAGS] = int(with_data)
+    x[self.a.TLP_STATUS] = self.a.TLP_DONE
+
+  def _vram_window(self) -> int: return 0     # BAR0 shows VRAM from offset 0
+
+
+def fake_amdgpu_init_writes(fake: FakeASM24) -> list[tuple[int, bytes]]:
+  """The controller set-up writes the bridge saw (CONTROLLER_INIT's addresses, in order), as (address, bytes)."""
+  from plugrt_amd_usb.asm24 import CONTROLLER_INIT
+  return [(a, bytes(fake.xdata[a:a + len(d)])) for a, d in CONTROLLER_INIT]
