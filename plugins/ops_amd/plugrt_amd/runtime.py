@@ -107,6 +107,7 @@ class AMDAllocator(Allocator[int]):
   """VRAM in the GPU's (= the process's) address space; a handle is its address. Host copies through GTT staging and
   SDMA, device copies by SDMA."""
   supports_transfer = True
+  supports_wrap = True  # memory KFD shows this GPU can reach (plugrt's, a ROCm runtime's of this process, SVM): check_visible
 
   def __init__(self, device: DeviceInfo):
     super().__init__(device)
@@ -131,6 +132,16 @@ class AMDAllocator(Allocator[int]):
       st.kfd.free(mem)
 
   def _offset(self, handle: int, offset: int, nbytes: int) -> int: return handle + offset
+
+  def _wrap(self, ptr: int, nbytes: int) -> int:
+    """ROCm memory (torch's ROCm tensors' data_ptr, DLPack device type 10) at its own address: KFD is asked whether this
+    GPU reaches it (KFDDevice.check_visible); refused (KFDNotVisible, an UnsupportedError) otherwise, never copied."""
+    with self.state.lock: self.state.kfd.check_visible(ptr, nbytes)
+    return ptr
+
+  def dlpack_device(self) -> tuple[int, int]: return (10, self.state.index)  # kDLROCM
+
+  def _pointer(self, handle: int) -> int: return handle
 
   def _copyin(self, dest: int, src: memoryview) -> None: self.staging.copyin(dest, buffer_address(src), src.nbytes)
 

@@ -220,7 +220,9 @@ class FakeKFD(FakeDevice, KFDOps):
       m = self._map(0, length, "host")
       self.host[m] = length
       return m
-    if fd == DRM_FD:  # the CPU view of an allocation: at its address, at the offset ALLOC returned
+    if fd in (DRM_FD, FOREIGN_DRM_FD):  # the CPU view of an allocation: at its address, at the offset ALLOC returned
+      if fd != self.vm_file:
+        raise OSError(errno.EACCES, f"render node mmap through fd {fd}: allocations belong to the file the VM was acquired with")
       bo = self.bos.get(addr)
       if bo is None or bo.mmap_offset != offset or length > bo.size or not flags & 0x10:
         raise OSError(errno.EINVAL, f"render node mmap at {addr:#x} offset {offset:#x}: no allocation there with that offset")

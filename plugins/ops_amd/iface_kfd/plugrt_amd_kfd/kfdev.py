@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from plugrt.errors import DeviceUnavailable, LaunchError, OutOfMemoryError, Reason
+from plugrt.errors import DeviceUnavailable, LaunchError, OutOfMemoryError, Reason, UnsupportedError
 from plugrt.hwqueue import CommandSlots, QueueError, Timeline, libc, round_up
 from plugrt_amd import aql, sdma
 from plugrt_amd_kfd import kfd
@@ -62,6 +62,11 @@ class KFDPacketError(KFDError):
 
 class KFDTimeout(KFDError):
   """Nothing finished within the timeout and the driver reported no fault (a kernel that never ends)."""
+
+
+class KFDNotVisible(UnsupportedError):
+  """Memory plugrt was asked to wrap (Tensor.from_blob, DLPack import) that KFD does not show as reachable by this
+  GPU: plugrt refuses it rather than copy it."""
 
 
 class KFDLaunchError(LaunchError):
@@ -105,6 +110,7 @@ class KFDOps:
 
   def listdir(self, path: str) -> list[str]: return os.listdir(path)
   def exists(self, path: str) -> bool: return os.path.exists(path)
+  def readlink(self, path: str) -> str: return os.readlink(path)
 
 
 # ---------------------------------------------------------------- topology
@@ -264,7 +270,12 @@ class KFDDevice:
     if v.major_version != 1 or v.minor_version < MIN_MINOR:
       raise DeviceUnavailable(f"the KFD ABI is {v.major_version}.{v.minor_version}, plugrt needs 1.{MIN_MINOR} or newer", Reason.OPEN_FAILED,
                               "update the kernel (Linux 5.15+)")
-    self.ioctl(kfd.AMDKFD_IOC_ACQUIRE_VM, kfd.AcquireVmArgs(drm_fd=self.drm_fd, gpu_id=self.gpu_id))
+    self.own_drm_fd = self.drm_fd
+    self.shared_vm = False  # True: another runtime of this process (ROCr, under HIP/torch) acquired the GPU's VM first
+    try: self.ioctl(kfd.AMDKFD_IOC_ACQUIRE_VM, kfd.AcquireVmArgs(drm_fd=self.drm_fd, gpu_id=self.gpu_id))
+    except OSError as e:
+      if e.errno != errno.EBUSY: raise
+      self.drm_fd, self.shared_vm = self._acquired_render_file(), True
     self.aperture = self._aperture()
     if self.version >= (1, 14): self.ioctl(kfd.AMDKFD_IOC_RUNTIME_ENABLE, kfd.RuntimeEnableArgs(mode_mask=0))
     self.timestamp_hz = self._timestamp_frequency()
@@ -295,6 +306,44 @@ class KFDDevice:
                      name: str = "kernel") -> None:
     """check_dispatch with this GPU's LDS size (the device code calls it once per program)."""
     check_dispatch(descriptor, kernarg_size, workgroup, group_segment_size, name, self.node.lds_bytes)
+
+  def _acquired_render_file(self) -> int:
+    """KFD gives a process one GPU VM per GPU, acquired with one render-node file: ACQUIRE_VM with another file is
+    EBUSY. When a runtime of this process (ROCr) acquired it first, its open file of this GPU's render node is the one
+    to use (for ACQUIRE_VM and the CPU mmaps of allocations), found among the process's fds; plugrt never closes it."""
+    node = f"/dev/dri/renderD{self.node.render_minor}"
+    for name in sorted(self.ops.listdir("/proc/self/fd"), key=lambda n: int(n) if n.isdigit() else -1):
+      if not name.isdigit() or int(name) == self.own_drm_fd: continue
+      try:
+        if self.ops.readlink(f"/proc/self/fd/{name}") != node: continue
+        self.ioctl(kfd.AMDKFD_IOC_ACQUIRE_VM, kfd.AcquireVmArgs(drm_fd=int(name), gpu_id=self.gpu_id))
+      except OSError: continue
+      return int(name)
+    raise DeviceUnavailable(f"the GPU's VM was acquired with a render-node file of {node} plugrt cannot find", Reason.OPEN_FAILED,
+                            "another GPU runtime of this process holds the GPU; open AMD in a process of its own")
+
+  def check_visible(self, ptr: int, nbytes: int) -> str:
+    """Whether this GPU can reach [ptr, ptr+nbytes) at that address, as KFD answers AMDKFD_IOC_SVM GET_ATTR(ACCESS) for
+    this gpu_id over the pages holding it: "plugrt" (plugrt's own allocation), "kfd" (EADDRINUSE: memory another
+    runtime of this process allocated through KFD and mapped into this process's GPU VM, e.g. hipMalloc's), "svm"
+    (an SVM range this GPU may access, e.g. host memory with XNACK on). Anything else is KFDNotVisible: plugrt never
+    copies in its place (docs/backends/amd.md, "Wrapping ROCm memory")."""
+    for m in self.memory.values():
+      if m.va <= ptr and ptr + nbytes <= m.va + m.size: return "plugrt"
+    lo, hi = ptr & ~(PAGE - 1), round_up(ptr + max(nbytes, 1), PAGE)
+    args = kfd.SvmArgs1(start_addr=lo, size=hi - lo, op=kfd.KFD_IOCTL_SVM_OP_GET_ATTR, nattr=1)
+    args.attrs[0].type, args.attrs[0].value = kfd.KFD_IOCTL_SVM_ATTR_ACCESS, self.gpu_id
+    what = f"{nbytes} bytes at {ptr:#x}"
+    try: self.ioctl(kfd.AMDKFD_IOC_SVM, args)
+    except OSError as e:
+      if e.errno == errno.EADDRINUSE: return "kfd"
+      if e.errno == errno.EFAULT:
+        raise KFDNotVisible(f"{self.label}: {what} is not mapped in this process", "pass a pointer to live GPU memory") from None
+      raise KFDNotVisible(f"{self.label}: KFD cannot say whether {what} is GPU memory ({e.strerror})",
+                          "copy the data in with Buffer.copyin") from None
+    if args.attrs[0].type in (kfd.KFD_IOCTL_SVM_ATTR_ACCESS, kfd.KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE): return "svm"
+    raise KFDNotVisible(f"{self.label}: {what} is host memory KFD has not mapped for this GPU (not a ROCm allocation, and XNACK is off)",
+                        "pass memory a ROCm runtime of this process allocated (torch's ROCm tensors), or copy host data in with Buffer.copyin")
 
   def _timestamp_frequency(self) -> int:
     """The GPU timestamp counter's frequency in Hz (the render node's AMDGPU_INFO DEV_INFO gpu_counter_freq); 0 when
@@ -470,7 +519,7 @@ class KFDDevice:
     for m in list(self.memory.values()): self.free(m)
     for addr in self.doorbell_pages.values(): self.ops.munmap(addr, kfd.DOORBELL_PAGE)
     self.closed = True
-    self.ops.close(self.drm_fd)
+    self.ops.close(self.own_drm_fd)  # a render-node file another runtime acquired the VM with stays that runtime's
     self.ops.close(self.kfd_fd)
 
 
