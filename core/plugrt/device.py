@@ -30,7 +30,7 @@ class RuntimeDevice:
     self.allocator: Allocator = registry.build(info, backend, "plugrt_allocator")
     self.program_factory = registry.build(info, backend, "plugrt_program")
     self._compilers: dict[str, Compiler] = {}
-    self._programs: dict[tuple[str, str], Program] = {}
+    self._programs: dict[tuple[str, str, Any], Program] = {}
     self._kernel_programs: dict[tuple[int, str], tuple[Kernel, Program]] = {}
     self._lock = allocate_lock()
     self._graph_factory: Any = None
@@ -71,7 +71,10 @@ class RuntimeDevice:
       raise UnsupportedError(f"{self.canonical} has no image support: kernel {kernel.name} takes image {imgs[0].arg[1]!r} "
                              f"({imgs[0].dtype.base!r})", "run image kernels on an image device (CL, or PYTHON for the reference)")
     src = comp.render(kernel)
-    if (prg := self._programs.get((comp.name, src))) is None:
+    # the signature is part of the key: two kernels may render alike (LLVM IR has one i32 for int32 and uint32) and a
+    # Program checks its arguments' dtypes against the signature it was loaded with
+    key = (comp.name, src, kernel.signature)
+    if (prg := self._programs.get(key)) is None:
       lib, cached = comp.compile_cached(src)
       try: prg = self.load(kernel.name, lib, kernel.signature)
       except Exception as e:
@@ -79,7 +82,7 @@ class RuntimeDevice:
           comp.forget(src)  # a fresh binary that does not load is a real error; it is not served from the cache either
           raise
         prg = self.load(kernel.name, comp.recompile(src, e), kernel.signature)  # the cache held a binary that does not load
-      self._programs[(comp.name, src)] = prg
+      self._programs[key] = prg
     self._kernel_programs[(id(kernel), comp.name)] = (kernel, prg)
     return prg
 

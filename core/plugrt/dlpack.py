@@ -207,7 +207,7 @@ def from_dlpack(obj: Any, device: Any = None) -> Imported:
   if dev.allocator.dlpack_device() not in ((dev_type, dev_id), (KDL_CPU, 0) if dev_type == KDL_CUDA_HOST else None):
     raise UnsupportedError(f"{dev.canonical} cannot address memory of DLPack device ({dev_type}, {dev_id})", "pass a matching device=")
   # a GPU producer makes its data ready for the stream we name: 1, CUDA's legacy default stream, which plugrt uses
-  stream = {"stream": 1} if dev_type in (KDL_CUDA, KDL_ROCM) else {}
+  stream = {"stream": 1} if dev_type == KDL_CUDA else {"stream": 0} if dev_type == KDL_ROCM else {}  # ROCm: 0 (1 and 2 are CUDA-only)
   try: capsule = obj.__dlpack__(max_version=(1, 0), **stream)
   except TypeError: capsule = obj.__dlpack__(**stream)  # a producer from before DLPack 1.0
   versioned = bool(_api.PyCapsule_IsValid(capsule, b"dltensor_versioned"))

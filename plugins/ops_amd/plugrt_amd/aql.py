@@ -188,3 +188,98 @@ class KernelDescriptor(_Struct):
 
 
 assert ctypes.sizeof(KernelDescriptor) == KERNEL_DESCRIPTOR_SIZE
+
+
+# ---------------------------------------------------------------- amd_queue_t (ROCR amd_hsa_queue.h)
+
+# hsa_queue_feature_t (hsa.h) and amd_queue_properties_t bits (amd_hsa_queue.h)
+HSA_QUEUE_FEATURE_KERNEL_DISPATCH = 1
+AMD_QUEUE_PROPERTIES_ENABLE_TRAP_HANDLER = 1 << 0
+AMD_QUEUE_PROPERTIES_IS_PTR64 = 1 << 1
+AMD_QUEUE_PROPERTIES_ENABLE_PROFILING = 1 << 3
+AMD_QUEUE_SIZE = 256
+
+
+class HsaQueue(_Struct):
+  """hsa_queue_t, the first 40 bytes of amd_queue_t: size counts packets."""
+  _fields_ = [("type", u32), ("features", u32), ("base_address", u64), ("doorbell_signal", u64), ("size", u32), ("reserved1", u32), ("id", u64)]
+
+
+class AmdQueue(_Struct):
+  """amd_queue_t: the queue descriptor the packet processor reads next to the AQL ring. CREATE_QUEUE's write and read
+  pointers point at write_dispatch_id and read_dispatch_id inside it; read_dispatch_id_field_base_byte_offset tells the
+  firmware where the struct starts. Per dispatch it takes from here: the scratch (private segment) setup for kernels
+  whose descriptor enables it (scratch_resource_descriptor, scratch_backing_memory_location, compute_tmpring_size,
+  scratch_wave64_lane_byte_size) and queue_properties' ENABLE_PROFILING, which makes it write a completed packet's
+  start and end GPU timestamps into the completion signal (amd_signal_t start_ts/end_ts)."""
+  _fields_ = [("hsa_queue", HsaQueue), ("caps", u32), ("reserved1", u32 * 3), ("write_dispatch_id", u64),
+              ("group_segment_aperture_base_hi", u32), ("private_segment_aperture_base_hi", u32), ("max_cu_id", u32), ("max_wave_id", u32),
+              ("max_legacy_doorbell_dispatch_id_plus_1", u64), ("legacy_doorbell_lock", u32), ("reserved2", u32 * 9),
+              ("read_dispatch_id", u64), ("read_dispatch_id_field_base_byte_offset", u32), ("compute_tmpring_size", u32),
+              ("scratch_resource_descriptor", u32 * 4), ("scratch_backing_memory_location", u64), ("scratch_backing_memory_byte_size", u64),
+              ("scratch_wave64_lane_byte_size", u32), ("queue_properties", u32), ("reserved3", u32 * 2), ("queue_inactive_signal", u64),
+              ("reserved4", u32 * 14)]
+
+
+assert ctypes.sizeof(AmdQueue) == AMD_QUEUE_SIZE and AmdQueue.write_dispatch_id.offset == 56 and AmdQueue.read_dispatch_id.offset == 128
+
+# ---------------------------------------------------------------- scratch (private segment) setup
+
+# compute_pgm_rsrc2 bit 0: the kernel uses a private segment (scratch)
+RSRC2_ENABLE_PRIVATE_SEGMENT = 1 << 0
+SCRATCH_LANES = 64  # scratch is sized for 64-lane waves (a wave32 kernel uses half of each wave's slice)
+# buffer resource descriptor fields (SQ_BUF_RSRC_WORD1/3) and values
+SQ_SEL_X, SQ_SEL_Y, SQ_SEL_Z, SQ_SEL_W = 4, 5, 6, 7
+BUF_NUM_FORMAT_UINT, BUF_DATA_FORMAT_32, BUF_FORMAT_32_UINT, SQ_RSRC_BUF = 4, 4, 20, 0
+
+
+def scratch_alignment(major: int) -> int:
+  """The unit of COMPUTE_TMPRING_SIZE.WAVESIZE in bytes: 1 KiB on gfx9/gfx10, 256 bytes on gfx11 and later."""
+  return 256 if major >= 11 else 1024
+
+
+def scratch_per_item(private_segment_size: int, major: int) -> int:
+  """Bytes of scratch per work-item a queue provides for a kernel needing `private_segment_size`: rounded so that
+  a 64-lane wave's slice is a whole number of WAVESIZE units."""
+  unit = scratch_alignment(major) // SCRATCH_LANES
+  return -(-private_segment_size // unit) * unit
+
+
+def scratch_bytes(per_item: int, cus: int, slots_per_cu: int) -> int:
+  """The scratch a queue needs so every wave that can hold scratch at once has its slice: per-item bytes x 64 lanes
+  x the scratch wave slots of a CU (topology's max_slots_scratch_cu) x the CUs (all XCCs)."""
+  return per_item * SCRATCH_LANES * slots_per_cu * cus
+
+
+def scratch_srd(base: int, size: int, major: int) -> tuple[int, int, int, int]:
+  """The four dwords of the scratch buffer resource descriptor: base (48 bits), swizzled, `size` records of bytes,
+  64 consecutive lanes per index (ADD_TID), word 3 as each generation encodes it."""
+  sel = SQ_SEL_X | SQ_SEL_Y << 3 | SQ_SEL_Z << 6 | SQ_SEL_W << 9
+  if major >= 11:
+    w1 = (base >> 32 & 0xFFFF) | 1 << 30                           # SWIZZLE_ENABLE is bits 30..31 from gfx11
+    w3 = sel | BUF_FORMAT_32_UINT << 12 | 1 << 23 | 2 << 28 | SQ_RSRC_BUF << 30   # ADD_TID, OOB_SELECT 2; INDEX_STRIDE: the CP's
+  elif major == 10:
+    w1 = (base >> 32 & 0xFFFF) | 1 << 31
+    w3 = sel | BUF_FORMAT_32_UINT << 12 | 3 << 21 | 1 << 23 | 1 << 24 | 2 << 28 | SQ_RSRC_BUF << 30  # INDEX_STRIDE 64, RESOURCE_LEVEL
+  else:
+    w1 = (base >> 32 & 0xFFFF) | 1 << 31                           # SWIZZLE_ENABLE bit 31
+    w3 = sel | BUF_NUM_FORMAT_UINT << 12 | BUF_DATA_FORMAT_32 << 15 | 1 << 19 | 3 << 21 | 1 << 23 | SQ_RSRC_BUF << 30
+  return base & 0xFFFFFFFF, w1, size & 0xFFFFFFFF, w3
+
+
+def tmpring_size(major: int, per_item: int, size_per_xcc: int, max_waves: int, engines: int) -> int:
+  """COMPUTE_TMPRING_SIZE: WAVES (bits 0..11: waves that may hold scratch at once; per shader engine from gfx11) and
+  WAVESIZE (from bit 12: one wave's slice in scratch_alignment units; 13 bits gfx9/10, 15 gfx11, 18 gfx12)."""
+  unit = scratch_alignment(major)
+  wave = -(-SCRATCH_LANES * per_item // unit)
+  waves = size_per_xcc // (wave * unit)
+  if major >= 11: waves //= max(engines, 1)
+  width = 18 if major >= 12 else 15 if major == 11 else 13
+  if wave >= 1 << width: raise ValueError(f"{per_item} bytes of scratch per work-item is more than COMPUTE_TMPRING_SIZE can describe")
+  return min(waves, max_waves, 0xFFF) | wave << 12
+
+
+def tmpring_fields(value: int, major: int) -> tuple[int, int]:
+  """(WAVES, WAVESIZE in bytes) of a COMPUTE_TMPRING_SIZE value."""
+  width = 18 if major >= 12 else 15 if major == 11 else 13
+  return value & 0xFFF, (value >> 12 & (1 << width) - 1) * scratch_alignment(major)

@@ -107,6 +107,7 @@ class AMDAllocator(Allocator[int]):
   """VRAM in the GPU's (= the process's) address space; a handle is its address. Host copies through GTT staging and
   SDMA, device copies by SDMA."""
   supports_transfer = True
+  supports_wrap = True  # memory KFD shows this GPU can reach (plugrt's, a ROCm runtime's of this process, SVM): check_visible
 
   def __init__(self, device: DeviceInfo):
     super().__init__(device)
@@ -131,6 +132,16 @@ class AMDAllocator(Allocator[int]):
       st.kfd.free(mem)
 
   def _offset(self, handle: int, offset: int, nbytes: int) -> int: return handle + offset
+
+  def _wrap(self, ptr: int, nbytes: int) -> int:
+    """ROCm memory (torch's ROCm tensors' data_ptr, DLPack device type 10) at its own address: KFD is asked whether this
+    GPU reaches it (KFDDevice.check_visible); refused (KFDNotVisible, an UnsupportedError) otherwise, never copied."""
+    with self.state.lock: self.state.kfd.check_visible(ptr, nbytes)
+    return ptr
+
+  def dlpack_device(self) -> tuple[int, int]: return (10, self.state.index)  # kDLROCM
+
+  def _pointer(self, handle: int) -> int: return handle
 
   def _copyin(self, dest: int, src: memoryview) -> None: self.staging.copyin(dest, buffer_address(src), src.nbytes)
 
@@ -179,6 +190,8 @@ class AMDProgram(Program):
     if info.kernarg_size > KERNARG_SLOT:
       raise UnsupportedError(f"kernel {name} takes {info.kernarg_size} bytes of arguments; AMD passes up to {KERNARG_SLOT}")
     st.kfd.check_dispatch(info.descriptor, info.kernarg_size, (1, 1, 1), 0, name)  # static LDS only: plugrt has no dynamic LDS
+    if info.private_segment_size or info.descriptor.compute_pgm_rsrc2 & 1:  # ENABLE_PRIVATE_SEGMENT: the queue's scratch, on demand
+      with st.lock: st.compute.ensure_scratch(max(info.private_segment_size, 4))
     self.info, self.code = info, co
     with st.lock: self.mem = st.kfd.alloc(round_up(co.image_size, 4096) + 4096, "vram", cpu=False, executable=True)
     device.allocator._copyin(self.mem.va, memoryview(co.image(self.mem.va)))
@@ -203,11 +216,16 @@ class AMDProgram(Program):
       i = slots.take(q)
       addr = slots.base + i * slots.size
       ctypes.memmove(addr, self.args_addr, self.args_size)
-      t = time.perf_counter() if wait else 0.0
+      if not wait:
+        slots.last_use[i] = q.push_args(self.prepared, addr)
+        return None
+      q.clear_timestamps()
+      t = time.perf_counter()
       slots.last_use[i] = value = q.push_args(self.prepared, addr)
-      if not wait: return None
       q.wait(value)
-      return time.perf_counter() - t  # the host's clock: the fake KFD writes no start/end timestamps into the signal
+      host = time.perf_counter() - t
+      gpu = q.gpu_seconds()  # the packet processor's start_ts/end_ts (the queue profiles); None where it wrote none
+      return host if gpu is None else gpu
 
   def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
     gs, ls = self.check_args(bufs, vals, global_size, local_size)

@@ -60,9 +60,11 @@ def fake_plugins(fake: FakeKFD) -> list[Any]:
 
 
 @contextmanager
-def fake_amd(env: dict[str, str] | None = None, **kw: Any) -> Iterator[tuple[FakeKFD, Any]]:
-  """(the fake KFD, the AMD device opened on it), in a registry of exactly AMD, its KFD interface and PYTHON."""
+def fake_amd(env: dict[str, str] | None = None, before_open: Any = None, **kw: Any) -> Iterator[tuple[FakeKFD, Any]]:
+  """(the fake KFD, the AMD device opened on it), in a registry of exactly AMD, its KFD interface and PYTHON.
+  before_open(fake): what happens in the process before plugrt opens the GPU (another runtime acquiring its VM)."""
   fake = FakeKFD(**kw)
+  if before_open is not None: before_open(fake)
   try:
     with isolated(fake_plugins(fake), env={**ENV, **(env or {})}) as reg: yield fake, reg.open("AMD")
   finally: fake.shutdown()

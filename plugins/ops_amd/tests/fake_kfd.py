@@ -37,15 +37,17 @@ from plugrt_amd_kfd import kfd
 from plugrt_amd_kfd.kfdev import PAGE, PROT_NONE, TOPOLOGY, KFDOps
 
 KFD_FD, DRM_FD = 1000, 1001
+FOREIGN_DRM_FD = 1002     # the render node another runtime of the process (ROCr under HIP) opened and acquired the VM with
+TIMESTAMP_KHZ = 100_000   # the GPU timestamp counter: 100 MHz, as amdgpu reports for gfx9..gfx12 dGPUs
 GPU_ID = 0x1234
 
 # topology properties as KFD prints them (the fields plugrt reads; values of a Radeon RX 7900 XTX and an MI300X XCD set)
 GFX1100 = {"simd_count": 192, "simd_per_cu": 2, "array_count": 12, "simd_arrays_per_engine": 2, "max_waves_per_simd": 16,
            "lds_size_in_kb": 64, "wave_front_size": 32, "gfx_target_version": 110000, "drm_render_minor": 128, "num_sdma_engines": 2,
-           "num_xcc": 1, "local_mem_size": 1 << 34}
+           "num_xcc": 1, "local_mem_size": 1 << 34, "max_slots_scratch_cu": 32}
 GFX942 = {"simd_count": 1216, "simd_per_cu": 4, "array_count": 32, "simd_arrays_per_engine": 1, "max_waves_per_simd": 8,
           "lds_size_in_kb": 64, "wave_front_size": 64, "gfx_target_version": 90402, "drm_render_minor": 128, "num_sdma_engines": 2,
-          "num_xcc": 8, "local_mem_size": 1 << 36}
+          "num_xcc": 8, "local_mem_size": 1 << 36, "max_slots_scratch_cu": 32}
 
 
 def expected_cwsr(props: dict[str, int]) -> tuple[int, int, int]:
@@ -131,6 +133,10 @@ class FakeKFD(FakeDevice, KFDOps):
     self.copies: list[tuple[int, int, int]] = []
     self.log: list[str] = []  # the ioctls in order
     self.vm_acquired = self.runtime_enabled = False
+    self.vm_file: int | None = None
+    self.xnack = False                          # HSA_XNACK=1: the GPU retries page faults, so any host memory is reachable
+    self.timestamp_khz = TIMESTAMP_KHZ
+    self.profiled: list[tuple[int, int]] = []   # (start_ts, end_ts) written into completion signals
     self.lock = threading.Lock()
     self._ids = iter(range(1, 1 << 30))
     self._libc = ctypes.CDLL(None, use_errno=True)
@@ -181,11 +187,17 @@ class FakeKFD(FakeDevice, KFDOps):
 
   def listdir(self, path: str) -> list[str]:
     if path == TOPOLOGY: return ["0", "1"]
+    if path == "/proc/self/fd": return [str(fd) for fd in (0, 1, 2, KFD_FD, DRM_FD) + ((FOREIGN_DRM_FD,) if self.vm_file == FOREIGN_DRM_FD else ())]
     raise FileNotFoundError(path)
 
   def read_text(self, path: str) -> str:
     try: return self._files()[path]
     except KeyError: raise FileNotFoundError(path) from None
+
+  def readlink(self, path: str) -> str:
+    fd = int(path.rsplit("/", 1)[1])
+    if fd in (DRM_FD, FOREIGN_DRM_FD): return f"/dev/dri/renderD{self.props['drm_render_minor']}"
+    return {KFD_FD: "/dev/kfd"}.get(fd, "/dev/pts/0")
 
   def open(self, path: str, flags: int = 0) -> int:
     if path == "/dev/kfd": return KFD_FD
@@ -193,7 +205,7 @@ class FakeKFD(FakeDevice, KFDOps):
     raise FileNotFoundError(errno.ENOENT, "no such device", path)
 
   def close(self, fd: int) -> None:  # type: ignore[override]  # KFDOps.close(fd) and FakeDevice.close() share a name
-    if fd in (KFD_FD, DRM_FD): return
+    if fd in (KFD_FD, DRM_FD, FOREIGN_DRM_FD): return
     raise OSError(errno.EBADF, f"fd {fd}")
 
   def shutdown(self) -> None: FakeDevice.close(self)
@@ -208,7 +220,9 @@ class FakeKFD(FakeDevice, KFDOps):
       m = self._map(0, length, "host")
       self.host[m] = length
       return m
-    if fd == DRM_FD:  # the CPU view of an allocation: at its address, at the offset ALLOC returned
+    if fd in (DRM_FD, FOREIGN_DRM_FD):  # the CPU view of an allocation: at its address, at the offset ALLOC returned
+      if fd != self.vm_file:
+        raise OSError(errno.EACCES, f"render node mmap through fd {fd}: allocations belong to the file the VM was acquired with")
       bo = self.bos.get(addr)
       if bo is None or bo.mmap_offset != offset or length > bo.size or not flags & 0x10:
         raise OSError(errno.EINVAL, f"render node mmap at {addr:#x} offset {offset:#x}: no allocation there with that offset")
@@ -239,6 +253,8 @@ class FakeKFD(FakeDevice, KFDOps):
 
   # ------------------------------------------------------------ the seam: ioctl
   def ioctl(self, fd: int, request: int, arg: ctypes.Structure) -> None:
+    if fd == DRM_FD and request == kfd.DRM_IOCTL_AMDGPU_INFO and isinstance(arg, kfd.DrmAmdgpuInfo):
+      return self._amdgpu_info(arg)
     if fd != KFD_FD: raise OSError(errno.ENOTTY, f"ioctl {request:#x} on fd {fd}")
     name, st = kfd.REQUESTS.get(request, ("", None))
     if st is None or not isinstance(arg, st): raise OSError(errno.EINVAL, f"ioctl {request:#x} with {type(arg).__name__}")
@@ -249,8 +265,62 @@ class FakeKFD(FakeDevice, KFDOps):
 
   def _get_version(self, a: kfd.GetVersionArgs) -> None: a.major_version, a.minor_version = self.version
 
+  def _amdgpu_info(self, a: kfd.DrmAmdgpuInfo) -> None:
+    if a.query != kfd.AMDGPU_INFO_DEV_INFO: raise OSError(errno.EINVAL, f"AMDGPU_INFO query {a.query:#x}")
+    head = kfd.DrmAmdgpuInfoDeviceHead(gpu_counter_freq=self.timestamp_khz)
+    ctypes.memmove(a.return_pointer, ctypes.addressof(head), min(a.return_size, ctypes.sizeof(head)))
+
+  def gpu_ticks(self) -> int:
+    """The GPU timestamp counter (what the packet processor writes into start_ts/end_ts): the host's monotonic clock
+    at the counter's frequency."""
+    return time.perf_counter_ns() * self.timestamp_khz // 1_000_000
+
+  def _svm(self, a: kfd.SvmArgs1) -> None:
+    """GET_ATTR of one ACCESS attribute, as KFD answers it: a range overlapping memory ALLOC_MEMORY_OF_GPU mapped to a
+    GPU of this process is EADDRINUSE (it is not SVM memory); a range the process has not mapped at all is EFAULT;
+    other host memory is an unregistered SVM range, reachable by the GPU only with XNACK (retry faults) on."""
+    if a.op != kfd.KFD_IOCTL_SVM_OP_GET_ATTR or a.nattr != 1: raise OSError(errno.EINVAL, "the fake answers GET_ATTR of one attribute")
+    if a.start_addr % PAGE or a.size % PAGE or not a.size: raise OSError(errno.EINVAL, "SVM: range not page-aligned")
+    at = a.attrs[0]
+    if at.type not in (kfd.KFD_IOCTL_SVM_ATTR_ACCESS, kfd.KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE, kfd.KFD_IOCTL_SVM_ATTR_NO_ACCESS) or at.value != GPU_ID:
+      raise OSError(errno.EINVAL, "SVM: the fake answers ACCESS for this GPU")
+    end = a.start_addr + a.size
+    if any(b.gpu_mapped and b.va < end and a.start_addr < b.va + b.size for b in tuple(self.bos.values())):
+      raise OSError(errno.EADDRINUSE, "SVM: the range is memory of ALLOC_MEMORY_OF_GPU")
+    try: m = self.memory.find(a.start_addr)
+    except KeyError: m = None
+    if (m is None or m.va + m.size < end) and not self.host_mapped(a.start_addr, a.size): raise OSError(errno.EFAULT, "SVM: no VMA")
+    at.type = kfd.KFD_IOCTL_SVM_ATTR_ACCESS if self.xnack else kfd.KFD_IOCTL_SVM_ATTR_NO_ACCESS
+
+  def host_mapped(self, addr: int, size: int) -> bool:
+    """Whether the process has [addr, addr+size) mapped (its VMAs, from /proc/self/maps)."""
+    with open("/proc/self/maps") as f:
+      for line in f:
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= addr and addr + size <= hi: return True
+    return False
+
+  def foreign_alloc(self, size: int) -> int:
+    """Memory another runtime of this process allocated through KFD (what hipMalloc does through ROCr): a VRAM
+    allocation mapped to this GPU, CPU-visible here so tests can fill it, that plugrt's KFDDevice did not make."""
+    size = -(-size // PAGE) * PAGE
+    va = self.mmap(0, size, PROT_NONE, 0)
+    a = kfd.AllocMemoryOfGpuArgs(va_addr=va, size=size, gpu_id=GPU_ID, flags=kfd.KFD_IOC_ALLOC_MEM_FLAGS_VRAM)
+    self._alloc_memory_of_gpu(a)
+    self._bo(a.handle).gpu_mapped = True
+    return va
+
   def _acquire_vm(self, a: kfd.AcquireVmArgs) -> None:
-    if a.drm_fd != DRM_FD or a.gpu_id != GPU_ID: raise OSError(errno.EINVAL, "ACQUIRE_VM: not this GPU's render node")
+    if a.drm_fd not in (DRM_FD, FOREIGN_DRM_FD) or a.gpu_id != GPU_ID: raise OSError(errno.EINVAL, "ACQUIRE_VM: not this GPU's render node")
+    if self.vm_file is not None and self.vm_file != a.drm_fd:  # KFD: one render-node file per GPU and process
+      raise OSError(errno.EBUSY, "ACQUIRE_VM: the GPU's VM was acquired with another render node file")
+    self.vm_file = a.drm_fd
+    self.vm_acquired = True
+
+  def foreign_runtime(self) -> None:
+    """Another runtime of this process (ROCr) opened the render node and acquired the GPU's VM first, as importing
+    torch's ROCm build and touching a GPU does."""
+    self.vm_file = FOREIGN_DRM_FD
     self.vm_acquired = True
 
   def _runtime_enable(self, a: kfd.RuntimeEnableArgs) -> None:
@@ -305,6 +375,10 @@ class FakeKFD(FakeDevice, KFDOps):
     bo = self._bo(a.handle)
     if bo.gpu_mapped: raise OSError(errno.EBUSY, f"FREE of memory at {bo.va:#x} still mapped to the GPU")
     del self.handles[a.handle], self.bos[bo.va]
+    for ko in [k for k in self.kernargs if bo.va <= k < bo.va + bo.size]:  # a program's memory: a later one may load at its address
+      self.kernargs.pop(ko)
+      self.infos.pop(ko, None)
+      self.runner.programs.pop(ko, None)
     if bo.kind == "vram": self.vram_left += bo.size
     if bo.kind != "userptr": self.memory.unmap(bo.va)
 
@@ -314,7 +388,7 @@ class FakeKFD(FakeDevice, KFDOps):
 
   def gpu_bo(self, addr: int, n: int = 1) -> BO | None:
     """The GPU-mapped allocation holding [addr, addr+n), None where the GPU would fault."""
-    for bo in self.bos.values():
+    for bo in tuple(self.bos.values()):  # a snapshot: the queue threads ask while the backend's thread allocates and frees
       if bo.va <= addr and addr + n <= bo.va + bo.size: return bo if bo.gpu_mapped else None
     return None
 
@@ -437,25 +511,38 @@ class FakeKFD(FakeDevice, KFDOps):
       except aql.PacketError as e:  # the packet processor sits on a packet it cannot execute
         q.stalled = self.error = f"aql{q.qid}: packet {q.rptr}: {e}"
         return False
-      if isinstance(p, aql.KernelDispatchPacket): self._dispatch(p)
+      start = self.gpu_ticks()
+      if isinstance(p, aql.KernelDispatchPacket): self._dispatch(p, q)
       else:
         for dep in p.dep_signal:
           while dep and aql.AmdSignal.from_address(dep).value != 0 and not self.stop: time.sleep(0.0001)
       q.rptr += 1
       ctypes.c_uint64.from_address(q.rptr_addr).value = q.rptr
-      if p.completion_signal: self._signal(p.completion_signal)
+      if p.completion_signal: self._signal(p.completion_signal, q, start, max(self.gpu_ticks(), start + 1))
       return True
     return step
 
-  def _signal(self, address: int) -> None:
+  def amd_queue(self, q: Queue) -> aql.AmdQueue | None:
+    """The queue's amd_queue_t, found as the packet processor finds it: the read pointer is its read_dispatch_id, and
+    read_dispatch_id_field_base_byte_offset says how far in that is (None when it does not say so)."""
+    off = aql.AmdQueue.read_dispatch_id.offset
+    base = q.rptr_addr - off
+    if self.gpu_bo(base, aql.AMD_QUEUE_SIZE) is None: return None
+    d = aql.AmdQueue.from_address(base)
+    return d if d.read_dispatch_id_field_base_byte_offset == off else None
+
+  def _signal(self, address: int, q: Queue | None = None, start: int = 0, end: int = 0) -> None:
     if self.gpu_bo(address, 64) is None: raise self.memory_fault(address, "completion signal in unmapped memory")
     s = aql.AmdSignal.from_address(address)
+    if q is not None and (d := self.amd_queue(q)) is not None and d.queue_properties & aql.AMD_QUEUE_PROPERTIES_ENABLE_PROFILING:
+      s.start_ts, s.end_ts = start, end  # before the value: a waiter that sees the decrement sees the timestamps
+      self.profiled.append((start, end))
     with self.lock: s.value -= 1
     if s.event_mailbox_ptr:
       ctypes.c_uint64.from_address(s.event_mailbox_ptr).value = s.event_id
       self.fire(s.event_id)
 
-  def _dispatch(self, p: aql.KernelDispatchPacket) -> None:
+  def _dispatch(self, p: aql.KernelDispatchPacket, q: Queue | None = None) -> None:
     """Check a dispatch against its kernel descriptor, as the packet processor and the SPI would, and run it."""
     self.dispatches.append(p)
     ko = p.kernel_object
@@ -478,6 +565,7 @@ class FakeKFD(FakeDevice, KFDOps):
                           f"the GPU has {self.props['lds_size_in_kb']} KiB")
     if p.private_segment_size < kd.private_segment_fixed_size:
       raise self.hw_fault(f"{name}: private_segment_size {p.private_segment_size} < the descriptor's {kd.private_segment_fixed_size}")
+    if kd.private_segment_fixed_size or kd.compute_pgm_rsrc2 & aql.RSRC2_ENABLE_PRIVATE_SEGMENT: self._check_scratch(name, p, q)
     if kd.granulated_lds_size: raise self.hw_fault(f"{name}: compute_pgm_rsrc2.GRANULATED_LDS_SIZE is set (the CP fills it)")
     if kd.wave32 and self.props["gfx_target_version"] < 100000: raise self.hw_fault(f"{name}: wave32 on a wave64-only GPU")
     block = (p.workgroup_size_x, p.workgroup_size_y, p.workgroup_size_z)
@@ -503,6 +591,25 @@ class FakeKFD(FakeDevice, KFDOps):
           raise self.hw_fault(f"{name}: hidden_group_size_{'xyz'[axis]} is not the dispatch's workgroup {block[axis]}")
     try: self.runner.run(kernel, bufs, scalars, grid, block)
     except IndexError as e: raise self.memory_fault(bufs[0] if bufs else 0, f"{name}: {e}") from e
+
+  def _check_scratch(self, name: str, p: aql.KernelDispatchPacket, q: Queue | None) -> None:
+    """A kernel with a private segment: the queue's amd_queue_t must describe scratch in GPU-mapped memory large
+    enough for p.private_segment_size bytes a work-item, for as many waves as it says may hold scratch at once."""
+    d = self.amd_queue(q) if q is not None else None
+    if d is None: raise self.hw_fault(f"{name}: needs scratch, and the queue's read pointer is not an amd_queue_t's read_dispatch_id")
+    need = p.private_segment_size
+    loc, per_xcc = d.scratch_backing_memory_location, d.scratch_backing_memory_byte_size
+    major = self.props["gfx_target_version"] // 10000
+    waves, wave_bytes = aql.tmpring_fields(d.compute_tmpring_size, major)
+    srd = list(d.scratch_resource_descriptor)
+    xccs = self.props.get("num_xcc", 1)
+    if not loc or self.gpu_bo(loc, per_xcc * xccs) is None:
+      raise self.hw_fault(f"{name}: needs {need} bytes of scratch a work-item; the queue's amd_queue_t gives no scratch in GPU-mapped memory")
+    if d.scratch_wave64_lane_byte_size < need or wave_bytes < need * aql.SCRATCH_LANES or not waves or waves * wave_bytes > per_xcc:
+      raise self.hw_fault(f"{name}: needs {need} bytes of scratch a work-item; amd_queue_t gives {d.scratch_wave64_lane_byte_size} a lane, "
+                          f"{waves} waves of {wave_bytes} bytes in {per_xcc}")
+    if srd[0] != loc & 0xFFFFFFFF or srd[1] & 0xFFFF != loc >> 32 & 0xFFFF or srd[2] < per_xcc & 0xFFFFFFFF:
+      raise self.hw_fault(f"{name}: the scratch resource descriptor {[hex(w) for w in srd]} does not describe the scratch at {loc:#x}")
 
   # ------------------------------------------------------------ the "GPU": SDMA
   def _sdma_step(self, q: Queue) -> Callable[[], bool]:

@@ -91,7 +91,8 @@ def test_ioctl_numbers():
   assert kfd.AMDKFD_IOC_FREE_MEMORY_OF_GPU == 0x40084B17
   assert kfd.AMDKFD_IOC_WAIT_EVENTS == 0xC0184B0C
   assert kfd.AMDKFD_IOC_RUNTIME_ENABLE == 0xC0104B25
-  assert len(set(kfd.REQUESTS)) == len(kfd.REQUESTS) == 15
+  assert kfd.AMDKFD_IOC_SVM == 0xC0184B20 and kfd.DRM_IOCTL_AMDGPU_INFO == 0x40206445  # svm_args head 24 bytes; drm_amdgpu_info 32
+  assert len(set(kfd.REQUESTS)) == len(kfd.REQUESTS) == 17
 
 
 CLANG = shutil.which("clang") or shutil.which("clang-14")

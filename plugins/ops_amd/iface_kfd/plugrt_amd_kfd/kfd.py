@@ -235,3 +235,50 @@ KFD_MMAP_TYPE_DOORBELL = 3 << KFD_MMAP_TYPE_SHIFT
 KFD_MMAP_TYPE_EVENTS = 2 << KFD_MMAP_TYPE_SHIFT
 KFD_MMAP_GPU_ID_SHIFT = 46
 DOORBELL_PAGE = 0x2000  # gfx9+: a process's doorbells are two 4 KiB pages, 8 bytes a queue
+
+# ---------------------------------------------------------------- the render node: DRM_IOCTL_AMDGPU_INFO (include/uapi/drm/amdgpu_drm.h)
+# Only for the GPU timestamp counter's frequency (drm_amdgpu_info_device.gpu_counter_freq, in KHz): the clock of the
+# start_ts/end_ts the packet processor writes into a completion signal when the queue profiles.
+AMDGPU_INFO_DEV_INFO = 0x16
+DRM_COMMAND_BASE, DRM_AMDGPU_INFO = 0x40, 0x05
+
+
+class DrmAmdgpuInfo(_Struct):
+  """drm_amdgpu_info: the kernel writes up to return_size bytes of the `query`'s answer at return_pointer."""
+  _fields_ = [("return_pointer", u64), ("return_size", u32), ("query", u32), ("union", u32 * 4)]
+
+
+class DrmAmdgpuInfoDeviceHead(_Struct):
+  """The first 32 bytes of drm_amdgpu_info_device (the kernel copies min(return_size, its size))."""
+  _fields_ = [("device_id", u32), ("chip_rev", u32), ("external_rev", u32), ("pci_rev", u32), ("family", u32),
+              ("num_shader_engines", u32), ("num_shader_arrays_per_engine", u32), ("gpu_counter_freq", u32)]
+
+
+DRM_IOCTL_AMDGPU_INFO = ioc(_IOC_WRITE, DRM_COMMAND_BASE + DRM_AMDGPU_INFO, ctypes.sizeof(DrmAmdgpuInfo), ord("d"))
+REQUESTS[DRM_IOCTL_AMDGPU_INFO] = ("AMDGPU_INFO", DrmAmdgpuInfo)
+
+# ---------------------------------------------------------------- SVM attributes (AMDKFD_IOC_SVM, ABI 1.5+): what KFD knows of an address range
+# plugrt uses only GET_ATTR, to ask whether memory another runtime of this process allocated (HIP, through ROCr) is
+# reachable by this GPU: Tensor.from_blob / DLPack import of ROCm memory (docs/backends/amd.md, "Wrapping ROCm memory").
+KFD_IOCTL_SVM_OP_SET_ATTR, KFD_IOCTL_SVM_OP_GET_ATTR = 0, 1
+KFD_IOCTL_SVM_ATTR_PREFERRED_LOC, KFD_IOCTL_SVM_ATTR_PREFETCH_LOC = 0, 1
+KFD_IOCTL_SVM_ATTR_ACCESS, KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE, KFD_IOCTL_SVM_ATTR_NO_ACCESS = 2, 3, 4
+KFD_IOCTL_SVM_ATTR_SET_FLAGS, KFD_IOCTL_SVM_ATTR_CLR_FLAGS, KFD_IOCTL_SVM_ATTR_GRANULARITY = 5, 6, 7
+
+
+class SvmAttribute(_Struct):
+  _fields_ = [("type", u32), ("value", u32)]
+
+
+class SvmArgs1(_Struct):
+  """kfd_ioctl_svm_args with one attribute (the struct ends in a flexible array; the request number encodes the
+  16-byte head only, and KFD reads nattr attributes after it)."""
+  _fields_ = [("start_addr", u64), ("size", u64), ("op", u32), ("nattr", u32), ("attrs", SvmAttribute * 1)]
+
+
+class _SvmArgsHead(_Struct):
+  _fields_ = [("start_addr", u64), ("size", u64), ("op", u32), ("nattr", u32)]
+
+
+AMDKFD_IOC_SVM = IOWR(0x20, _SvmArgsHead)
+REQUESTS[AMDKFD_IOC_SVM] = ("SVM", SvmArgs1)

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from plugrt.errors import DeviceUnavailable, LaunchError, OutOfMemoryError, Reason
+from plugrt.errors import DeviceUnavailable, LaunchError, OutOfMemoryError, Reason, UnsupportedError
 from plugrt.hwqueue import CommandSlots, QueueError, Timeline, libc, round_up
 from plugrt_amd import aql, sdma
 from plugrt_amd_kfd import kfd
@@ -62,6 +62,11 @@ class KFDPacketError(KFDError):
 
 class KFDTimeout(KFDError):
   """Nothing finished within the timeout and the driver reported no fault (a kernel that never ends)."""
+
+
+class KFDNotVisible(UnsupportedError):
+  """Memory plugrt was asked to wrap (Tensor.from_blob, DLPack import) that KFD does not show as reachable by this
+  GPU: plugrt refuses it rather than copy it."""
 
 
 class KFDLaunchError(LaunchError):
@@ -105,6 +110,7 @@ class KFDOps:
 
   def listdir(self, path: str) -> list[str]: return os.listdir(path)
   def exists(self, path: str) -> bool: return os.path.exists(path)
+  def readlink(self, path: str) -> str: return os.readlink(path)
 
 
 # ---------------------------------------------------------------- topology
@@ -139,6 +145,12 @@ class GPUNode:
   def render_minor(self) -> int: return self.props["drm_render_minor"]
   @property
   def max_waves_per_cu(self) -> int: return self.props["max_waves_per_simd"] * self.props["simd_per_cu"]
+  @property
+  def scratch_slots_per_cu(self) -> int: return self.props.get("max_slots_scratch_cu", 32)
+  @property
+  def shader_engines(self) -> int: return max(1, self.props.get("array_count", 1) // max(1, self.props.get("simd_arrays_per_engine", 1)))
+  @property
+  def major(self) -> int: return self.gfx_version // 10000
   @property
   def sdma_engines(self) -> int: return self.props.get("num_sdma_engines", 0) + self.props.get("num_sdma_xgmi_engines", 0)
 
@@ -258,9 +270,15 @@ class KFDDevice:
     if v.major_version != 1 or v.minor_version < MIN_MINOR:
       raise DeviceUnavailable(f"the KFD ABI is {v.major_version}.{v.minor_version}, plugrt needs 1.{MIN_MINOR} or newer", Reason.OPEN_FAILED,
                               "update the kernel (Linux 5.15+)")
-    self.ioctl(kfd.AMDKFD_IOC_ACQUIRE_VM, kfd.AcquireVmArgs(drm_fd=self.drm_fd, gpu_id=self.gpu_id))
+    self.own_drm_fd = self.drm_fd
+    self.shared_vm = False  # True: another runtime of this process (ROCr, under HIP/torch) acquired the GPU's VM first
+    try: self.ioctl(kfd.AMDKFD_IOC_ACQUIRE_VM, kfd.AcquireVmArgs(drm_fd=self.drm_fd, gpu_id=self.gpu_id))
+    except OSError as e:
+      if e.errno != errno.EBUSY: raise
+      self.drm_fd, self.shared_vm = self._acquired_render_file(), True
     self.aperture = self._aperture()
     if self.version >= (1, 14): self.ioctl(kfd.AMDKFD_IOC_RUNTIME_ENABLE, kfd.RuntimeEnableArgs(mode_mask=0))
+    self.timestamp_hz = self._timestamp_frequency()
     self.doorbell_pages: dict[int, int] = {}  # doorbell page mmap offset -> its CPU address
     # events: the page whose 8-byte slots are the signal events' mailboxes (KFD wants it allocated by us on dGPUs),
     # one signal event for queue completions, and the memory / hardware exception events a fault raises
@@ -288,6 +306,53 @@ class KFDDevice:
                      name: str = "kernel") -> None:
     """check_dispatch with this GPU's LDS size (the device code calls it once per program)."""
     check_dispatch(descriptor, kernarg_size, workgroup, group_segment_size, name, self.node.lds_bytes)
+
+  def _acquired_render_file(self) -> int:
+    """KFD gives a process one GPU VM per GPU, acquired with one render-node file: ACQUIRE_VM with another file is
+    EBUSY. When a runtime of this process (ROCr) acquired it first, its open file of this GPU's render node is the one
+    to use (for ACQUIRE_VM and the CPU mmaps of allocations), found among the process's fds; plugrt never closes it."""
+    node = f"/dev/dri/renderD{self.node.render_minor}"
+    for name in sorted(self.ops.listdir("/proc/self/fd"), key=lambda n: int(n) if n.isdigit() else -1):
+      if not name.isdigit() or int(name) == self.own_drm_fd: continue
+      try:
+        if self.ops.readlink(f"/proc/self/fd/{name}") != node: continue
+        self.ioctl(kfd.AMDKFD_IOC_ACQUIRE_VM, kfd.AcquireVmArgs(drm_fd=int(name), gpu_id=self.gpu_id))
+      except OSError: continue
+      return int(name)
+    raise DeviceUnavailable(f"the GPU's VM was acquired with a render-node file of {node} plugrt cannot find", Reason.OPEN_FAILED,
+                            "another GPU runtime of this process holds the GPU; open AMD in a process of its own")
+
+  def check_visible(self, ptr: int, nbytes: int) -> str:
+    """Whether this GPU can reach [ptr, ptr+nbytes) at that address, as KFD answers AMDKFD_IOC_SVM GET_ATTR(ACCESS) for
+    this gpu_id over the pages holding it: "plugrt" (plugrt's own allocation), "kfd" (EADDRINUSE: memory another
+    runtime of this process allocated through KFD and mapped into this process's GPU VM, e.g. hipMalloc's), "svm"
+    (an SVM range this GPU may access, e.g. host memory with XNACK on). Anything else is KFDNotVisible: plugrt never
+    copies in its place (docs/backends/amd.md, "Wrapping ROCm memory")."""
+    for m in self.memory.values():
+      if m.va <= ptr and ptr + nbytes <= m.va + m.size: return "plugrt"
+    lo, hi = ptr & ~(PAGE - 1), round_up(ptr + max(nbytes, 1), PAGE)
+    args = kfd.SvmArgs1(start_addr=lo, size=hi - lo, op=kfd.KFD_IOCTL_SVM_OP_GET_ATTR, nattr=1)
+    args.attrs[0].type, args.attrs[0].value = kfd.KFD_IOCTL_SVM_ATTR_ACCESS, self.gpu_id
+    what = f"{nbytes} bytes at {ptr:#x}"
+    try: self.ioctl(kfd.AMDKFD_IOC_SVM, args)
+    except OSError as e:
+      if e.errno == errno.EADDRINUSE: return "kfd"
+      if e.errno == errno.EFAULT:
+        raise KFDNotVisible(f"{self.label}: {what} is not mapped in this process", "pass a pointer to live GPU memory") from None
+      raise KFDNotVisible(f"{self.label}: KFD cannot say whether {what} is GPU memory ({e.strerror})",
+                          "copy the data in with Buffer.copyin") from None
+    if args.attrs[0].type in (kfd.KFD_IOCTL_SVM_ATTR_ACCESS, kfd.KFD_IOCTL_SVM_ATTR_ACCESS_IN_PLACE): return "svm"
+    raise KFDNotVisible(f"{self.label}: {what} is host memory KFD has not mapped for this GPU (not a ROCm allocation, and XNACK is off)",
+                        "pass memory a ROCm runtime of this process allocated (torch's ROCm tensors), or copy host data in with Buffer.copyin")
+
+  def _timestamp_frequency(self) -> int:
+    """The GPU timestamp counter's frequency in Hz (the render node's AMDGPU_INFO DEV_INFO gpu_counter_freq); 0 when
+    the driver does not say, and launches then time themselves with the host's clock."""
+    head = kfd.DrmAmdgpuInfoDeviceHead()
+    q = kfd.DrmAmdgpuInfo(return_pointer=ctypes.addressof(head), return_size=ctypes.sizeof(head), query=kfd.AMDGPU_INFO_DEV_INFO)
+    try: self.ops.ioctl(self.drm_fd, kfd.DRM_IOCTL_AMDGPU_INFO, q)
+    except OSError: return 0
+    return head.gpu_counter_freq * 1000
 
   def _aperture(self) -> kfd.ProcessDeviceApertures:
     n = 16
@@ -354,10 +419,10 @@ class KFDDevice:
     return self.doorbell_pages[base] + (doorbell_offset - base)
 
   def _create_queue(self, queue_type: int, ring: Memory, pointers: Memory, eop: Memory | None = None, cwsr: Memory | None = None,
-                    sizes: CWSRSizes | None = None) -> kfd.CreateQueueArgs:
+                    sizes: CWSRSizes | None = None, rptr: int = 0, wptr: int = 8) -> kfd.CreateQueueArgs:
     args = kfd.CreateQueueArgs(ring_base_address=ring.va, ring_size=ring.size, gpu_id=self.gpu_id, queue_type=queue_type,
                                queue_percentage=kfd.KFD_MAX_QUEUE_PERCENTAGE, queue_priority=7,
-                               read_pointer_address=pointers.va, write_pointer_address=pointers.va + 8)
+                               read_pointer_address=pointers.va + rptr, write_pointer_address=pointers.va + wptr)
     if eop is not None and cwsr is not None and sizes is not None:
       args.eop_buffer_address, args.eop_buffer_size = eop.va, sizes.eop_buffer_size
       args.ctx_save_restore_address, args.ctx_save_restore_size, args.ctl_stack_size = cwsr.va, sizes.ctx_save_restore_size, sizes.ctl_stack_size
@@ -369,10 +434,18 @@ class KFDDevice:
       raise ValueError(f"an AQL queue has a power-of-two number of packets (>= 16), not {entries}")
     sizes = cwsr_sizes(self.node)
     ring = self.alloc(entries * 64, "gtt", uncached=True)
-    pointers = self.alloc(PAGE, "gtt", uncached=True)  # read pointer at 0, write pointer at 8, completion signal at 64
+    pointers = self.alloc(PAGE, "gtt", uncached=True)  # amd_queue_t at 0 (the write and read pointers inside it), completion signal at 256
     eop = self.alloc(sizes.eop_buffer_size, "vram", cpu=False)
     cwsr = self.alloc(sizes.buffer_size, "vram", cpu=False)
-    try: q = self._create_queue(kfd.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL, ring, pointers, eop, cwsr, sizes)
+    desc = aql.AmdQueue.from_address(pointers.va)
+    ctypes.memset(pointers.va, 0, aql.AMD_QUEUE_SIZE)
+    desc.hsa_queue.features, desc.hsa_queue.base_address, desc.hsa_queue.size = aql.HSA_QUEUE_FEATURE_KERNEL_DISPATCH, ring.va, entries
+    desc.read_dispatch_id_field_base_byte_offset = aql.AmdQueue.read_dispatch_id.offset
+    desc.queue_properties = aql.AMD_QUEUE_PROPERTIES_IS_PTR64 | aql.AMD_QUEUE_PROPERTIES_ENABLE_PROFILING
+    desc.max_cu_id, desc.max_wave_id = self.node.cu_count - 1, self.node.props.get("max_waves_per_simd", 8) * self.node.props["simd_per_cu"] - 1
+    desc.group_segment_aperture_base_hi, desc.private_segment_aperture_base_hi = self.aperture.lds_base >> 32, self.aperture.scratch_base >> 32
+    try: q = self._create_queue(kfd.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL, ring, pointers, eop, cwsr, sizes,
+                                aql.AmdQueue.read_dispatch_id.offset, aql.AmdQueue.write_dispatch_id.offset)
     except OSError:
       for m in (ring, pointers, eop, cwsr): self.free(m)
       raise
@@ -446,7 +519,7 @@ class KFDDevice:
     for m in list(self.memory.values()): self.free(m)
     for addr in self.doorbell_pages.values(): self.ops.munmap(addr, kfd.DOORBELL_PAGE)
     self.closed = True
-    self.ops.close(self.drm_fd)
+    self.ops.close(self.own_drm_fd)  # a render-node file another runtime acquired the VM with stays that runtime's
     self.ops.close(self.kfd_fd)
 
 
@@ -504,11 +577,14 @@ class AQLQueue(_KFDTimeline):
     self.entries = ring.size // aql.PACKET_SIZE
     self.mask = self.entries - 1
     for i in range(self.entries): aql.invalidate_slot(ring.va + i * aql.PACKET_SIZE)
-    self.rptr = ctypes.c_uint64.from_address(pointers.va)
-    self.wptr = ctypes.c_uint64.from_address(pointers.va + 8)
+    self.desc = aql.AmdQueue.from_address(pointers.va)
+    self.rptr = ctypes.c_uint64.from_address(pointers.va + aql.AmdQueue.read_dispatch_id.offset)
+    self.wptr = ctypes.c_uint64.from_address(pointers.va + aql.AmdQueue.write_dispatch_id.offset)
     self.doorbell = ctypes.c_uint64.from_address(doorbell)
     self.doorbell_address = doorbell
-    self.signal_address = pointers.va + 64
+    self.signal_address = pointers.va + aql.AMD_QUEUE_SIZE
+    self.scratch: Memory | None = None
+    self.scratch_per_item = 0
     self.signal = aql.init_signal(self.signal_address, 0, device.signal_mailbox, device.signal_event.event_id)
     self._signal_value = ctypes.c_int64.from_address(self.signal_address + 8)
     self.put = 0
@@ -580,6 +656,38 @@ class AQLQueue(_KFDTimeline):
 
   def barrier(self, deps: tuple[int, ...] = ()) -> int:
     return self.submit(self.aql.barrier_and_packet(deps))
+
+  def ensure_scratch(self, private_segment_size: int) -> None:
+    """Make the queue's scratch (private segment) hold `private_segment_size` bytes per work-item for every wave the GPU
+    can run with scratch at once (sized from topology: CUs, max_slots_scratch_cu), and describe it in amd_queue_t.
+    Grows only; waits for the queue's work before it replaces a smaller scratch (a running kernel may use it)."""
+    node, major = self.device.node, self.device.node.major
+    per_item = self.aql.scratch_per_item(private_segment_size, major)
+    if per_item <= self.scratch_per_item: return
+    size = self.aql.scratch_bytes(per_item, node.cu_count, node.scratch_slots_per_cu)
+    new = self.device.alloc(size, "vram", cpu=False)
+    old, d = self.scratch, self.desc
+    if old is not None: self.synchronize()
+    per_xcc = size // node.xccs
+    d.scratch_backing_memory_location, d.scratch_backing_memory_byte_size = new.va, per_xcc
+    d.scratch_wave64_lane_byte_size = per_item
+    d.scratch_resource_descriptor[:] = self.aql.scratch_srd(new.va, per_xcc, major)
+    d.compute_tmpring_size = self.aql.tmpring_size(major, per_item, per_xcc, node.cu_count // node.xccs * node.scratch_slots_per_cu,
+                                                   node.shader_engines // node.xccs)
+    self.scratch, self.scratch_per_item = new, per_item
+    self.extra = (*(m for m in self.extra if m is not old), new)
+    if old is not None: self.device.free(old)
+
+  def gpu_seconds(self) -> float | None:
+    """The last completed packet's duration by the GPU's clock: the completion signal's end_ts - start_ts (written by
+    the packet processor because amd_queue_t's ENABLE_PROFILING is set), in seconds by the timestamp frequency; None
+    where either stayed 0 (the firmware wrote none) or the frequency is unknown."""
+    s, hz = self.signal, self.device.timestamp_hz
+    if not hz or not s.start_ts or s.end_ts < s.start_ts: return None
+    return (s.end_ts - s.start_ts) / hz
+
+  def clear_timestamps(self) -> None:
+    self.signal.start_ts = self.signal.end_ts = 0
 
   def _wait_for_room(self, read: int) -> None:
     deadline = time.monotonic() + self.timeout
