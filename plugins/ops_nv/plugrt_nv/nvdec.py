@@ -15,15 +15,9 @@ from dataclasses import dataclass
 
 # ---------------------------------------------------------------- classes and engines
 
-#: the video decoder class of each family, newest first (Blackwell 0xCFB0, Ada 0xC9B0, Hopper 0xB8B0, Ampere 0xC7B0/0xC6B0)
-VIDEO_DECODER = {"Blackwell": (0xCFB0, 0xCDB0), "Hopper": (0xB8B0,), "Ada": (0xC9B0,), "Ampere": (0xC7B0, 0xC6B0)}
+# the video decoder class of each family is in plugrt_nv.hw.FAMILIES (Hopper: 0xB8B0, NVB8B0_VIDEO_DECODER)
 ENGINE_NVDEC0 = 0x13   # NV2080_ENGINE_TYPE_NVDEC0 (= NV2080_ENGINE_TYPE_BSP); NVDEC1..7 are 0x14..0x1A
 SUBCH_VIDEO = 4        # the subchannel NVDEC methods go to (any works on a single-engine channel; tinygrad uses 4)
-
-
-def video_class(family: str, offered: set[int]) -> int:
-  """The family's video decoder class the GPU offers; 0 when it offers none plugrt-nv knows."""
-  return next((c for c in VIDEO_DECODER.get(family, ()) if c in offered), 0)
 
 
 # ---------------------------------------------------------------- methods (byte offsets, NVC9B0_* = NVB8B0_*)
@@ -226,3 +220,43 @@ def block_linear_offset(x: int, y: int, pitch: int) -> int:
   interleave as x[3:0], y[1:0], x[4], y[2], x[5] (from the least significant bit up)."""
   gob = ((y >> 4) * (pitch >> 6) + (x >> 6)) * 2 + (y >> 3 & 1)
   return gob * 512 + (x & 0xF | (y & 3) << 4 | (x & 0x10) << 2 | (y & 4) << 5 | (x & 0x20) << 3)
+
+
+# ---------------------------------------------------------------- commands
+
+def _address(va: int, what: str) -> int:
+  """An address as the engine's offset methods take it: 256-byte aligned, below 2^40, stored >> 8."""
+  if va % 256 or not 0 < va < 1 << 40: raise ValueError(f"NVDEC {what} address {va:#x} must be 256-byte aligned and below 2^40")
+  return va >> 8
+
+
+def _m(offset: int, *data: int) -> list[int]:
+  from plugrt_nv.cmd import method
+  return method(SUBCH_VIDEO, offset, *data)
+
+
+def set_object(cls: int) -> list[int]: return _m(Method.SET_OBJECT, cls)
+
+
+def release(va: int, value: int) -> list[int]:
+  """When the engine has finished everything before: write `value` (32 bits, the upper word 0) and a timestamp at `va`."""
+  return [*_m(Method.SEMAPHORE_A, va >> 32 & 0xFF, va & 0xFFFFFFFC, value & 0xFFFFFFFF), *_m(Method.SEMAPHORE_D, SEMAPHORE_D_RELEASE_FOUR)]
+
+
+def decode_hevc(setup: int, bitstream: int, surfaces: dict[int, int], lay: Layout, coloc: int, filter_buffer: int) -> list[int]:
+  """The methods that decode one HEVC picture: the picture setup block at `setup` (nvdec_hevc_pic_s, the tile sizes
+  at +PIC_SETUP_SIZE, the status written at +STATUS_OFFSET), its slices at `bitstream`, and the surface of every
+  picture index it writes or reads (index -> address; the chroma plane at lay.chroma_offset)."""
+  words = [*_m(Method.SET_APPLICATION_ID, APPLICATION_HEVC), *_m(Method.SET_CONTROL_PARAMS, control_params()),
+           *_m(Method.SET_DRV_PIC_SETUP_OFFSET, _address(setup, "picture setup")),
+           *_m(Method.SET_IN_BUF_BASE_OFFSET, _address(bitstream, "bitstream"))]
+  for i, va in sorted(surfaces.items()):
+    if not 0 <= i < PICTURES: raise ValueError(f"picture index {i} is out of range 0..{PICTURES - 1}")
+    words += [*_m(Method.SET_PICTURE_LUMA_OFFSET0 + 4 * i, _address(va, "luma")),
+              *_m(Method.SET_PICTURE_CHROMA_OFFSET0 + 4 * i, _address(va + lay.chroma_offset, "chroma"))]
+  return [*words, *_m(Method.SET_COLOC_DATA_OFFSET, _address(coloc, "collocated motion vector")),
+          *_m(Method.SET_NVDEC_STATUS_OFFSET, _address(setup + STATUS_OFFSET, "status")),
+          *_m(Method.HEVC_SET_TILE_SIZES_OFFSET, _address(setup + PIC_SETUP_SIZE, "tile sizes")),
+          *_m(Method.HEVC_SET_FILTER_BUFFER_OFFSET, _address(filter_buffer, "filter buffer")),
+          *_m(Method.SET_INTRA_TOP_BUF_OFFSET, _address(filter_buffer + align(lay.intra_top_offset, 256), "intra top line")),
+          *_m(Method.EXECUTE, 0)]

@@ -9,7 +9,7 @@ import pytest
 
 from plugrt.errors import VideoDecoderUnavailable
 from plugrt.video import hevc
-from plugrt_nv import nvdec
+from plugrt_nv import hw, nvdec
 from plugrt_nv.nvdec_setup import Decode, Output, Planner
 
 av = pytest.importorskip("av")
@@ -50,7 +50,8 @@ def test_methods_and_classes():
   assert (M.SET_APPLICATION_ID, M.EXECUTE, M.SEMAPHORE_D, M.SET_CONTROL_PARAMS, M.SET_DRV_PIC_SETUP_OFFSET) == (0x200, 0x300, 0x304, 0x400, 0x404)
   assert (M.SET_PICTURE_LUMA_OFFSET0 + 16 * 4, M.SET_PICTURE_CHROMA_OFFSET0) == (0x470, 0x474)  # 17 of each, back to back
   assert (M.HEVC_SET_TILE_SIZES_OFFSET, M.HEVC_SET_FILTER_BUFFER_OFFSET, M.SET_INTRA_TOP_BUF_OFFSET) == (0x584, 0x588, 0x4C8)
-  assert nvdec.video_class("Hopper", {0xCBC0, 0xB8B0}) == 0xB8B0 and nvdec.video_class("Hopper", {0xCBC0}) == 0
+  hopper = {0xCBC0, 0xC8B5, 0xC86F, 0xC661}
+  assert hw.pick_classes(hopper | {0xB8B0}).video == 0xB8B0 and hw.pick_classes(hopper).video == 0  # type: ignore[union-attr]
   assert nvdec.control_params() & 0xF == 7 and nvdec.control_params() >> 18 & 3 == 1
 
 
