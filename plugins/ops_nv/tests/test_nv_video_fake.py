@@ -66,7 +66,7 @@ def _stream_pictures(stream: bytes) -> dict[bytes, tuple[np.ndarray, np.ndarray]
   out = {}
   for k, au in enumerate(aus):
     f = by_pts[k]
-    ten = f.format.name != "yuv420p"
+    ten = "p10" in f.format.name  # (yuvj420p: full-range 8 bits)
     et = np.uint16 if ten else np.uint8
     planes = [np.frombuffer(p, et).reshape(-1, p.line_size // np.dtype(et).itemsize) for p in f.planes]
     y = planes[0][:f.height, :f.width]
@@ -91,6 +91,22 @@ def fake_nv(plugrt_registry, monkeypatch):
 
 def _load_kernels(gpu: FakeGPU, dev, sample) -> None:
   for k in (detile_kernel(sample), convert_kernel(sample, dtypes.uint8)): gpu.load(dev.program(k), k)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("case", ["cropped-full-range", "resolution-change"])
+def test_cropping_and_a_resolution_change_through_the_fake_engine(fake_nv, case):
+  gpu, dev = fake_nv
+  stream = make_hevc(202, 146, frames=5, tag="bt601", full_range=True) if case.startswith("cropped") else \
+    make_hevc(160, 144, frames=4, tag="bt709") + make_hevc(192, 160, frames=5, tag="bt709", seed=3)
+  pictures = _stream_pictures(stream)
+  gpu.video_decode = lambda pic, bits_: pictures[bits_]
+  _load_kernels(gpu, dev, dtypes.uint8)
+  got = [t.numpy() for _, t in decode_annexb_iter(stream, dtype=dtypes.uint8, normalize=False, device="NV")]
+  want = [reference_rgb(y, cb, cr, b, fr, "bt601" if case.startswith("cropped") else "bt709", False, uint8=True)
+          for y, cb, cr, b, fr, _ in pyav_planes(stream)]
+  assert [g.shape for g in got] == [w.shape for w in want]
+  for g, w in zip(got, want): assert np.abs(g.astype(int) - w.astype(int)).max() <= 1
 
 
 @needs_ptxas
