@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything plugrt checks on the lent GPU machine, in one call: install, list devices, run the tests marked `gpu`
 # (and the suites that run on every available device), then the benchmarks. Logs go to $OUT (the device tool
-# brings them back). Usage (from the repo root): bash scripts/gpu-check.sh [--quick] [--only=tests|bench|cuda|webgpu|nv|video]
-# (--only=cuda: the CUDA tests and benches alone; --only=webgpu or nv: install, then that section alone). Each step has its own time limit, so one hang costs one step.
+# brings them back). Usage (from the repo root): bash scripts/gpu-check.sh [--quick] [--only=tests|bench|cuda|webgpu|nv|video|nvvideo]
+# (--only=cuda: the CUDA tests and benches alone; --only=webgpu, nv or nvvideo (NV's own video engine): install, then that section alone). Each step has its own time limit, so one hang costs one step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/plugrt-gpu}; mkdir -p "$OUT"
@@ -26,6 +26,15 @@ export PYTHONPATH=/tmp/site
 $PY -m plugrt devices 2>&1 | tee "$OUT/devices.txt" | head -20
 # video (issue 12): PyAV (~35 MB) and PyNvVideoCodec (~27 MB) wheels travel in .video-whl, in a device call of their own
 [ -d .video-whl ] && $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .video-whl/*.whl 2>&1 | tail -3
+if [ -z "$ONLY" ] || [ "$ONLY" = "video" ] || [ "$ONLY" = "nvvideo" ]; then
+  # NV's own video engine (plugrt_nv.nvvideo, no libnvcuvid): the engine-opening test first, then every frame vs PyAV
+  echo "== video on NV's own decode engine (decoder NV_NVDEC, device NV) against PyAV"
+  head -1 /proc/driver/nvidia/version
+  PLUGRT_NV_TIMEOUT=10 timeout ${NV_VIDEO_S:-300} $PY -m pytest -v -p no:cacheprovider -o faulthandler_timeout=150 --tb=short -rfEs \
+    plugins/ops_nv/tests/test_nv_video_gpu.py plugins/ops_nv/tests/test_nv_video_fake.py plugins/ops_nv/tests/test_nv_video_setup.py \
+    2>&1 | tee "$OUT/nv_video_tests.txt" | grep -E "^(FAILED|ERROR)|NVError|passed|failed|SKIPPED" | tail -30
+  [ "$ONLY" = "nvvideo" ] && exit 0
+fi
 if [ -z "$ONLY" ] || [ "$ONLY" = "video" ]; then
   echo "== video: NVDEC (plugrt_cuda.cuvid) against PyAV, leaks, the software path, then bench/video.py"
   [ "${VIDEO_TESTS:-1}" != 0 ] && timeout ${VIDEO_TESTS_S:-400} $PY -m pytest -v -p no:cacheprovider -o faulthandler_timeout=200 --tb=short -rfEs plugins/ops_cuda/tests/test_cuvid.py \

@@ -139,3 +139,22 @@ def test_fuzz_truncations_and_garbage(streams: dict) -> None:
     else: outcomes["ok"] += 1
   assert outcomes["error"] > 100 and outcomes["ok"] > 10, outcomes
   assert time.perf_counter() - t0 < 60
+
+
+def test_inter_predicted_reference_picture_sets():
+  """st_ref_pic_set with inter_ref_pic_set_prediction_flag (7.4.8), in an SPS and in a slice header (delta_idx_minus1),
+  on hand-written bits: libx265 codes its sets explicitly, so its streams never take this path."""
+  explicit = "011" "010" "1" "1" "010" "1" "1" "1"  # 2 negative, 1 positive: -1, -3, +1, all used
+  from_sps = "1" "1" "1" "1111"                       # predicted from set 0 with deltaRps -1, every entry used
+  in_slice = "1" "010" "0" "010" "1" "00" "1" "1"     # from set 0 (delta_idx_minus1 1), deltaRps +2, -3's entry dropped
+  bits = explicit + from_sps + in_slice + "1"
+  bits += "0" * (-len(bits) % 8)
+  unit = hevc.NalUnit(0, bytes([0x42, 0x01]) + int(bits, 2).to_bytes(len(bits) // 8, "big"), hevc.SPS, 0, 0)
+  r = hevc.BitReader(unit)
+  sets: list = []
+  sets.append(hevc._st_ref_pic_set(r, 0, sets))
+  sets.append(hevc._st_ref_pic_set(r, 1, sets))
+  assert (sets[0].negative, sets[0].positive, sets[0].bits) == (((-1, True), (-3, True)), ((1, True),), len(explicit))
+  assert (sets[1].negative, sets[1].positive, sets[1].ref_deltas) == (((-1, True), (-2, True), (-4, True)), (), 3)
+  s = hevc._st_ref_pic_set(r, 2, sets, in_slice=True)
+  assert (s.negative, s.positive, s.bits, s.ref_deltas) == ((), ((1, True), (2, True), (3, True)), len(in_slice), 3)

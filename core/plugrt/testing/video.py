@@ -78,3 +78,13 @@ def reference_rgb(y: Any, cb: Any, cr: Any, bit_depth: int, full_range: bool, co
   else: rv, gu, gv, bu = color_space
   rgb = np.clip(np.stack([Y + rv * V, Y + gu * U + gv * V, Y + bu * U], -1), 0, 1) * (1.0 if normalize else 255.0)
   return np.floor(rgb + 0.5).astype(np.uint8) if uint8 else rgb
+
+
+def nvdec_streams() -> dict[str, bytes]:
+  """The streams the hardware-decoder tests compare with PyAV (plugrt-cuda's NVDEC, plugrt-nv's video engine): 8-bit,
+  cropped full-range, 10-bit, a resolution change, and one below NVDEC's smallest HEVC picture (144x144 on Hopper)."""
+  return {"8bit-bt709": make_hevc(256, 144, frames=12, tag="bt709", pattern="gradient"),
+          "8bit-cropped-bt601-full": make_hevc(202, 146, frames=8, tag="bt601", full_range=True),
+          "10bit-bt2020": make_hevc(320, 180, frames=10, bit_depth=10, tag="bt2020", pattern="gradient"),
+          "resolution-change": make_hevc(192, 144, frames=5, tag="bt709") + make_hevc(320, 176, frames=6, tag="bt709", seed=3),
+          "too-small": make_hevc(128, 72, frames=2, tag="bt709")}

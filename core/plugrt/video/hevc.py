@@ -170,6 +170,20 @@ class VPSInfo:
   ptl: ProfileTierLevel
 
 
+@dataclass(frozen=True)
+class StRps:
+  """A short-term reference picture set (7.4.8): POC deltas of the pictures before (negative, closest first) and
+  after (positive, closest first) the current one, each with used_by_curr_pic; `bits` is how many bits its syntax
+  took, `ref_deltas` NumDeltaPocs of the set it was predicted from (0 when coded explicitly)."""
+  negative: tuple[tuple[int, bool], ...] = ()
+  positive: tuple[tuple[int, bool], ...] = ()
+  bits: int = 0
+  ref_deltas: int = 0
+
+  @property
+  def num_delta_pocs(self) -> int: return len(self.negative) + len(self.positive)
+
+
 @dataclass
 class SPSInfo:
   id: int
@@ -183,6 +197,26 @@ class SPSInfo:
   bit_depth_chroma: int
   max_dec_pic_buffering: int
   vui: VUI = field(default_factory=VUI)
+  # what a decoder that parses no slice data itself needs (nvdec_hevc_pic_s, DXVA's picture parameters)
+  max_num_reorder: int = 0
+  separate_colour_plane: bool = False
+  log2_max_poc_lsb: int = 4
+  log2_min_cb: int = 3                 # log2_min_luma_coding_block_size_minus3 + 3
+  log2_max_cb: int = 3                 # + log2_diff_max_min_luma_coding_block_size
+  log2_min_tb: int = 2
+  log2_max_tb: int = 2
+  max_transform_hierarchy_depth_inter: int = 0
+  max_transform_hierarchy_depth_intra: int = 0
+  scaling_list_enabled: bool = False
+  scaling_list_data_present: bool = False
+  amp: bool = False
+  sao: bool = False
+  pcm: tuple[int, int, int, int, bool] | None = None  # bit depths luma, chroma; log2 min, max PCM block size; loop filter disabled
+  st_rps: list[StRps] = field(default_factory=list)
+  long_term_refs_present: bool = False
+  lt_ref_pics_sps: list[tuple[int, bool]] = field(default_factory=list)  # (lt_ref_pic_poc_lsb_sps, used_by_curr_pic_lt_sps_flag)
+  temporal_mvp: bool = False
+  strong_intra_smoothing: bool = False
 
   @property
   def display_size(self) -> tuple[int, int]:
@@ -201,6 +235,37 @@ class PPSInfo:
   sps_id: int
   tiles: bool
   entropy_coding_sync: bool
+  dependent_slice_segments: bool = False
+  output_flag_present: bool = False
+  num_extra_slice_header_bits: int = 0
+  sign_data_hiding: bool = False
+  cabac_init_present: bool = False
+  num_ref_idx_default: tuple[int, int] = (1, 1)   # num_ref_idx_l0/l1_default_active_minus1 + 1
+  init_qp: int = 26
+  constrained_intra_pred: bool = False
+  transform_skip: bool = False
+  cu_qp_delta: bool = False
+  diff_cu_qp_delta_depth: int = 0
+  cb_qp_offset: int = 0
+  cr_qp_offset: int = 0
+  slice_chroma_qp_offsets_present: bool = False
+  weighted_pred: bool = False
+  weighted_bipred: bool = False
+  transquant_bypass: bool = False
+  tile_columns: list[int] | None = None  # widths in CTBs of each tile column (explicit spacing), None: uniform
+  tile_rows: list[int] | None = None
+  num_tiles: tuple[int, int] = (1, 1)    # columns, rows
+  loop_filter_across_tiles: bool = True
+  loop_filter_across_slices: bool = False
+  deblocking_control_present: bool = False
+  deblocking_override_enabled: bool = False
+  deblocking_disabled: bool = False
+  beta_offset: int = 0                   # pps_beta_offset_div2 * 2
+  tc_offset: int = 0
+  scaling_list_data_present: bool = False
+  lists_modification_present: bool = False
+  log2_parallel_merge_level: int = 2
+  slice_header_extension_present: bool = False
 
 
 def _profile_tier_level(r: BitReader, max_sub_layers_minus1: int) -> ProfileTierLevel:
@@ -239,38 +304,41 @@ def _scaling_list_data(r: BitReader) -> None:
       for _ in range(min(64, 1 << (4 + (size_id << 1)))): r.se("scaling_list_delta_coef")
 
 
-def _st_ref_pic_set(r: BitReader, idx: int, sets: list[tuple[list[int], list[int]]]) -> tuple[list[int], list[int]]:
-  """One short-term reference picture set (7.3.7, derived as in 7.4.8): its negative and positive POC deltas."""
+def _st_ref_pic_set(r: BitReader, idx: int, sets: list[StRps], in_slice: bool = False) -> StRps:
+  """st_ref_pic_set(idx) (7.3.7), derived as in 7.4.8. `sets` are the SPS's sets; in a slice header idx equals
+  len(sets) and the set may be predicted from any of them (delta_idx_minus1)."""
+  start = r.pos
   if idx != 0 and r.flag("inter_ref_pic_set_prediction_flag"):
+    ref = idx - 1
+    if in_slice: ref = idx - (r.ue("delta_idx_minus1", idx - 1) + 1)
     sign, abs_minus1 = r.u(1, "delta_rps_sign"), r.ue("abs_delta_rps_minus1", 1 << 15)
     delta = (1 - 2 * sign) * (abs_minus1 + 1)
-    s0, s1 = sets[idx - 1]
-    use = []
+    s0, s1 = sets[ref].negative, sets[ref].positive
+    used, keep = [], []
     for _ in range(len(s0) + len(s1) + 1):
-      used = r.flag("used_by_curr_pic_flag")
-      use.append(used or r.flag("use_delta_flag"))
+      u = r.flag("used_by_curr_pic_flag")
+      used.append(u)
+      keep.append(u or r.flag("use_delta_flag"))
     n0 = len(s0)
-    neg = [d + delta for j, d in reversed(list(enumerate(s1))) if d + delta < 0 and use[n0 + j]]
-    if delta < 0 and use[-1]: neg.append(delta)
-    neg += [d + delta for j, d in enumerate(s0) if d + delta < 0 and use[j]]
-    pos = [d + delta for j, d in reversed(list(enumerate(s0))) if d + delta > 0 and use[j]]
-    if delta > 0 and use[-1]: pos.append(delta)
-    pos += [d + delta for j, d in enumerate(s1) if d + delta > 0 and use[n0 + j]]
+    neg = [(d + delta, used[n0 + j]) for j, (d, _) in reversed(list(enumerate(s1))) if d + delta < 0 and keep[n0 + j]]
+    if delta < 0 and keep[-1]: neg.append((delta, used[-1]))
+    neg += [(d + delta, used[j]) for j, (d, _) in enumerate(s0) if d + delta < 0 and keep[j]]
+    pos = [(d + delta, used[j]) for j, (d, _) in reversed(list(enumerate(s0))) if d + delta > 0 and keep[j]]
+    if delta > 0 and keep[-1]: pos.append((delta, used[-1]))
+    pos += [(d + delta, used[n0 + j]) for j, (d, _) in enumerate(s1) if d + delta > 0 and keep[n0 + j]]
     if len(neg) + len(pos) > 16: raise r.fail("a short-term reference picture set with more than 16 pictures")
-    return neg, pos
+    return StRps(tuple(neg), tuple(pos), r.pos - start, len(s0) + len(s1))
   n_neg, n_pos = r.ue("num_negative_pics", 16), r.ue("num_positive_pics", 16)
   if n_neg + n_pos > 16: raise r.fail("a short-term reference picture set with more than 16 pictures")
   neg, pos, poc = [], [], 0
   for _ in range(n_neg):
     poc -= r.ue("delta_poc_s0_minus1", 1 << 15) + 1
-    r.skip(1, "used_by_curr_pic_s0_flag")
-    neg.append(poc)
+    neg.append((poc, r.flag("used_by_curr_pic_s0_flag")))
   poc = 0
   for _ in range(n_pos):
     poc += r.ue("delta_poc_s1_minus1", 1 << 15) + 1
-    r.skip(1, "used_by_curr_pic_s1_flag")
-    pos.append(poc)
-  return neg, pos
+    pos.append((poc, r.flag("used_by_curr_pic_s1_flag")))
+  return StRps(tuple(neg), tuple(pos), r.pos - start)
 
 
 def _vui(r: BitReader) -> VUI:
@@ -305,7 +373,7 @@ def parse_sps(unit: NalUnit) -> SPSInfo:
   ptl = _profile_tier_level(r, max_sub)
   sps_id = r.ue("sps_seq_parameter_set_id", 15)
   chroma = r.ue("chroma_format_idc", 3)
-  if chroma == 3: r.skip(1, "separate_colour_plane_flag")
+  separate = chroma == 3 and r.flag("separate_colour_plane_flag")
   width, height = r.ue("pic_width_in_luma_samples", 1 << 16), r.ue("pic_height_in_luma_samples", 1 << 16)
   if width == 0 or height == 0: raise r.fail(f"a picture size of {width}x{height}")
   window = (0, 0, 0, 0)
@@ -318,51 +386,150 @@ def parse_sps(unit: NalUnit) -> SPSInfo:
   depth_luma, depth_chroma = r.ue("bit_depth_luma_minus8", 8) + 8, r.ue("bit_depth_chroma_minus8", 8) + 8
   log2_poc = r.ue("log2_max_pic_order_cnt_lsb_minus4", 12) + 4
   all_layers = r.flag("sps_sub_layer_ordering_info_present_flag")
-  dpb = 1
-  for _ in range(0 if all_layers else max_sub, max_sub + 1):
+  dpb, reorder = 1, 0
+  for _ in range(0 if all_layers else max_sub, max_sub + 1):  # the highest sub-layer's values are the largest
     dpb = max(dpb, r.ue("sps_max_dec_pic_buffering_minus1", 15) + 1)
-    r.ue("sps_max_num_reorder_pics", 15)
+    reorder = max(reorder, r.ue("sps_max_num_reorder_pics", 15))
     r.ue("sps_max_latency_increase_plus1")
-  for what in ("log2_min_luma_coding_block_size_minus3", "log2_diff_max_min_luma_coding_block_size",
-               "log2_min_luma_transform_block_size_minus2", "log2_diff_max_min_luma_transform_block_size",
-               "max_transform_hierarchy_depth_inter", "max_transform_hierarchy_depth_intra"):
-    r.ue(what, 32)
-  if r.flag("scaling_list_enabled_flag") and r.flag("sps_scaling_list_data_present_flag"): _scaling_list_data(r)
-  r.skip(2, "amp_enabled_flag and sample_adaptive_offset_enabled_flag")
+  min_cb = r.ue("log2_min_luma_coding_block_size_minus3", 3) + 3
+  max_cb = min_cb + r.ue("log2_diff_max_min_luma_coding_block_size", 3)
+  min_tb = r.ue("log2_min_luma_transform_block_size_minus2", 3) + 2
+  max_tb = min_tb + r.ue("log2_diff_max_min_luma_transform_block_size", 3)
+  depth_inter, depth_intra = r.ue("max_transform_hierarchy_depth_inter", 32), r.ue("max_transform_hierarchy_depth_intra", 32)
+  scaling = r.flag("scaling_list_enabled_flag")
+  scaling_data = scaling and r.flag("sps_scaling_list_data_present_flag")
+  if scaling_data: _scaling_list_data(r)
+  amp, sao = r.flag("amp_enabled_flag"), r.flag("sample_adaptive_offset_enabled_flag")
+  pcm = None
   if r.flag("pcm_enabled_flag"):
-    r.skip(8, "pcm sample bit depths")
-    r.ue("log2_min_pcm_luma_coding_block_size_minus3", 32)
-    r.ue("log2_diff_max_min_pcm_luma_coding_block_size", 32)
-    r.skip(1, "pcm_loop_filter_disabled_flag")
-  sets: list[tuple[list[int], list[int]]] = []
+    pcm_luma, pcm_chroma = r.u(4, "pcm_sample_bit_depth_luma_minus1") + 1, r.u(4, "pcm_sample_bit_depth_chroma_minus1") + 1
+    pcm_min = r.ue("log2_min_pcm_luma_coding_block_size_minus3", 32) + 3
+    pcm_max = pcm_min + r.ue("log2_diff_max_min_pcm_luma_coding_block_size", 32)
+    pcm = (pcm_luma, pcm_chroma, pcm_min, pcm_max, r.flag("pcm_loop_filter_disabled_flag"))
+  sets: list[StRps] = []
   for i in range(r.ue("num_short_term_ref_pic_sets", 64)): sets.append(_st_ref_pic_set(r, i, sets))
-  if r.flag("long_term_ref_pics_present_flag"):
-    for _ in range(r.ue("num_long_term_ref_pics_sps", 32)): r.skip(log2_poc + 1, "lt_ref_pic_poc_lsb_sps and used_by_curr_pic_lt_sps_flag")
-  r.skip(2, "sps_temporal_mvp_enabled_flag and strong_intra_smoothing_enabled_flag")
+  lt_present, lt_sps = r.flag("long_term_ref_pics_present_flag"), []
+  if lt_present:
+    for _ in range(r.ue("num_long_term_ref_pics_sps", 32)):
+      lt_sps.append((r.u(log2_poc, "lt_ref_pic_poc_lsb_sps"), r.flag("used_by_curr_pic_lt_sps_flag")))
+  tmvp, strong = r.flag("sps_temporal_mvp_enabled_flag"), r.flag("strong_intra_smoothing_enabled_flag")
   vui = _vui(r) if r.flag("vui_parameters_present_flag") else VUI()
-  return SPSInfo(sps_id, vps_id, ptl, chroma, width, height, window, depth_luma, depth_chroma, dpb, vui)
+  return SPSInfo(sps_id, vps_id, ptl, chroma, width, height, window, depth_luma, depth_chroma, dpb, vui, reorder, separate, log2_poc,
+                 min_cb, max_cb, min_tb, max_tb, depth_inter, depth_intra, scaling, scaling_data, amp, sao, pcm, sets, lt_present, lt_sps,
+                 tmvp, strong)
 
 
 def parse_pps(unit: NalUnit) -> PPSInfo:
   r = BitReader(unit)
-  pps_id, sps_id = r.ue("pps_pic_parameter_set_id", 63), r.ue("pps_seq_parameter_set_id", 15)
-  r.skip(1 + 1 + 3 + 1 + 1, "slice segment flags")
-  r.ue("num_ref_idx_l0_default_active_minus1", 14)
-  r.ue("num_ref_idx_l1_default_active_minus1", 14)
-  r.se("init_qp_minus26")
-  r.skip(2, "constrained_intra_pred_flag and transform_skip_enabled_flag")
-  if r.flag("cu_qp_delta_enabled_flag"): r.ue("diff_cu_qp_delta_depth", 6)
-  r.se("pps_cb_qp_offset")
-  r.se("pps_cr_qp_offset")
-  r.skip(4, "chroma QP offsets, weighted prediction and transquant bypass flags")
-  tiles, sync = r.flag("tiles_enabled_flag"), r.flag("entropy_coding_sync_enabled_flag")
-  if tiles:
+  p = PPSInfo(r.ue("pps_pic_parameter_set_id", 63), r.ue("pps_seq_parameter_set_id", 15), False, False)
+  p.dependent_slice_segments, p.output_flag_present = r.flag("dependent_slice_segments_enabled_flag"), r.flag("output_flag_present_flag")
+  p.num_extra_slice_header_bits = r.u(3, "num_extra_slice_header_bits")
+  p.sign_data_hiding, p.cabac_init_present = r.flag("sign_data_hiding_enabled_flag"), r.flag("cabac_init_present_flag")
+  p.num_ref_idx_default = (r.ue("num_ref_idx_l0_default_active_minus1", 14) + 1, r.ue("num_ref_idx_l1_default_active_minus1", 14) + 1)
+  p.init_qp = 26 + r.se("init_qp_minus26")
+  p.constrained_intra_pred, p.transform_skip = r.flag("constrained_intra_pred_flag"), r.flag("transform_skip_enabled_flag")
+  p.cu_qp_delta = r.flag("cu_qp_delta_enabled_flag")
+  if p.cu_qp_delta: p.diff_cu_qp_delta_depth = r.ue("diff_cu_qp_delta_depth", 6)
+  p.cb_qp_offset, p.cr_qp_offset = r.se("pps_cb_qp_offset"), r.se("pps_cr_qp_offset")
+  p.slice_chroma_qp_offsets_present = r.flag("pps_slice_chroma_qp_offsets_present_flag")
+  p.weighted_pred, p.weighted_bipred = r.flag("weighted_pred_flag"), r.flag("weighted_bipred_flag")
+  p.transquant_bypass = r.flag("transquant_bypass_enabled_flag")
+  p.tiles, p.entropy_coding_sync = r.flag("tiles_enabled_flag"), r.flag("entropy_coding_sync_enabled_flag")
+  if p.tiles:
     cols, rows = r.ue("num_tile_columns_minus1", 1 << 10), r.ue("num_tile_rows_minus1", 1 << 10)
+    p.num_tiles = (cols + 1, rows + 1)
     if not r.flag("uniform_spacing_flag"):
-      for _ in range(cols): r.ue("column_width_minus1")
-      for _ in range(rows): r.ue("row_height_minus1")
-    r.skip(1, "loop_filter_across_tiles_enabled_flag")
-  return PPSInfo(pps_id, sps_id, tiles, sync)
+      p.tile_columns = [r.ue("column_width_minus1") + 1 for _ in range(cols)]
+      p.tile_rows = [r.ue("row_height_minus1") + 1 for _ in range(rows)]
+    p.loop_filter_across_tiles = r.flag("loop_filter_across_tiles_enabled_flag")
+  p.loop_filter_across_slices = r.flag("pps_loop_filter_across_slices_enabled_flag")
+  p.deblocking_control_present = r.flag("deblocking_filter_control_present_flag")
+  if p.deblocking_control_present:
+    p.deblocking_override_enabled = r.flag("deblocking_filter_override_enabled_flag")
+    p.deblocking_disabled = r.flag("pps_deblocking_filter_disabled_flag")
+    if not p.deblocking_disabled: p.beta_offset, p.tc_offset = 2 * r.se("pps_beta_offset_div2"), 2 * r.se("pps_tc_offset_div2")
+  p.scaling_list_data_present = r.flag("pps_scaling_list_data_present_flag")
+  if p.scaling_list_data_present: _scaling_list_data(r)
+  p.lists_modification_present = r.flag("lists_modification_present_flag")
+  p.log2_parallel_merge_level = r.ue("log2_parallel_merge_level_minus2", 4) + 2
+  p.slice_header_extension_present = r.flag("slice_segment_header_extension_present_flag")
+  return p
+
+
+# ---------------------------------------------------------------- slice segment headers
+
+IDR_W_RADL, IDR_N_LP, BLA_W_LP, CRA = 19, 20, 16, 21
+RADL_N, RADL_R, RASL_N, RASL_R = 6, 7, 8, 9
+SLICE_B, SLICE_P, SLICE_I = 0, 1, 2
+
+
+@dataclass
+class SliceHeader:
+  """The start of a slice segment header (7.3.6.1), up to slice_temporal_mvp_enabled_flag: what picture-level decoding
+  (POC, reference picture set, a hardware decoder's picture setup) needs. `skip_start`, `skip_end` are RBSP bit
+  positions around the syntax a hardware decoder is told to skip (from pic_output_flag to the long-term pictures)."""
+  first_slice: bool
+  pps_id: int
+  dependent: bool = False
+  segment_address: int = 0
+  slice_type: int = SLICE_I
+  pic_output: bool = True
+  poc_lsb: int = 0
+  st_rps: StRps | None = None          # the set in force: coded in the header or picked from the SPS
+  st_rps_in_header: bool = False
+  st_rps_idx: int = -1                 # short_term_ref_pic_set_idx when picked from the SPS
+  long_term: list[tuple[int, bool, int | None]] = field(default_factory=list)  # (poc lsb, used by curr pic, delta poc msb cycle or None)
+  temporal_mvp: bool = False
+  skip_start: int = 0
+  skip_end: int = 0
+
+
+def _bits_for(n: int) -> int: return (n - 1).bit_length() if n > 1 else 0  # Ceil(Log2(n))
+
+
+def parse_slice_header(unit: NalUnit, pps: dict[int, PPSInfo], sps: dict[int, SPSInfo]) -> SliceHeader:
+  """The slice segment header of VCL NAL unit `unit`, with the parameter sets seen so far. Raises VideoStreamError
+  (with the offset) when it is malformed or refers to a parameter set that has not appeared."""
+  r = BitReader(unit)
+  first = r.flag("first_slice_segment_in_pic_flag")
+  if BLA_W_LP <= unit.type <= 23: r.skip(1, "no_output_of_prior_pics_flag")
+  h = SliceHeader(first, r.ue("slice_pic_parameter_set_id", 63))
+  if h.pps_id not in pps: raise VideoStreamError(f"a slice refers to PPS {h.pps_id}, which has not appeared", unit.offset)
+  p = pps[h.pps_id]
+  if p.sps_id not in sps: raise VideoStreamError(f"PPS {p.id} refers to SPS {p.sps_id}, which has not appeared", unit.offset)
+  s = sps[p.sps_id]
+  if not first:
+    if p.dependent_slice_segments: h.dependent = r.flag("dependent_slice_segment_flag")
+    ctb = 1 << s.log2_max_cb
+    h.segment_address = r.u(_bits_for(-(-s.width // ctb) * -(-s.height // ctb)), "slice_segment_address")
+  if h.dependent: return h
+  r.skip(p.num_extra_slice_header_bits, "slice_reserved_flag")
+  h.slice_type = r.ue("slice_type", 2)
+  h.skip_start = r.pos
+  if p.output_flag_present: h.pic_output = r.flag("pic_output_flag")
+  if s.separate_colour_plane: r.skip(2, "colour_plane_id")
+  if unit.type not in (IDR_W_RADL, IDR_N_LP):
+    h.poc_lsb = r.u(s.log2_max_poc_lsb, "slice_pic_order_cnt_lsb")
+    if not r.flag("short_term_ref_pic_set_sps_flag"):
+      h.st_rps, h.st_rps_in_header = _st_ref_pic_set(r, len(s.st_rps), s.st_rps, in_slice=True), True
+    else:
+      if not s.st_rps: raise r.fail("short_term_ref_pic_set_sps_flag is set, but the SPS has no short-term reference picture sets")
+      h.st_rps_idx = r.u(_bits_for(len(s.st_rps)), "short_term_ref_pic_set_idx")
+      if h.st_rps_idx >= len(s.st_rps): raise r.fail(f"short_term_ref_pic_set_idx {h.st_rps_idx} is out of range")
+      h.st_rps = s.st_rps[h.st_rps_idx]
+    if s.long_term_refs_present:
+      n_sps = r.ue("num_long_term_sps", len(s.lt_ref_pics_sps)) if s.lt_ref_pics_sps else 0
+      n_pics = r.ue("num_long_term_pics", 32)
+      for i in range(n_sps + n_pics):
+        if i < n_sps:
+          lsb, used = s.lt_ref_pics_sps[r.u(_bits_for(len(s.lt_ref_pics_sps)), "lt_idx_sps") % len(s.lt_ref_pics_sps)]
+        else: lsb, used = r.u(s.log2_max_poc_lsb, "poc_lsb_lt"), r.flag("used_by_curr_pic_lt_flag")
+        msb = r.ue("delta_poc_msb_cycle_lt") if r.flag("delta_poc_msb_present_flag") else None
+        h.long_term.append((lsb, used, msb))
+    h.skip_end = r.pos
+    if s.temporal_mvp: h.temporal_mvp = r.flag("slice_temporal_mvp_enabled_flag")
+  else: h.skip_end = r.pos
+  return h
 
 
 @dataclass

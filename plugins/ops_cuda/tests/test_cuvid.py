@@ -77,13 +77,8 @@ def test_without_a_gpu_the_auto_variant_falls_back() -> None:
 # ---------------------------------------------------------------- on the GPU
 
 def _streams() -> dict[str, bytes]:
-  from plugrt.testing.video import make_hevc
-  # NVDEC's smallest HEVC picture is 144x144 on Hopper (cuvidGetDecoderCaps): every stream here is at least that
-  return {"8bit-bt709": make_hevc(256, 144, frames=12, tag="bt709", pattern="gradient"),
-          "8bit-cropped-bt601-full": make_hevc(202, 146, frames=8, tag="bt601", full_range=True),
-          "10bit-bt2020": make_hevc(320, 180, frames=10, bit_depth=10, tag="bt2020", pattern="gradient"),
-          "resolution-change": make_hevc(192, 144, frames=5, tag="bt709") + make_hevc(320, 176, frames=6, tag="bt709", seed=3),
-          "too-small": make_hevc(128, 72, frames=2, tag="bt709")}
+  from plugrt.testing.video import nvdec_streams
+  return nvdec_streams()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from typing import Any
 
 from plugrt.context import PluginContext
 from plugrt.errors import Reason
-from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
+from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, Probe, VideoDecoderSpec, hookimpl
 from plugrt.probing import device_nodes, has_module, install_hint
 
 __version__ = "0.1.0"
@@ -77,6 +77,19 @@ def plugrt_backends() -> list[BackendSpec]:
                       compilers=(CompilerSpec("CUDA", "CUDA C through NVRTC to a cubin", probe_nvrtc),
                                  CompilerSpec("PTX", "PTX rendered by plugrt, assembled to a cubin by ptxas or nvJitLink", probe_ptxas)),
                       description="NVIDIA GPUs from user space through the kernel driver (no libcuda)")]
+
+
+def _open_video(device: Any, stream: bytes, info: Any, options: Any) -> Any:
+  from plugrt_nv.nvvideo import open_decoder
+  return open_decoder(device, stream, info, options)
+
+
+@hookimpl
+def plugrt_video_decoders() -> list[VideoDecoderSpec]:
+  # below plugrt-cuda's NVDEC (50): where both run, libnvcuvid stays the automatic choice; device="NV" picks this one.
+  # The probe is NV's (files only); whether the GPU offers a video decoder class is known when a stream opens.
+  return [VideoDecoderSpec(name="NV_NVDEC", device="NV", probe=probe_nv, open=_open_video, codecs=("hevc",), priority=40,
+                           description="the GPU's video decode engine driven from user space (no libnvcuvid, no libcuda)")]
 
 
 @hookimpl

@@ -39,11 +39,12 @@ from plugrt.ir import Signature
 from plugrt.launchargs import bytes_packer, call_key
 from plugrt.probing import install_hint
 from plugrt.runtime import Allocator, DeviceState, LaunchLimits, Program, buffer_address
-from plugrt_nv import cmd, cubin, hw
+from plugrt_nv import cmd, cubin, hw, nvdec
 from plugrt_nv.iface import Channel, GPUInterface, Mem, NVError
 
 M32 = 0xFFFFFFFF
 SLOT, SLOTS, ENTRIES = 4096, 512, 0x4000   # command slots (one per submission in flight), GPFIFO entries per channel
+VIDEO_ENTRIES = 2048                       # GPFIFO entries of the video channel
 CBUF_OFF = 512                             # in a launch slot: QMD at 0 (256-aligned), constant bank 0 at 512 (64-aligned), commands after it
 SHARED_WINDOW, LOCAL_WINDOW = 0x7E00_0000_0000, 0x7F00_0000_0000  # generic-address windows, 4 GiB aligned, far from every buffer
 FENCE = bytes.fromhex("0faef8c3")         # sfence; ret: write-combined stores reach the GPU before the doorbell does
@@ -96,6 +97,7 @@ class NVState(Timeline, DeviceState):  # Timeline first: its synchronize() is th
     kind = ctx.choice("PLUGRT_NV_SLOTS", ("mapped", "host"), "mapped")  # where the command slots live: GPU memory the CPU writes, or host memory
     doorbell = ctypes.c_uint32.from_address(iface.doorbell)
     self.compute, self.copy = (self._ring(ch, doorbell) for ch in iface.channels(ENTRIES))
+    self.video: DoorbellRing | None = None  # the video decode engine's channel, opened by the first stream (video_ring)
     self.signals = iface.alloc(0x1000, "host")
     self.sem, self.ts = self.signals.va, self.signals.va + 16  # the timeline (value, pad, timestamp) and a start-timestamp slot
     Timeline.__init__(self, self.sem, timeout=timeout, label=f"NV:{info.index}", setting="PLUGRT_NV_TIMEOUT")
@@ -140,12 +142,27 @@ class NVState(Timeline, DeviceState):  # Timeline first: its synchronize() is th
       slot = self.slots.take(self)
       va, value = self.slots.address(slot), self.value + 1
       words = (cmd.sem_acquire(self.sem, self.value) if self.last is not ch else []) + body
-      words += cmd.copy_release(self.sem, value) if ch is self.copy else cmd.sem_release(self.sem, value)
+      if ch is self.copy: words += cmd.copy_release(self.sem, value)
+      elif ch is self.video: words += nvdec.release(self.sem, value)
+      else: words += cmd.sem_release(self.sem, value)
       if len(words) * 4 > SLOT: raise NVError(f"internal: {len(words)} command words do not fit a {SLOT}-byte slot")
       data = cmd.words(words)
       ctypes.memmove(va, data, len(data))
       self._kick(ch, va, len(words), value, slot)
       return value
+
+  def video_ring(self) -> DoorbellRing:
+    """The channel on the video decode engine (opened once, with the video decoder object): NVError when it cannot be."""
+    with self.lock:
+      if self.video is None:
+        ring = self._ring(self.iface.video_channel(VIDEO_ENTRIES), ctypes.c_uint32.from_address(self.iface.doorbell))
+        self.video = ring
+        value = self.submit(ring, nvdec.set_object(self.iface.classes.video))
+        try: self.wait(value, timeout=min(self.timeout, 10.0))
+        except NVError as e:
+          raise NVError(f"NV:{self.index}'s video channel opened, but the engine did not run its first commands: {e.message}",
+                        "the video engine path does not work with this GPU and driver; decode on the CUDA device or in software") from None
+      return self.video
 
   # ------------------------------------------------------------ waiting (Timeline's wait, with the driver's account of faults)
   def fault(self) -> str: return self.iface.fault()  # the error notifiers: plain memory reads

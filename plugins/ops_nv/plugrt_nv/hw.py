@@ -20,18 +20,20 @@ class Family:
   carveouts_kb: tuple[int, ...]  # legal shared-memory carveouts per SM, ascending
   cbuf0: tuple[int, int, int] | None = (0x00, 0x18, 0x28)  # constant bank 0's driver area: block/grid dims, shared+local windows, stack top
   tested: bool = False         # has this family run plugrt's conformance suite?
+  video: tuple[int, ...] = ()  # video decoder (NVDEC) classes, preferred first (plugrt_nv.nvdec)
 
 
 FAMILIES = (
   # Blackwell moved the driver area of constant bank 0 (windows at 0x2f0, stack top at 0x37c) and where it keeps the launch
   # dimensions is not known here yet: cbuf0=None makes plugrt-nv refuse to launch there rather than guess
   Family("Blackwell", compute=(0xCEC0, 0xCDC0), copy=(0xCAB5, 0xC9B5), gpfifo=(0xCA6F, 0xC96F), usermode=(0xC761,), qmd=5,
-         carveouts_kb=(0, 8, 16, 32, 64, 100), cbuf0=None),
+         carveouts_kb=(0, 8, 16, 32, 64, 100), cbuf0=None, video=(0xCFB0, 0xCDB0)),
   Family("Hopper", compute=(0xCBC0,), copy=(0xC8B5,), gpfifo=(0xC86F, 0xC56F), usermode=(0xC661,), qmd=4,
-         carveouts_kb=(0, 8, 16, 32, 64, 100, 132, 164, 196, 228), tested=True),
-  Family("Ada", compute=(0xC9C0,), copy=(0xC7B5,), gpfifo=(0xC56F,), usermode=(0xC561, 0xC461), qmd=3, carveouts_kb=(0, 8, 16, 32, 64, 100)),
+         carveouts_kb=(0, 8, 16, 32, 64, 100, 132, 164, 196, 228), tested=True, video=(0xB8B0,)),
+  Family("Ada", compute=(0xC9C0,), copy=(0xC7B5,), gpfifo=(0xC56F,), usermode=(0xC561, 0xC461), qmd=3, carveouts_kb=(0, 8, 16, 32, 64, 100),
+         video=(0xC9B0,)),
   Family("Ampere", compute=(0xC7C0, 0xC6C0), copy=(0xC7B5, 0xC6B5), gpfifo=(0xC56F,), usermode=(0xC561, 0xC461), qmd=3,
-         carveouts_kb=(0, 8, 16, 32, 64, 100)),
+         carveouts_kb=(0, 8, 16, 32, 64, 100), video=(0xC7B0, 0xC6B0)),
 )
 
 
@@ -42,13 +44,15 @@ class Classes:
   copy: int
   gpfifo: int
   usermode: int
+  video: int = 0   # the video decoder class, 0 when the GPU offers none of the family's
 
 
 def pick_classes(offered: set[int]) -> Classes | None:
-  """The newest family whose compute, copy, channel and usermode classes the GPU all offers; None: no family fits."""
+  """The newest family whose compute, copy, channel and usermode classes the GPU all offers (and its video decoder
+  class, where it offers one); None: no family fits."""
   for f in FAMILIES:
     got = [next((c for c in cands if c in offered), None) for cands in (f.compute, f.copy, f.gpfifo, f.usermode)]
-    if all(c is not None for c in got): return Classes(f, *got)  # type: ignore[arg-type]
+    if all(c is not None for c in got): return Classes(f, *got, next((c for c in f.video if c in offered), 0))  # type: ignore[arg-type]
   return None
 
 

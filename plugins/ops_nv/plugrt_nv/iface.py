@@ -60,6 +60,11 @@ class GPUInterface:
     """A compute and a copy channel of `entries` ring entries each, scheduled and ready for commands."""
     raise NotImplementedError
 
+  def video_channel(self, entries: int) -> Channel:
+    """A channel of `entries` ring entries on the first video decode engine (NVDEC0), with the video decoder
+    object (classes.video) bound to it, ready for commands; NVError when this GPU or interface has none."""
+    raise NVError(f"the {self.name} interface does not open video decode channels")
+
   def fault(self, deep: bool = False) -> str:
     """What the driver says went wrong on the channels ("" when it reports nothing). Cheap unless `deep`, which
     also asks the driver for the SMs' and the MMU's error state (for the report after a fault or a timeout)."""

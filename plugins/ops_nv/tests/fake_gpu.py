@@ -14,13 +14,22 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from plugrt.ir import Kernel
 from plugrt.testing.fakegpu import FakeDevice, FakeMemory, acquire, release
 from plugrt_nv import hw
-from plugrt_nv.iface import Channel, GPUInterface, Mem
+from plugrt_nv.iface import Channel, GPUInterface, Mem, NVError
 from plugrt_nv_nvk.nvk import PAGE, PROCESS_VA
 
-HOPPER = {0xCBC0, 0xC8B5, 0xC86F, 0xC661}
+HOPPER = {0xCBC0, 0xC8B5, 0xC86F, 0xC661, 0xB8B0}
+
+
+def block_linear(x: Any, y: Any, pitch: int) -> Any:
+  """Byte offsets of byte columns x, rows y (numpy arrays) in a block-linear plane of `pitch` bytes a row, written
+  from the GOB description (64 bytes x 8 rows, two GOBs a block; inside: x[3:0], y[1:0], x[4], y[2], x[5])."""
+  gob = ((y // 16) * (pitch // 64) + x // 64) * 2 + (y // 8) % 2
+  return gob * 512 + x % 16 + (y % 4) * 16 + (x // 16 % 2) * 64 + (y // 4 % 2) * 128 + (x // 32 % 2) * 256
 
 
 class Launch:
@@ -54,6 +63,8 @@ class FakeGPU(FakeDevice, GPUInterface):
     self.params: dict[int, tuple[int, list[int]]] = {}      # program address -> (constant bank 0 offset of the parameters, their offsets)
     self.launches: list[Launch] = []
     self.log: list[tuple[str, int, int]] = []  # (channel, method, data) of every method seen
+    self.pictures: list[tuple[Any, bytes, dict]] = []  # the video engine's pictures: setup, bitstream, the methods in force
+    self.video_decode: Callable[[Any, bytes], tuple[Any, Any]] = lambda pic, bits: (_ for _ in ()).throw(AssertionError("no video_decode"))
 
   def load(self, prg: Any, kernel: Kernel) -> None:
     """Run `prg`'s launches (an NVProgram) through the reference interpreter as `kernel`, its IR; where its
@@ -68,6 +79,32 @@ class FakeGPU(FakeDevice, GPUInterface):
     return Mem(m.va, m.size, kind, m)
 
   def free(self, mem: Mem) -> None: self.memory.unmap(mem.va)
+
+  def video_channel(self, entries: int) -> Channel:
+    """A channel whose subchannel-4 methods are the video decoder's: EXECUTE hands the picture (its setup, read back
+    from memory, and its bitstream) to `self.video_decode`, which returns the picture's planes, and writes them in
+    block-linear layout where SET_PICTURE_LUMA/CHROMA_OFFSET of its index point."""
+    if not self.classes.video: raise NVError("the fake GPU offers no video decoder class")
+    area = self.alloc(entries * 8 + PAGE, "mapped")
+    ch = Channel("video", area.va, entries, area.va + entries * 8, 12)
+    self.serve(ch.name, self._channel(ch))
+    return ch
+
+  def _video_execute(self, st: dict[Any, int]) -> None:
+    from plugrt_nv import nvdec
+    get = lambda m: st[(nvdec.SUBCH_VIDEO, m)]
+    setup = get(nvdec.Method.SET_DRV_PIC_SETUP_OFFSET) << 8
+    pic = nvdec.HEVC_PIC.from_buffer_copy(ctypes.string_at(setup, ctypes.sizeof(nvdec.HEVC_PIC)))
+    bitstream = ctypes.string_at(get(nvdec.Method.SET_IN_BUF_BASE_OFFSET) << 8, pic.stream_len)
+    idx = pic.curr_pic_idx
+    luma, chroma = get(nvdec.Method.SET_PICTURE_LUMA_OFFSET0 + 4 * idx) << 8, get(nvdec.Method.SET_PICTURE_CHROMA_OFFSET0 + 4 * idx) << 8
+    self.pictures.append((pic, bitstream, dict(st)))
+    y, uv = self.video_decode(pic, bitstream)  # numpy planes of the picture's samples: (H, W) and (H/2, W) interleaved Cb/Cr
+    for plane, base in ((y, luma), (uv, chroma)):
+      rows, cols = np.mgrid[0:plane.shape[0], 0:plane.shape[1] * plane.itemsize]
+      offsets = block_linear(cols.ravel(), rows.ravel(), pic.framestride[0])
+      dest = np.ctypeslib.as_array(ctypes.cast(base, ctypes.POINTER(ctypes.c_uint8)), (int(offsets.max()) + 1,))
+      dest[offsets] = plane.view(np.uint8).reshape(plane.shape[0], -1).ravel()
 
   def channels(self, entries: int) -> tuple[Channel, Channel]:
     area = self.alloc(0x200000, "mapped")
@@ -103,7 +140,11 @@ class FakeGPU(FakeDevice, GPUInterface):
   def _method(self, ch: Channel, st: dict[Any, int], subch: int, m: int, v: int) -> None:
     self.log.append((ch.name, m | subch << 16, v))
     st[(subch, m)] = v
-    if m == hw.Host.SEM_EXECUTE and m < 0x100:
+    if ch.name == "video" and m >= 0x100:
+      if m == 0x300: self._video_execute(st)   # EXECUTE
+      elif m == 0x304:                          # SEMAPHORE_D: release the payload (with a timestamp) at SEMAPHORE_A/B
+        release(st[(subch, 0x240)] << 32 | st[(subch, 0x244)], st[(subch, 0x248)], timestamp_at=(st[(subch, 0x240)] << 32 | st[(subch, 0x244)]) + 8)
+    elif m == hw.Host.SEM_EXECUTE and m < 0x100:
       addr = st[(subch, 0x60)] << 32 | st[(subch, 0x5C)]
       payload = st[(subch, 0x64)]
       if v & 7 == hw.Host.SEM_RELEASE: release(addr, payload, timestamp_at=addr + 8 if v & hw.Host.SEM_TIMESTAMP else None)

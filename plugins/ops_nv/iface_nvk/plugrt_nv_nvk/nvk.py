@@ -113,9 +113,10 @@ class NVKInterface(GPUInterface):
     self.gr["sms"] = self.gr["cores"] // 128 if self.gr["cores"] else self.gr["gpcs"] * self.gr["tpc_per_gpc"] * self.gr["sm_per_tpc"]
     self.sm_version = self.gr["sm_version"]
     self.notifiers: list[tuple[str, int]] = []
-    self.debugger = self.compute_channel = 0
+    self.debugger = self.compute_channel = self.video = 0
     self.description = (f"{picked.family.name} (PCI device {self.pci_device:#06x}, {self.arch}, {self.gr['sms']} SMs), driver {self.driver}, "
-                        f"compute {picked.compute:#06x}, copy {picked.copy:#06x}, channel {picked.gpfifo:#06x}")
+                        f"compute {picked.compute:#06x}, copy {picked.copy:#06x}, channel {picked.gpfifo:#06x}, "
+                        f"video decoder {f'{picked.video:#06x}' if picked.video else 'none'}")
 
   # ------------------------------------------------------------ RM and UVM calls
   def _open(self, path: str) -> int:
@@ -271,6 +272,37 @@ class NVKInterface(GPUInterface):
     self.uvm_call(rm.UVM_REGISTER_CHANNEL, rm.UVM_REGISTER_CHANNEL_PARAMS(gpuUuid=rm.UUID(*self.uuid), rmCtrlFd=self.ctl, hClient=self.root,
                   hChannel=ch, base=base, length=CHANNEL_VA), "UVM_REGISTER_CHANNEL")
     return Channel(name, area.va + off, entries, area.va + off + entries * 8, token.workSubmitToken)
+
+  def video_channel(self, entries: int) -> Channel:
+    """A channel on NVDEC0 with the video decoder object. As tinygrad's NV backend does it (docs/research/nv-video.md):
+    not in the compute channel group but under the device, in the device's default VA space (where every buffer is
+    mapped at the same address as in UVM's, through the virtual-memory object), the ring given as a virtual address
+    (hObjectBuffer: the virtual-memory object), bound to the engine and scheduled on its own; no UVM registration."""
+    from plugrt_nv import nvdec
+    if not self.classes.video:
+      raise NVError(f"this {self.classes.family.name} GPU offers no video decoder class plugrt-nv knows "
+                    f"({', '.join(f'{c:#06x}' for c in self.classes.family.video) or 'none for this family'})",
+                    "decode on the CUDA device (libnvcuvid) or in software")
+    if self.video: raise NVError("this GPU's video channel is already open")
+    area = self.alloc(round_up(entries * 8 + PAGE, PAGE), "mapped")
+    notifier = self.rm_alloc(self.device, rm.MEMORY_SYSTEM, rm.MEMORY_PARAMS(
+      owner=self.root, type=13, flags=0xC101, attr=ATTR_NONCONTIGUOUS | ATTR_PCI, attr2=ATTR2_UNCACHED | ATTR2_NO_ZBC, format=6, size=PAGE,
+      alignment=PAGE, limit=PAGE - 1), what="the video channel's error notifier")
+    try:
+      addr = self._map_to_cpu(notifier, PAGE, None, 0, system=True)[0]
+      ctypes.memset(addr, 0, PAGE)
+      self.notifiers.append(("video", addr))
+    except NVError: pass
+    p = self.L.CHANNEL_PARAMS(hObjectError=notifier, hObjectBuffer=self.virtmem, gpFifoOffset=area.va, gpFifoEntries=entries,
+                              engineType=nvdec.ENGINE_NVDEC0)
+    p.hUserdMemory[0], p.userdOffset[0] = area.private["handle"], entries * 8
+    ch = self.rm_alloc(self.device, self.classes.gpfifo, p, what="the video channel (NVDEC0)")
+    self.rm_alloc(ch, self.classes.video, None, what=f"the video decoder object (class {self.classes.video:#06x})")
+    self.control(ch, rm.CTRL_CHANNEL_BIND, rm.CHANNEL_BIND(engineType=nvdec.ENGINE_NVDEC0), "binding the video channel to NVDEC0")
+    self.control(ch, rm.CTRL_CHANNEL_SCHEDULE, self.L.SCHEDULE(bEnable=1), "scheduling the video channel")
+    token = self.control(ch, rm.CTRL_WORK_SUBMIT_TOKEN, rm.WORK_SUBMIT_TOKEN(workSubmitToken=0xFFFFFFFF), "reading the video channel's token")
+    self.video = ch
+    return Channel("video", area.va, entries, area.va + entries * 8, token.workSubmitToken)
 
   # ------------------------------------------------------------ faults
   def fault(self, deep: bool = False) -> str:

@@ -34,6 +34,7 @@ CTRL_BUILD_VERSION_V2, CTRL_GPU_ID_INFO_V2 = 0x13E, 0x205
 CTRL_CLASSLIST_V2 = 0x800292
 CTRL_GID_INFO, CTRL_GR_INFO = 0x2080014A, 0x20801201
 CTRL_SCHEDULE, CTRL_WORK_SUBMIT_TOKEN = 0xA06C0101, 0xC36F0108
+CTRL_CHANNEL_SCHEDULE, CTRL_CHANNEL_BIND = 0xA06F0103, 0xA06F0104  # a channel outside any channel group: NVA06F_CTRL_CMD_GPFIFO_SCHEDULE, _BIND
 CTRL_SM_ERRORS, CTRL_MMU_FAULT = 0x83DE030C, 0x83DE0328
 GR_INFO = {"sm_version": 0x0C, "warps_per_sm": 0x0D, "gpcs": 0x14, "tpc_per_gpc": 0x17, "cores": 0x1D, "sm_per_tpc": 0x20}
 
@@ -96,6 +97,7 @@ GID_INFO = struct("GID_INFO", 268, ("index", u32), ("flags", u32), ("length", u3
 GR_INFO_ITEM = struct("GR_INFO_ITEM", 8, ("index", u32), ("data", u32))
 GR_INFO_PARAMS = struct("GR_INFO_PARAMS", 32, ("grInfoListSize", u32), ("grInfoList", u64), ("routeFlags", u32), ("route", u64))
 WORK_SUBMIT_TOKEN = struct("WORK_SUBMIT_TOKEN", 4, ("workSubmitToken", u32))
+CHANNEL_BIND = struct("CHANNEL_BIND", 4, ("engineType", u32))  # NVA06F_CTRL_BIND_PARAMS
 SM_ERROR = struct("SM_ERROR", 48, ("hwwGlobalEsr", u32), ("hwwWarpEsr", u32), ("hwwWarpEsrPc", u32), ("hwwGlobalEsrReportMask", u32),
                   ("hwwWarpEsrReportMask", u32), ("hwwEsrAddr", u64), ("hwwWarpEsrPc64", u64), ("hwwCgaEsr", u32), ("hwwCgaEsrReportMask", u32))
 SM_ERRORS = struct("SM_ERRORS", 4824, ("hTargetChannel", u32), ("numSMsToRead", u32), ("sm", SM_ERROR * 100), ("mmuFaultInfo", u32),
