@@ -17,6 +17,11 @@ from dataclasses import dataclass
 
 # the video decoder class of each family is in plugrt_nv.hw.FAMILIES (Hopper: 0xB8B0, NVB8B0_VIDEO_DECODER)
 ENGINE_NVDEC0 = 0x13   # NV2080_ENGINE_TYPE_NVDEC0 (= NV2080_ENGINE_TYPE_BSP); NVDEC1..7 are 0x14..0x1A
+
+
+class BSPAllocParams(ctypes.Structure):
+  """NV_BSP_ALLOCATION_PARAMETERS (open-gpu-kernel-modules nvos.h): the decoder object's engine instance (0 = NVDEC0)."""
+  _fields_ = [("size", ctypes.c_uint32), ("prohibitMultipleInstances", ctypes.c_uint32), ("engineInstance", ctypes.c_uint32)]
 SUBCH_VIDEO = 4        # the subchannel NVDEC methods go to (any works on a single-engine channel; tinygrad uses 4)
 
 
