@@ -297,12 +297,12 @@ class NVKInterface(GPUInterface):
                               engineType=nvdec.ENGINE_NVDEC0)
     p.hUserdMemory[0], p.userdOffset[0] = area.private["handle"], entries * 8
     ch = self.rm_alloc(self.device, self.classes.gpfifo, p, what="the video channel (NVDEC0)")
-    # bound and scheduled before the decoder object, which names its engine instance (H100 driver 580 refused the
-    # object with NV_ERR_INVALID_STATE when it came first, without parameters)
-    self.control(ch, rm.CTRL_CHANNEL_BIND, rm.CHANNEL_BIND(engineType=nvdec.ENGINE_NVDEC0), "binding the video channel to NVDEC0")
-    self.control(ch, rm.CTRL_CHANNEL_SCHEDULE, self.L.SCHEDULE(bEnable=1), "scheduling the video channel")
+    # the decoder object names its engine instance: the H100 (driver 580) refused it without parameters
+    # (NV_ERR_INVALID_STATE), and refuses the bind before the object exists (NV_ERR_OBJECT_NOT_FOUND)
     self.rm_alloc(ch, self.classes.video, nvdec.BSPAllocParams(size=ctypes.sizeof(nvdec.BSPAllocParams), engineInstance=0),
                   what=f"the video decoder object (class {self.classes.video:#06x})")
+    self.control(ch, rm.CTRL_CHANNEL_BIND, rm.CHANNEL_BIND(engineType=nvdec.ENGINE_NVDEC0), "binding the video channel to NVDEC0")
+    self.control(ch, rm.CTRL_CHANNEL_SCHEDULE, self.L.SCHEDULE(bEnable=1), "scheduling the video channel")
     token = self.control(ch, rm.CTRL_WORK_SUBMIT_TOKEN, rm.WORK_SUBMIT_TOKEN(workSubmitToken=0xFFFFFFFF), "reading the video channel's token")
     self.video = ch
     return Channel("video", area.va, entries, area.va + entries * 8, token.workSubmitToken)
