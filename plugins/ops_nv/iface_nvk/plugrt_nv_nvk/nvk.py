@@ -274,10 +274,11 @@ class NVKInterface(GPUInterface):
     return Channel(name, area.va + off, entries, area.va + off + entries * 8, token.workSubmitToken)
 
   def video_channel(self, entries: int) -> Channel:
-    """A channel on NVDEC0 with the video decoder object. As tinygrad's NV backend does it (docs/research/nv-video.md):
-    not in the compute channel group but under the device, in the device's default VA space (where every buffer is
-    mapped at the same address as in UVM's, through the virtual-memory object), the ring given as a virtual address
-    (hObjectBuffer: the virtual-memory object), bound to the engine and scheduled on its own; no UVM registration."""
+    """A channel on NVDEC0 with the video decoder object: a channel group of its own on NVDEC0 in the device's default
+    VA space (where every buffer is mapped at the same address as in UVM's, through the virtual-memory object), the
+    ring given as a virtual address (hObjectBuffer: the virtual-memory object), no UVM registration.
+    NEVER RAN on Hopper: on the H100 (driver 580) the group and the channel allocate, and the decoder object (class
+    0xB8B0, engine instance 0) is refused with NV_ERR_INVALID_CLASS (docs/video.md, "NV's own video engine")."""
     from plugrt_nv import nvdec
     if not self.classes.video:
       raise NVError(f"this {self.classes.family.name} GPU offers no video decoder class plugrt-nv knows "
@@ -293,16 +294,17 @@ class NVKInterface(GPUInterface):
       ctypes.memset(addr, 0, PAGE)
       self.notifiers.append(("video", addr))
     except NVError: pass
+    # in a channel group of its own on NVDEC0, as every channel is on Volta and later; the H100 (driver 580) refused
+    # the decoder object on a channel allocated under the device (NV_ERR_INVALID_STATE without allocation parameters,
+    # NV_ERR_INVALID_CLASS with them) and the bind before the object (NV_ERR_OBJECT_NOT_FOUND)
+    tsg = self.rm_alloc(self.device, rm.CHANNEL_GROUP, rm.CHANNEL_GROUP_PARAMS(engineType=nvdec.ENGINE_NVDEC0), what="the video channel group")
     p = self.L.CHANNEL_PARAMS(hObjectError=notifier, hObjectBuffer=self.virtmem, gpFifoOffset=area.va, gpFifoEntries=entries,
                               engineType=nvdec.ENGINE_NVDEC0)
     p.hUserdMemory[0], p.userdOffset[0] = area.private["handle"], entries * 8
-    ch = self.rm_alloc(self.device, self.classes.gpfifo, p, what="the video channel (NVDEC0)")
-    # the decoder object names its engine instance: the H100 (driver 580) refused it without parameters
-    # (NV_ERR_INVALID_STATE), and refuses the bind before the object exists (NV_ERR_OBJECT_NOT_FOUND)
+    ch = self.rm_alloc(tsg, self.classes.gpfifo, p, what="the video channel (NVDEC0)")
     self.rm_alloc(ch, self.classes.video, nvdec.BSPAllocParams(size=ctypes.sizeof(nvdec.BSPAllocParams), engineInstance=0),
                   what=f"the video decoder object (class {self.classes.video:#06x})")
-    self.control(ch, rm.CTRL_CHANNEL_BIND, rm.CHANNEL_BIND(engineType=nvdec.ENGINE_NVDEC0), "binding the video channel to NVDEC0")
-    self.control(ch, rm.CTRL_CHANNEL_SCHEDULE, self.L.SCHEDULE(bEnable=1), "scheduling the video channel")
+    self.control(tsg, rm.CTRL_SCHEDULE, self.L.SCHEDULE(bEnable=1), "scheduling the video channel group")
     token = self.control(ch, rm.CTRL_WORK_SUBMIT_TOKEN, rm.WORK_SUBMIT_TOKEN(workSubmitToken=0xFFFFFFFF), "reading the video channel's token")
     self.video = ch
     return Channel("video", area.va, entries, area.va + entries * 8, token.workSubmitToken)
