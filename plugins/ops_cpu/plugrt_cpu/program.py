@@ -7,7 +7,8 @@ the block [kernel address, ng0, ng1, args...], which calls the kernel for each g
 one makes one foreign call on the argument block prepared for them; other arguments
 get a new prepared launch (its own block), so threads sharing a program never see
 each other's arguments. Grids with enough work are split across cores: ctypes releases
-the GIL during the call, so the slices run in parallel.
+the GIL during the call, so the slices run in parallel. A launch with many small groups runs the program's span
+variant (plugrt_cpu.span) through the span runner instead, made when such a launch is first prepared.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from plugrt.errors import EnvError
 from plugrt.ir import Signature
 from plugrt.launchargs import NO_CALL, PreparedCall, call_key, slot_packer
 from plugrt.runtime import LaunchLimits, Program
+from plugrt_cpu.span import SPAN_MAX_THREADS, SPAN_MIN_GROUPS
 
 KernelFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)
 _ZERO = ctypes.c_uint64(0)
@@ -79,9 +81,10 @@ class _Launch(PreparedCall):
   """One prepared launch: the call it was made for (PreparedCall) and its own argument block, never changed once
   built. The program swaps in a new one by a single assignment, so a launch on another thread reads either the old
   or the new set, never a mix, and no thread rewrites a block that another thread's foreign call is reading."""
-  __slots__ = ("args", "argp", "head", "ngroups", "parallel", "tail")
+  __slots__ = ("args", "argp", "fn", "head", "ngroups", "parallel", "tail")
 
-  def __init__(self, argtype: Any, head: list[int], bufs: tuple, call: tuple, tail: list[int], ngroups: Any, parallel: bool):
+  def __init__(self, argtype: Any, head: list[int], bufs: tuple, call: tuple, tail: list[int], ngroups: Any, parallel: bool,
+               fn: Any):
     self.bufs, (self.vals, self.dims) = bufs, call  # the PreparedCall (plugrt.launchargs.call_key)
     self.head, self.tail = head, tail  # [kernel, ng0, ng1]; the scalar slots, then num_groups[3], local_size[3]
     self.args = a = argtype()  # [kernel, ng0, ng1] (set by the program), then the kernel's args
@@ -91,16 +94,24 @@ class _Launch(PreparedCall):
     self.argp = ctypes.c_void_p(ctypes.addressof(a))
     self.ngroups = ngroups  # a c_uint64, never written: launches made for the same sizes share it
     self.parallel = parallel  # split across the worker pool
+    self.fn = fn  # the runner that runs the grid: the grid runner, or the span runner for the span variant at head[0]
 
 
-_NONE = _Launch(ctypes.c_uint64 * 3, [0, 1, 1], (), NO_CALL.call, [], _ZERO, False)  # matches no call: the first launch prepares
+_NONE = _Launch(ctypes.c_uint64 * 3, [0, 1, 1], (), NO_CALL.call, [], _ZERO, False, None)  # matches no call: the first launch prepares
 
 
 class CPUProgram(Program):
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature, fn_addr: int, keepalive: Any,
-               runner: tuple[int, Any]):
-    """fn_addr: the kernel (one group per call); runner: (address, owner) of the grid runner that calls it."""
+               runner: tuple[int, Any], compiler: str = ""):
+    """fn_addr: the kernel (one group per call); runner: (address, owner) of the grid runner that calls it;
+    compiler: the compiler that made `lib` ("CLANG" or "LLVM"), which makes the span variant ("": none is made)."""
     super().__init__(device, name, lib, signature)
+    self.compiler = compiler
+    self._span: tuple[int, Any, Any] | None = None  # (span variant's address, span runner, owners), once made
+    #: why this program has no span variant (None: not needed yet, or made); set once making it failed
+    self.span_error: str | None = None if compiler else "the compiler that made it is not known"
+    if compiler and not device.info.context.flag("PLUGRT_CPU_SPAN", True): self.span_error = "off (PLUGRT_CPU_SPAN=0)"
+    self._span_lock = threading.Lock()
     self._keepalive = (keepalive, runner[1])  # the loaded library or JIT engine that owns the code, and the runner's
     self._kernel_addr = fn_addr
     self._fn = KernelFn(runner[0])
@@ -118,26 +129,60 @@ class CPUProgram(Program):
       return self._parallel(launch, wait)
     if wait:
       st = time.perf_counter()
-      self._fn(launch.argp, _ZERO, launch.ngroups)
+      launch.fn(launch.argp, _ZERO, launch.ngroups)
       return time.perf_counter() - st
-    self._fn(launch.argp, _ZERO, launch.ngroups)
+    launch.fn(launch.argp, _ZERO, launch.ngroups)
     return None
 
   def _prepare(self, last: _Launch, bufs: tuple, vals: Sequence[Any], global_size: Any, local_size: Any) -> _Launch:
     """A new prepared launch (`last`, the current one, lends its checked scalars and sizes when only the buffers changed)."""
     if vals == last.vals and (global_size, local_size) == last.dims and len(bufs) == self.nbufs and \
        all(type(b) is Buffer and b.device is self.device and b.dtype is dt for b, dt in zip(bufs, self.signature.buffers)):
-      return _Launch(self._argtype, last.head, bufs, (last.vals, last.dims), last.tail, last.ngroups, last.parallel)
+      return _Launch(self._argtype, last.head, bufs, (last.vals, last.dims), last.tail, last.ngroups, last.parallel, last.fn)
     gs, ls = self.check_args(bufs, vals, global_size, local_size)
     tail = [pack(v) for v, pack in zip(vals, self._pack)] + [*gs, *ls]
     ngroups = math.prod(gs)
-    return _Launch(self._argtype, [self._kernel_addr, gs[0], gs[1]], bufs, call_key(vals, global_size, local_size), tail,
-                   ctypes.c_uint64(ngroups), ngroups * math.prod(ls) >= PARALLEL_MIN_THREADS)
+    kernel, fn = self._kernel_addr, self._fn
+    if ngroups >= SPAN_MIN_GROUPS and math.prod(ls) <= SPAN_MAX_THREADS and (span := self.span_variant()) is not None:
+      kernel, fn = span[0], span[1]
+    return _Launch(self._argtype, [kernel, gs[0], gs[1]], bufs, call_key(vals, global_size, local_size), tail,
+                   ctypes.c_uint64(ngroups), ngroups * math.prod(ls) >= PARALLEL_MIN_THREADS, fn)
+
+  def span_variant(self) -> tuple[int, Any, Any] | None:
+    """(address, span runner, owners) of this program's span variant (plugrt_cpu.span), made on the first call;
+    None where it cannot be made (span_error says why): launches then run the one-group kernel, as always."""
+    if self._span is not None or self.span_error is not None: return self._span
+    with self._span_lock:
+      if self._span is None and self.span_error is None:
+        try: self._span = self._make_span()
+        except Exception as e: self.span_error = f"{type(e).__name__}: {e}"
+    return self._span
+
+  def _make_span(self) -> tuple[int, Any, Any]:
+    from plugrt_cpu.grid import SPAN_RUNNER, grid_runner
+    from plugrt_cpu.loader import check_elf, load_relocatable
+    from plugrt_cpu.span import span_name, span_source
+    comp = self.device.compiler_for(self.compiler)
+    if (src := comp.rendered.get(self.name)) is None: raise LookupError(f"{self.compiler} did not render {self.name} in this process")
+    if comp.compile_cached(src)[0] != self.lib: raise LookupError(f"the source {self.compiler} last rendered as {self.name} is another kernel's")
+    if (ssrc := span_source(self.compiler, src, self.name)) is None: raise LookupError(f"{self.name}'s source is not a CPU kernel's")
+    name = span_name(self.compiler, self.name)
+
+    def load(lib: bytes) -> tuple[int, Any]:
+      check_elf(lib, name)
+      return load_relocatable(lib, name)
+    lib, cached = comp.compile_cached(ssrc)
+    try: addr, owner = load(lib)
+    except Exception as e:
+      if not cached: raise
+      addr, owner = load(comp.recompile(ssrc, e))  # the cache held a binary that does not load
+    runner = grid_runner(self.device, self.compiler, SPAN_RUNNER)
+    return addr, KernelFn(runner[0]), (owner, runner[1])
 
   def _parallel(self, launch: _Launch, wait: bool) -> float | None:
     st = time.perf_counter()
     executor, n = POOL.get()
-    total, fn, argp = launch.ngroups.value, self._fn, launch.argp
+    total, fn, argp = launch.ngroups.value, launch.fn, launch.argp
     if executor is None or total < 2:
       fn(argp, _ZERO, launch.ngroups)
     else:
