@@ -9,7 +9,7 @@ compiles, once, its span variant
 
     void NAME_span(const u64 *args, u32 gx0, u32 gx1, u32 gid1, u32 gid2)  // groups gx0 .. gx1-1 of row (gid1, gid2)
 
-and launches it through the span runner (plugrt_cpu.grid.SPAN_RUNNER). It is made from the kernel's own source
+and such launches call it once per row piece (the grid runner's SPAN kind, plugrt_cpu.grid). It is made from the kernel's own source
 (span_source): the group function made local and always inlined into a counted loop, so each group runs exactly
 the code of one call, SPILL arrays (dynamic allocas) included: LLVM's inliner gives their stack back after each
 inlined call, C scopes them to it. Barriers need nothing either: a group's barrier phases are inside its call.
