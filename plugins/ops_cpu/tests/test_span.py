@@ -119,8 +119,7 @@ def test_any_slice_runs_exactly_its_groups(dev, compiler: str, always_span) -> N
 @pytest.mark.parametrize("ls", [1, 3, 16])
 def test_barriers_spills_and_shared_memory_in_a_long_row(dev, compiler: str, ls: int) -> None:
   """Many small groups with a barrier, shared memory and a SPILL array: the span variant (chosen by the real
-  threshold) gives each group what a call of the one-group kernel gives, and frees each group's SPILL array (2**17
-  groups, one call per row)."""
+  threshold) gives each group what a call of the one-group kernel gives."""
   ng = max(SPAN_MIN_GROUPS, 1 << 17)
   k = spill_kernel(f"span_spill_{compiler}_{ls}", 16)
   xs = np.random.default_rng(ls).random(ng * ls, np.float32)
@@ -128,6 +127,22 @@ def test_barriers_spills_and_shared_memory_in_a_long_row(dev, compiler: str, ls:
   prg = dev.program(k, compiler)
   prg(bo, bx, global_size=(ng, 1, 1), local_size=(ls, 1, 1), wait=True)
   assert prg._span is not None, prg.span_error
+  want = (xs * 2).reshape(ng, ls)
+  np.testing.assert_array_equal(bo.numpy().reshape(ng, ls), want[:, ::-1] + want)
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_a_long_row_gives_back_each_groups_spill_arrays(dev, compiler: str, always_span, monkeypatch) -> None:
+  """A group's SPILL array (a dynamic alloca in LLVM, a VLA in C) is freed after each inlined group: 2**15 groups of
+  512 floats in one row would take 64 MiB of stack (a thread has 8) if the span kept them."""
+  monkeypatch.setattr(cpu_program, "SPAN_MAX_THREADS", 512)
+  monkeypatch.setattr(cpu_program, "PARALLEL_MIN_THREADS", 1 << 40)  # one call, one row, on this thread
+  ng, ls = 1 << 15, 512
+  xs = np.random.default_rng(2).random(ng * ls, np.float32)
+  bo, bx = Buffer(dev, ng * ls), Buffer(dev, ng * ls).copyin(xs)
+  prg = dev.program(spill_kernel(f"span_spill_row_{compiler}", 512), compiler)
+  prg(bo, bx, global_size=(ng, 1, 1), local_size=(ls, 1, 1), wait=True)
+  assert prg._launch.head[3] == SPAN, prg.span_error
   want = (xs * 2).reshape(ng, ls)
   np.testing.assert_array_equal(bo.numpy().reshape(ng, ls), want[:, ::-1] + want)
 
