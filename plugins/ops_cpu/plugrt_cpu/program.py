@@ -26,7 +26,7 @@ from plugrt.ir import Signature
 from plugrt.launchargs import NO_CALL, PreparedCall, call_key, slot_packer
 from plugrt.runtime import LaunchLimits, Program
 from plugrt_cpu.grid import HEAD, ONE_GROUP, SPAN
-from plugrt_cpu.span import SPAN_MAX_THREADS, SPAN_MIN_GROUPS
+from plugrt_cpu.span import SPAN_MAX_THREADS, SPAN_MIN_GROUPS, SPAN_MIN_ROW
 
 KernelFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)
 _ZERO = ctypes.c_uint64(0)
@@ -142,7 +142,7 @@ class CPUProgram(Program):
     tail = [pack(v) for v, pack in zip(vals, self._pack)] + [*gs, *ls]
     ngroups = math.prod(gs)
     head = [self._kernel_addr, gs[0], gs[1], ONE_GROUP]
-    if ngroups >= SPAN_MIN_GROUPS and math.prod(ls) <= SPAN_MAX_THREADS and (span := self.span_variant()) is not None:
+    if ngroups >= SPAN_MIN_GROUPS and gs[0] >= SPAN_MIN_ROW and math.prod(ls) <= SPAN_MAX_THREADS and (span := self.span_variant()):
       head = [span[0], gs[0], gs[1], SPAN]
     return _Launch(self._argtype, head, bufs, call_key(vals, global_size, local_size), tail,
                    ctypes.c_uint64(ngroups), ngroups * math.prod(ls) >= PARALLEL_MIN_THREADS)

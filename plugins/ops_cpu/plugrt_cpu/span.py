@@ -4,8 +4,8 @@ A CPU kernel runs one group per call (plugrt_cpu.program), and it has no loop of
 costs LLVM its loop pipeline, about twice the compile time of a small kernel. But with tiny groups the call per
 group, and the set-up LLVM can only hoist out of a loop around the body (callee-saved registers, the vectoriser's
 run-time checks), is most of the work: c = a + b with 1-thread groups ran 45% slower than with a loop in every
-kernel. So a program that gets launched with at least SPAN_MIN_GROUPS groups of at most SPAN_MAX_THREADS threads
-compiles, once, its span variant
+kernel. So a program that gets launched with at least SPAN_MIN_GROUPS groups of at most SPAN_MAX_THREADS threads,
+in rows of at least SPAN_MIN_ROW groups along x, compiles, once, its span variant
 
     void NAME_span(const u64 *args, u32 gx0, u32 gx1, u32 gid1, u32 gid2)  // groups gx0 .. gx1-1 of row (gid1, gid2)
 
@@ -23,6 +23,8 @@ import threading
 #: a launch with at least this many groups, each of at most SPAN_MAX_THREADS threads, uses the span variant
 SPAN_MIN_GROUPS = 1 << 16
 SPAN_MAX_THREADS = 16
+#: ... and rows of at least this many groups along x (a span runs one row piece per call: with shorter rows it saves little)
+SPAN_MIN_ROW = 16
 #: rendered sources remembered per compiler (the most recent ones; a program whose source is gone runs loop-free)
 SOURCES_KEPT = 4096
 

@@ -15,7 +15,7 @@ from plugrt_cpu import program as cpu_program
 from plugrt_cpu.grid import ONE_GROUP, SPAN
 from plugrt_cpu.loader import check_elf
 from plugrt_cpu.relocate import link
-from plugrt_cpu.span import SPAN_MAX_THREADS, SPAN_MIN_GROUPS, span_name, span_source
+from plugrt_cpu.span import SPAN_MAX_THREADS, SPAN_MIN_GROUPS, SPAN_MIN_ROW, span_name, span_source
 
 pytest.importorskip("llvmlite")
 COMPILERS = ("CLANG", "LLVM")
@@ -30,6 +30,7 @@ def dev():
 def always_span(monkeypatch):
   """Every launch with groups of at most SPAN_MAX_THREADS threads takes the span variant, however few groups."""
   monkeypatch.setattr(cpu_program, "SPAN_MIN_GROUPS", 1)
+  monkeypatch.setattr(cpu_program, "SPAN_MIN_ROW", 1)
 
 
 def count_kernel(name: str = "span_count") -> Kernel:
@@ -159,6 +160,7 @@ def test_only_many_small_groups_make_the_span(dev, compiler: str) -> None:
   prg = dev.program(b.finish(), compiler)
   prg(bc, bx, global_size=(n // 32,), local_size=(32,), wait=True)  # groups too big
   prg(bc, bx, global_size=(SPAN_MIN_GROUPS // 2,), local_size=(1,), wait=True)  # too few groups
+  prg(bc, bx, global_size=(SPAN_MIN_ROW - 1, SPAN_MIN_GROUPS, 1), local_size=(1,), wait=True)  # rows too short
   assert prg._span is None and prg.span_error is None
   prg(bc, bx, global_size=(n // SPAN_MAX_THREADS,), local_size=(SPAN_MAX_THREADS,), wait=True)
   assert prg._span is not None, prg.span_error
