@@ -4,7 +4,8 @@
 
 Rows, for CLANG and LLVM: `c[i] = a[i] + b[i]` on 2**24 float32 (192 MiB moved a launch) with 256-thread groups
 (how plugrt's Tensor launches), the same with 1-thread groups (a grid of 2**24 groups: the worst case for the
-per-group cost of the grid loop), each on the calling thread only (PLUGRT_CPU_THREADS=1, in a child process) and on
+per-group cost of the grid loop; such a launch runs the kernel's span variant, plugrt_cpu.span, made before timing:
+PLUGRT_CPU_SPAN=0 measures the one-group kernel instead), each on the calling thread only (PLUGRT_CPU_THREADS=1, in a child process) and on
 every core; and the tiny kernel's launch (1 float). Compare two trees by running this script under each, one after
 the other (PYTHONPATH pointing at the tree): the figures are absolute, so the machine must be quiet for both.
 """

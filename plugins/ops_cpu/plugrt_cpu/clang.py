@@ -26,6 +26,7 @@ from plugrt.ir import Kernel
 from plugrt.runtime import Compiler
 from plugrt_cpu import probe_clang, which_cc
 from plugrt_cpu.crender import CPUCRenderer
+from plugrt_cpu.span import RenderedSources
 
 # -fno-pic -mcmodel=large: absolute addresses only, so the JIT may place the code, its constants and libm anywhere
 CFLAGS = ("-O2", "-fno-pic", "-mcmodel=large", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-asynchronous-unwind-tables",
@@ -118,6 +119,7 @@ class ClangCompiler(Compiler):
   def __init__(self, device: DeviceInfo):
     super().__init__(device)
     self.renderer = CPUCRenderer()
+    self.rendered = RenderedSources()  # for the span variants (plugrt_cpu.span)
     ctx = device.context
     cc, self.cc_named = which_cc(ctx)
     if cc is None:  # the probe's words, with CC when it names the compiler
@@ -134,7 +136,10 @@ class ClangCompiler(Compiler):
       if (sb := self._standby) is not None and sb.pid == os.getpid(): sb.discard()
     except Exception: pass  # interpreter shutdown
 
-  def render(self, kernel: Kernel) -> str: return self.renderer.render(kernel)
+  def render(self, kernel: Kernel) -> str:
+    src = self.renderer.render(kernel)
+    self.rendered.remember(kernel.name, src)
+    return src
 
   def toolchain(self) -> tuple[str, ...]:
     return (_tool_identity(self.cc), " ".join(CFLAGS), "ET_REL", cpu_identity())

@@ -24,14 +24,15 @@ from typing import Any
 
 from plugrt.errors import CompileError
 from plugrt.hookspecs import DeviceInfo
-from plugrt_cpu.llvm import OPT_LEVEL, CPULLVMRenderer, LLVMCompiler
+from plugrt_cpu.llvm import OPT_LEVEL, STRAIGHT_LINE_RULE, CPULLVMRenderer, LLVMCompiler, straight_line
+from plugrt_cpu.span import RenderedSources
 
 VARIABLE = "PLUGRT_CPU_LIBLLVM"
 MIN_VERSION = 15  # opaque pointers (`ptr`) by default
 _SEARCH = ("/usr/lib/llvm-*/lib", "/usr/lib/*-linux-gnu*", "/usr/lib64", "/usr/local/lib", "/usr/lib")
 _VERSION = re.compile(r"libLLVM(?:-(\d+)(?:\.[\d.]*)?\.so|\.so\.(\d+))")
 # llvm-c/TargetMachine.h, llvm-c/Analysis.h
-CODEGEN_DEFAULT, RELOC_STATIC, CODE_MODEL_LARGE, OBJECT_FILE, RETURN_STATUS = 2, 1, 6, 1, 2
+CODEGEN_NONE, CODEGEN_DEFAULT, RELOC_STATIC, CODE_MODEL_LARGE, OBJECT_FILE, RETURN_STATUS = 0, 2, 1, 6, 1, 2
 _ARCH = {"x86_64": "X86", "amd64": "X86", "aarch64": "AArch64", "arm64": "AArch64", "riscv64": "RISCV", "ppc64le": "PowerPC"}
 
 
@@ -110,6 +111,7 @@ class LibLLVMCompiler(LLVMCompiler):
     from plugrt.runtime import Compiler
     Compiler.__init__(self, device)
     self.renderer = CPULLVMRenderer()
+    self.rendered = RenderedSources()  # for the span variants (plugrt_cpu.span)
     self.api = api = libllvm(path)
     lib = api.lib
     self.triple = api.message(lib.LLVMGetDefaultTargetTriple())  # the host's: llvmlite (20 ms to import) is not needed
@@ -119,6 +121,8 @@ class LibLLVMCompiler(LLVMCompiler):
       raise CompileError(f"libLLVM {path} has no target for {self.triple}", api.message(err.value))
     self.tm = lib.LLVMCreateTargetMachine(target, self.triple.encode(), self.cpu.encode(), self.features.encode(), CODEGEN_DEFAULT,
                                           RELOC_STATIC, CODE_MODEL_LARGE)
+    self.straight_line_tm = lib.LLVMCreateTargetMachine(target, self.triple.encode(), self.cpu.encode(), self.features.encode(),
+                                                        CODEGEN_NONE, RELOC_STATIC, CODE_MODEL_LARGE)  # see llvm.straight_line
     td = lib.LLVMCreateTargetDataLayout(self.tm)
     self.data_layout = api.message(lib.LLVMCopyStringRepOfTargetData(td))
     lib.LLVMDisposeTargetData(td)
@@ -134,7 +138,7 @@ class LibLLVMCompiler(LLVMCompiler):
   def toolchain(self) -> tuple[str, ...]:
     st = os.stat(self.api.path)
     return (f"libLLVM {self.api.path}:{st.st_size}:{int(st.st_mtime)}", self.triple, self.cpu, self.features,
-            f"O{OPT_LEVEL} reloc=static codemodel=large")
+            f"O{OPT_LEVEL} reloc=static codemodel=large", STRAIGHT_LINE_RULE)
 
   def compile_uncached(self, src: str) -> bytes:
     api = self.api
@@ -161,7 +165,8 @@ class LibLLVMCompiler(LLVMCompiler):
             finally: lib.LLVMDisposeErrorMessage(msg)
             raise CompileError(f"libLLVM's {self._passes.decode()} pipeline failed", why)
           out = ctypes.c_void_p()
-          if lib.LLVMTargetMachineEmitToMemoryBuffer(self.tm, mod, OBJECT_FILE, ctypes.byref(err), ctypes.byref(out)):
+          tm = self.straight_line_tm if straight_line(src) else self.tm
+          if lib.LLVMTargetMachineEmitToMemoryBuffer(tm, mod, OBJECT_FILE, ctypes.byref(err), ctypes.byref(out)):
             raise CompileError("libLLVM failed to emit a CPU kernel's object", api.message(err.value))
           try: return ctypes.string_at(lib.LLVMGetBufferStart(out), lib.LLVMGetBufferSize(out))
           finally: lib.LLVMDisposeMemoryBuffer(out)

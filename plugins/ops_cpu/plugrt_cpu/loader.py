@@ -29,7 +29,8 @@ def load_program(device: Any, name: str, lib: bytes, signature: Signature) -> An
     from plugrt_cpu.clang import load_shared
     addr, owner = load_shared(lib, name)
   else: addr, owner = load_relocatable(lib, name)
-  return CPUProgram(device, name, lib, signature, addr, owner, grid_runner(device, _compiler_of(lib)))
+  compiler = _compiler_of(lib)
+  return CPUProgram(device, name, lib, signature, addr, owner, grid_runner(device, compiler), compiler)
 
 
 def _compiler_of(lib: bytes) -> str:

@@ -3,11 +3,12 @@
 Calling convention (both compilers): ``void NAME(const u64 *args, u32 gid0, u32 gid1, u32 gid2)``
 runs one group; args = buffer addresses, one 8-byte slot per scalar, then num_groups[3]
 and local_size[3]. A launch is one foreign call of the grid runner (plugrt_cpu.grid) on
-the block [kernel address, ng0, ng1, args...], which calls the kernel for each group. A launch with the same arguments as the previous
+the block [kernel address, ng0, ng1, kind, args...], which calls the kernel for each group. A launch with the same arguments as the previous
 one makes one foreign call on the argument block prepared for them; other arguments
 get a new prepared launch (its own block), so threads sharing a program never see
 each other's arguments. Grids with enough work are split across cores: ctypes releases
-the GIL during the call, so the slices run in parallel.
+the GIL during the call, so the slices run in parallel. A launch with many small groups runs the program's span
+variant (plugrt_cpu.span) instead, made when such a launch is first prepared: the same runner calls it once per row.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from plugrt.errors import EnvError
 from plugrt.ir import Signature
 from plugrt.launchargs import NO_CALL, PreparedCall, call_key, slot_packer
 from plugrt.runtime import LaunchLimits, Program
+from plugrt_cpu.grid import HEAD, ONE_GROUP, SPAN
+from plugrt_cpu.span import SPAN_MAX_THREADS, SPAN_MIN_GROUPS, SPAN_MIN_ROW
 
 KernelFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)
 _ZERO = ctypes.c_uint64(0)
@@ -83,29 +86,36 @@ class _Launch(PreparedCall):
 
   def __init__(self, argtype: Any, head: list[int], bufs: tuple, call: tuple, tail: list[int], ngroups: Any, parallel: bool):
     self.bufs, (self.vals, self.dims) = bufs, call  # the PreparedCall (plugrt.launchargs.call_key)
-    self.head, self.tail = head, tail  # [kernel, ng0, ng1]; the scalar slots, then num_groups[3], local_size[3]
-    self.args = a = argtype()  # [kernel, ng0, ng1] (set by the program), then the kernel's args
-    a[0:3] = head
-    for i, b in enumerate(bufs): a[3 + i] = b.handle
-    a[3 + len(bufs):] = tail
+    self.head, self.tail = head, tail  # [kernel, ng0, ng1, kind]; the scalar slots, then num_groups[3], local_size[3]
+    self.args = a = argtype()  # [kernel, ng0, ng1, kind] (set by the program), then the kernel's args
+    a[0:HEAD] = head
+    for i, b in enumerate(bufs): a[HEAD + i] = b.handle
+    a[HEAD + len(bufs):] = tail
     self.argp = ctypes.c_void_p(ctypes.addressof(a))
     self.ngroups = ngroups  # a c_uint64, never written: launches made for the same sizes share it
     self.parallel = parallel  # split across the worker pool
 
 
-_NONE = _Launch(ctypes.c_uint64 * 3, [0, 1, 1], (), NO_CALL.call, [], _ZERO, False)  # matches no call: the first launch prepares
+_NONE = _Launch(ctypes.c_uint64 * HEAD, [0, 1, 1, ONE_GROUP], (), NO_CALL.call, [], _ZERO, False)  # matches no call: the first launch prepares
 
 
 class CPUProgram(Program):
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature, fn_addr: int, keepalive: Any,
-               runner: tuple[int, Any]):
-    """fn_addr: the kernel (one group per call); runner: (address, owner) of the grid runner that calls it."""
+               runner: tuple[int, Any], compiler: str = ""):
+    """fn_addr: the kernel (one group per call); runner: (address, owner) of the grid runner that calls it;
+    compiler: the compiler that made `lib` ("CLANG" or "LLVM"), which makes the span variant ("": none is made)."""
     super().__init__(device, name, lib, signature)
+    self.compiler = compiler
+    self._span: tuple[int, Any] | None = None  # (span variant's address, its owner), once made
+    #: why this program has no span variant (None: not needed yet, or made); set once making it failed
+    self.span_error: str | None = None if compiler else "the compiler that made it is not known"
+    if compiler and not device.info.context.flag("PLUGRT_CPU_SPAN", True): self.span_error = "off (PLUGRT_CPU_SPAN=0)"
+    self._span_lock = threading.Lock()
     self._keepalive = (keepalive, runner[1])  # the loaded library or JIT engine that owns the code, and the runner's
     self._kernel_addr = fn_addr
     self._fn = KernelFn(runner[0])
     self._pack = [slot_packer(dt) for dt in signature.scalars]
-    self._argtype = ctypes.c_uint64 * (3 + self.nbufs + self.nvals + 6)
+    self._argtype = ctypes.c_uint64 * (HEAD + self.nbufs + self.nvals + 6)
     self._launch = _NONE
     self.launch_limits = LaunchLimits(str(device), max_local_total=MAX_GROUP_THREADS)
 
@@ -131,8 +141,40 @@ class CPUProgram(Program):
     gs, ls = self.check_args(bufs, vals, global_size, local_size)
     tail = [pack(v) for v, pack in zip(vals, self._pack)] + [*gs, *ls]
     ngroups = math.prod(gs)
-    return _Launch(self._argtype, [self._kernel_addr, gs[0], gs[1]], bufs, call_key(vals, global_size, local_size), tail,
+    head = [self._kernel_addr, gs[0], gs[1], ONE_GROUP]
+    if ngroups >= SPAN_MIN_GROUPS and gs[0] >= SPAN_MIN_ROW and math.prod(ls) <= SPAN_MAX_THREADS and (span := self.span_variant()):
+      head = [span[0], gs[0], gs[1], SPAN]
+    return _Launch(self._argtype, head, bufs, call_key(vals, global_size, local_size), tail,
                    ctypes.c_uint64(ngroups), ngroups * math.prod(ls) >= PARALLEL_MIN_THREADS)
+
+  def span_variant(self) -> tuple[int, Any] | None:
+    """(address, owner) of this program's span variant (plugrt_cpu.span), made on the first call;
+    None where it cannot be made (span_error says why): launches then run the one-group kernel, as always."""
+    if self._span is not None or self.span_error is not None: return self._span
+    with self._span_lock:
+      if self._span is None and self.span_error is None:
+        try: self._span = self._make_span()
+        except Exception as e: self.span_error = f"{type(e).__name__}: {e}"
+    return self._span
+
+  def _make_span(self) -> tuple[int, Any]:
+    from plugrt_cpu.loader import check_elf, load_relocatable
+    from plugrt_cpu.span import span_name, span_source
+    comp = self.device.compiler_for(self.compiler)
+    if (src := comp.rendered.get(self.name)) is None: raise LookupError(f"{self.compiler} did not render {self.name} in this process")
+    if comp.compile_cached(src)[0] != self.lib:
+      raise LookupError(f"the source {self.compiler} last rendered as {self.name} does not compile to this program's binary")
+    if (ssrc := span_source(self.compiler, src, self.name)) is None: raise LookupError(f"{self.name}'s source is not a CPU kernel's")
+    name = span_name(self.compiler, self.name)
+
+    def load(lib: bytes) -> tuple[int, Any]:
+      check_elf(lib, name)
+      return load_relocatable(lib, name)
+    lib, cached = comp.compile_cached(ssrc)
+    try: return load(lib)
+    except Exception as e:
+      if not cached: raise
+      return load(comp.recompile(ssrc, e))  # the cache held a binary that does not load
 
   def _parallel(self, launch: _Launch, wait: bool) -> float | None:
     st = time.perf_counter()

@@ -480,3 +480,19 @@ def test_integer_division_never_traps(dev, compiler: str, dt):
   got, ref = launch(dev, compiler, b.finish(), [np.zeros(4, dt.numpy), np.zeros(4, dt.numpy), a, d], [dt, dt, dt, dt], gs=(4, 1, 1))
   assert got[0][0] == ref[0][0] and got[1][0] == 0  # MIN // -1 wraps to MIN
   assert got[0][3] == 2 and got[1][3] == 1
+
+
+def test_only_straight_line_modules_get_the_fast_code_generator(dev):
+  """A module with no branch is code-generated at level 0 (the same instructions for one block, a third of the time);
+  anything with a loop or a branch, or past the size limit, at O2. The rule is part of the cache key."""
+  from plugrt.testing.kernels import tiny_kernel
+  from plugrt_cpu.llvm import STRAIGHT_LINE_MAX_LINES, STRAIGHT_LINE_RULE, straight_line
+  comp = dev.compiler_for("LLVM")
+  assert straight_line(comp.render(tiny_kernel("sl_tiny")))
+  b = KernelBuilder("sl_loop")
+  c, x = b.buffer("c", dtypes.float32), b.buffer("x", dtypes.float32)
+  c[b.global_id(0)] = x[b.global_id(0)] + 1.0  # a thread loop
+  assert not straight_line(comp.render(b.finish()))
+  assert not straight_line("define void @k() {\nentry:\n  switch i32 0, label %a []\na:\n  ret void\n}\n")
+  assert not straight_line("; x\n" * (STRAIGHT_LINE_MAX_LINES + 1))
+  assert STRAIGHT_LINE_RULE in comp.toolchain()
