@@ -106,9 +106,17 @@ def target(request: pytest.FixtureRequest) -> Target:
 
 
 def entry_file(ns: str, key: str, payload: bytes, staging: Path) -> bytes:
-  """The bytes plugrt itself writes for (key, payload): what an attacker who knows the format writes too."""
-  DiskCache(ns, root=str(staging)).put(key, payload)
-  return (staging / ns / key[:2] / key).read_bytes()
+  """The bytes of (key, payload) in the one-file-per-key layout, which plugrt still reads (and moves into the pack):
+  what an attacker who knows the format writes at <root>/<namespace>/<key[:2]>/<key>."""
+  from plugrt.cache import _pack
+  return _pack(key, payload)
+
+
+def index_slot(index: Path, key: str) -> int:
+  """Where key's slot starts in an index file (plugrt.cachepack's layout)."""
+  from plugrt.cachepack import INDEX_HEAD, SLOT
+  data, raw = index.read_bytes(), bytes.fromhex(key)
+  return next(at for at in range(INDEX_HEAD, len(data), SLOT) if data[at:at + 32] == raw)
 
 
 def make_dir(path: Path, mode: int = 0o700, owner: int | None = None) -> Path:
@@ -170,8 +178,9 @@ def test_untrusted_path_levels_are_discarded(target: Target, tmp_path: Path, att
   assert any("removed it" in w for w in res["warnings"]), res["warnings"]
   if attack.startswith("symlinked"):  # the link is removed, never what it points to
     assert (outside / key[:2] / key).exists() or (outside / "entry").exists()
-  # what is left is plugrt's own: a trusted entry of "add", which the next run hits
-  st = (root / target.ns / key[:2] / key).lstat()
+  # what is left is plugrt's own: the planted file is gone, and the pack holds a trusted entry of "add"
+  assert not os.path.lexists(root / target.ns / key[:2] / key)
+  st = (root / target.ns / "pack").lstat()
   assert stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
   assert DiskCache(target.ns, root=str(root)).get(key) not in (None, target.planted())
 
@@ -181,12 +190,26 @@ def test_untrusted_path_levels_are_discarded(target: Target, tmp_path: Path, att
 def test_an_entry_copied_under_another_key_is_a_miss(target: Target, tmp_path: Path) -> None:
   root = tmp_path / "cache"
   assert target.run(root, "add")["out"] == ADD and target.run(root, "mul")["out"] == MUL  # both cached
-  add, mul = (root / target.ns / k[:2] / k for k in (target.key("add"), target.key("mul")))
-  assert add.exists() and mul.exists()
-  add.write_bytes(mul.read_bytes())
+  index = root / target.ns / "index"
+  add, mul = (index_slot(index, k) for k in (target.key("add"), target.key("mul")))
+  data = bytearray(index.read_bytes())
+  data[add + 32:add + 44] = data[mul + 32:mul + 44]  # the slot of "add" now points at the record of "mul"
+  index.write_bytes(bytes(data))
   res = target.run(root, "add")
-  assert res["out"] == ADD, "the entry of 'mul' copied over 'add' was loaded"
+  assert res["out"] == ADD, "the record of 'mul' was loaded for 'add'"
   assert any("another key" in w for w in res["warnings"]), res["warnings"]
+  assert target.run(root, "add")["warnings"] == [] and target.run(root, "mul")["out"] == MUL  # compiled again, appended
+  # a record of "mul" rewritten to carry the key of "add" (its sha256 covers the key): refused too
+  pack = root / target.ns / "pack"
+  blob, off = bytearray(pack.read_bytes()), int.from_bytes(index.read_bytes()[mul + 32:mul + 40], "little")
+  blob[off + 40:off + 72] = bytes.fromhex(target.key("add"))
+  pack.write_bytes(bytes(blob))
+  data = bytearray(index.read_bytes())
+  add = index_slot(index, target.key("add"))
+  data[add + 32:add + 40] = off.to_bytes(8, "little")
+  index.write_bytes(bytes(data))
+  res = target.run(root, "add")
+  assert res["out"] == ADD and any("corrupt" in w for w in res["warnings"]), res["warnings"]
 
 
 @pytest.mark.parametrize("damage", ["half", "garbage"])
@@ -264,7 +287,7 @@ def test_a_fifo_at_an_entry_path_is_discarded(target: Target, tmp_path: Path) ->
   os.mkfifo(shard / key, 0o600)
   res = target.run(root, timeout=60)
   assert res["out"] == ADD
-  assert stat.S_ISREG((shard / key).lstat().st_mode)  # replaced by a real entry
+  assert not os.path.lexists(shard / key) and DiskCache(target.ns, root=str(root)).get(key)  # gone; the pack has the entry
 
 
 def test_a_huge_file_at_an_entry_path_is_not_read(tmp_path: Path) -> None:
@@ -332,6 +355,15 @@ def test_concurrent_writers_and_readers_see_whole_entries(tmp_path: Path) -> Non
 
 # ---------------------------------------------------------------- growth: a size cap, least recently used out first
 
+def age(index: Path, keys: list[str], minutes: int) -> None:
+  """Make keys' entries last used `minutes` ago (the last-use field of their index slots)."""
+  data = bytearray(index.read_bytes())
+  for k in keys:
+    at = index_slot(index, k)
+    data[at + 44:at + 48] = (int(time.time()) // 60 - minutes).to_bytes(4, "little")
+  with open(index, "r+b") as f: f.write(data)  # in place: processes that map it see it, as they see a hit's touch
+
+
 def test_the_cache_is_bounded_and_evicts_least_recently_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
   import plugrt.cache as C
   monkeypatch.setenv("PLUGRT_CACHE_MAX_MB", "1")
@@ -339,24 +371,26 @@ def test_the_cache_is_bounded_and_evicts_least_recently_used(tmp_path: Path, mon
   real = C.evict_to
   monkeypatch.setattr(C, "evict_to", lambda root, target: scans.append(target) or real(root, target))
   dc = DiskCache("unit", root=str(tmp_path))
+  index = tmp_path / "unit" / "index"
   keys = [f"{i:064x}" for i in range(500)]
   blob = b"k" * (20 << 10)
   for k in keys[:10]: dc.put(k, blob)
   assert len(scans) == 1  # the first put counts what is there; the next ones only add to the running total
-  old = time.time() - 3600
-  for k in keys[:10]: os.utime(dc.path(k), (old, old))
+  age(index, keys[:10], 60)
   for k in keys[10:40]: dc.put(k, blob)
   assert len(scans) == 1 and all(dc.get(k) == blob for k in keys[:40])  # 40 x 20 KiB: under the cap, nothing evicted
-  for k in keys[:10]: os.utime(dc.path(k), (old, old))
-  assert dc.get(keys[0]) == blob  # a hit makes it the most recently used of the old ones
+  age(index, keys[:10], 60)
+  age(index, keys[10:40], 30)  # last use is kept in minutes: these are newer than the first ten, older than what comes
+  assert DiskCache("unit", root=str(tmp_path)).get(keys[0]) == blob  # a first hit makes it the most recently used of the old ones
   for k in keys[40:60]: dc.put(k, blob)  # past the cap: the least recently used go
   assert dc.get(keys[0]) == blob and dc.get(keys[1]) is None and dc.get(keys[59]) == blob
   for k in keys[60:]: dc.put(k, blob)  # 500 kernels of 20 KiB: 10 MiB through a 1 MiB cache
-  files = [p for p in (tmp_path / "unit").rglob("*") if p.is_file()]
-  assert sum(p.stat().st_size for p in files) <= 1 << 20
-  assert 30 < len(files) < 52 and dc.get(keys[-1]) == blob
+  pack = tmp_path / "unit" / "pack"
+  assert pack.stat().st_size <= 1 << 20
+  left = C.info(str(tmp_path))["entries"]
+  assert 30 < left < 52 and dc.get(keys[-1]) == blob
   assert len(scans) <= 2 + 500 * len(blob) // ((1 << 20) // 8) < 100  # a scan per 1/8 of the cap written, not one per put
-  assert int((tmp_path / ".size").read_text()) == sum(p.stat().st_size for p in files)
+  assert int((tmp_path / ".size").read_text()) == pack.stat().st_size
 
 
 @pytest.mark.parametrize("value", ["lots", "0", "-5", "1.5"])

@@ -483,7 +483,13 @@ def clear(namespace: str | None = None, root: str | None = None) -> tuple[int, i
   if not os.path.isdir(root): return 0, 0
   entries = list(scan(root, namespace))
   removed = [e for e in entries if _remove(e.path)]
-  packed = [(len(live), size) for _, _, live, size in _packs(root, namespace)]
+  packed = []
+  for _, pack, live, size in _packs(root, namespace):
+    packed.append((len(live), size))
+    try:
+      with pack.locked() as ok:
+        if ok: pack.retire(lambda pack=pack: os.unlink(pack.index_path))  # processes that map it stop serving from it
+    except OSError: pass
   names = [namespace] if namespace else [n for n in os.listdir(root) if _valid_namespace(n)]
   for ns in names: _remove(os.path.join(root, ns))  # the directories too (and anything untrusted in them)
   if namespace is None: _remove(os.path.join(root, _SIZE_FILE))

@@ -17,12 +17,13 @@ that slot); if it still fails, the slot is removed and the kernel compiled again
 
 Writers append the record first and publish it after: the slot's offset and length are written before its key,
 so a reader that sees the key sees a finished record (or, for a slot being reused, fails the check and waits for
-the lock). The index is rebuilt (a new file renamed into place, a new generation for readers: they notice the
-changed inode at their next miss) when it is half full, when it is unreadable, truncated or describes another
-pack (rebuilt from the pack, whose records carry their own keys and hashes), and when eviction compacts the pack
-(a new pack and index, renamed pack first: a reader that sees a new pack with the old index finds the ids differ
-and treats it as a miss until the writer finishes). Nothing is fsync'ed: a crash can lose recent entries or leave
-garbage at the end of the pack, both of which the checks above turn into misses.
+the lock). The index is replaced by a new file (renamed into place) when it is half full, when it is unreadable,
+truncated or describes another pack (rebuilt from the pack, whose records carry their own keys and hashes), and
+when eviction compacts the pack (a new pack and index, the pack renamed first: a reader that sees the new pack with
+the old index finds the ids differ and looks again under the lock). The writer then marks the old index retired
+(its first byte), and every reader checks that byte at each lookup, so no process serves hits from a pack that was
+compacted or cleared away. Nothing is fsync'ed: a crash can lose recent entries or leave garbage at the end of the
+pack, both of which the checks above turn into misses.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ REC_MAGIC = b"PRC1"
 REC_HEAD = 72  # magic, length, key, sha256
 SLOT = 48
 MIN_SLOTS = 1024
+_LIVE, _RETIRED = INDEX_MAGIC[0], b"R"  # the first byte of an index that a writer replaced
 _NO_OFFSET = bytes(8)  # a slot whose offset is 0 is empty (records start after the pack's header)
 _SLOT_TAIL = struct.Struct("<QII")  # offset, length, last use
 _O = os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
@@ -97,6 +99,9 @@ class Pack:
     kernel comes here, and tinygrad's is an sqlite SELECT of about 5 us.)"""
     if (v := self._view) is None and (v := self._map()) is None: return None
     ix, mask = v.ix, v.mask
+    if ix[0] != _LIVE:  # retired: a writer replaced this index (rebuilt, compacted, cleared); map what is there now
+      if (v := self._map()) is None: return None
+      ix, mask = v.ix, v.mask
     slot = int.from_bytes(raw[:8], "little")
     i = slot & mask
     for _ in range(mask + 1):  # a corrupted table full of keys still ends
@@ -277,7 +282,19 @@ class Pack:
       at = INDEX_HEAD + i * SLOT
       table[at:at + 32] = raw
       _SLOT_TAIL.pack_into(table, at + 32, off, n, used)
-    self._replace(self.index_path, table)
+    self.retire(lambda: self._replace(self.index_path, table))
+
+  def retire(self, replace: Callable[[], object] = lambda: None) -> None:
+    """Run `replace` (which puts a new index at the path, or removes it), then mark the index that was there retired
+    (its first byte): every process that still maps it sees that at its next lookup and maps the files anew, so no
+    hit is served from a pack that was compacted or cleared away. Under the lock."""
+    try: old = os.open(self.index_path, os.O_RDWR | _O)
+    except OSError: old = -1
+    try:
+      replace()
+      if old >= 0: os.pwrite(old, _RETIRED, 0)
+    finally:
+      if old >= 0: os.close(old)
 
   def _rebuild(self) -> None:
     """The index again from the pack (under the lock): every good record, the last one of a key winning. A pack that
