@@ -424,3 +424,187 @@ def test_cli_cache_info_and_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
   assert not [p for p in tmp_path.iterdir()]
   caches["unit-a"].put("0" * 64, b"again")  # a process that used the cache before the clear still writes to it
   assert DiskCache("unit-a").get("0" * 64) == b"again"
+
+
+# ---------------------------------------------------------------- the pack and its index (issue 17)
+
+def _payload(key: str, n: int = 300) -> bytes:
+  import hashlib
+  return (hashlib.sha256(key.encode()).digest() * (n // 32 + 1))[:n]
+
+
+def _filled(root: Path, n: int = 40) -> list[str]:
+  dc = DiskCache("unit", root=str(root))
+  keys = [f"{i * 7919 + 1:064x}" for i in range(n)]
+  for k in keys: dc.put(k, _payload(k, 100 + 37 * (int(k, 16) % 11)))
+  assert all(dc.get(k) == _payload(k, 100 + 37 * (int(k, 16) % 11)) for k in keys)
+  return keys
+
+
+def _check_all(root: Path, keys: list[str]) -> int:
+  """Every key is a miss or its own payload, never another; returns the hits."""
+  dc, hits = DiskCache("unit", root=str(root)), 0
+  for k in keys:
+    got = dc.get(k)
+    assert got is None or got == _payload(k, 100 + 37 * (int(k, 16) % 11)), f"key {k[:8]} served a wrong binary"
+    hits += got is not None
+  return hits
+
+
+def test_flipped_bytes_in_pack_or_index_never_serve_a_wrong_binary(tmp_path: Path) -> None:
+  import random
+  import shutil
+  import warnings
+
+  from plugrt.cachepack import INDEX_HEAD, PACK_HEAD
+  keys = _filled(tmp_path / "clean")
+  ns = tmp_path / "clean" / "unit"
+  rng = random.Random(17)
+  sizes = {"pack": (ns / "pack").stat().st_size, "index": (ns / "index").stat().st_size}
+  used_slots = [index_slot(ns / "index", k) for k in keys]
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    for trial in range(240):
+      root = tmp_path / f"t{trial}"
+      shutil.copytree(tmp_path / "clean", root)
+      name = ("pack", "index")[trial % 2]
+      where = rng.choice([  # the headers, the slots in use, anywhere
+        rng.randrange(PACK_HEAD if name == "pack" else INDEX_HEAD),
+        rng.choice(used_slots) + rng.randrange(44) if name == "index" else rng.randrange(sizes["pack"]),
+        rng.randrange(sizes[name])])
+      f = root / "unit" / name
+      data = bytearray(f.read_bytes())
+      data[where] ^= 1 << rng.randrange(8)
+      f.write_bytes(bytes(data))
+      hits = _check_all(root, keys)
+      assert hits >= len(keys) - 2 or where < (PACK_HEAD if name == "pack" else INDEX_HEAD), (name, where, hits)
+      dc = DiskCache("unit", root=str(root))  # and the cache mends: written again, everything hits
+      for k in keys: dc.put(k, _payload(k, 100 + 37 * (int(k, 16) % 11)))
+      assert _check_all(root, keys) == len(keys), (name, where)
+      shutil.rmtree(root)
+
+
+@pytest.mark.parametrize("name", ["pack", "index"])
+def test_a_truncated_pack_or_index_is_a_miss_then_rebuilt(tmp_path: Path, name: str) -> None:
+  import shutil
+  import warnings
+  keys = _filled(tmp_path / "clean")
+  size = (tmp_path / "clean" / "unit" / name).stat().st_size
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    for cut in (0, 5, 24, 31, 33, size // 3, size // 2, size - 1):
+      root = tmp_path / f"cut{cut}"
+      shutil.copytree(tmp_path / "clean", root)
+      with open(root / "unit" / name, "r+b") as f: f.truncate(cut)
+      hits = _check_all(root, keys)
+      if name == "index": assert hits == len(keys), cut  # the index is rebuilt from the pack's records
+      dc = DiskCache("unit", root=str(root))
+      for k in keys: dc.put(k, _payload(k, 100 + 37 * (int(k, 16) % 11)))
+      assert _check_all(root, keys) == len(keys), cut
+
+
+def test_a_lost_index_or_one_of_another_pack_is_rebuilt_from_the_pack(tmp_path: Path) -> None:
+  keys = _filled(tmp_path / "a")
+  _filled(tmp_path / "b", 5)
+  index = tmp_path / "a" / "unit" / "index"
+  index.write_bytes((tmp_path / "b" / "unit" / "index").read_bytes())  # another pack's index (its id differs)
+  assert _check_all(tmp_path / "a", keys) == len(keys)
+  index.unlink()
+  assert _check_all(tmp_path / "a", keys) == len(keys)
+
+
+def _writer(root: str, worker: int, keys: list[str], out: Any) -> None:
+  import warnings
+  warnings.simplefilter("ignore")
+  dc, wrong = DiskCache("unit", root=root), 0
+  for i, k in enumerate(keys):
+    if i % 4 == worker % 4: dc.put(k, _payload(k, 100 + 37 * (int(k, 16) % 11)))
+    for j in (i, i // 2, (i * 7) % len(keys)):  # reads of entries other processes are writing
+      got = DiskCache("unit", root=root).get(keys[j]) if j % 5 == 0 else dc.get(keys[j])
+      wrong += got is not None and got != _payload(keys[j], 100 + 37 * (int(keys[j], 16) % 11))
+  out.put((worker, wrong))
+
+
+def test_concurrent_writer_processes_never_tear_an_entry(tmp_path: Path) -> None:
+  """Four processes write 700 entries (the index grows from 1024 slots while they do) and read each other's."""
+  import multiprocessing
+  keys = [f"{i * 104729 + 3:064x}" for i in range(700)]
+  ctx = multiprocessing.get_context("fork")
+  out = ctx.Queue()
+  procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, keys, out)) for w in range(4)]
+  for p in procs: p.start()
+  results = [out.get(timeout=300) for _ in procs]
+  for p in procs: p.join(60)
+  assert all(p.exitcode == 0 for p in procs) and all(wrong == 0 for _, wrong in results), results
+  assert _check_all(tmp_path, keys) == len(keys)
+  from plugrt.cachepack import INDEX_HEAD, SLOT
+  assert ((tmp_path / "unit" / "index").stat().st_size - INDEX_HEAD) // SLOT >= 2048  # it grew, under the writers
+  assert not list((tmp_path / "unit").glob("*.tmp-*"))
+
+
+def test_entries_of_the_old_layout_hit_and_move_into_the_pack(tmp_path: Path) -> None:
+  from plugrt.cache import _pack
+  key = "5e" * 32
+  shard = make_dir(make_dir(make_dir(tmp_path / "c") / "unit") / key[:2])
+  write_file(shard / key, _pack(key, b"old binary"))
+  assert DiskCache("unit", root=str(tmp_path / "c")).get(key) == b"old binary"
+  assert not (shard / key).exists() and (tmp_path / "c" / "unit" / "pack").exists()
+  assert DiskCache("unit", root=str(tmp_path / "c")).get(key) == b"old binary"  # from the pack now
+
+
+@pytest.mark.parametrize("name", ["pack", "index", "lock"])
+@pytest.mark.parametrize("attack", ["foreign", "open", "symlink", "fifo"])
+def test_untrusted_pack_files_are_discarded(tmp_path: Path, name: str, attack: str) -> None:
+  """A pack, index or lock that another user owns or could write, a link or a FIFO: never read, removed, rebuilt."""
+  import warnings
+  keys = _filled(tmp_path / "staging", 3)
+  root = tmp_path / "c"
+  make_dir(root)
+  ns = make_dir(root / "unit")
+  for n in ("pack", "index"): write_file(ns / n, (tmp_path / "staging" / "unit" / n).read_bytes())
+  f = ns / name
+  if attack == "symlink":
+    target = write_file(tmp_path / "elsewhere", f.read_bytes() if f.exists() else b"")
+    f.unlink(missing_ok=True)
+    f.symlink_to(target)
+  elif attack == "fifo":
+    f.unlink(missing_ok=True)
+    os.mkfifo(f, 0o600)
+  else:
+    mode, owner = {"foreign": (0o600, OTHER_UID), "open": (0o666, None)}[attack]
+    write_file(f, f.read_bytes() if f.exists() else b"", mode, owner)
+  with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    dc = DiskCache("unit", root=str(root))
+    got = [dc.get(k) for k in keys]
+    dc.put("77" * 32, b"new")
+    assert DiskCache("unit", root=str(root)).get("77" * 32) == b"new"
+  if name == "pack": assert got == [None] * 3  # nothing read from it
+  else: assert got == [_payload(k, 100 + 37 * (int(k, 16) % 11)) for k in keys]  # the index is rebuilt from the trusted pack
+  assert any("removed it" in str(x.message) for x in w), [str(x.message) for x in w]
+  st = f.lstat()
+  assert stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+  if attack == "symlink": assert (tmp_path / "elsewhere").exists()  # the link went, not what it pointed at
+
+
+def test_a_process_mapping_a_compacted_or_cleared_pack_stops_serving_it(tmp_path: Path) -> None:
+  import plugrt.cache as C
+  keys = _filled(tmp_path, 6)
+  reader = DiskCache("unit", root=str(tmp_path))
+  assert reader.get(keys[0]) is not None  # maps the pack
+  C.evict_to(str(tmp_path), 0)  # compacts everything away
+  assert reader.get(keys[0]) is None and reader.get(keys[1]) is None
+  DiskCache("unit", root=str(tmp_path)).put(keys[2], b"again")
+  assert reader.get(keys[2]) == b"again"
+  C.clear(root=str(tmp_path))
+  assert reader.get(keys[2]) is None
+
+
+def test_a_huge_sparse_pack_is_not_read(tmp_path: Path) -> None:
+  keys = _filled(tmp_path / "c", 2)
+  with open(tmp_path / "c" / "unit" / "pack", "r+b") as f: f.truncate(3 << 30)
+  code = ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+          "from plugrt.cache import DiskCache\nimport warnings\nwarnings.simplefilter('ignore')\n"
+          f"d = DiskCache('unit', root={str(tmp_path / 'c')!r})\nprint([d.get(k) is not None for k in {keys!r}])")
+  p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+  assert p.returncode == 0 and p.stdout.strip() in ("[False, False]", "[True, True]"), p.stderr[-2000:]

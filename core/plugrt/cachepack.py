@@ -27,6 +27,7 @@ pack, both of which the checks above turn into misses.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import mmap
 import os
@@ -161,7 +162,7 @@ class Pack:
     try: fd = os.open(path, os.O_RDWR | _O)
     except FileNotFoundError: return None
     except OSError as e:
-      self._discard(path, f"cannot be opened ({e.strerror})")
+      self._discard(path, "is a symbolic link" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror})")
       return None
     try: why = self._untrusted(os.fstat(fd), False)
     except OSError as e: why = str(e)
@@ -403,7 +404,10 @@ class _Lock:
     for _ in range(3):
       try: fd = os.open(self.pack.lock_path, os.O_RDWR | os.O_CREAT | _O, 0o600)
       except FileNotFoundError: raise  # the namespace directory is gone (plugrt cache clear): the caller makes it again
-      except OSError: return False
+      except OSError as e:
+        if e.errno != errno.ELOOP: return False
+        self.pack._discard(self.pack.lock_path, "is a symbolic link")
+        continue
       try:
         if (why := self.pack._untrusted(os.fstat(fd), False)) is not None:
           os.close(fd)
