@@ -150,8 +150,10 @@ def open_root(root: str) -> bool:
       warnings.warn(f"plugrt: compile cache disabled: {why}; {fix}", stacklevel=4)
     return False
   try:
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    st = os.stat(root)
+    try: st = os.stat(root)
+    except FileNotFoundError:
+      os.makedirs(root, mode=0o700, exist_ok=True)
+      st = os.stat(root)
   except OSError as e: return refuse(f"cannot create {root}: {e}")
   if not stat.S_ISDIR(st.st_mode): return refuse(f"{root} is not a directory")
   if _UID is None: return True  # no POSIX owners and modes here (Windows)
