@@ -1,26 +1,27 @@
 """The compile cache on disk: bytes in, bytes out, no pickle.
 
-Layout: <root>/<namespace>/<key[:2]>/<key>, where key is the sha256 of everything that
-decides the binary (toolchain version, target, arch, source). An entry holds a magic
-line, its own key and a newline, the sha256 of key and payload, then the payload: a
-read checks all three, so an entry copied under another key, torn, corrupted or of an
-older format is a miss (and is removed), never a wrong binary. Writes go to a temporary
-file in the same directory and are renamed into place: readers see an entry whole or
-not at all.
+Layout: one pack per namespace (a compiler), <root>/<namespace>/pack, with its mmapped hash index
+<root>/<namespace>/index (plugrt.cachepack): key -> (offset, length) of a record that holds the key, the
+payload and the sha256 of both. The key is the sha256 of everything that decides the binary (toolchain
+version, target, arch, source). A record is checked (its key, its sha256) when a process first reads it, and
+the compiler keeps what passed in memory (plugrt.runtime.Compiler), so a record copied under another key,
+torn, corrupted or pointed at by a damaged index is a miss (and is removed), never a wrong binary. The layout
+before the pack, <root>/<namespace>/<key[:2]>/<key> with a magic line, the key, the sha256 and the payload in
+one file, is still read (and each such entry moved into the pack at its first hit); where there is no flock
+(Windows) it is also what is written (a temporary file renamed into place).
 
-What is trusted: the root, the namespace directory, the shard directory and the entry
-must each be owned by the current user and writable by nobody else before anything is
-read from them; directories are checked with lstat (a symlink is refused), entries
-through fstat of a descriptor opened with O_NOFOLLOW|O_NONBLOCK (only regular files, at
-most MAX_ENTRY bytes). A root writable by group or others, or owned by someone else,
-turns the cache off (one warning): what is in it may have been planted, so it is never
-tightened and then trusted. An untrusted namespace, shard or entry is removed (one
-warning per cache) and compiled again. See docs/reliability.md.
+What is trusted: the root, the namespace directory, and the pack, index and lock files (or the old layout's
+shard directory and entry) must each be owned by the current user and writable by nobody else before anything
+is read from them; directories are checked with lstat (a symlink is refused), files through fstat of a
+descriptor opened with O_NOFOLLOW|O_NONBLOCK (only regular files; an old-layout entry at most MAX_ENTRY bytes).
+A root writable by group or others, or owned by someone else, turns the cache off (one warning): what is in it
+may have been planted, so it is never tightened and then trusted. An untrusted namespace, file or entry is
+removed (one warning per cache) and compiled again. See docs/reliability.md.
 
-Size: entries are evicted least recently used first (a hit refreshes the entry's mtime,
-at most once a minute) once their total passes PLUGRT_CACHE_MAX_MB (default 1024). The
-running total lives in <root>/.size, updated under flock by each put; only when it
-passes the cap does a put scan the cache.
+Size: entries are evicted least recently used first (a first hit in a process refreshes the entry's last use,
+at most once a minute) once their total passes PLUGRT_CACHE_MAX_MB (default 1024), by compacting the packs. The
+running total lives in <root>/.size, updated under flock by each put; only when it passes the cap does a put
+scan the cache.
 
 PLUGRT_CACHE=0 turns the cache off; PLUGRT_CACHE_DIR moves it (default:
 $XDG_CACHE_HOME/plugrt or ~/.cache/plugrt).
