@@ -32,7 +32,7 @@ import hashlib
 import mmap
 import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from time import time as _time
 from typing import Any
 
@@ -55,11 +55,6 @@ Discard = Callable[[str, "str | None"], None]  # remove a file, warning why
 
 def _align(n: int) -> int: return (n + 7) & ~7
 def _minute() -> int: return int(_time()) // 60
-
-
-def record_bytes(raw: bytes, payload: bytes) -> bytes:
-  """One pack record (without the padding to the next 8-byte boundary)."""
-  return REC_MAGIC + len(payload).to_bytes(4, "little") + hashlib.sha256(raw + payload).digest() + raw + payload
 
 
 class _View:
@@ -148,7 +143,7 @@ class Pack:
       if not ok or (v := self._map(under_lock=True)) is None or (found := _find(v, raw, slot)) is None or not found[2]: return None
       at, off, n, _ = found
       if (payload := self._record(v, raw, off, n)) is not None: return payload
-      _write_slot(v, at, off, 0, 0)  # removed (the offset stays: an offset of 0 would end other keys' probes here)
+      _writer()._write_slot(v, at, off, 0, 0)  # removed (the offset stays: an offset of 0 would end other keys' probes here)
       pk = v.pack[0]
       other = off + REC_HEAD <= v.pack[1] and pk[off:off + 4] == REC_MAGIC and pk[off + 40:off + 72] != raw
     self._discard("", f"the index slot of key {raw.hex()[:16]}... in {self.dir} "
@@ -199,12 +194,12 @@ class Pack:
     if (v := self._map_plain()) is not None: return v
     if not os.path.lexists(self.index_path) and not os.path.lexists(self.pack_path): return None  # nothing written yet
     if under_lock:
-      self._rebuild()
+      _writer()._rebuild(self)
       return self._map_plain()
     with self.locked() as ok:
       if not ok: return None
       if (v := self._map_plain()) is not None: return v
-      self._rebuild()
+      _writer()._rebuild(self)
       return self._map_plain()
 
   def _replaced(self, v: _View) -> bool:
@@ -213,143 +208,15 @@ class Pack:
     except OSError: return v.ino is not None
     return (st.st_dev, st.st_ino) != v.ino
 
-  # ------------------------------------------------------------------ writing (under the lock)
 
-  def locked(self) -> _Lock: return _Lock(self)
+  # ------------------------------------------------------------------ writing (plugrt.cachepack_write: imported at the first write)
 
-  def _current(self) -> _View | None:
-    """Under the lock: the mapped view if it is still the one at the path, else a fresh one (created if none)."""
-    if (v := self._view) is not None and not self._replaced(v): return v
-    if (v := self._map(under_lock=True)) is not None: return v
-    self._create()
-    return self._map_plain()
-
-  def put(self, raw: bytes, payload: bytes) -> int:
-    """Append key `raw`'s record and publish it; returns the bytes the pack grew by (0: already there or not written)."""
-    slot = int.from_bytes(raw[:8], "little")
-    with self.locked() as ok:
-      if not ok or (v := self._current()) is None: return 0
-      found = _find(v, raw, slot)
-      if found is not None and found[2] and self._record(v, raw, found[1], found[2]) == payload: return 0
-      size = os.fstat(v.pkfd).st_size
-      off, rec = _align(size), record_bytes(raw, payload)
-      os.pwrite(v.pkfd, rec, off)  # the record first; the slot that points at it after
-      used = int.from_bytes(v.ix[28:32], "little")
-      if found is not None: _write_slot(v, found[0], off, len(payload), _minute())
-      elif (used + 1) * 2 > v.mask + 1:  # half full: a table twice the size, with this record in it
-        slots = _slots(v)
-        slots[raw] = (off, len(payload), _minute())
-        self._write_index(v.pack[0][16:24], slots, (v.mask + 1) * 2)
-        self._map_plain()
-      else:
-        _write_slot(v, _free_slot(v, slot), off, len(payload), _minute(), raw)
-        os.pwrite(v.ixfd, (used + 1).to_bytes(4, "little"), 28)
-      return off + len(rec) - size
-
-  def remove(self, raw: bytes) -> None:
-    """Remove key `raw`'s slot (its binary failed to load); the record stays dead in the pack until a compaction."""
-    slot = int.from_bytes(raw[:8], "little")
-    with self.locked() as ok:
-      if ok and (v := self._view if self._view is not None and not self._replaced(self._view) else self._map(under_lock=True)) \
-         and (found := _find(v, raw, slot)) is not None and found[2]:
-        _write_slot(v, found[0], found[1], 0, 0)
-
-  def _create(self) -> None:
-    """A new empty pack and index (replacing whatever is there)."""
-    pack_id = os.urandom(8)
-    self._replace(self.pack_path, PACK_MAGIC + pack_id)
-    self._write_index(pack_id, {}, MIN_SLOTS)
-
-  def _replace(self, path: str, data: bytes | bytearray) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O, 0o600)
-    try:
-      with os.fdopen(fd, "wb") as f: f.write(data)
-      os.replace(tmp, path)
-    except BaseException:
-      try: os.unlink(tmp)
-      except OSError: pass
-      raise
-
-  def _write_index(self, pack_id: bytes, slots: dict[bytes, tuple[int, int, int]], nslots: int) -> None:
-    while len(slots) * 2 > nslots: nslots *= 2
-    table = bytearray(INDEX_HEAD + nslots * SLOT)
-    table[:16], table[16:24] = INDEX_MAGIC, pack_id
-    table[24:28], table[28:32] = nslots.to_bytes(4, "little"), len(slots).to_bytes(4, "little")
-    mask = nslots - 1
-    for raw, (off, n, used) in slots.items():
-      i = int.from_bytes(raw[:8], "little") & mask
-      while table[INDEX_HEAD + i * SLOT + 32:INDEX_HEAD + i * SLOT + 40] != _NO_OFFSET: i = (i + 1) & mask
-      at = INDEX_HEAD + i * SLOT
-      table[at:at + 32] = raw
-      _SLOT_TAIL.pack_into(table, at + 32, off, n, used)
-    self.retire(lambda: self._replace(self.index_path, table))
-
-  def retire(self, replace: Callable[[], object] = lambda: None) -> None:
-    """Run `replace` (which puts a new index at the path, or removes it), then mark the index that was there retired
-    (its first byte): every process that still maps it sees that at its next lookup and maps the files anew, so no
-    hit is served from a pack that was compacted or cleared away. Under the lock."""
-    try: old = os.open(self.index_path, os.O_RDWR | _O)
-    except OSError: old = -1
-    try:
-      replace()
-      if old >= 0: os.pwrite(old, _RETIRED, 0)
-    finally:
-      if old >= 0: os.close(old)
-
-  def _rebuild(self) -> None:
-    """The index again from the pack (under the lock): every good record, the last one of a key winning. A pack that
-    is missing or unreadable starts empty."""
-    self._view = None
-    if (pkfd := self._open(self.pack_path)) is None:
-      self._create()
-      return
-    v = _View(-1, pkfd)  # closes pkfd when dropped
-    try: good = os.pread(pkfd, 16, 0) == PACK_MAGIC and _map_pack(v, 0)
-    except OSError: good = False
-    if not good:
-      self._create()
-      return
-    now = _minute()
-    slots = {raw: (off, n, now) for off, raw, n in self.records(v)}
-    self._write_index(v.pack[0][16:24], slots, MIN_SLOTS)
-
-  def records(self, v: _View) -> Iterator[tuple[int, bytes, int]]:
-    """(offset, key, length) of every whole, correct record of a mapped pack, in order (a bad stretch is skipped)."""
-    pk, size = v.pack
-    pos = PACK_HEAD
-    while pos + REC_HEAD <= size:
-      if pk[pos:pos + 4] != REC_MAGIC:
-        pos += 8
-        continue
-      n = int.from_bytes(pk[pos + 4:pos + 8], "little")
-      raw = pk[pos + 40:pos + 72]
-      if n > self._max_entry or pos + REC_HEAD + n > size or self._record(v, raw, pos, n) is None:
-        pos += 8
-        continue
-      yield pos, raw, n
-      pos = _align(pos + REC_HEAD + n)
-
-  def live(self) -> dict[bytes, tuple[int, int, int]]:
-    """key -> (offset, length, last use in minutes) of the index's live slots, as mapped now ({} when none)."""
-    if (v := self._view) is None or self._replaced(v): v = self._map()
-    return _slots(v) if v is not None else {}
-
-  def compact(self, drop: set[bytes]) -> None:
-    """Rewrite the pack without the records of `drop`, bad records and dead ones (under the lock; a new pack id)."""
-    with self.locked() as ok:
-      if not ok or (v := self._map(under_lock=True)) is None: return
-      pack_id = os.urandom(8)
-      out = bytearray(PACK_MAGIC + pack_id)
-      slots: dict[bytes, tuple[int, int, int]] = {}
-      for raw, (off, n, used) in _slots(v).items():
-        if raw in drop or (payload := self._record(v, raw, off, n)) is None: continue
-        out += bytes(_align(len(out)) - len(out))
-        slots[raw] = (len(out), n, used)
-        out += record_bytes(raw, payload)
-      self._replace(self.pack_path, out)  # pack first: a reader seeing it with the old index finds the ids differ
-      self._write_index(pack_id, slots, MIN_SLOTS)
-      self._map_plain()
+  def locked(self) -> Any: return _writer().locked(self)
+  def put(self, raw: bytes, payload: bytes) -> int: return _writer().put(self, raw, payload)
+  def remove(self, raw: bytes) -> None: _writer().remove(self, raw)
+  def retire(self, replace: Callable[[], object] = lambda: None) -> None: _writer().retire(self, replace)
+  def live(self) -> dict[bytes, tuple[int, int, int]]: return _writer().live(self)
+  def compact(self, drop: set[bytes]) -> None: _writer().compact(self, drop)
 
 
 def _find(v: _View, raw: bytes, slot: int) -> tuple[int, int, int, int] | None:
@@ -364,26 +231,6 @@ def _find(v: _View, raw: bytes, slot: int) -> tuple[int, int, int, int] | None:
   return None
 
 
-def _free_slot(v: _View, slot: int) -> int:
-  ix, mask, i = v.ix, v.mask, slot & v.mask
-  while ix[INDEX_HEAD + i * SLOT + 32:INDEX_HEAD + i * SLOT + 40] != _NO_OFFSET: i = (i + 1) & mask
-  return INDEX_HEAD + i * SLOT
-
-
-def _write_slot(v: _View, at: int, off: int, n: int, used: int, raw: bytes | None = None) -> None:
-  os.pwrite(v.ixfd, _SLOT_TAIL.pack(off, n, used), at + 32)  # the place before the key: see the module's docstring
-  if raw is not None: os.pwrite(v.ixfd, raw, at)
-
-
-def _slots(v: _View) -> dict[bytes, tuple[int, int, int]]:
-  out: dict[bytes, tuple[int, int, int]] = {}
-  ix = v.ix
-  for at in range(INDEX_HEAD, len(ix), SLOT):
-    off, n, used = _SLOT_TAIL.unpack_from(ix, at + 32)
-    if off and n: out[ix[at:at + 32]] = (off, n, used)
-  return out
-
-
 def _map_pack(v: _View, need: int) -> bool:
   """Map the view's pack at its current length; False if it is shorter than `need` (truncated) or than its header."""
   try:
@@ -394,34 +241,10 @@ def _map_pack(v: _View, need: int) -> bool:
   except (OSError, ValueError): return False
 
 
-class _Lock:
-  """flock on the namespace's lock file; yields False when it cannot be taken or trusted."""
 
-  def __init__(self, pack: Pack): self.pack, self.fd = pack, -1
 
-  def __enter__(self) -> bool:
-    import fcntl
-    for _ in range(3):
-      try: fd = os.open(self.pack.lock_path, os.O_RDWR | os.O_CREAT | _O, 0o600)
-      except FileNotFoundError: raise  # the namespace directory is gone (plugrt cache clear): the caller makes it again
-      except OSError as e:
-        if e.errno != errno.ELOOP: return False
-        self.pack._discard(self.pack.lock_path, "is a symbolic link")
-        continue
-      try:
-        if (why := self.pack._untrusted(os.fstat(fd), False)) is not None:
-          os.close(fd)
-          self.pack._discard(self.pack.lock_path, why)
-          continue
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        st, now = os.fstat(fd), os.stat(self.pack.lock_path, follow_symlinks=False)
-        if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
-          self.fd = fd
-          return True
-      except OSError: pass
-      os.close(fd)  # removed or replaced (plugrt cache clear) while we waited: take the new one
-    return False
 
-  def __exit__(self, *exc: object) -> None:
-    if self.fd >= 0: os.close(self.fd)  # releases the flock
-    self.fd = -1
+def _writer() -> Any:
+  """The writing half (appends, rebuilds, compaction, the lock): a process that only reads never imports it."""
+  from plugrt import cachepack_write
+  return cachepack_write
