@@ -608,3 +608,20 @@ def test_a_huge_sparse_pack_is_not_read(tmp_path: Path) -> None:
           f"d = DiskCache('unit', root={str(tmp_path / 'c')!r})\nprint([d.get(k) is not None for k in {keys!r}])")
   p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
   assert p.returncode == 0 and p.stdout.strip() in ("[False, False]", "[True, True]"), p.stderr[-2000:]
+
+
+def test_a_read_only_pack_is_read_and_left_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+  """Files that cannot be opened for writing (a read-only mount): hits still served, nothing removed, writes skipped."""
+  import warnings
+  keys = _filled(tmp_path, 3)
+  real_open = os.open
+  def no_write(path: Any, flags: int, *a: Any, **k: Any) -> int:
+    if str(path).startswith(str(tmp_path)) and flags & (os.O_RDWR | os.O_WRONLY): raise OSError(30, "Read-only file system", str(path))
+    return real_open(path, flags, *a, **k)
+  monkeypatch.setattr(os, "open", no_write)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    assert _check_all(tmp_path, keys) == len(keys)
+    DiskCache("unit", root=str(tmp_path)).put("66" * 32, b"x")  # cannot be written: only slower
+  monkeypatch.undo()
+  assert (tmp_path / "unit" / "index").exists() and _check_all(tmp_path, keys) == len(keys)

@@ -157,8 +157,12 @@ class Pack:
     try: fd = os.open(path, os.O_RDWR | _O)
     except FileNotFoundError: return None
     except OSError as e:
-      self._discard(path, "is a symbolic link" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror})")
-      return None
+      try:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS): raise
+        fd = os.open(path, os.O_RDONLY | _O)  # ours but read-only (a read-only mount, a chmod): read, never touched
+      except OSError as e2:
+        if e2.errno == errno.ELOOP: self._discard(path, "is a symbolic link")
+        return None
     try: why = self._untrusted(os.fstat(fd), False)
     except OSError as e: why = str(e)
     if why is not None:
