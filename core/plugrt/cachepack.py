@@ -9,9 +9,9 @@ Files in <root>/<namespace>/ (each owned by this user and writable by nobody els
   lock    flock'ed by every writer (appends, slot writes, rebuilds), never by a reader's hit
 
 A reader maps both files once (at its first lookup) and then finds a key with a few slices of the index map: no
-system call on a hit. Every record is checked when this process first reads it (magic, length, its key, sha256 of
-key and payload), so a slot pointing at the wrong place, a torn or unflushed append after a crash, or a flipped
-byte is a miss, never a wrong binary; the caller keeps what passed in memory (Compiler._memory), so no record is
+system call on a hit. Every record is checked when this process first reads it (its key, and the sha256 of key
+and payload over the length the slot gives), so a slot pointing at the wrong place, a torn or unflushed append
+after a crash, or a flipped byte is a miss, never a wrong binary; the caller keeps what passed in memory (Compiler._memory), so no record is
 hashed twice in a process. A failed check is taken again under the lock (a writer may have been half-way through
 that slot); if it still fails, the slot is removed and the kernel compiled again.
 
@@ -24,6 +24,9 @@ the old index finds the ids differ and looks again under the lock). The writer t
 (its first byte), and every reader checks that byte at each lookup, so no process serves hits from a pack that was
 compacted or cleared away. Nothing is fsync'ed: a crash can lose recent entries or leave garbage at the end of the
 pack, both of which the checks above turn into misses.
+
+This module is the reading half; the writing half (appends, rebuilds, compaction, the lock) is
+plugrt.cachepack_write, imported at a process's first write.
 """
 from __future__ import annotations
 
