@@ -106,9 +106,17 @@ def target(request: pytest.FixtureRequest) -> Target:
 
 
 def entry_file(ns: str, key: str, payload: bytes, staging: Path) -> bytes:
-  """The bytes plugrt itself writes for (key, payload): what an attacker who knows the format writes too."""
-  DiskCache(ns, root=str(staging)).put(key, payload)
-  return (staging / ns / key[:2] / key).read_bytes()
+  """The bytes of (key, payload) in the one-file-per-key layout, which plugrt still reads (and moves into the pack):
+  what an attacker who knows the format writes at <root>/<namespace>/<key[:2]>/<key>."""
+  from plugrt.cache import _pack
+  return _pack(key, payload)
+
+
+def index_slot(index: Path, key: str) -> int:
+  """Where key's slot starts in an index file (plugrt.cachepack's layout)."""
+  from plugrt.cachepack import INDEX_HEAD, SLOT
+  data, raw = index.read_bytes(), bytes.fromhex(key)
+  return next(at for at in range(INDEX_HEAD, len(data), SLOT) if data[at:at + 32] == raw)
 
 
 def make_dir(path: Path, mode: int = 0o700, owner: int | None = None) -> Path:
@@ -170,8 +178,9 @@ def test_untrusted_path_levels_are_discarded(target: Target, tmp_path: Path, att
   assert any("removed it" in w for w in res["warnings"]), res["warnings"]
   if attack.startswith("symlinked"):  # the link is removed, never what it points to
     assert (outside / key[:2] / key).exists() or (outside / "entry").exists()
-  # what is left is plugrt's own: a trusted entry of "add", which the next run hits
-  st = (root / target.ns / key[:2] / key).lstat()
+  # what is left is plugrt's own: the planted file is gone, and the pack holds a trusted entry of "add"
+  assert not os.path.lexists(root / target.ns / key[:2] / key)
+  st = (root / target.ns / "pack").lstat()
   assert stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
   assert DiskCache(target.ns, root=str(root)).get(key) not in (None, target.planted())
 
@@ -181,12 +190,26 @@ def test_untrusted_path_levels_are_discarded(target: Target, tmp_path: Path, att
 def test_an_entry_copied_under_another_key_is_a_miss(target: Target, tmp_path: Path) -> None:
   root = tmp_path / "cache"
   assert target.run(root, "add")["out"] == ADD and target.run(root, "mul")["out"] == MUL  # both cached
-  add, mul = (root / target.ns / k[:2] / k for k in (target.key("add"), target.key("mul")))
-  assert add.exists() and mul.exists()
-  add.write_bytes(mul.read_bytes())
+  index = root / target.ns / "index"
+  add, mul = (index_slot(index, k) for k in (target.key("add"), target.key("mul")))
+  data = bytearray(index.read_bytes())
+  data[add + 32:add + 44] = data[mul + 32:mul + 44]  # the slot of "add" now points at the record of "mul"
+  index.write_bytes(bytes(data))
   res = target.run(root, "add")
-  assert res["out"] == ADD, "the entry of 'mul' copied over 'add' was loaded"
+  assert res["out"] == ADD, "the record of 'mul' was loaded for 'add'"
   assert any("another key" in w for w in res["warnings"]), res["warnings"]
+  assert target.run(root, "add")["warnings"] == [] and target.run(root, "mul")["out"] == MUL  # compiled again, appended
+  # a record of "mul" rewritten to carry the key of "add" (its sha256 covers the key): refused too
+  pack = root / target.ns / "pack"
+  blob, off = bytearray(pack.read_bytes()), int.from_bytes(index.read_bytes()[mul + 32:mul + 40], "little")
+  blob[off + 40:off + 72] = bytes.fromhex(target.key("add"))
+  pack.write_bytes(bytes(blob))
+  data = bytearray(index.read_bytes())
+  add = index_slot(index, target.key("add"))
+  data[add + 32:add + 40] = off.to_bytes(8, "little")
+  index.write_bytes(bytes(data))
+  res = target.run(root, "add")
+  assert res["out"] == ADD and any("corrupt" in w for w in res["warnings"]), res["warnings"]
 
 
 @pytest.mark.parametrize("damage", ["half", "garbage"])
@@ -264,7 +287,7 @@ def test_a_fifo_at_an_entry_path_is_discarded(target: Target, tmp_path: Path) ->
   os.mkfifo(shard / key, 0o600)
   res = target.run(root, timeout=60)
   assert res["out"] == ADD
-  assert stat.S_ISREG((shard / key).lstat().st_mode)  # replaced by a real entry
+  assert not os.path.lexists(shard / key) and DiskCache(target.ns, root=str(root)).get(key)  # gone; the pack has the entry
 
 
 def test_a_huge_file_at_an_entry_path_is_not_read(tmp_path: Path) -> None:
@@ -332,6 +355,15 @@ def test_concurrent_writers_and_readers_see_whole_entries(tmp_path: Path) -> Non
 
 # ---------------------------------------------------------------- growth: a size cap, least recently used out first
 
+def age(index: Path, keys: list[str], minutes: int) -> None:
+  """Make keys' entries last used `minutes` ago (the last-use field of their index slots)."""
+  data = bytearray(index.read_bytes())
+  for k in keys:
+    at = index_slot(index, k)
+    data[at + 44:at + 48] = (int(time.time()) // 60 - minutes).to_bytes(4, "little")
+  with open(index, "r+b") as f: f.write(data)  # in place: processes that map it see it, as they see a hit's touch
+
+
 def test_the_cache_is_bounded_and_evicts_least_recently_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
   import plugrt.cache as C
   monkeypatch.setenv("PLUGRT_CACHE_MAX_MB", "1")
@@ -339,24 +371,26 @@ def test_the_cache_is_bounded_and_evicts_least_recently_used(tmp_path: Path, mon
   real = C.evict_to
   monkeypatch.setattr(C, "evict_to", lambda root, target: scans.append(target) or real(root, target))
   dc = DiskCache("unit", root=str(tmp_path))
+  index = tmp_path / "unit" / "index"
   keys = [f"{i:064x}" for i in range(500)]
   blob = b"k" * (20 << 10)
   for k in keys[:10]: dc.put(k, blob)
   assert len(scans) == 1  # the first put counts what is there; the next ones only add to the running total
-  old = time.time() - 3600
-  for k in keys[:10]: os.utime(dc.path(k), (old, old))
+  age(index, keys[:10], 60)
   for k in keys[10:40]: dc.put(k, blob)
   assert len(scans) == 1 and all(dc.get(k) == blob for k in keys[:40])  # 40 x 20 KiB: under the cap, nothing evicted
-  for k in keys[:10]: os.utime(dc.path(k), (old, old))
-  assert dc.get(keys[0]) == blob  # a hit makes it the most recently used of the old ones
+  age(index, keys[:10], 60)
+  age(index, keys[10:40], 30)  # last use is kept in minutes: these are newer than the first ten, older than what comes
+  assert DiskCache("unit", root=str(tmp_path)).get(keys[0]) == blob  # a first hit makes it the most recently used of the old ones
   for k in keys[40:60]: dc.put(k, blob)  # past the cap: the least recently used go
   assert dc.get(keys[0]) == blob and dc.get(keys[1]) is None and dc.get(keys[59]) == blob
   for k in keys[60:]: dc.put(k, blob)  # 500 kernels of 20 KiB: 10 MiB through a 1 MiB cache
-  files = [p for p in (tmp_path / "unit").rglob("*") if p.is_file()]
-  assert sum(p.stat().st_size for p in files) <= 1 << 20
-  assert 30 < len(files) < 52 and dc.get(keys[-1]) == blob
+  pack = tmp_path / "unit" / "pack"
+  assert pack.stat().st_size <= 1 << 20
+  left = C.info(str(tmp_path))["entries"]
+  assert 30 < left < 52 and dc.get(keys[-1]) == blob
   assert len(scans) <= 2 + 500 * len(blob) // ((1 << 20) // 8) < 100  # a scan per 1/8 of the cap written, not one per put
-  assert int((tmp_path / ".size").read_text()) == sum(p.stat().st_size for p in files)
+  assert int((tmp_path / ".size").read_text()) == pack.stat().st_size
 
 
 @pytest.mark.parametrize("value", ["lots", "0", "-5", "1.5"])
@@ -390,3 +424,204 @@ def test_cli_cache_info_and_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
   assert not [p for p in tmp_path.iterdir()]
   caches["unit-a"].put("0" * 64, b"again")  # a process that used the cache before the clear still writes to it
   assert DiskCache("unit-a").get("0" * 64) == b"again"
+
+
+# ---------------------------------------------------------------- the pack and its index (issue 17)
+
+def _payload(key: str, n: int = 300) -> bytes:
+  import hashlib
+  return (hashlib.sha256(key.encode()).digest() * (n // 32 + 1))[:n]
+
+
+def _filled(root: Path, n: int = 40) -> list[str]:
+  dc = DiskCache("unit", root=str(root))
+  keys = [f"{i * 7919 + 1:064x}" for i in range(n)]
+  for k in keys: dc.put(k, _payload(k, 100 + 37 * (int(k, 16) % 11)))
+  assert all(dc.get(k) == _payload(k, 100 + 37 * (int(k, 16) % 11)) for k in keys)
+  return keys
+
+
+def _check_all(root: Path, keys: list[str]) -> int:
+  """Every key is a miss or its own payload, never another; returns the hits."""
+  dc, hits = DiskCache("unit", root=str(root)), 0
+  for k in keys:
+    got = dc.get(k)
+    assert got is None or got == _payload(k, 100 + 37 * (int(k, 16) % 11)), f"key {k[:8]} served a wrong binary"
+    hits += got is not None
+  return hits
+
+
+def test_flipped_bytes_in_pack_or_index_never_serve_a_wrong_binary(tmp_path: Path) -> None:
+  import random
+  import shutil
+  import warnings
+
+  from plugrt.cachepack import INDEX_HEAD, PACK_HEAD
+  keys = _filled(tmp_path / "clean")
+  ns = tmp_path / "clean" / "unit"
+  rng = random.Random(17)
+  sizes = {"pack": (ns / "pack").stat().st_size, "index": (ns / "index").stat().st_size}
+  used_slots = [index_slot(ns / "index", k) for k in keys]
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    for trial in range(240):
+      root = tmp_path / f"t{trial}"
+      shutil.copytree(tmp_path / "clean", root)
+      name = ("pack", "index")[trial % 2]
+      where = rng.choice([  # the headers, the slots in use, anywhere
+        rng.randrange(PACK_HEAD if name == "pack" else INDEX_HEAD),
+        rng.choice(used_slots) + rng.randrange(44) if name == "index" else rng.randrange(sizes["pack"]),
+        rng.randrange(sizes[name])])
+      f = root / "unit" / name
+      data = bytearray(f.read_bytes())
+      data[where] ^= 1 << rng.randrange(8)
+      f.write_bytes(bytes(data))
+      hits = _check_all(root, keys)
+      assert hits >= len(keys) - 2 or where < (PACK_HEAD if name == "pack" else INDEX_HEAD), (name, where, hits)
+      dc = DiskCache("unit", root=str(root))  # and the cache mends: written again, everything hits
+      for k in keys: dc.put(k, _payload(k, 100 + 37 * (int(k, 16) % 11)))
+      assert _check_all(root, keys) == len(keys), (name, where)
+      shutil.rmtree(root)
+
+
+@pytest.mark.parametrize("name", ["pack", "index"])
+def test_a_truncated_pack_or_index_is_a_miss_then_rebuilt(tmp_path: Path, name: str) -> None:
+  import shutil
+  import warnings
+  keys = _filled(tmp_path / "clean")
+  size = (tmp_path / "clean" / "unit" / name).stat().st_size
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    for cut in (0, 5, 24, 31, 33, size // 3, size // 2, size - 1):
+      root = tmp_path / f"cut{cut}"
+      shutil.copytree(tmp_path / "clean", root)
+      with open(root / "unit" / name, "r+b") as f: f.truncate(cut)
+      hits = _check_all(root, keys)
+      if name == "index": assert hits == len(keys), cut  # the index is rebuilt from the pack's records
+      dc = DiskCache("unit", root=str(root))
+      for k in keys: dc.put(k, _payload(k, 100 + 37 * (int(k, 16) % 11)))
+      assert _check_all(root, keys) == len(keys), cut
+
+
+def test_a_lost_index_or_one_of_another_pack_is_rebuilt_from_the_pack(tmp_path: Path) -> None:
+  keys = _filled(tmp_path / "a")
+  _filled(tmp_path / "b", 5)
+  index = tmp_path / "a" / "unit" / "index"
+  index.write_bytes((tmp_path / "b" / "unit" / "index").read_bytes())  # another pack's index (its id differs)
+  assert _check_all(tmp_path / "a", keys) == len(keys)
+  index.unlink()
+  assert _check_all(tmp_path / "a", keys) == len(keys)
+
+
+def _writer(root: str, worker: int, keys: list[str], out: Any) -> None:
+  import warnings
+  warnings.simplefilter("ignore")
+  dc, wrong = DiskCache("unit", root=root), 0
+  for i, k in enumerate(keys):
+    if i % 4 == worker % 4: dc.put(k, _payload(k, 100 + 37 * (int(k, 16) % 11)))
+    for j in (i, i // 2, (i * 7) % len(keys)):  # reads of entries other processes are writing
+      got = DiskCache("unit", root=root).get(keys[j]) if j % 5 == 0 else dc.get(keys[j])
+      wrong += got is not None and got != _payload(keys[j], 100 + 37 * (int(keys[j], 16) % 11))
+  out.put((worker, wrong))
+
+
+def test_concurrent_writer_processes_never_tear_an_entry(tmp_path: Path) -> None:
+  """Four processes write 700 entries (the index grows from 1024 slots while they do) and read each other's."""
+  import multiprocessing
+  keys = [f"{i * 104729 + 3:064x}" for i in range(700)]
+  ctx = multiprocessing.get_context("fork")
+  out = ctx.Queue()
+  procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, keys, out)) for w in range(4)]
+  for p in procs: p.start()
+  results = [out.get(timeout=300) for _ in procs]
+  for p in procs: p.join(60)
+  assert all(p.exitcode == 0 for p in procs) and all(wrong == 0 for _, wrong in results), results
+  assert _check_all(tmp_path, keys) == len(keys)
+  from plugrt.cachepack import INDEX_HEAD, SLOT
+  assert ((tmp_path / "unit" / "index").stat().st_size - INDEX_HEAD) // SLOT >= 2048  # it grew, under the writers
+  assert not list((tmp_path / "unit").glob("*.tmp-*"))
+
+
+def test_entries_of_the_old_layout_hit_and_move_into_the_pack(tmp_path: Path) -> None:
+  from plugrt.cache import _pack
+  key = "5e" * 32
+  shard = make_dir(make_dir(make_dir(tmp_path / "c") / "unit") / key[:2])
+  write_file(shard / key, _pack(key, b"old binary"))
+  assert DiskCache("unit", root=str(tmp_path / "c")).get(key) == b"old binary"
+  assert not (shard / key).exists() and (tmp_path / "c" / "unit" / "pack").exists()
+  assert DiskCache("unit", root=str(tmp_path / "c")).get(key) == b"old binary"  # from the pack now
+
+
+@pytest.mark.parametrize("name", ["pack", "index", "lock"])
+@pytest.mark.parametrize("attack", ["foreign", "open", "symlink", "fifo"])
+def test_untrusted_pack_files_are_discarded(tmp_path: Path, name: str, attack: str) -> None:
+  """A pack, index or lock that another user owns or could write, a link or a FIFO: never read, removed, rebuilt."""
+  import warnings
+  keys = _filled(tmp_path / "staging", 3)
+  root = tmp_path / "c"
+  make_dir(root)
+  ns = make_dir(root / "unit")
+  for n in ("pack", "index"): write_file(ns / n, (tmp_path / "staging" / "unit" / n).read_bytes())
+  f = ns / name
+  if attack == "symlink":
+    target = write_file(tmp_path / "elsewhere", f.read_bytes() if f.exists() else b"")
+    f.unlink(missing_ok=True)
+    f.symlink_to(target)
+  elif attack == "fifo":
+    f.unlink(missing_ok=True)
+    os.mkfifo(f, 0o600)
+  else:
+    mode, owner = {"foreign": (0o600, OTHER_UID), "open": (0o666, None)}[attack]
+    write_file(f, f.read_bytes() if f.exists() else b"", mode, owner)
+  with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    dc = DiskCache("unit", root=str(root))
+    got = [dc.get(k) for k in keys]
+    dc.put("77" * 32, b"new")
+    assert DiskCache("unit", root=str(root)).get("77" * 32) == b"new"
+  if name == "pack": assert got == [None] * 3  # nothing read from it
+  else: assert got == [_payload(k, 100 + 37 * (int(k, 16) % 11)) for k in keys]  # the index is rebuilt from the trusted pack
+  assert any("removed it" in str(x.message) for x in w), [str(x.message) for x in w]
+  st = f.lstat()
+  assert stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+  if attack == "symlink": assert (tmp_path / "elsewhere").exists()  # the link went, not what it pointed at
+
+
+def test_a_process_mapping_a_compacted_or_cleared_pack_stops_serving_it(tmp_path: Path) -> None:
+  import plugrt.cache as C
+  keys = _filled(tmp_path, 6)
+  reader = DiskCache("unit", root=str(tmp_path))
+  assert reader.get(keys[0]) is not None  # maps the pack
+  C.evict_to(str(tmp_path), 0)  # compacts everything away
+  assert reader.get(keys[0]) is None and reader.get(keys[1]) is None
+  DiskCache("unit", root=str(tmp_path)).put(keys[2], b"again")
+  assert reader.get(keys[2]) == b"again"
+  C.clear(root=str(tmp_path))
+  assert reader.get(keys[2]) is None
+
+
+def test_a_huge_sparse_pack_is_not_read(tmp_path: Path) -> None:
+  keys = _filled(tmp_path / "c", 2)
+  with open(tmp_path / "c" / "unit" / "pack", "r+b") as f: f.truncate(3 << 30)
+  code = ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+          "from plugrt.cache import DiskCache\nimport warnings\nwarnings.simplefilter('ignore')\n"
+          f"d = DiskCache('unit', root={str(tmp_path / 'c')!r})\nprint([d.get(k) is not None for k in {keys!r}])")
+  p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+  assert p.returncode == 0 and p.stdout.strip() in ("[False, False]", "[True, True]"), p.stderr[-2000:]
+
+
+def test_a_read_only_pack_is_read_and_left_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+  """Files that cannot be opened for writing (a read-only mount): hits still served, nothing removed, writes skipped."""
+  import warnings
+  keys = _filled(tmp_path, 3)
+  real_open = os.open
+  def no_write(path: Any, flags: int, *a: Any, **k: Any) -> int:
+    if str(path).startswith(str(tmp_path)) and flags & (os.O_RDWR | os.O_WRONLY): raise OSError(30, "Read-only file system", str(path))
+    return real_open(path, flags, *a, **k)
+  monkeypatch.setattr(os, "open", no_write)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    assert _check_all(tmp_path, keys) == len(keys)
+    DiskCache("unit", root=str(tmp_path)).put("66" * 32, b"x")  # cannot be written: only slower
+  monkeypatch.undo()
+  assert (tmp_path / "unit" / "index").exists() and _check_all(tmp_path, keys) == len(keys)

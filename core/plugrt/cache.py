@@ -1,26 +1,27 @@
 """The compile cache on disk: bytes in, bytes out, no pickle.
 
-Layout: <root>/<namespace>/<key[:2]>/<key>, where key is the sha256 of everything that
-decides the binary (toolchain version, target, arch, source). An entry holds a magic
-line, its own key and a newline, the sha256 of key and payload, then the payload: a
-read checks all three, so an entry copied under another key, torn, corrupted or of an
-older format is a miss (and is removed), never a wrong binary. Writes go to a temporary
-file in the same directory and are renamed into place: readers see an entry whole or
-not at all.
+Layout: one pack per namespace (a compiler), <root>/<namespace>/pack, with its mmapped hash index
+<root>/<namespace>/index (plugrt.cachepack): key -> (offset, length) of a record that holds the key, the
+payload and the sha256 of both. The key is the sha256 of everything that decides the binary (toolchain
+version, target, arch, source). A record is checked (its key, its sha256) when a process first reads it, and
+the compiler keeps what passed in memory (plugrt.runtime.Compiler), so a record copied under another key,
+torn, corrupted or pointed at by a damaged index is a miss (and is removed), never a wrong binary. The layout
+before the pack, <root>/<namespace>/<key[:2]>/<key> with a magic line, the key, the sha256 and the payload in
+one file, is still read (and each such entry moved into the pack at its first hit); where there is no flock
+(Windows) it is also what is written (a temporary file renamed into place).
 
-What is trusted: the root, the namespace directory, the shard directory and the entry
-must each be owned by the current user and writable by nobody else before anything is
-read from them; directories are checked with lstat (a symlink is refused), entries
-through fstat of a descriptor opened with O_NOFOLLOW|O_NONBLOCK (only regular files, at
-most MAX_ENTRY bytes). A root writable by group or others, or owned by someone else,
-turns the cache off (one warning): what is in it may have been planted, so it is never
-tightened and then trusted. An untrusted namespace, shard or entry is removed (one
-warning per cache) and compiled again. See docs/reliability.md.
+What is trusted: the root, the namespace directory, and the pack, index and lock files (or the old layout's
+shard directory and entry) must each be owned by the current user and writable by nobody else before anything
+is read from them; directories are checked with lstat (a symlink is refused), files through fstat of a
+descriptor opened with O_NOFOLLOW|O_NONBLOCK (only regular files; an old-layout entry at most MAX_ENTRY bytes).
+A root writable by group or others, or owned by someone else, turns the cache off (one warning): what is in it
+may have been planted, so it is never tightened and then trusted. An untrusted namespace, file or entry is
+removed (one warning per cache) and compiled again. See docs/reliability.md.
 
-Size: entries are evicted least recently used first (a hit refreshes the entry's mtime,
-at most once a minute) once their total passes PLUGRT_CACHE_MAX_MB (default 1024). The
-running total lives in <root>/.size, updated under flock by each put; only when it
-passes the cap does a put scan the cache.
+Size: entries are evicted least recently used first (a first hit in a process refreshes the entry's last use,
+at most once a minute) once their total passes PLUGRT_CACHE_MAX_MB (default 1024), by compacting the packs. The
+running total lives in <root>/.size, updated under flock by each put; only when it passes the cap does a put
+scan the cache.
 
 PLUGRT_CACHE=0 turns the cache off; PLUGRT_CACHE_DIR moves it (default:
 $XDG_CACHE_HOME/plugrt or ~/.cache/plugrt).
@@ -35,9 +36,12 @@ import stat
 import time
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from plugrt.errors import EnvError
+
+if TYPE_CHECKING:
+  from plugrt.cachepack import Pack
 
 _MAGIC = b"plugrt-cache-v2\n"
 _HEAD = len(_MAGIC) + 65 + 32  # magic line, key + "\n", sha256(key line + payload)
@@ -51,6 +55,14 @@ _UID = os.getuid() if hasattr(os, "getuid") else None
 _O_NOFOLLOW, _O_CLOEXEC = getattr(os, "O_NOFOLLOW", 0), getattr(os, "O_CLOEXEC", 0)
 _O_READ = os.O_RDONLY | _O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | _O_CLOEXEC  # a FIFO opens at once, and is then refused
 _warned_roots: set[str] = set()
+# os.environ's own dict on POSIX (bytes -> bytes; os.environ[...] = ... and del keep it current): a read without
+# os.environ's key encoding and its KeyError for an unset name; None where it is not that (then os.environ is read)
+_ENVIRON_BYTES: dict | None = getattr(os.environ, "_data", None) if os.name == "posix" and os.supports_bytes_environ else None
+if _ENVIRON_BYTES is not None and not all(type(k) is bytes for k in list(_ENVIRON_BYTES)[:1]): _ENVIRON_BYTES = None
+try:
+  import fcntl as _fcntl  # noqa: F401  (the pack's writers take an flock)
+  _HAVE_FLOCK = True
+except ImportError: _HAVE_FLOCK = False
 
 
 def key_hasher(*parts: str | bytes) -> Any:
@@ -71,7 +83,9 @@ def cache_key(*parts: str | bytes) -> str:
 
 def cache_enabled(env: Mapping[str, str] | None = None) -> bool:
   """PLUGRT_CACHE of `env` (a device's context.env; default the process environment)."""
-  v = (os.environ if env is None else env).get("PLUGRT_CACHE", "1")
+  if (env is None or env is os.environ) and _ENVIRON_BYTES is not None:  # every compile() asks: os.environ.get of an unset
+    v = _ENVIRON_BYTES.get(b"PLUGRT_CACHE", b"1").decode(errors="replace")  # name costs 0.7 us (a KeyError inside)
+  else: v = (os.environ if env is None else env).get("PLUGRT_CACHE", "1")
   if v not in ("0", "1", ""): raise EnvError(f"PLUGRT_CACHE={v!r} is not 0 or 1", "set PLUGRT_CACHE=0 to turn the cache off, 1 (or unset) to use it")
   return v != "0"
 
@@ -137,8 +151,10 @@ def open_root(root: str) -> bool:
       warnings.warn(f"plugrt: compile cache disabled: {why}; {fix}", stacklevel=4)
     return False
   try:
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    st = os.stat(root)
+    try: st = os.stat(root)
+    except FileNotFoundError:
+      os.makedirs(root, mode=0o700, exist_ok=True)
+      st = os.stat(root)
   except OSError as e: return refuse(f"cannot create {root}: {e}")
   if not stat.S_ISDIR(st.st_mode): return refuse(f"{root} is not a directory")
   if _UID is None: return True  # no POSIX owners and modes here (Windows)
@@ -181,6 +197,8 @@ class DiskCache:
     self._root = ""
     self._checked: set[str] = set()  # directories found ours and closed to others (nobody else can change that)
     self._warned = False
+    self._pack: Pack | bool | None = None  # the namespace's pack (None: not looked at yet; False: none)
+    self._ready: Pack | None = None  # the pack, once its directory was found ours (nobody else can change that)
 
   def _base(self) -> str | None:
     """The namespace's directory, or None when the cache root cannot be trusted."""
@@ -196,10 +214,11 @@ class DiskCache:
     return os.path.join(base, key[:2], key) if base else ""
 
   def _discard(self, path: str, why: str | None) -> None:
-    _remove(path)
+    if path: _remove(path)
     if why and not self._warned:
       self._warned = True
-      warnings.warn(f"plugrt: compile cache: {path} {why}; removed it (further ones are removed silently)", stacklevel=4)
+      warnings.warn(f"plugrt: compile cache: {path + ' ' if path else ''}{why}; removed it (further ones are removed silently)",
+                    stacklevel=4)
 
   def _dir_ok(self, path: str, create: bool) -> bool:
     """Whether directory `path` is ours and closed to others; an untrusted one is discarded (and made again when create)."""
@@ -220,9 +239,50 @@ class DiskCache:
       if not create: return False
     return False
 
+  def _packed(self) -> Pack | None:
+    """The namespace's pack and index (plugrt.cachepack), or None where the cache is off or has no flock (Windows)."""
+    if self._pack is None:
+      base = self._base()
+      if base and _HAVE_FLOCK:
+        from plugrt.cachepack import Pack
+        self._pack = Pack(base, _untrusted, self._discard, MAX_ENTRY)
+      else: self._pack = False
+    return self._pack or None
+
   def get(self, key: str) -> bytes | None:
-    if not (base := self._base()) or not _valid_key(key): return None
-    shard = f"{base}{_SEP}{key[:2]}"  # os.path.join's result, without its cost (a first hit in a process is ~14 us)
+    if (pack := self._ready) is not None and len(key) == 64:  # the namespace's directory was found ours once
+      try:
+        if (payload := pack.get(bytes.fromhex(key))) is not None: return payload
+      except (OSError, ValueError): pass  # ValueError: not hex
+    return self._get_slow(key)
+
+  def get_digest(self, digest: bytes) -> bytes | None:
+    """get(digest.hex()), without the hex: Compiler.compile_cached's path."""
+    if (pack := self._ready) is not None and len(digest) == 32:
+      try:
+        if (payload := pack.get(digest)) is not None: return payload
+      except OSError: pass
+    return self._get_slow(digest.hex())
+
+  def _get_slow(self, key: str) -> bytes | None:
+    """A miss in the pack (or the first lookup): the pack once its directory is checked, then the old layout."""
+    if (pack := self._pack) is None: pack = self._packed()
+    if pack and self._ready is None and self._dir_ok(pack.dir, False):
+      self._ready = pack
+      try:
+        if len(key) == 64 and (payload := pack.get(bytes.fromhex(key))) is not None: return payload
+      except (OSError, ValueError): pass
+    if not _valid_key(key): return None
+    if (payload := self._get_file(key)) is not None and pack:  # an entry of the layout before the pack: moved into it
+      self.put(key, payload)
+      grown = len(_pack(key, payload))
+      if _remove(self.path(key)): self._account(-grown)
+    return payload
+
+  def _get_file(self, key: str) -> bytes | None:
+    """An entry of the one-file-per-key layout (plugrt before the pack, or where there is no flock)."""
+    if not (base := self._base()): return None
+    shard = f"{base}{_SEP}{key[:2]}"  # os.path.join's result, without its cost
     if shard not in self._checked and not (self._dir_ok(base, False) and self._dir_ok(shard, False)): return None
     path = f"{shard}{_SEP}{key}"
     try: fd = os.open(path, _O_READ)
@@ -247,12 +307,32 @@ class DiskCache:
 
   def evict(self, key: str) -> None:
     """Remove key's entry (its binary failed to load)."""
-    if (path := self.path(key)) and _valid_key(key): _remove(path)
+    if not _valid_key(key): return
+    if (pack := self._packed()) and os.path.isdir(pack.dir):
+      try: pack.remove(bytes.fromhex(key))
+      except OSError: pass
+    if path := self.path(key): _remove(path)
 
   def put(self, key: str, payload: bytes) -> None:
     if not (base := self._base()) or not _valid_key(key): return
+    if len(payload) + 200 > min(MAX_ENTRY, cache_max_bytes(self.env)): return  # more than the cache may hold: not kept
+    if pack := self._packed():
+      if base not in self._checked and not self._dir_ok(base, True): return
+      try: grown = pack.put(bytes.fromhex(key), payload)
+      except FileNotFoundError:  # the namespace was removed since this process checked it (plugrt cache clear)
+        self._checked.discard(base)
+        if not self._dir_ok(base, True): return
+        try: grown = pack.put(bytes.fromhex(key), payload)
+        except OSError: return
+      except OSError: return  # a cache that cannot be written is only slower, never an error
+      if grown: self._account(grown)
+      return
+    self._put_file(key, payload)
+
+  def _put_file(self, key: str, payload: bytes) -> None:
+    """One file per key (where there is no flock for the pack)."""
+    base = self._base() or ""
     entry = _pack(key, payload)
-    if len(entry) > min(MAX_ENTRY, cache_max_bytes(self.env)): return  # more than the cache may hold: not kept
     shard = os.path.join(base, key[:2])
     import tempfile
     for _ in range(2):
@@ -271,7 +351,7 @@ class DiskCache:
       except BaseException:
         os.unlink(tmp)
         raise
-    except OSError: return  # a cache that cannot be written is only slower, never an error
+    except OSError: return
     self._account(len(entry))
 
   def _account(self, nbytes: int) -> None:
@@ -323,6 +403,11 @@ def scan(root: str, namespace: str | None = None) -> Iterator[Entry]:
     except OSError: continue
     for sh in shards:
       sp = os.path.join(p, sh)
+      if ".tmp-" in sh:  # a pack or index being replaced by a writer that died
+        try:
+          if now - os.lstat(sp).st_mtime > _STALE_TMP: _remove(sp)
+        except OSError: pass
+        continue
       try:
         if len(sh) != 2 or _untrusted(os.lstat(sp), True): continue
         with os.scandir(sp) as it: files = list(it)
@@ -336,14 +421,45 @@ def scan(root: str, namespace: str | None = None) -> Iterator[Entry]:
         if stat.S_ISREG(st.st_mode): yield Entry(ns, f.path, st.st_size, st.st_mtime)
 
 
+def _packs(root: str, namespace: str | None = None) -> Iterator[tuple[str, Pack, dict[bytes, tuple[int, int, int]], int]]:
+  """(namespace, pack, its live slots, its file size) for each trusted namespace directory that holds a pack."""
+  if not _HAVE_FLOCK: return
+  from plugrt.cachepack import Pack
+  try: names = sorted(os.listdir(root))
+  except OSError: return
+  for ns in names:
+    if not _valid_namespace(ns) or (namespace is not None and ns != namespace): continue
+    d = os.path.join(root, ns)
+    try:
+      if _untrusted(os.lstat(d), True) or not os.path.lexists(os.path.join(d, "pack")): continue
+      pack = Pack(d, _untrusted, lambda path, why: _remove(path) if path else None, MAX_ENTRY)
+      live = pack.live()
+      yield ns, pack, live, os.lstat(pack.pack_path).st_size
+    except OSError: continue
+
+
 def evict_to(root: str, target: int) -> int:
-  """Remove least recently used entries until at most `target` bytes remain; returns the bytes that remain."""
-  entries = sorted(scan(root), key=lambda e: e.mtime)
-  total = sum(e.size for e in entries)
-  for e in entries:
+  """Remove least recently used entries until at most `target` bytes remain; returns the bytes that remain. Entries
+  in a pack are dropped by compacting it (which also drops its dead records)."""
+  from plugrt.cachepack import PACK_HEAD, REC_HEAD
+  aged: list[tuple[float, int, Any]] = [(e.mtime, e.size, e.path) for e in scan(root)]
+  packs = list(_packs(root))
+  for _, pack, live, _ in packs:
+    aged += [(used * 60.0, (REC_HEAD + n + 7) & ~7, (pack, raw)) for raw, (_, n, used) in live.items()]
+  total = sum(a[1] for a in aged) + PACK_HEAD * len(packs)  # what remains once every pack is compacted
+  drop: dict[Any, set[bytes]] = {}
+  for _, size, what in sorted(aged, key=lambda a: a[0]):
     if total <= target: break
-    if _remove(e.path): total -= e.size
-  return total
+    if isinstance(what, str):
+      if _remove(what): total -= size
+    else:
+      drop.setdefault(what[0], set()).add(what[1])
+      total -= size
+  for _, pack, live, size in packs:
+    if pack in drop or size > PACK_HEAD + sum((REC_HEAD + n + 7) & ~7 for _, n, _ in live.values()):
+      try: pack.compact(drop.get(pack, set()))
+      except OSError: pass
+  return sum(e.size for e in scan(root)) + sum(size for *_, size in _packs(root))
 
 
 def info(root: str | None = None) -> dict:
@@ -355,6 +471,10 @@ def info(root: str | None = None) -> dict:
     d = per.setdefault(e.namespace, {"entries": 0, "bytes": 0})
     d["entries"] += 1
     d["bytes"] += e.size
+  for ns, _, live, size in _packs(root) if usable else ():
+    d = per.setdefault(ns, {"entries": 0, "bytes": 0})
+    d["entries"] += len(live)
+    d["bytes"] += size
   return {"dir": root, "usable": usable, "enabled": cache_enabled(), "max_bytes": cache_max_bytes(),
           "entries": sum(d["entries"] for d in per.values()), "bytes": sum(d["bytes"] for d in per.values()), "namespaces": per}
 
@@ -366,10 +486,17 @@ def clear(namespace: str | None = None, root: str | None = None) -> tuple[int, i
   if not os.path.isdir(root): return 0, 0
   entries = list(scan(root, namespace))
   removed = [e for e in entries if _remove(e.path)]
+  packed = []
+  for _, pack, live, size in _packs(root, namespace):
+    packed.append((len(live), size))
+    try:
+      with pack.locked() as ok:
+        if ok: pack.retire(lambda pack=pack: os.unlink(pack.index_path))  # processes that map it stop serving from it
+    except OSError: pass
   names = [namespace] if namespace else [n for n in os.listdir(root) if _valid_namespace(n)]
   for ns in names: _remove(os.path.join(root, ns))  # the directories too (and anything untrusted in them)
   if namespace is None: _remove(os.path.join(root, _SIZE_FILE))
   else:  # the total is recounted by the next put
     try: os.unlink(os.path.join(root, _SIZE_FILE))
     except OSError: pass
-  return len(removed), sum(e.size for e in removed)
+  return len(removed) + sum(n for n, _ in packed), sum(e.size for e in removed) + sum(b for _, b in packed)

@@ -263,7 +263,8 @@ class Compiler:
   def __init__(self, device: DeviceInfo):
     self.device = device
     self._key_prefix: Any = None  # sha256 over the namespace and toolchain(), made at the first key
-    from plugrt.cache import DiskCache
+    from plugrt.cache import DiskCache, cache_enabled
+    self._cache_enabled = cache_enabled  # kept: an import statement in compile_cached cost 1.2 us a call
     self._env = device.context.env  # PLUGRT_CACHE, PLUGRT_CACHE_DIR, PLUGRT_CACHE_MAX_MB come from the device's context
     self._disk = DiskCache(self.cache_namespace, env=self._env) if self.cache_namespace else None
     # binaries this process compiled or read (and checked) from the disk cache, by source: a repeated compile() of one
@@ -279,13 +280,17 @@ class Compiler:
 
   def cache_key(self, src: str) -> str:
     """plugrt.cache.cache_key(namespace, *toolchain(), src), with the hash of everything before `src` kept."""
+    return self.cache_digest(src).hex()
+
+  def cache_digest(self, src: str) -> bytes:
+    """cache_key(src) as its 32 bytes (what the disk cache's index holds)."""
     if (h := self._key_prefix) is None:
       from plugrt.cache import key_hasher
       h = self._key_prefix = key_hasher(self.cache_namespace, *self.toolchain())
     h, b = h.copy(), src.encode()
     h.update(len(b).to_bytes(8, "little"))
     h.update(b)
-    return h.hexdigest()
+    return h.digest()
 
   def compile(self, src: str) -> bytes:
     """The binary of `src`, from the disk cache when it holds one."""
@@ -294,15 +299,14 @@ class Compiler:
   def compile_cached(self, src: str) -> tuple[bytes, bool]:
     """(binary of `src`, whether it came from the disk cache). A binary from the cache that then fails
     to load is no reason to fail: the caller hands it to recompile()."""
-    from plugrt.cache import cache_enabled
-    if self._disk is None or not cache_enabled(self._env): return self.compile_uncached(src), False
+    if self._disk is None or not self._cache_enabled(self._env): return self.compile_uncached(src), False
     if (lib := self._memory.get(src)) is not None: return lib, True
-    key = self.cache_key(src)
-    if (lib := self._disk.get(key)) is not None:
+    digest = self.cache_digest(src)
+    if (lib := self._disk.get_digest(digest)) is not None:
       self._remember(src, lib)
       return lib, True
     lib = self.compile_uncached(src)
-    self._disk.put(key, lib)
+    self._disk.put(digest.hex(), lib)
     self._remember(src, lib)
     return lib, False
 

@@ -249,7 +249,7 @@ def test_compile_cache_and_errors(dev: Any, tmp_path: Any, monkeypatch: pytest.M
   assert comp.compile(src) == src.encode() and counts.calls["create_module"] == 1  # a hit: not validated again
   key = comp.cache_key(src)
   assert dev.info.interface in comp.toolchain() and dev.info.iface_object.adapter.name in comp.toolchain()
-  assert (tmp_path / comp.cache_namespace / key[:2] / key).exists()
+  assert DiskCache(comp.cache_namespace).get(key) == src.encode() and (tmp_path / comp.cache_namespace / "pack").exists()
   with pytest.raises(CompileError) as ei:
     comp.compile_uncached(src.replace("fn k_", "fn k_ broken"))
   assert "rejected the WGSL" in str(ei.value) and ei.value.log
