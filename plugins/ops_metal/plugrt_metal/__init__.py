@@ -11,7 +11,6 @@ libobjc and Metal load when a device opens (plugrt_metal.objc).
 from __future__ import annotations
 
 import os
-import platform
 import sys
 from typing import Any
 
@@ -31,9 +30,14 @@ MSL_BY_MACOS = {11: (2, 3), 12: (2, 4), 13: (3, 0), 14: (3, 1), 15: (3, 2)}
 MSL_VERSIONS = frozenset(MSL_BY_MACOS.values())
 
 
+def _mac_release() -> str:
+  import platform  # here, not at the top: its import costs ~2 ms of every process's discovery, and only a Mac asks
+  return platform.mac_ver()[0]
+
+
 def macos_major(release: str | None = None) -> int:
   """The macOS major version (14 for "14.5"), 0 when unknown."""
-  release = platform.mac_ver()[0] if release is None else release
+  release = _mac_release() if release is None else release
   try: return int(release.split(".")[0])
   except ValueError: return 0
 
@@ -59,7 +63,7 @@ def probe_metal(ctx: PluginContext) -> Probe:
                          "run on a Mac (every Apple-silicon Mac has a Metal GPU); here use CPU, CL or WEBGPU")
   if not os.path.isdir(FRAMEWORK):
     return Probe.missing(Reason.NO_DEVICE, f"this macOS has no Metal framework ({FRAMEWORK} is missing)", "Metal needs macOS 11 or newer")
-  release = platform.mac_ver()[0]
+  release = _mac_release()
   msl = "{}.{}".format(*msl_version_for_macos(ctx, release)) if release else "?"
   return Probe.found(1, f"Metal.framework on macOS {release or '?'}", macos=release or "?", msl=msl,
                      note="plugrt-metal has never run on Apple hardware: see docs/backends/metal.md")
