@@ -347,8 +347,6 @@ class PinnedStaging:
         self.memcpy(host + off, self.buffer(i % self.nbuffers), m)
 
 
-
-
 class StagedAllocator(Allocator[int]):
   """Device memory of a user-space backend: a handle is the memory's GPU address (views are offsets), host copies go
   through the backend's `PinnedStaging`, and a copy between two devices of the backend goes through host memory.
