@@ -19,6 +19,7 @@ from typing import Any
 
 from plugrt.dtype import DType, dtypes
 from plugrt.errors import Reason, VideoDecoderUnavailable, VideoStreamError
+from plugrt.hwqueue import round_up
 from plugrt.ir import Kernel, KernelBuilder
 from plugrt.video.hevc import StreamInfo
 from plugrt_nv import nvdec
@@ -106,7 +107,7 @@ class NVVideoDecoder:
   def _slot(self, need: int) -> Slot:
     st = self.state
     if len(self.slots) < SLOTS:
-      size = nvdec.SETUP_SIZE + max(BITSTREAM_MIN, nvdec.align(need + 256, 1 << 16))
+      size = nvdec.SETUP_SIZE + max(BITSTREAM_MIN, round_up(need + 256, 1 << 16))
       with st.lock: self.slots.append(Slot(st.iface.alloc(size, "mapped"), size))
       return self.slots[-1]
     slot = self.slots[self.next_slot]
@@ -114,7 +115,7 @@ class NVVideoDecoder:
     if slot.last_use: st.wait(slot.last_use)
     self._check(slot)
     if nvdec.SETUP_SIZE + need + 256 > slot.size:  # a larger picture than this buffer took so far
-      size = nvdec.SETUP_SIZE + nvdec.align(need + 256, 1 << 20)
+      size = nvdec.SETUP_SIZE + round_up(need + 256, 1 << 20)
       with st.lock:
         st.iface.free(slot.mem)
         slot.mem, slot.size = st.iface.alloc(size, "mapped"), size
