@@ -1,7 +1,7 @@
 """The hardware-queue layer: what a backend that submits work to its GPU from user space needs, apart from how the
 GPU's commands are encoded.
 
-A user-space backend (plugrt-nv today; AMD through KFD and QCOM through KGSL next) writes commands into memory
+A user-space backend (plugrt-nv; plugrt-amd through KFD; plugrt-qcom through KGSL) writes commands into memory
 the GPU reads, tells the GPU where they end, and learns that they are done by reading memory the GPU writes. The
 pieces of that which do not depend on the GPU are here:
 
