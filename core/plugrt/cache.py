@@ -48,7 +48,7 @@ _HEAD = len(_MAGIC) + 65 + 32  # magic line, key + "\n", sha256(key line + paylo
 MAX_ENTRY = 256 << 20  # no binary comes near this: anything larger at an entry's path is not an entry
 DEFAULT_MAX_MB = 1024
 _SIZE_FILE = ".size"  # the running total of the entries' bytes, kept by put
-_TOUCH_AFTER = 60.0  # seconds: a hit refreshes the entry's mtime (its age for eviction) at most this often
+_TOUCH_AFTER = 60.0  # seconds: a hit on an old-layout entry refreshes its mtime (its age for eviction) at most this often
 _STALE_TMP = 3600.0  # seconds: a temporary file this old was left by a writer that died
 _SEP = os.sep
 _UID = os.getuid() if hasattr(os, "getuid") else None
@@ -381,6 +381,7 @@ def _valid_key(key: str) -> bool: return isinstance(key, str) and _KEY.fullmatch
 
 
 class Entry(NamedTuple):
+  """One entry file of the layout before the pack (<root>/<namespace>/<key[:2]>/<key>)."""
   namespace: str
   path: str
   size: int
@@ -388,8 +389,8 @@ class Entry(NamedTuple):
 
 
 def scan(root: str, namespace: str | None = None) -> Iterator[Entry]:
-  """Every entry under root (of one namespace), in trusted directories only; stale temporaries and
-  directories set aside earlier are removed on the way."""
+  """Every old-layout entry file under root (of one namespace; the packs are _packs'), in trusted directories only;
+  stale temporaries and directories set aside earlier are removed on the way."""
   now = time.time()
   try: names = sorted(os.listdir(root))
   except OSError: return

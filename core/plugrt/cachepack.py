@@ -37,7 +37,10 @@ import os
 import struct
 from collections.abc import Callable
 from time import time as _time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+  from contextlib import AbstractContextManager
 
 PACK_MAGIC = b"plugrt-pack-v1\n\0"
 INDEX_MAGIC = b"plugrt-index-v1\n"
@@ -215,10 +218,9 @@ class Pack:
     except OSError: return v.ino is not None
     return (st.st_dev, st.st_ino) != v.ino
 
-
   # ------------------------------------------------------------------ writing (plugrt.cachepack_write: imported at the first write)
 
-  def locked(self) -> Any: return _writer().locked(self)
+  def locked(self) -> AbstractContextManager[bool]: return _writer().locked(self)  # as ok: whether the flock was taken
   def put(self, raw: bytes, payload: bytes) -> int: return _writer().put(self, raw, payload)
   def remove(self, raw: bytes) -> None: _writer().remove(self, raw)
   def retire(self, replace: Callable[[], object] = lambda: None) -> None: _writer().retire(self, replace)
@@ -246,9 +248,6 @@ def _map_pack(v: _View, need: int) -> bool:
     v.pack = (mmap.mmap(v.pkfd, size, access=mmap.ACCESS_READ), size)  # the old map closes when no reader holds it
     return True
   except (OSError, ValueError): return False
-
-
-
 
 
 def _writer() -> Any:

@@ -1,7 +1,7 @@
 """The hardware-queue layer: what a backend that submits work to its GPU from user space needs, apart from how the
 GPU's commands are encoded.
 
-A user-space backend (plugrt-nv today; AMD through KFD and QCOM through KGSL next) writes commands into memory
+A user-space backend (plugrt-nv; plugrt-amd through KFD; plugrt-qcom through KGSL) writes commands into memory
 the GPU reads, tells the GPU where they end, and learns that they are done by reading memory the GPU writes. The
 pieces of that which do not depend on the GPU are here:
 
@@ -19,6 +19,8 @@ pieces of that which do not depend on the GPU are here:
   once per set of arguments), so a launch with the same arguments only writes its few command words.
 - `PinnedStaging`: host copies of pageable memory in chunks through pinned host buffers, double-buffered, the CPU
   side in parallel pieces; the backend supplies the buffers and the DMA (its copy engine, or its driver's async copy).
+- `StagedAllocator`: GPU memory whose handle is its GPU address, freed after the device is idle, host copies through
+  a `PinnedStaging`; the backend supplies the allocation, the release and its device-to-device copy.
 
 The per-launch path stays in the backend, inline: the classes here are plain objects with `__slots__` whose fields
 the backend's fast path reads directly (no method call, no allocation per launch); their methods are for the slow
@@ -31,8 +33,9 @@ import os
 import time
 from typing import Any, NoReturn
 
-from plugrt.context import PluginContext
+from plugrt.context import DeviceInfo, PluginContext
 from plugrt.errors import PlugrtError
+from plugrt.runtime import Allocator, buffer_address
 
 
 def round_up(x: int, a: int) -> int: return (x + a - 1) // a * a
@@ -344,3 +347,40 @@ class PinnedStaging:
         self.memcpy(host + off, self.buffer(i % self.nbuffers), m)
 
 
+class StagedAllocator(Allocator[int]):
+  """Device memory of a user-space backend: a handle is the memory's GPU address (views are offsets), host copies go
+  through the backend's `PinnedStaging`, and a copy between two devices of the backend goes through host memory.
+
+  The device's state (`device.state`) has `lock`, `broken` and `synchronize()`. The backend sets `staging` in its
+  __init__ and supplies `_alloc` (recording each allocation in `mems` by its address), `_free_memory(mem)` (give one
+  allocation back to the driver; called under the lock once the device is idle) and `_copy`.
+  """
+  supports_transfer = True
+  staging: PinnedStaging
+
+  def __init__(self, device: DeviceInfo):
+    super().__init__(device)
+    self.state: Any = device.state
+    self.mems: dict[int, Any] = {}  # GPU address -> the driver's record of that allocation
+
+  def _free_memory(self, mem: Any) -> None: raise NotImplementedError
+
+  def _free(self, handle: int, nbytes: int, options: Any) -> None:
+    st = self.state
+    with st.lock:
+      mem = self.mems.pop(handle)
+      if st.broken: return  # the GPU may still hold it; the process is going to exit anyway
+      st.synchronize()
+      self._free_memory(mem)
+
+  def _offset(self, handle: int, offset: int, nbytes: int) -> int: return handle + offset
+
+  def _copyin(self, dest: int, src: memoryview) -> None: self.staging.copyin(dest, buffer_address(src), src.nbytes)
+
+  def _copyout(self, dest: memoryview, src: int) -> None: self.staging.copyout(buffer_address(dest), src, dest.nbytes)
+
+  def _transfer(self, dest: int, src: int, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
+    if src_dev is dest_dev: return self._copy(dest, src, nbytes)
+    host = bytearray(nbytes)  # between two GPUs: through the host (no peer mappings yet)
+    src_dev.allocator._copyout(memoryview(host), src)
+    dest_dev.allocator._copyin(dest, memoryview(host))

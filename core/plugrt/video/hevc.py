@@ -1,8 +1,11 @@
-"""HEVC Annex B byte streams in pure Python: NAL unit splitting, access units, and the VPS/SPS/PPS fields a decoder
-front end needs (picture size, conformance window, bit depth, chroma format, the VUI's colour description).
+"""HEVC Annex B byte streams in pure Python: NAL unit splitting, access units, the VPS/SPS/PPS fields a decoder
+front end needs (picture size, conformance window, bit depth, chroma format, the VUI's colour description), and what
+a hardware decoder that parses no slice data itself is told: the parameter sets' coding tools, reference picture
+sets, and the start of each slice segment header.
 
 Syntax and semantics follow ITU-T H.265 (sections 7.3.1 NAL unit header, 7.3.2.1-7.3.2.3 parameter sets, 7.3.3
-profile_tier_level, 7.3.4 scaling_list_data, 7.3.7 st_ref_pic_set, E.2.1 VUI); docs/research/nvdec.md lists them.
+profile_tier_level, 7.3.4 scaling_list_data, 7.3.6.1 slice segment header, 7.3.7 st_ref_pic_set, E.2.1 VUI);
+docs/research/nvdec.md and docs/research/nv-video.md list them.
 Every malformed or truncated input raises plugrt.errors.VideoStreamError with the byte offset in the stream where
 the problem is; nothing here loops without consuming input, so garbage ends in an error, never a hang.
 """
@@ -186,6 +189,7 @@ class StRps:
 
 @dataclass
 class SPSInfo:
+  """A sequence parameter set (7.3.2.2): the picture format, then the fields a hardware decoder's picture setup takes."""
   id: int
   vps_id: int
   ptl: ProfileTierLevel
@@ -231,6 +235,7 @@ class SPSInfo:
 
 @dataclass
 class PPSInfo:
+  """A picture parameter set (7.3.2.3)."""
   id: int
   sps_id: int
   tiles: bool

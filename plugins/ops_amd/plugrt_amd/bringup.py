@@ -29,6 +29,7 @@ HINT = "use AMD_IFACE=KFD with the amdgpu kernel driver loaded"
 
 @dataclass
 class BringUp:
+  """What bring-up found on one GPU, one line per step done (`steps`), and what each step read."""
   label: str
   steps: list[str] = field(default_factory=list)
   vram_size: int = 0

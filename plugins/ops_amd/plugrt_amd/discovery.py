@@ -62,6 +62,7 @@ class DiscoveryError(PlugrtError, ValueError):
 
 @dataclass(frozen=True)
 class IPBlock:
+  """One IP block instance the discovery table lists: which hardware (hw_id, see HW_IDS), its version and register bases."""
   hw_id: int
   instance: int
   major: int
@@ -95,6 +96,7 @@ class GCInfo:
 
 @dataclass(frozen=True)
 class DiscoveryTable:
+  """A validated, parsed IP discovery binary: every IP block of every die, the GC table, the harvest list."""
   version: tuple[int, int]              # binary header version
   ip_version: int                       # ip_discovery_header version
   blocks: tuple[IPBlock, ...]
@@ -103,6 +105,7 @@ class DiscoveryTable:
   tables: tuple[str, ...] = field(default=())   # the tables present (non-zero offset)
 
   def find(self, name: str, instance: int = 0, die: int = 0) -> IPBlock | None:
+    """The block named `name` (HW_IDS' names: "GC", "NBIF", ...), that instance on that die, or None."""
     return next((b for b in self.blocks if b.name == name and b.instance == instance and b.die == die), None)
 
   def version_of(self, name: str) -> tuple[int, int, int] | None:

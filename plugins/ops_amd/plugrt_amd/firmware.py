@@ -25,6 +25,7 @@ LEGACY_MP0 = {(13, 0, 1), (13, 0, 2), (13, 0, 3)}
 
 @dataclass(frozen=True)
 class FirmwareNeed:
+  """One firmware file an IP block's version calls for (amdgpu's name for it), or a chip-named one plugrt cannot name."""
   block: str                 # GC, MP0, MP1, SDMA0
   version: tuple[int, int, int]
   name: str                  # file name under amdgpu/ ("" for legacy)
@@ -36,6 +37,7 @@ def _v(v: tuple[int, int, int]) -> str: return "_".join(map(str, v))
 
 
 def needs(table: DiscoveryTable) -> list[FirmwareNeed]:
+  """The firmware the PSP, SMU, SDMA and GC versions of `table` call for, named as amdgpu names them."""
   out: list[FirmwareNeed] = []
   if (v := table.version_of("MP0")) is not None:
     if v[0] >= 13 and v not in LEGACY_MP0: out.append(FirmwareNeed("MP0", v, f"psp_{_v(v)}_sos.bin", "PSP secure OS (loads every other firmware)"))

@@ -24,10 +24,10 @@ from typing import Any
 from plugrt.device import Buffer
 from plugrt.errors import CompileError, LaunchError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.hwqueue import PinnedStaging, queue_timeout, round_up
+from plugrt.hwqueue import PinnedStaging, StagedAllocator, queue_timeout, round_up
 from plugrt.ir import Signature
 from plugrt.launchargs import bytes_packer, call_key
-from plugrt.runtime import Allocator, DeviceState, LaunchLimits, Program, buffer_address
+from plugrt.runtime import DeviceState, LaunchLimits, Program
 from plugrt_amd import codeobject
 
 KERNARG_SLOT, KERNARG_SLOTS = 4096, 256   # kernarg blocks: one per dispatch in flight (a v5 code object's hidden args take 256 bytes)
@@ -103,16 +103,14 @@ class AMDStaging(PinnedStaging):
   def _copied_in(self) -> None: self.state.copy.synchronize()  # callers may free or reuse their memory, and expect the data landed
 
 
-class AMDAllocator(Allocator[int]):
+class AMDAllocator(StagedAllocator):
   """VRAM in the GPU's (= the process's) address space; a handle is its address. Host copies through GTT staging and
   SDMA, device copies by SDMA."""
-  supports_transfer = True
   supports_wrap = True  # memory KFD shows this GPU can reach (plugrt's, a ROCm runtime's of this process, SVM): check_visible
 
   def __init__(self, device: DeviceInfo):
     super().__init__(device)
-    self.state: AMDState = device.state  # type: ignore[assignment]
-    self.mems: dict[int, Any] = {}
+    self.state: AMDState = device.state
     self.staging = AMDStaging(self.state, STAGE)
 
   def _alloc(self, nbytes: int, options: Any) -> int:
@@ -123,15 +121,7 @@ class AMDAllocator(Allocator[int]):
       self.mems[mem.va] = mem
     return mem.va
 
-  def _free(self, handle: int, nbytes: int, options: Any) -> None:
-    st = self.state
-    with st.lock:
-      mem = self.mems.pop(handle)
-      if st.broken: return  # the GPU may still hold it; the process is going to exit anyway
-      st.synchronize()
-      st.kfd.free(mem)
-
-  def _offset(self, handle: int, offset: int, nbytes: int) -> int: return handle + offset
+  def _free_memory(self, mem: Any) -> None: self.state.kfd.free(mem)
 
   def _wrap(self, ptr: int, nbytes: int) -> int:
     """ROCm memory (torch's ROCm tensors' data_ptr, DLPack device type 10) at its own address: KFD is asked whether this
@@ -143,21 +133,11 @@ class AMDAllocator(Allocator[int]):
 
   def _pointer(self, handle: int) -> int: return handle
 
-  def _copyin(self, dest: int, src: memoryview) -> None: self.staging.copyin(dest, buffer_address(src), src.nbytes)
-
-  def _copyout(self, dest: memoryview, src: int) -> None: self.staging.copyout(buffer_address(dest), src, dest.nbytes)
-
   def _copy(self, dest: int, src: int, nbytes: int) -> None:
     st = self.state
     with st.lock:
       st.after_dispatches()
       st.copy.copy(dest, src, nbytes)
-
-  def _transfer(self, dest: int, src: int, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
-    if src_dev is dest_dev: return self._copy(dest, src, nbytes)
-    host = bytearray(nbytes)  # between two GPUs: through the host (no peer mappings yet)
-    src_dev.allocator._copyout(memoryview(host), src)
-    dest_dev.allocator._copyin(dest, memoryview(host))
 
 
 def _release_program(state: AMDState, mem: Any) -> None:

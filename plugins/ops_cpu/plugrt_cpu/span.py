@@ -30,6 +30,7 @@ SOURCES_KEPT = 4096
 
 
 def span_name(compiler: str, name: str) -> str:
+  """The span variant's symbol: NAME.span in LLVM IR, NAME__span in C (where a name cannot hold a dot)."""
   return f"{name}.span" if compiler == "LLVM" else f"{name}__span"
 
 

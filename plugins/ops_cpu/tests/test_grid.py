@@ -9,9 +9,9 @@ import subprocess
 
 import numpy as np
 import pytest
+from cpu_tools import count_kernel, want_ids
 
 from plugrt import Buffer, Device, KernelBuilder, dtypes
-from plugrt.ir import Kernel
 from plugrt_cpu import program as cpu_program
 from plugrt_cpu.grid import grid_runner
 from plugrt_cpu.program import CPUProgram
@@ -24,27 +24,12 @@ def dev():
   return Device["CPU"]
 
 
-def count_kernel() -> Kernel:
-  """hits[flat group id] += 1, and ids[flat] = the group id seen on each axis (x + 1000 y + 1000000 z)."""
-  b = KernelBuilder("grid_count")
-  hits, ids = b.buffer("hits", dtypes.int32), b.buffer("ids", dtypes.int32)
-  g = b.group_id(0) + b.num_groups(0) * (b.group_id(1) + b.num_groups(1) * b.group_id(2))
-  hits[g] = hits[g] + 1
-  ids[g] = b.group_id(0) + b.group_id(1) * 1000 + b.group_id(2) * 1000000
-  return b.finish()
-
-
-def want_ids(gs: tuple[int, int, int]) -> np.ndarray:
-  z, y, x = np.meshgrid(*(np.arange(n) for n in gs[::-1]), indexing="ij")
-  return (x + 1000 * y + 1000000 * z).astype(np.int32).ravel()
-
-
 @pytest.mark.parametrize("compiler", ["CLANG", "LLVM"])
 @pytest.mark.parametrize("gs", [(1, 1, 1), (7, 1, 1), (1, 5, 1), (1, 1, 3), (3, 5, 7), (1000, 3, 2)])
 @pytest.mark.parametrize("parallel", [False, True])
 def test_every_group_runs_once_with_its_ids(dev, compiler: str, gs: tuple[int, int, int], parallel: bool, monkeypatch) -> None:
   if parallel: monkeypatch.setattr(cpu_program, "PARALLEL_MIN_THREADS", 1)  # split even small grids over the workers
-  prg = dev.program(count_kernel(), compiler)
+  prg = dev.program(count_kernel("grid_count"), compiler)
   n = gs[0] * gs[1] * gs[2]
   hits, ids = Buffer(dev, n, dtypes.int32).copyin(np.zeros(n, np.int32)), Buffer(dev, n, dtypes.int32)
   prg(hits, ids, global_size=gs, local_size=(1, 1, 1), wait=True)
@@ -55,7 +40,7 @@ def test_every_group_runs_once_with_its_ids(dev, compiler: str, gs: tuple[int, i
 @pytest.mark.parametrize("compiler", ["CLANG", "LLVM"])
 def test_any_slice_runs_exactly_its_groups(dev, compiler: str) -> None:
   """A worker's slice may start and end mid-row (the runner starts it from a flat group index)."""
-  prg = dev.program(count_kernel(), compiler)
+  prg = dev.program(count_kernel("grid_count"), compiler)
   gs = (5, 3, 2)
   n = gs[0] * gs[1] * gs[2]
   hits, ids = Buffer(dev, n, dtypes.int32), Buffer(dev, n, dtypes.int32)
@@ -94,7 +79,7 @@ def test_a_long_row_gives_back_each_groups_spill_arrays(dev, compiler: str) -> N
 def test_either_runner_runs_either_compilers_kernel(dev, compiler: str, runner: str) -> None:
   """The runner and the kernel share only the C calling convention: any runner calls any kernel."""
   from plugrt_cpu.llvm import load_object
-  k = count_kernel()
+  k = count_kernel("grid_count")
   comp = dev.compiler_for(compiler)
   lib = comp.compile(comp.render(k))
   addr, owner = load_object(lib, k.name)
@@ -107,7 +92,7 @@ def test_either_runner_runs_either_compilers_kernel(dev, compiler: str, runner: 
 
 def test_a_shared_object_still_loads(dev, tmp_path) -> None:
   """CLANG makes relocatable objects now; a shared object of the same source (built by hand) is dlopen'ed."""
-  k = count_kernel()
+  k = count_kernel("grid_count")
   src = dev.compiler_for("CLANG").render(k)
   so = tmp_path / "k.so"
   subprocess.run(["clang", "-O2", "-fPIC", "-shared", "-nostdlib", "-x", "c", "-", "-o", str(so)], input=src.encode(), check=True)

@@ -8,6 +8,7 @@ import ctypes
 
 import numpy as np
 import pytest
+from cpu_tools import count_kernel, want_ids
 
 from plugrt import Buffer, Device, KernelBuilder, dtypes
 from plugrt.ir import Kernel
@@ -31,21 +32,6 @@ def always_span(monkeypatch):
   """Every launch with groups of at most SPAN_MAX_THREADS threads takes the span variant, however few groups."""
   monkeypatch.setattr(cpu_program, "SPAN_MIN_GROUPS", 1)
   monkeypatch.setattr(cpu_program, "SPAN_MIN_ROW", 1)
-
-
-def count_kernel(name: str = "span_count") -> Kernel:
-  """hits[flat group id] += 1, and ids[flat] = the group id seen on each axis (x + 1000 y + 1000000 z)."""
-  b = KernelBuilder(name)
-  hits, ids = b.buffer("hits", dtypes.int32), b.buffer("ids", dtypes.int32)
-  g = b.group_id(0) + b.num_groups(0) * (b.group_id(1) + b.num_groups(1) * b.group_id(2))
-  hits[g] = hits[g] + 1
-  ids[g] = b.group_id(0) + b.group_id(1) * 1000 + b.group_id(2) * 1000000
-  return b.finish()
-
-
-def want_ids(gs: tuple[int, int, int]) -> np.ndarray:
-  z, y, x = np.meshgrid(*(np.arange(n) for n in gs[::-1]), indexing="ij")
-  return (x + 1000 * y + 1000000 * z).astype(np.int32).ravel()
 
 
 def spill_kernel(name: str, tile: int) -> Kernel:
@@ -85,7 +71,7 @@ def test_a_source_that_is_not_a_cpu_kernels_has_no_span() -> None:
 def test_every_group_runs_once_with_its_ids(dev, compiler: str, gs: tuple[int, int, int], parallel: bool, always_span,
                                             monkeypatch) -> None:
   if parallel: monkeypatch.setattr(cpu_program, "PARALLEL_MIN_THREADS", 1)
-  prg = dev.program(count_kernel(), compiler)
+  prg = dev.program(count_kernel("span_count"), compiler)
   n = gs[0] * gs[1] * gs[2]
   hits, ids = Buffer(dev, n, dtypes.int32).copyin(np.zeros(n, np.int32)), Buffer(dev, n, dtypes.int32)
   prg(hits, ids, global_size=gs, local_size=(1, 1, 1), wait=True)
@@ -97,7 +83,7 @@ def test_every_group_runs_once_with_its_ids(dev, compiler: str, gs: tuple[int, i
 @pytest.mark.parametrize("compiler", COMPILERS)
 def test_any_slice_runs_exactly_its_groups(dev, compiler: str, always_span) -> None:
   """A worker's slice may start and end mid-row, and span several rows and planes."""
-  prg = dev.program(count_kernel(), compiler)
+  prg = dev.program(count_kernel("span_count"), compiler)
   gs = (5, 3, 2)
   n = gs[0] * gs[1] * gs[2]
   hits, ids = Buffer(dev, n, dtypes.int32), Buffer(dev, n, dtypes.int32)

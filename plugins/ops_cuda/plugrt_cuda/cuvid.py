@@ -176,7 +176,10 @@ class NVDECDecoder:
   """One stream on NVDEC (see the module docstring)."""
 
   def __init__(self, device: Any, stream: bytes, info: Any, options: dict[str, Any], state: Any = None, lib: Any = None):
-    """`state` and `lib` stand in for the device's CUDAState and libnvcuvid in tests (tests/test_cuvid_fake.py)."""
+    """`options`: ``queue_depth`` (surfaces decoded ahead of the consumer, 4; what plugrt.video passes), and the tuning
+    knobs bench/video.py --sweep sets directly: ``display_delay`` (the parser's ulMaxDisplayDelay, 2), ``extra_surfaces``
+    (decode surfaces beyond the stream's minimum, 4), ``own_stream`` (maps on the decoder's own stream, OWN_STREAM).
+    `state` and `lib` stand in for the device's CUDAState and libnvcuvid in tests (plugins/ops_cuda/tests/test_cuvid_fake.py)."""
     lib = lib or libnvcuvid()
     if lib is None:
       raise VideoDecoderUnavailable("libnvcuvid.so.1 (NVDEC) is not installed with this driver", Reason.NOT_INSTALLED,

@@ -34,11 +34,21 @@ from plugrt.device import Buffer
 from plugrt.dtype import dtypes
 from plugrt.errors import CompileError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.hwqueue import CommandSlots, DoorbellRing, PinnedStaging, ResidentLaunch, ResidentLaunches, Timeline, queue_timeout, round_up
+from plugrt.hwqueue import (
+  CommandSlots,
+  DoorbellRing,
+  PinnedStaging,
+  ResidentLaunch,
+  ResidentLaunches,
+  StagedAllocator,
+  Timeline,
+  queue_timeout,
+  round_up,
+)
 from plugrt.ir import Signature
 from plugrt.launchargs import bytes_packer, call_key
 from plugrt.probing import install_hint
-from plugrt.runtime import Allocator, DeviceState, LaunchLimits, Program, buffer_address
+from plugrt.runtime import DeviceState, LaunchLimits, Program
 from plugrt_nv import cmd, cubin, hw, nvdec
 from plugrt_nv.iface import Channel, GPUInterface, Mem, NVError
 
@@ -219,17 +229,15 @@ class NVStaging(PinnedStaging):
   def _wait(self, token: int) -> None: self.state.wait(token)
 
 
-class NVAllocator(Allocator[int]):
+class NVAllocator(StagedAllocator):
   """GPU memory in the device's VA space; a handle is its GPU address. Host copies go through two pinned staging
   buffers and the copy engine (NVStaging); device-to-device copies are one copy-engine command, or a kernel."""
   STAGE, PIECE = 64 << 20, 4 << 20  # two staging buffers of 64 MiB, CPU copies in up to 16 pieces: what the CUDA backend found best here
-  supports_transfer = True
   kcopy: Any = None  # the device-to-device copy kernel (None: not built yet, False: not available)
 
   def __init__(self, device: DeviceInfo):
     super().__init__(device)
-    self.state: NVState = device.state  # type: ignore[assignment]
-    self.mems: dict[int, Mem] = {}
+    self.state: NVState = device.state
     self.staging = NVStaging(self.state, self.STAGE, self.PIECE)
 
   def _alloc(self, nbytes: int, options: Any) -> int:
@@ -238,19 +246,7 @@ class NVAllocator(Allocator[int]):
       self.mems[mem.va] = mem
     return mem.va
 
-  def _free(self, handle: int, nbytes: int, options: Any) -> None:
-    st = self.state
-    with st.lock:
-      mem = self.mems.pop(handle)
-      if st.broken: return  # the GPU may still hold it; the process is going to exit anyway
-      st.synchronize()
-      st.iface.free(mem)
-
-  def _offset(self, handle: int, offset: int, nbytes: int) -> int: return handle + offset
-
-  def _copyin(self, dest: int, src: memoryview) -> None: self.staging.copyin(dest, buffer_address(src), src.nbytes)
-
-  def _copyout(self, dest: memoryview, src: int) -> None: self.staging.copyout(buffer_address(dest), src, dest.nbytes)
+  def _free_memory(self, mem: Mem) -> None: self.state.iface.free(mem)
 
   def _copy(self, dest: int, src: int, nbytes: int) -> None:
     """Device to device: large copies between ranges that do not overlap run as a kernel (the SMs move memory far
@@ -277,12 +273,6 @@ class NVAllocator(Allocator[int]):
           self.kcopy = NVProgram(shim, "plugrt_nv_copy", lib, Signature((), (dtypes.uint64,) * 3))
       except Exception: self.kcopy = False  # no NVRTC, or it failed: the copy engine does it
     return self.kcopy or None
-
-  def _transfer(self, dest: int, src: int, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
-    if src_dev is dest_dev: return self._copy(dest, src, nbytes)
-    host = bytearray(nbytes)  # between two GPUs: through the host (no peer mappings yet)
-    src_dev.allocator._copyout(memoryview(host), src)
-    dest_dev.allocator._copyin(dest, memoryview(host))
 
 
 def _release_program(state: NVState, *mems: Mem) -> None:

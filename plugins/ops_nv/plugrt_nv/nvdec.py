@@ -13,16 +13,18 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
+from plugrt.hwqueue import round_up
+
 # ---------------------------------------------------------------- classes and engines
 
 # the video decoder class of each family is in plugrt_nv.hw.FAMILIES (Hopper: 0xB8B0, NVB8B0_VIDEO_DECODER)
 ENGINE_NVDEC0 = 0x13   # NV2080_ENGINE_TYPE_NVDEC0 (= NV2080_ENGINE_TYPE_BSP); NVDEC1..7 are 0x14..0x1A
+SUBCH_VIDEO = 4        # the subchannel NVDEC methods go to (any works on a single-engine channel; tinygrad uses 4)
 
 
 class BSPAllocParams(ctypes.Structure):
   """NV_BSP_ALLOCATION_PARAMETERS (open-gpu-kernel-modules nvos.h): the decoder object's engine instance (0 = NVDEC0)."""
   _fields_ = [("size", ctypes.c_uint32), ("prohibitMultipleInstances", ctypes.c_uint32), ("engineInstance", ctypes.c_uint32)]
-SUBCH_VIDEO = 4        # the subchannel NVDEC methods go to (any works on a single-engine channel; tinygrad uses 4)
 
 
 # ---------------------------------------------------------------- methods (byte offsets, NVC9B0_* = NVB8B0_*)
@@ -167,8 +169,6 @@ GPTIMER_TIMEOUT = 81600000  # engine cycles before a picture is abandoned (what 
 TILE_FORMAT_BLOCK_LINEAR = 1  # tileformat 1 ("KBL"): GOBs of 64 bytes x 8 rows, GOB_HEIGHT 0 = two GOBs a block
 
 
-def align(x: int, a: int) -> int: return (x + a - 1) // a * a
-
 
 @dataclass(frozen=True)
 class Layout:
@@ -189,9 +189,9 @@ class Layout:
   @property
   def chroma_offset(self) -> int: return self.pitch * self.luma_rows
   @property
-  def surface_size(self) -> int: return align(self.pitch * (self.luma_rows + self.chroma_rows), 0x10000)
+  def surface_size(self) -> int: return round_up(self.pitch * (self.luma_rows + self.chroma_rows), 0x10000)
   @property
-  def coloc_size(self) -> int: return align(self.colmv * PICTURES, 2 << 20)
+  def coloc_size(self) -> int: return round_up(self.colmv * PICTURES, 2 << 20)
 
   # The filter buffer holds, one after another, per row of 64-aligned samples: deblocking (608), SAO (4864), BSD
   # control (152) and the filter/SAO lines above (2000); then the intra-prediction top line. The offsets in
@@ -208,15 +208,15 @@ class Layout:
   @property
   def intra_top_offset(self) -> int: return self.sao_above_offset
   @property
-  def filter_size(self) -> int: return align(align(self.intra_top_offset, 0x10000) + (64 << 10), 2 << 20)
+  def filter_size(self) -> int: return round_up(round_up(self.intra_top_offset, 0x10000) + (64 << 10), 2 << 20)
 
 
 def layout(width: int, height: int, bit_depth: int) -> Layout:
   """The layout for coded pictures of width x height luma samples at `bit_depth` bits."""
   sample = 1 if bit_depth <= 8 else 2
-  w64, h64 = align(width, 64), align(height, 64)
-  return Layout(width, height, bit_depth, align(width * sample, 64), h64, align((height + 1) // 2, 64),
-                align(w64 * h64 // 16, 256), max(w64, h64))
+  w64, h64 = round_up(width, 64), round_up(height, 64)
+  return Layout(width, height, bit_depth, round_up(width * sample, 64), h64, round_up((height + 1) // 2, 64),
+                round_up(w64 * h64 // 16, 256), max(w64, h64))
 
 
 def block_linear_offset(x: int, y: int, pitch: int) -> int:
@@ -263,5 +263,5 @@ def decode_hevc(setup: int, bitstream: int, surfaces: dict[int, int], lay: Layou
           *_m(Method.SET_NVDEC_STATUS_OFFSET, _address(setup + STATUS_OFFSET, "status")),
           *_m(Method.HEVC_SET_TILE_SIZES_OFFSET, _address(setup + PIC_SETUP_SIZE, "tile sizes")),
           *_m(Method.HEVC_SET_FILTER_BUFFER_OFFSET, _address(filter_buffer, "filter buffer")),
-          *_m(Method.SET_INTRA_TOP_BUF_OFFSET, _address(filter_buffer + align(lay.intra_top_offset, 256), "intra top line")),
+          *_m(Method.SET_INTRA_TOP_BUF_OFFSET, _address(filter_buffer + round_up(lay.intra_top_offset, 256), "intra top line")),
           *_m(Method.EXECUTE, 0)]

@@ -19,6 +19,7 @@ from typing import Any
 
 from plugrt.dtype import DType, dtypes
 from plugrt.errors import Reason, VideoDecoderUnavailable, VideoStreamError
+from plugrt.hwqueue import round_up
 from plugrt.ir import Kernel, KernelBuilder
 from plugrt.video.hevc import StreamInfo
 from plugrt_nv import nvdec
@@ -28,7 +29,7 @@ from plugrt_nv.nvdec_setup import Decode, Output, Planner, check_sps
 NAME = "NV_NVDEC"
 SLOTS = 4                 # setup + bitstream buffers in flight
 BITSTREAM_MIN = 1 << 20   # a slot's first bitstream room; grows to the largest picture
-LOCAL = (16, 16, 1)
+DETILE_GROUP = (16, 16, 1)  # the detile kernel's work-group
 _KERNELS: dict[DType, Kernel] = {}
 
 
@@ -54,10 +55,12 @@ def detile_kernel(sample: DType) -> Kernel:
 
 @dataclass
 class Slot:
+  """One picture's buffer in mapped GPU memory: its setup block (SETUP_SIZE bytes: picture setup, tile sizes, the
+  status the engine writes), then its slices."""
   mem: Mem
-  size: int
-  last_use: int = 0
-  offset: int = -1      # the stream offset of the picture that last used it
+  size: int             # bytes, setup block included
+  last_use: int = 0     # the timeline value of the submission that last read it
+  offset: int = -1      # the stream offset of the picture that last used it (-1: its status was read)
 
 
 class NVVideoDecoder:
@@ -106,7 +109,7 @@ class NVVideoDecoder:
   def _slot(self, need: int) -> Slot:
     st = self.state
     if len(self.slots) < SLOTS:
-      size = nvdec.SETUP_SIZE + max(BITSTREAM_MIN, nvdec.align(need + 256, 1 << 16))
+      size = nvdec.SETUP_SIZE + max(BITSTREAM_MIN, round_up(need + 256, 1 << 16))
       with st.lock: self.slots.append(Slot(st.iface.alloc(size, "mapped"), size))
       return self.slots[-1]
     slot = self.slots[self.next_slot]
@@ -114,7 +117,7 @@ class NVVideoDecoder:
     if slot.last_use: st.wait(slot.last_use)
     self._check(slot)
     if nvdec.SETUP_SIZE + need + 256 > slot.size:  # a larger picture than this buffer took so far
-      size = nvdec.SETUP_SIZE + nvdec.align(need + 256, 1 << 20)
+      size = nvdec.SETUP_SIZE + round_up(need + 256, 1 << 20)
       with st.lock:
         st.iface.free(slot.mem)
         slot.mem, slot.size = st.iface.alloc(size, "mapped"), size
@@ -154,10 +157,11 @@ class NVVideoDecoder:
     out = Buffer(self.device, pitch * rows + (-(pitch * rows) % 4), self.sample)
     prg = self.device.program(detile_kernel(self.sample))
     log2 = 0 if self.sample is dtypes.uint8 else 1
-    prg(out, self.surfaces[step.picture.index], global_size=(-(-pitch // LOCAL[0]), -(-rows // LOCAL[1]), 1), local_size=LOCAL,
+    groups = (-(-pitch // DETILE_GROUP[0]), -(-rows // DETILE_GROUP[1]), 1)
+    prg(out, self.surfaces[step.picture.index], global_size=groups, local_size=DETILE_GROUP,
         vals=(pitch, lay.height, rows, lay.pitch, lay.chroma_offset, log2))
-    left, right, top, bottom = s.conformance_window
-    return Surface(out, s.width - left - right, s.height - top - bottom, pitch, pitch * lay.height, s.bit_depth_luma,
+    left, _, top, _ = s.conformance_window
+    return Surface(out, *s.display_size, pitch, pitch * lay.height, s.bit_depth_luma,
                    0 if log2 == 0 else 16 - s.bit_depth_luma, left, top, s.vui.full_range, s.vui.matrix_coefficients)
 
   def frames(self) -> Iterator[Any]:

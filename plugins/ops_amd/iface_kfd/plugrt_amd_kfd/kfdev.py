@@ -552,15 +552,16 @@ class _KFDTimeline(Timeline):
 
 
 class Prepared:
-  """A 64-byte AQL packet kept ready for `AQLQueue.push`: body (bytes 4..63, at a fixed address) and the 32-bit
-  header+setup word stored last."""
-  __slots__ = ("_buf", "body", "header", "raw")
+  """A 64-byte AQL packet kept ready for `AQLQueue.push_args`: body (bytes 4..63, at a fixed address), the 32-bit
+  header+setup word stored last, and the kernarg address it was prepared with (bytes 40..47)."""
+  __slots__ = ("_buf", "body", "header", "kernarg_address", "raw")
 
   def __init__(self, raw: bytes):
     self.raw = raw
     self._buf = ctypes.create_string_buffer(raw[4:], 60)
     self.body = ctypes.addressof(self._buf)
     self.header = int.from_bytes(raw[:4], "little")
+    self.kernarg_address = int.from_bytes(raw[40:48], "little")
 
 
 class AQLQueue(_KFDTimeline):
@@ -601,7 +602,7 @@ class AQLQueue(_KFDTimeline):
   def submit(self, packet: bytes, signal: bool = True) -> int:
     """Write one packet and ring the doorbell. signal: make it the end of a submission (it carries the completion
     signal; the timeline value it completes is returned). Waits (bounded) while the ring is full. The slow path:
-    launches use `push` with a `Prepared` packet."""
+    launches use `push_args` with a `Prepared` packet."""
     if self.broken: raise self.error(f"{self.label}: {self.broken}", "restart the process")
     put = self.put
     if put - self.rptr.value >= self.entries: self._wait_for_room(put - self.entries + 1)
@@ -615,27 +616,19 @@ class AQLQueue(_KFDTimeline):
 
   def prepare(self, kernel_object: int, kernarg_address: int, grid: tuple[int, int, int], workgroup: tuple[int, int, int],
               group_segment_size: int = 0, private_segment_size: int = 0) -> Prepared:
-    """A dispatch packet ending a submission (it carries this queue's completion signal), kept for `push`: a
-    program prepares one per resident launch (its own kernarg block), once."""
+    """A dispatch packet ending a submission (it carries this queue's completion signal), kept for `push_args`:
+    a program prepares one per resident launch (its own kernarg block), once."""
     return Prepared(self.aql.dispatch_packet(kernel_object, kernarg_address, grid, workgroup, group_segment_size, private_segment_size,
                                              self.signal_address))
 
   def push(self, p: Prepared) -> int:
-    """The launch path: copy a prepared packet into the next slot (body, then header and setup in one 32-bit store),
-    move the write pointer, ring the doorbell; no allocation. A backend inlines these lines on the fields."""
-    put = self.put
-    if put - self.rptr.value >= self.entries: self._wait_for_room(put - self.entries + 1)
-    i = put & self.mask
-    ctypes.memmove(self.slot_body[i], p.body, 60)
-    self.words[i << 4] = p.header
-    self.put = put = put + 1
-    self.wptr.value = put
-    self.doorbell.value = put - 1
-    self.value += 1
-    return self.value
+    """`push_args` with the kernarg block the packet was prepared with (a resident launch whose block never changes)."""
+    return self.push_args(p, p.kernarg_address)
 
   def push_args(self, p: Prepared, kernarg_address: int) -> int:
-    """`push` with this launch's kernarg block (a `KFDDevice.kernarg_slots` block) patched into the packet."""
+    """The launch path: copy a prepared packet into the next slot (body, this launch's kernarg block (a
+    `KFDDevice.kernarg_slots` block), then header and setup in one 32-bit store), move the write pointer, ring the
+    doorbell; no allocation."""
     put = self.put
     if put - self.rptr.value >= self.entries: self._wait_for_room(put - self.entries + 1)
     i = put & self.mask

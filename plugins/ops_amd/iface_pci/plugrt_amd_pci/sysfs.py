@@ -35,6 +35,7 @@ COMMAND_MASTER = 1 << 2
 
 @dataclass(frozen=True)
 class Resource:
+  """One line of a function's sysfs `resource` file: a BAR's bus address range (inclusive; end 0: unused) and flags."""
   start: int
   end: int
   flags: int

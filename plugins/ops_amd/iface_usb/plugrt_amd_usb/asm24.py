@@ -55,6 +55,8 @@ class BridgeError(PlugrtError, RuntimeError):
 
 
 class Transport(Protocol):
+  """How SCSI commands reach the bridge (plugrt_amd_usb.libusb's Bulk-Only transport; a fake bridge in tests)."""
+
   def execute(self, cdb: bytes, read: int = 0) -> bytes:
     """Run one SCSI command; return the `read` bytes of its data-in phase (b"" for none)."""
     ...
@@ -164,6 +166,7 @@ class BridgeMMIO:
 
 @dataclass
 class GPUBehindBridge:
+  """The AMD GPU function find_gpu reached behind the bridge: its bus, ids, and the BARs it placed."""
   bus: int
   vendor: int
   device: int

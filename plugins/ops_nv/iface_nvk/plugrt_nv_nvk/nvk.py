@@ -15,7 +15,7 @@ import os
 import struct
 from typing import Any
 
-from plugrt.hwqueue import libc
+from plugrt.hwqueue import libc, round_up
 from plugrt_nv import hw
 from plugrt_nv.iface import Channel, GPUInterface, Mem, NVError
 from plugrt_nv_nvk import rm
@@ -31,8 +31,6 @@ ATTR_CONTIGUOUS, ATTR_NONCONTIGUOUS, ATTR_HUGE, ATTR_PCI = 2 << 27, 3 << 27, 3 <
 ATTR2_CACHED, ATTR2_UNCACHED, ATTR2_NO_ZBC, ATTR2_HUGE_2MB = 1 << 2, 2 << 2, 1, 1 << 20
 OS_DESCRIPTOR_FLAGS = 1 << 4 | 1 << 12 | 1 << 30  # noncontiguous, cached, no CPU mapping by RM (the pages are ours)
 NVOS46_FLAGS = 1 << 8 | 1 << 4 | 1 << 15          # 4 KiB page kind, snoop the CPU's caches, at the offset given
-
-def round_up(x: int, a: int) -> int: return (x + a - 1) // a * a
 
 
 class VASpace:
