@@ -44,12 +44,13 @@ def plugrt_interfaces() -> list[InterfaceSpec]:
                         description=f"driverless through sysfs: IP discovery only, no kernels (never automatic; needs {ACK}=1)")]
 
 
-def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any = None) -> Any:
+def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any = None, psp_timeout: float = 2.0) -> Any:
   """Take the device's GPU function, run the implemented bring-up, release it, and raise where bring-up stops.
 
-  `root`/`drivers`/`write` are the sysfs seam (tests pass a fake tree). AcknowledgementRequired without ACK=1;
+  `root`/`drivers`/`write` are the sysfs seam (tests pass a fake tree); `psp_timeout` bounds each PSP wait.
+  AcknowledgementRequired without ACK=1;
   DeviceUnavailable when the function cannot be taken or mapped; DiscoveryError/RegisterError for what the GPU
-  answers; AMDNotImplemented after the last implemented step."""
+  answers; PSPError/PSPFirmwareError from the PSP stage; AMDNotImplemented after the last implemented step."""
   from plugrt.errors import DeviceUnavailable
   from plugrt_amd import pci_gpus
   from plugrt_amd.device import AcknowledgementRequired
@@ -78,7 +79,8 @@ def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any =
     took = f"unbound {fn.unbound_driver}, " if fn.unbound_driver else ""
     step = f"{address}: {took}BAR{REGISTER_BAR} mapped ({regs_bar.size >> 10} KiB)" + \
            (f", BAR{VRAM_BAR} ({vram.size >> 20} MiB)" if vram else f", BAR{VRAM_BAR} not mapped (VRAM through MM_INDEX/MM_DATA)")
-    b = bringup.bring_up(GPURegisters(regs_bar, vram), f"{device.name}:{device.index} through PCI", device.context.get(FIRMWARE, FIRMWARE_DIR))
+    b = bringup.bring_up(GPURegisters(regs_bar, vram), f"{device.name}:{device.index} through PCI",
+                         device.context.get(FIRMWARE, FIRMWARE_DIR), psp_timeout)
     b.steps.insert(0, step)
   finally:
     done = fn.release()
