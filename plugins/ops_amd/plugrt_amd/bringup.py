@@ -91,8 +91,10 @@ def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = p
   b.psp_booted = True
 
 
-def bring_up(regs: GPURegisters, label: str, firmware_dir: str = firmware.FIRMWARE_DIR, psp_timeout: float = 2.0) -> BringUp:
-  """Run the implemented steps; returns the record (call `.stop()` to raise where bring-up stops)."""
+def bring_up(regs: GPURegisters, label: str, firmware_dir: str = firmware.FIRMWARE_DIR, psp_timeout: float = 2.0,
+             psp_skip: str = "") -> BringUp:
+  """Run the implemented steps; returns the record (call `.stop()` to raise where bring-up stops). A non-empty
+  `psp_skip` says why this interface does not attempt the PSP step (recorded instead of booting it)."""
   b = BringUp(label)
   b.vram_size = regs.vram_size()
   b.steps.append(f"VRAM {b.vram_size >> 20} MiB (RCC_CONFIG_MEMSIZE)")
@@ -105,5 +107,6 @@ def bring_up(regs: GPURegisters, label: str, firmware_dir: str = firmware.FIRMWA
     b.steps.append(f"NBIO {nbio.version_str} index/data pair at dwords 0x{regs.smn_pair[0]:x}/0x{regs.smn_pair[1]:x}")
   b.firmware, line = firmware.report(t, firmware_dir)
   b.steps.append(line)
-  boot_psp(regs, b, psp_timeout)
+  if psp_skip: b.steps.append(psp_skip)
+  else: boot_psp(regs, b, psp_timeout)
   return b
