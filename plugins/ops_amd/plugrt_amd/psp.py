@@ -4,10 +4,10 @@ The PSP is the first block amdgpu brings up: every other firmware (SMU, SDMA, GC
 loaded *through* it. Three stages, each as the kernel's psp_v13_0.c / psp_v14_0.c and amdgpu_psp.c do them:
 
 1. bootloader: when C2PMSG_81 (the sOS "sign of life") reads 0, for each pre-sOS component the firmware file has
-   (kdb, spl, sys_drv, soc_drv, intf_drv, dbg_drv, ras_drv, in the kernel's order): wait for C2PMSG_35 bit 31 (the
-   bootloader is ready), copy the component into a 1 MiB-aligned private VRAM buffer, write its GPU (MC) address >> 20
-   to C2PMSG_36 and the load command to C2PMSG_35, wait for ready again; then the sOS the same way, and wait for
-   C2PMSG_81 to turn non-zero;
+   (kdb, spl, sys_drv, soc_drv, intf_drv, dbg_drv, ras_drv, and ipkeymgr_drv on PSP 14, in the kernel's order): wait
+   for C2PMSG_35 bit 31 (the bootloader is ready), copy the component into a 1 MiB-aligned private VRAM buffer, write
+   its GPU (MC) address >> 20 to C2PMSG_36 and the load command to C2PMSG_35, wait for ready again (an error code in
+   bits 7:0 is a `PSPCommandError`); then the sOS the same way, and wait for C2PMSG_81 to turn non-zero;
 2. the KM ring: C2PMSG_64 bit 31 (sOS ready), ring address to C2PMSG_69/70, size to C2PMSG_71, ring type << 16 to
    C2PMSG_64; done when C2PMSG_64 reads bit 31 set with a zero status in bits 0-15;
 3. GFX commands: a 1 KiB `psp_gfx_cmd_resp` in VRAM, a 64-byte `psp_gfx_rb_frame` pointing at it and at a fence,
@@ -41,10 +41,12 @@ READY = 1 << 31
 #: enum psp_bootloader_cmd (amdgpu_psp.h)
 BL_LOAD_SYSDRV, BL_LOAD_SOSDRV, BL_LOAD_KEY_DATABASE = 0x10000, 0x20000, 0x80000
 BL_LOAD_SOCDRV, BL_LOAD_DBGDRV, BL_LOAD_INTFDRV, BL_LOAD_RASDRV = 0xB0000, 0xC0000, 0xD0000, 0xE0000
-BL_LOAD_TOS_SPL_TABLE = 0x10000000
-#: the pre-sOS components in psp_hw_start's order: (firmware part, bootloader command)
+BL_LOAD_IPKEYMGRDRV, BL_LOAD_TOS_SPL_TABLE = 0xF0000, 0x10000000
+#: the pre-sOS components in psp_hw_start's order: (firmware part, bootloader command); ipkeymgr_drv only on PSP 14
+#: (psp_v13_0 has no loader for it)
 PRE_SOS = (("kdb", BL_LOAD_KEY_DATABASE), ("spl", BL_LOAD_TOS_SPL_TABLE), ("sys_drv", BL_LOAD_SYSDRV), ("soc_drv", BL_LOAD_SOCDRV),
-           ("intf_drv", BL_LOAD_INTFDRV), ("dbg_drv", BL_LOAD_DBGDRV), ("ras_drv", BL_LOAD_RASDRV))
+           ("intf_drv", BL_LOAD_INTFDRV), ("dbg_drv", BL_LOAD_DBGDRV), ("ras_drv", BL_LOAD_RASDRV), ("ipkeymgr_drv", BL_LOAD_IPKEYMGRDRV))
+BL_ERROR_MASK = 0xFF                     # C2PMSG_35 bits 7:0: the bootloader's error code for the last command
 BL_NAMES = {cmd: name for name, cmd in PRE_SOS} | {BL_LOAD_SOSDRV: "sos"}
 #: enum psp_ring_type / psp_gfx_crtl_cmd_id (psp_gfx_if.h)
 RING_TYPE_KM = 2
@@ -169,7 +171,12 @@ class PSP:
     self.regs.write_vram(self.fw_pri, bytes(data) + bytes(PSP_1_MEG - len(data)))   # the kernel clears the buffer first
     self.wmsg(BL_ADDR, self.mc(self.fw_pri) >> 20)
     self.wmsg(BL_CMD, command)
-    if command != BL_LOAD_SOSDRV: self.wait_msg(BL_CMD, READY, READY, f"bootloader did not finish loading {name}")
+    if command == BL_LOAD_SOSDRV: return
+    done = self.wait_msg(BL_CMD, READY, READY, f"bootloader did not finish loading {name}")
+    if done & BL_ERROR_MASK:
+      raise PSPCommandError(f"PSP: the bootloader reported error 0x{done & BL_ERROR_MASK:02x} loading {name} (C2PMSG_35 = 0x{done:08x})",
+                            command, done & BL_ERROR_MASK, "the component does not match this GPU (wrong linux-firmware) or the PSP "
+                            "is in a state that refuses it: reset the GPU")
 
   def boot(self, fw: PSPFirmware) -> list[str]:
     """Load the pre-sOS components and the sOS unless an sOS is already running; the steps taken, as text."""
@@ -177,11 +184,12 @@ class PSP:
       return [f"PSP sOS already running (C2PMSG_81 = 0x{alive:x}): bootloader loads skipped, as the kernel skips them"]
     if (sos := fw.get("sos")) is None: raise PSPFirmwareError("PSP firmware: the file has no sOS binary", "reinstall linux-firmware")
     loaded = []
-    v14 = self.mp0.major >= 14
     for name, command in PRE_SOS:
-      if (part := fw.get(name)) is None: continue
-      # psp_v13_0 loads the KDB image with the SPL command; psp_v14_0 loads the SPL image
-      data = fw.get("kdb").data if name == "spl" and not v14 and fw.get("kdb") else part.data
+      if (part := fw.get(name)) is None or (name == "ipkeymgr_drv" and self.mp0.major < 14): continue
+      # psp_v13_0's and psp_v14_0's SPL loaders send the KDB image (psp->kdb) with the SPL command; the SPL descriptor
+      # only decides whether that load happens (psp_hw_start checks psp->spl)
+      kdb = fw.get("kdb")
+      data = kdb.data if name == "spl" and kdb is not None else part.data
       self.load_component(name, data, command)
       loaded.append(name)
     self.load_component("sos", sos.data, BL_LOAD_SOSDRV)

@@ -298,9 +298,10 @@ MC_BASE = 0x8000 << 24            # what MMMC_VM_FB_LOCATION_BASE reports on RDN
 FB_LOCATION_BASE = {(3, 0, 0): 0x8EC, (4, 1, 0): 0x554}     # MMHUB version -> register offset in segment 0
 # the fake's own copy of the kernel's enums (amdgpu_psp.h, psp_gfx_if.h, amdgpu_ucode.h), kept apart from plugrt_amd.psp
 BL_COMMANDS = {0x80000: "kdb", 0x10000000: "spl", 0x10000: "sys_drv", 0xB0000: "soc_drv", 0xD0000: "intf_drv", 0xC0000: "dbg_drv",
-               0xE0000: "ras_drv", 0x20000: "sos"}
-KERNEL_ORDER = ("kdb", "spl", "sys_drv", "soc_drv", "intf_drv", "dbg_drv", "ras_drv", "sos")
-FW_TYPES = {"sos": 1, "sys_drv": 2, "kdb": 3, "toc": 4, "spl": 5, "soc_drv": 7, "intf_drv": 8, "dbg_drv": 9, "ras_drv": 10}
+               0xE0000: "ras_drv", 0xF0000: "ipkeymgr_drv", 0x20000: "sos"}
+KERNEL_ORDER = ("kdb", "spl", "sys_drv", "soc_drv", "intf_drv", "dbg_drv", "ras_drv", "ipkeymgr_drv", "sos")
+FW_TYPES = {"sos": 1, "sys_drv": 2, "kdb": 3, "toc": 4, "spl": 5, "soc_drv": 7, "intf_drv": 8, "dbg_drv": 9, "ras_drv": 10,
+            "ipkeymgr_drv": 11}
 
 
 def sos_file(parts: tuple[str, ...] = ("sos", "sys_drv", "kdb", "toc", "spl", "soc_drv", "intf_drv", "dbg_drv", "ras_drv"),
@@ -324,7 +325,8 @@ class FakeMP0:
   << 16 in C2PMSG_64 with C2PMSG_69/70/71 creates it; 0x30000 destroys it. A write of C2PMSG_67 runs each new 64-byte
   frame: the command buffer is decoded (LOAD_TOC checks the TOC bytes and answers `tmr_size`; SETUP_TMR checks
   alignment and size), the response status is written (`status` overrides per command id) and then the fence.
-  `hang` stops one stage from answering: "bootloader", "sos", "ring" or "fence". Problems are listed in `violations`."""
+  `bl_error` makes the bootloader report an error code for a component. `hang` stops one stage from answering:
+  "bootloader", "sos", "ring" or "fence". Problems are listed in `violations`."""
 
   def __init__(self, regs: FakeRegisters, vram: FakeVRAM, sos: bytes, mp0: tuple[int, int, int] = (13, 0, 0), mc_base: int = MC_BASE,
                mmhub: tuple[int, int, int] = (3, 0, 0), tmr_size: int = 0x500000, busy_reads: int = 2, sos_alive: int = 0):
@@ -337,6 +339,7 @@ class FakeMP0:
     self.violations: list[str] = []
     self.status: dict[int, int] = {}
     self.hang: set[str] = set()
+    self.bl_error: dict[str, int] = {}    # component -> error code the bootloader reports in C2PMSG_35 bits 7:0
     self.ring: tuple[int, int] | None = None
     self.rptr = 0
     self.tmr: tuple[int, int, int] | None = None
@@ -362,7 +365,8 @@ class FakeMP0:
       self.busy -= 1
       if not self.busy: self.reg(35, 1 << 31)
 
-  def expected_order(self) -> list[str]: return [n for n in KERNEL_ORDER if self.fw.get(n) is not None]
+  def expected_order(self) -> list[str]:
+    return [n for n in KERNEL_ORDER if self.fw.get(n) is not None and (n != "ipkeymgr_drv" or self.version[0] >= 14)]
 
   def _bootloader(self, cmd: int) -> None:
     name = BL_COMMANDS.get(cmd)
@@ -370,7 +374,7 @@ class FakeMP0:
       self.violations.append(f"bootloader command 0x{cmd:x} written while busy" if self.was_busy else f"unknown bootloader command 0x{cmd:x}")
       return
     addr = (self.reg(36) << 20) - self.mc_base
-    src = "kdb" if name == "spl" and self.version[0] < 14 else name
+    src = "kdb" if name == "spl" else name        # both PSP 13 and 14 send the KDB image with the SPL command
     want = self.fw.get(src).data
     if addr % (1 << 20): self.violations.append(f"{name}: buffer at VRAM 0x{addr:x} not 1 MiB aligned")
     elif self.vram.read(addr, len(want)) != want: self.violations.append(f"{name}: buffer does not hold the file's {src}")
@@ -384,6 +388,9 @@ class FakeMP0:
       return
     if "bootloader" in self.hang:
       self.reg(35, 0)
+      return
+    if name in self.bl_error:          # done, with an error code in bits 7:0 (PSP 13.0.6 and newer, per psp_v13_0.c)
+      self.reg(35, (1 << 31) | self.bl_error[name])
       return
     self.reg(35, 0)
     self.busy = self.busy_reads

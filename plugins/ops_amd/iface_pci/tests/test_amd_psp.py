@@ -114,11 +114,25 @@ def test_psp_boots_creates_its_ring_and_sets_up_the_tmr(tmp_path) -> None:
   assert struct.unpack("<I", vram.read(0x1101000 + 0x1000, 4))[0] == 2
 
 
-def test_spl_on_psp13_is_the_kdb_image_and_psp14_has_a_boot_time_tmr(tmp_path) -> None:
-  r, mp, _ = gpu(tmp_path, mp0=(14, 0, 2), mmhub=(4, 1, 0))
+def test_psp14_loads_ipkeymgr_and_has_a_boot_time_tmr(tmp_path) -> None:
+  parts = ("sos", "sys_drv", "kdb", "toc", "spl", "soc_drv", "intf_drv", "dbg_drv", "ras_drv", "ipkeymgr_drv")
+  r, mp, _ = gpu(tmp_path, sos=fake_amdgpu.sos_file(parts=parts), mp0=(14, 0, 2), mmhub=(4, 1, 0))
   b = bringup.bring_up(r, "AMD:0", str(tmp_path))
-  assert mp.violations == [] and b.psp_booted and "spl" in mp.loaded      # the fake checks 14.x gets the SPL image
+  assert mp.violations == [] and b.psp_booted              # the fake checks the SPL command carries the KDB image
+  assert mp.loaded == ["kdb", "spl", "sys_drv", "soc_drv", "intf_drv", "dbg_drv", "ras_drv", "ipkeymgr_drv", "sos"]
   assert [c for c, _ in mp.commands] == [psp.GFX_CMD_ID_LOAD_TOC] and "TMR set up by the PSP at boot (MP0 14.0.2)" in b.summary()
+  # PSP 13 has no ipkeymgr_drv loader: the same file skips it
+  r, mp, _ = gpu(tmp_path, sos=fake_amdgpu.sos_file(parts=parts))
+  bringup.bring_up(r, "AMD:0", str(tmp_path))
+  assert mp.violations == [] and "ipkeymgr_drv" not in mp.loaded
+
+
+def test_a_bootloader_error_code_is_a_typed_error(tmp_path) -> None:
+  r, mp, _ = gpu(tmp_path)
+  mp.bl_error["sys_drv"] = 0x17
+  with pytest.raises(psp.PSPCommandError, match=r"bootloader reported error 0x17 loading sys_drv \(C2PMSG_35 = 0x80000017\)") as e:
+    bringup.bring_up(r, "AMD:0", str(tmp_path))
+  assert e.value.status == 0x17 and e.value.cmd_id == psp.BL_LOAD_SYSDRV and mp.loaded == ["kdb", "spl", "sys_drv"]
 
 
 def test_a_file_without_optional_parts_loads_only_what_it_has(tmp_path) -> None:
