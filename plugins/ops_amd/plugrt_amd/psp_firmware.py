@@ -150,7 +150,8 @@ def decompress(blob: bytes, path: str) -> bytes:
       import zstandard
     except ImportError:
       raise FirmwareToolMissing(f"PSP firmware: {path} is zstd-compressed and the zstandard module is not installed [missing toolchain]",
-                             "pip install zstandard, or decompress it next to the original (zstd -d) and point PLUGRT_AMD_FIRMWARE at it") from None
+                             "pip install zstandard (or the plugrt-amd[firmware] extra), or decompress it with zstd -d into a folder "
+                                "and point PLUGRT_AMD_FIRMWARE at it") from None
     try: return zstandard.ZstdDecompressor().decompressobj().decompress(blob)
     except zstandard.ZstdError as e: raise _fail(f"{path}: not a valid .zst file ({e})") from None
   return blob
