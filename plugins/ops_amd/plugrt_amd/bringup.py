@@ -81,7 +81,11 @@ def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = p
   fw = psp_firmware.load(sos[1])
   crc = {None: "no crc32", True: "crc32 matches", False: "crc32 differs from the header's (not enforced)"}[fw.crc_matches]
   b.steps.append(f"{sos[1]}: {fw.describe()}; {crc}")
-  mc_base, phys = psp.vram_location(regs, t)
+  try:
+    mc_base, phys = psp.vram_location(regs, t)
+  except psp.PSPUnsupported as e:
+    b.steps.append(f"PSP not booted: {e.message}")
+    return
   p = psp.PSP(regs, mp0, b.vram_size, mc_base, phys, base=base, timeout=timeout)
   b.steps += p.boot(fw)
   b.steps.append(p.ring_create())

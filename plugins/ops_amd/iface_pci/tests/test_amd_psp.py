@@ -198,6 +198,10 @@ def test_versions_plugrt_does_not_boot_are_recorded_or_refused(tmp_path) -> None
   b = bringup.bring_up(GPURegisters(regs), "AMD:0", str(tmp_path))
   assert "PSP boot for MP0 13.0.6 is not implemented" in b.summary() and not b.psp_booted
   with pytest.raises(AMDNotImplemented, match=r"PSP firmware loading \(SOS"): b.stop()
+  regs, _ = fake_amdgpu.fake_gpu(blob=fake_amdgpu.table(mmhub=(9, 9, 9)), mib=64)
+  (tmp_path / "psp_13_0_0_sos.bin").write_bytes(fake_amdgpu.sos_file())
+  b = bringup.bring_up(GPURegisters(regs), "AMD:0", str(tmp_path))
+  assert "PSP not booted: no MMMC_VM_FB_LOCATION_BASE register is known for MMHUB 9.9.9" in b.summary() and not b.psp_booted
   t = discovery.parse(fake_amdgpu.table(mmhub=(9, 9, 9)))
   with pytest.raises(psp.PSPUnsupported, match=r"MMHUB 9\.9\.9"): psp.vram_location(GPURegisters(regs), t)
   mp0 = discovery.parse(fake_amdgpu.table(mp0=(13, 0, 6))).find("MP0")
