@@ -19,11 +19,13 @@ import os
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from plugrt_amd import discovery, firmware
+from plugrt_amd import discovery, firmware, psp, psp_firmware
 from plugrt_amd.regs import GPURegisters
 
 NOT_IMPLEMENTED = ("PSP firmware loading (SOS, then SMU/SDMA/GC microcode through the PSP ring), SMU start-up, GMC/GART and "
                    "VM set-up, interrupt handler and MEC compute queues are not implemented")
+AFTER_PSP = ("next, not implemented: loading the IP firmwares through the PSP ring (GFX_CMD_ID_LOAD_IP_FW for SMU, SDMA, "
+             "GC PFP/ME/MEC/RLC/IMU; RLC autoload), SMU start-up, GMC/GART and VM set-up, interrupt handler, MEC/MES compute queues")
 HINT = "use AMD_IFACE=KFD with the amdgpu kernel driver loaded"
 
 
@@ -36,13 +38,15 @@ class BringUp:
   table: discovery.DiscoveryTable | None = None
   source: str = ""                      # "VRAM" or the firmware file the table came from
   firmware: list[tuple[firmware.FirmwareNeed, str | None]] = field(default_factory=list)
+  psp_booted: bool = False              # the sOS runs and answered GFX commands on the KM ring
+
 
   def summary(self) -> str:
     return "; ".join(self.steps)
 
   def stop(self) -> NoReturn:
     from plugrt_amd.device import AMDNotImplemented
-    raise AMDNotImplemented(f"{self.label}: {self.summary()}; {NOT_IMPLEMENTED}", HINT)
+    raise AMDNotImplemented(f"{self.label}: {self.summary()}; {AFTER_PSP if self.psp_booted else NOT_IMPLEMENTED}", HINT)
 
 
 def read_discovery(regs: GPURegisters, vram_size: int, firmware_dir: str = firmware.FIRMWARE_DIR) -> tuple[discovery.DiscoveryTable, str]:
@@ -59,8 +63,43 @@ def read_discovery(regs: GPURegisters, vram_size: int, firmware_dir: str = firmw
   return discovery.parse(blob), path
 
 
-def bring_up(regs: GPURegisters, label: str, firmware_dir: str = firmware.FIRMWARE_DIR) -> BringUp:
-  """Run the implemented steps; returns the record (call `.stop()` to raise where bring-up stops)."""
+def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = psp.DEFAULT_BASE) -> None:
+  """Step 5: boot the PSP when plugrt can (records why not otherwise); PSP and firmware errors propagate, typed."""
+  t = b.table
+  assert t is not None
+  if (mp0 := t.find("MP0")) is None:
+    b.steps.append("no MP0 (PSP) block in IP discovery: PSP not booted")
+    return
+  if mp0.version not in psp.SUPPORTED:
+    b.steps.append(f"PSP boot for MP0 {mp0.version_str} is not implemented "
+                   f"(plugrt boots MP0 {', '.join('.'.join(map(str, v)) for v in sorted(psp.SUPPORTED))})")
+    return
+  sos = next(((n, p) for n, p in b.firmware if n.block == "MP0"), None)
+  if sos is None or sos[1] is None:
+    name = sos[0].name if sos else f"psp_{'_'.join(map(str, mp0.version))}_sos.bin"
+    b.steps.append(f"PSP not booted: {name} not found (install linux-firmware or set PLUGRT_AMD_FIRMWARE)")
+    return
+  fw = psp_firmware.load(sos[1])
+  crc = {None: "no crc32", True: "crc32 matches", False: "crc32 differs from the header's (not enforced)"}[fw.crc_matches]
+  b.steps.append(f"{sos[1]}: {fw.describe()}; {crc}")
+  try:
+    mc_base, phys = psp.vram_location(regs, t)
+  except psp.PSPUnsupported as e:
+    b.steps.append(f"PSP not booted: {e.message}")
+    return
+  p = psp.PSP(regs, mp0, b.vram_size, mc_base, phys, base=base, timeout=timeout)
+  b.steps += p.boot(fw)
+  b.steps.append(p.ring_create())
+  b.steps += p.tmr_stage(fw)
+  p.ring_destroy()
+  b.steps.append("KM ring destroyed (as the kernel's psp_ring_stop on unload), the sOS and TMR left running")
+  b.psp_booted = True
+
+
+def bring_up(regs: GPURegisters, label: str, firmware_dir: str = firmware.FIRMWARE_DIR, psp_timeout: float = 2.0,
+             psp_skip: str = "") -> BringUp:
+  """Run the implemented steps; returns the record (call `.stop()` to raise where bring-up stops). A non-empty
+  `psp_skip` says why this interface does not attempt the PSP step (recorded instead of booting it)."""
   b = BringUp(label)
   b.vram_size = regs.vram_size()
   b.steps.append(f"VRAM {b.vram_size >> 20} MiB (RCC_CONFIG_MEMSIZE)")
@@ -73,4 +112,6 @@ def bring_up(regs: GPURegisters, label: str, firmware_dir: str = firmware.FIRMWA
     b.steps.append(f"NBIO {nbio.version_str} index/data pair at dwords 0x{regs.smn_pair[0]:x}/0x{regs.smn_pair[1]:x}")
   b.firmware, line = firmware.report(t, firmware_dir)
   b.steps.append(line)
+  if psp_skip: b.steps.append(psp_skip)
+  else: boot_psp(regs, b, psp_timeout)
   return b

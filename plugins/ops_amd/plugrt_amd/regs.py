@@ -10,6 +10,7 @@ VRAM BAR. On top of that:
 - `smn_read(addr)` / `smn_write`: the same pair for system-management-network addresses;
 - `read_vram(offset, n)`: through the VRAM BAR where it reaches, else through MM_INDEX/MM_INDEX_HI/MM_DATA (bit 31
   of MM_INDEX selects VRAM), as the kernel's amdgpu_device_mm_access does when VRAM is not CPU-visible;
+- `write_vram(offset, data)`: the same two ways, for the buffers the PSP reads (plugrt_amd.psp);
 - `vram_size()`: RCC_CONFIG_MEMSIZE (MiB), the one register the driver reads before it knows any IP base.
 
 Constants and their sources: docs/research/amd-pci.md. Nothing here has run on an AMD GPU.
@@ -68,6 +69,8 @@ class BufferMMIO:
     struct.pack_into("<I", self.view, offset, value & 0xFFFFFFFF)
 
   def read(self, offset: int, n: int) -> bytes: return bytes(self.view[offset:offset + n])
+
+  def write(self, offset: int, data: bytes) -> None: self.view[offset:offset + len(data)] = data
 
   def release(self) -> None: self.view.release()
 
@@ -136,3 +139,18 @@ class GPURegisters:
       self.wreg(MM_INDEX, (pos & 0x7FFFFFFF) | MM_INDEX_VRAM)
       out += struct.pack("<I", self.rreg(MM_DATA))
     return bytes(out)
+
+  def write_vram(self, offset: int, data: bytes) -> None:
+    """Write `data` (padded with zeros to whole dwords) to VRAM at `offset` (a multiple of 4)."""
+    if offset & 3: raise RegisterError(f"VRAM write at 0x{offset:x} is not dword aligned")
+    data = bytes(data) + bytes(-len(data) % 4)
+    if self.vram is not None and offset + len(data) <= self.vram.size:
+      if (write := getattr(self.vram, "write", None)) is not None: return write(offset, data)
+      for i in range(0, len(data), 4): self.vram.write32(offset + i, struct.unpack_from("<I", data, i)[0])
+      return
+    hi = None
+    for i in range(0, len(data), 4):
+      pos = offset + i
+      if pos >> 31 != hi: self.wreg(MM_INDEX_HI, (hi := pos >> 31))
+      self.wreg(MM_INDEX, (pos & 0x7FFFFFFF) | MM_INDEX_VRAM)
+      self.wreg(MM_DATA, struct.unpack_from("<I", data, i)[0])

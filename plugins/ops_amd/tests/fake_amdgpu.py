@@ -1,14 +1,16 @@
 """Fakes below the driverless AMD interfaces: a GPU's register file and VRAM, a sysfs tree for plugrt-amd-pci, and an
 ASM24xx bridge (its XDATA space and TLP engine, with PCI-to-PCI bridges and the GPU behind it) for plugrt-amd-usb.
 
-The GPU model answers what plugrt_amd.bringup touches: RCC_CONFIG_MEMSIZE, MM_INDEX/MM_INDEX_HI/MM_DATA into VRAM, and
-the NBIO index/data pair into a SMN space. The IP discovery binary in its VRAM is built with plugrt_amd.discovery.build
+The GPU model answers what plugrt_amd.bringup touches: RCC_CONFIG_MEMSIZE, MM_INDEX/MM_INDEX_HI/MM_DATA into VRAM, the
+NBIO index/data pair into a SMN space, and (FakeMP0) the PSP's C2PMSG mailbox: bootloader, sOS, KM ring and GFX commands.
+The IP discovery binary in its VRAM is built with plugrt_amd.discovery.build
 from the documented layout; the IP blocks and register bases below are synthetic (an RDNA3-like GPU), not a real board's.
 """
 from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 
 from plugrt_amd import discovery
 from plugrt_amd.discovery import GCInfo, IPBlock
@@ -18,13 +20,17 @@ HW = discovery.HW_ID_BY_NAME
 VRAM_MIB = 16
 REG_BAR_SIZE = 512 << 10
 NBIO_BASES = (0x0, 0x14, 0xD20, 0x10400)
+GC_BASES = (0x1260, 0xA000, 0x1C000, 0x2402C00)
+MP0_BASES = (0x16000, 0xDC0000)
+MMHUB_BASES = (0x1A000, 0x2408800)
 
 
-def gfx1100_blocks(gc: tuple[int, int, int] = (11, 0, 0), nbio: tuple[int, int, int] = (4, 3, 0)) -> list[IPBlock]:
+def gfx1100_blocks(gc: tuple[int, int, int] = (11, 0, 0), nbio: tuple[int, int, int] = (4, 3, 0), mp0: tuple[int, int, int] = (13, 0, 0),
+                   mmhub: tuple[int, int, int] = (3, 0, 0)) -> list[IPBlock]:
   """A synthetic RDNA3-like block list (versions as an RX 7900 reports them; bases made up)."""
-  rows = [("GC", gc, (0x1260, 0xA000, 0x1C000, 0x2402C00)), ("MP0", (13, 0, 0), (0x16000, 0xDC0000)),
+  rows = [("GC", gc, GC_BASES), ("MP0", mp0, MP0_BASES),
           ("MP1", (13, 0, 0), (0x16000, 0xDC0000)), ("SDMA0", (6, 0, 0), (0x1260, 0xA000)), ("SDMA1", (6, 0, 0), (0x1260, 0xA000)),
-          ("NBIF", nbio, NBIO_BASES), ("MMHUB", (3, 0, 0), (0x1A000, 0x2408800)), ("HDP", (6, 0, 0), (0xF20, 0x240A400)),
+          ("NBIF", nbio, NBIO_BASES), ("MMHUB", mmhub, MMHUB_BASES), ("HDP", (6, 0, 0), (0xF20, 0x240A400)),
           ("OSSSYS", (6, 0, 0), (0x10A0, 0x240A000)), ("UMC", (8, 10, 0), (0x14000,)), ("VCN", (4, 0, 0), (0x7800, 0x7E00))]
   return [IPBlock(HW[n], 0, *v, 0, b) for n, v, b in rows]
 
@@ -37,16 +43,39 @@ def table(**kw) -> bytes:
 
 
 class FakeVRAM:
-  """VRAM of `mib` MiB of which the top `keep` bytes are stored (where the discovery table lives); the rest reads 0."""
+  """VRAM of `mib` MiB, stored sparsely in 64 KiB chunks (untouched memory reads 0). Also usable as a VRAM BAR window."""
+  CHUNK = 1 << 16
 
-  def __init__(self, mib: int = VRAM_MIB, keep: int = 1 << 20):
-    self.size, self.base = mib << 20, (mib << 20) - keep
-    self.top = bytearray(keep)
+  def __init__(self, mib: int = VRAM_MIB):
+    self.size = mib << 20
+    self.chunks: dict[int, bytearray] = {}
 
-  def put(self, offset: int, data: bytes) -> None: self.top[offset - self.base:offset - self.base + len(data)] = data
-  def read32(self, offset: int) -> int: return struct.unpack_from("<I", self.top, offset - self.base)[0] if offset >= self.base else 0
-  def write32(self, offset: int, value: int) -> None:
-    if offset >= self.base: struct.pack_into("<I", self.top, offset - self.base, value)
+  def _chunk(self, i: int) -> bytearray:
+    if (c := self.chunks.get(i)) is None: c = self.chunks[i] = bytearray(self.CHUNK)
+    return c
+
+  def write(self, offset: int, data: bytes) -> None:
+    assert 0 <= offset and offset + len(data) <= self.size, f"VRAM write at 0x{offset:x} (+{len(data)}) outside {self.size} bytes"
+    pos = 0
+    while pos < len(data):
+      i, o = divmod(offset + pos, self.CHUNK)
+      n = min(self.CHUNK - o, len(data) - pos)
+      self._chunk(i)[o:o + n] = data[pos:pos + n]
+      pos += n
+
+  def read(self, offset: int, n: int) -> bytes:
+    assert 0 <= offset and offset + n <= self.size, f"VRAM read at 0x{offset:x} (+{n}) outside {self.size} bytes"
+    out = bytearray()
+    while len(out) < n:
+      i, o = divmod(offset + len(out), self.CHUNK)
+      k = min(self.CHUNK - o, n - len(out))
+      c = self.chunks.get(i)
+      out += c[o:o + k] if c is not None else bytes(k)
+    return bytes(out)
+
+  put = write
+  def read32(self, offset: int) -> int: return struct.unpack("<I", self.read(offset, 4))[0]
+  def write32(self, offset: int, value: int) -> None: self.write(offset, struct.pack("<I", value & 0xFFFFFFFF))
 
 
 class FakeRegisters:
@@ -59,6 +88,8 @@ class FakeRegisters:
     self.smn: dict[int, int] = {}
     self.pair = pair
     self.log: list[tuple[str, int, int]] = []
+    self.on_write: dict[int, Callable[[int], None]] = {}   # register -> model hook, called after the value is stored
+    self.on_read: dict[int, Callable[[], None]] = {}       # register -> model hook, called before the value is read
 
   def _vram_pos(self) -> int: return ((self.regs.get(MM_INDEX_HI, 0) << 31) | (self.regs.get(MM_INDEX, 0) & 0x7FFFFFFF))
 
@@ -66,7 +97,9 @@ class FakeRegisters:
     reg = offset // 4
     if reg == MM_DATA and self.regs.get(MM_INDEX, 0) & (1 << 31): v = self.vram.read32(self._vram_pos())
     elif reg == self.pair[1]: v = self.smn.get(self.regs.get(self.pair[0], 0), 0)
-    else: v = self.regs.get(reg, 0)
+    else:
+      if (hook := self.on_read.get(reg)) is not None: hook()
+      v = self.regs.get(reg, 0)
     self.log.append(("r", reg, v))
     return v
 
@@ -75,11 +108,13 @@ class FakeRegisters:
     self.log.append(("w", reg, value))
     if reg == MM_DATA and self.regs.get(MM_INDEX, 0) & (1 << 31): self.vram.write32(self._vram_pos(), value)
     elif reg == self.pair[1]: self.smn[self.regs.get(self.pair[0], 0)] = value
-    else: self.regs[reg] = value
+    else:
+      self.regs[reg] = value
+      if (hook := self.on_write.get(reg)) is not None: hook(value)
 
 
-def fake_gpu(blob: bytes | None = None, **kw) -> tuple[FakeRegisters, FakeVRAM]:
-  vram = FakeVRAM()
+def fake_gpu(blob: bytes | None = None, mib: int = VRAM_MIB, **kw) -> tuple[FakeRegisters, FakeVRAM]:
+  vram = FakeVRAM(mib)
   vram.put(vram.size - discovery.DISCOVERY_TMR_OFFSET, table() if blob is None else blob)
   return FakeRegisters(vram, **kw), vram
 
@@ -87,7 +122,7 @@ def fake_gpu(blob: bytes | None = None, **kw) -> tuple[FakeRegisters, FakeVRAM]:
 # ---- sysfs -----------------------------------------------------------------------------------------------------------
 
 def make_sysfs(root: str, address: str = "0000:03:00.0", driver: str = "amdgpu", blob: bytes | None = None, bar0_mib: int = VRAM_MIB,
-               enabled: bool = False) -> tuple[str, str]:
+               enabled: bool = False, vram_mib: int = VRAM_MIB) -> tuple[str, str]:
   """A fake /sys/bus/pci tree with one AMD GPU: (devices dir, drivers dir). BAR files are regular files: resource5 is
   the register BAR (RCC_CONFIG_MEMSIZE set), resource0 the VRAM BAR (`bar0_mib`, the discovery table at the top of VRAM
   when it reaches that far)."""
@@ -107,11 +142,11 @@ def make_sysfs(root: str, address: str = "0000:03:00.0", driver: str = "amdgpu",
            (0xE000, 0xE0FF, 0x40101), (bar5, bar5 + REG_BAR_SIZE - 1, 0x40200)] + [(0, 0, 0)] * 7
   with open(os.path.join(d, "resource"), "w") as f: f.write("".join(f"0x{a:016x} 0x{b:016x} 0x{c:016x}\n" for a, b, c in lines))
   regs = bytearray(REG_BAR_SIZE)
-  struct.pack_into("<I", regs, RCC_CONFIG_MEMSIZE * 4, VRAM_MIB)
+  struct.pack_into("<I", regs, RCC_CONFIG_MEMSIZE * 4, vram_mib)
   with open(os.path.join(d, "resource5"), "wb") as f: f.write(regs)
   with open(os.path.join(d, "resource0"), "wb") as f:
     f.truncate(bar0_mib << 20)
-    pos = (VRAM_MIB << 20) - discovery.DISCOVERY_TMR_OFFSET
+    pos = (vram_mib << 20) - discovery.DISCOVERY_TMR_OFFSET
     if pos < bar0_mib << 20:
       f.seek(pos)
       f.write(table() if blob is None else blob)
@@ -255,3 +290,158 @@ def fake_amdgpu_init_writes(fake: FakeASM24) -> list[tuple[int, bytes]]:
   """The controller set-up writes the bridge saw (CONTROLLER_INIT's addresses, in order), as (address, bytes)."""
   from plugrt_amd_usb.asm24 import CONTROLLER_INIT
   return [(a, bytes(fake.xdata[a:a + len(d)])) for a, d in CONTROLLER_INIT]
+
+
+# ---- the PSP (MP0) -----------------------------------------------------------------------------------------------------
+
+MC_BASE = 0x8000 << 24            # what MMMC_VM_FB_LOCATION_BASE reports on RDNA3 boards (VRAM at MC 0x80_0000_0000)
+FB_LOCATION_BASE = {(3, 0, 0): 0x8EC, (4, 1, 0): 0x554}     # MMHUB version -> register offset in segment 0
+# the fake's own copy of the kernel's enums (amdgpu_psp.h, psp_gfx_if.h, amdgpu_ucode.h), kept apart from plugrt_amd.psp
+BL_COMMANDS = {0x80000: "kdb", 0x10000000: "spl", 0x10000: "sys_drv", 0xB0000: "soc_drv", 0xD0000: "intf_drv", 0xC0000: "dbg_drv",
+               0xE0000: "ras_drv", 0xF0000: "ipkeymgr_drv", 0x20000: "sos"}
+KERNEL_ORDER = ("kdb", "spl", "sys_drv", "soc_drv", "intf_drv", "dbg_drv", "ras_drv", "ipkeymgr_drv", "sos")
+FW_TYPES = {"sos": 1, "sys_drv": 2, "kdb": 3, "toc": 4, "spl": 5, "soc_drv": 7, "intf_drv": 8, "dbg_drv": 9, "ras_drv": 10,
+            "ipkeymgr_drv": 11}
+
+
+def sos_file(parts: tuple[str, ...] = ("sos", "sys_drv", "kdb", "toc", "spl", "soc_drv", "intf_drv", "dbg_drv", "ras_drv"),
+             sizes: dict[str, int] | None = None, **kw) -> bytes:
+  """A psp_13_0_0_sos.bin-shaped file (v2 header) whose binaries are distinct byte patterns."""
+  from plugrt_amd import psp_firmware
+  sizes = sizes or {}
+  out = []
+  for i, name in enumerate(parts):
+    n = sizes.get(name, 0x300 + 0x40 * i)
+    out.append((FW_TYPES[name], 0x100 + i, bytes((i * 37 + j) & 0xFF for j in range(n))))
+  return psp_firmware.build(out, **kw)
+
+
+class FakeMP0:
+  """The PSP as the kernel's psp_v13_0.c / amdgpu_psp.c expect it to answer, on a FakeRegisters + FakeVRAM.
+
+  Bootloader: C2PMSG_35 bit 31 is ready; a command written there is checked (the bootloader was ready, the buffer at
+  C2PMSG_36 << 20 is 1 MiB aligned and holds the file's binary for that command, the kernel's order) and answered by
+  clearing bit 31 for `busy_reads` reads. The sOS command makes C2PMSG_81 non-zero and C2PMSG_64 ready. Ring: type 2
+  << 16 in C2PMSG_64 with C2PMSG_69/70/71 creates it; 0x30000 destroys it. A write of C2PMSG_67 runs each new 64-byte
+  frame: the command buffer is decoded (LOAD_TOC checks the TOC bytes and answers `tmr_size`; SETUP_TMR checks
+  alignment and size), the response status is written (`status` overrides per command id) and then the fence.
+  `bl_error` makes the bootloader report an error code for a component. `hang` stops one stage from answering:
+  "bootloader", "sos", "ring" or "fence". Problems are listed in `violations`."""
+
+  def __init__(self, regs: FakeRegisters, vram: FakeVRAM, sos: bytes, mp0: tuple[int, int, int] = (13, 0, 0), mc_base: int = MC_BASE,
+               mmhub: tuple[int, int, int] = (3, 0, 0), tmr_size: int = 0x500000, busy_reads: int = 2, sos_alive: int = 0):
+    from plugrt_amd import psp_firmware
+    self.r, self.vram, self.mc_base, self.version = regs, vram, mc_base, mp0
+    self.fw = psp_firmware.parse(sos)
+    self.tmr_size, self.busy_reads, self.busy = tmr_size, busy_reads, 0
+    self.loaded: list[str] = []
+    self.commands: list[tuple[int, bytes]] = []
+    self.violations: list[str] = []
+    self.status: dict[int, int] = {}
+    self.hang: set[str] = set()
+    self.bl_error: dict[str, int] = {}    # component -> error code the bootloader reports in C2PMSG_35 bits 7:0
+    self.ring: tuple[int, int] | None = None
+    self.rptr = 0
+    self.tmr: tuple[int, int, int] | None = None
+    self.destroyed = 0
+    self.tmr_asked = 0                # the TMR size LOAD_TOC answered (0: no TOC loaded)
+    regs.regs[MMHUB_BASES[0] + FB_LOCATION_BASE[mmhub]] = mc_base >> 24
+    self.reg(35, 0 if busy_reads else 1 << 31)    # the bootloader comes up ready after `busy_reads` reads, as after power-on
+    self.busy = busy_reads
+    self.reg(81, sos_alive)
+    self.reg(64, (1 << 31) if sos_alive else 0)
+    regs.on_write[self.at(35)] = self._bootloader
+    regs.on_read[self.at(35)] = self._tick
+    regs.on_write[self.at(64)] = self._ring_ctrl
+    regs.on_write[self.at(67)] = self._wptr
+
+  def at(self, n: int) -> int: return MP0_BASES[0] + 0x40 + n
+  def reg(self, n: int, value: int | None = None) -> int:
+    if value is not None: self.r.regs[self.at(n)] = value
+    return self.r.regs.get(self.at(n), 0)
+
+  def _tick(self) -> None:
+    if self.busy:
+      self.busy -= 1
+      if not self.busy: self.reg(35, 1 << 31)
+
+  def expected_order(self) -> list[str]:
+    return [n for n in KERNEL_ORDER if self.fw.get(n) is not None and (n != "ipkeymgr_drv" or self.version[0] >= 14)]
+
+  def _bootloader(self, cmd: int) -> None:
+    name = BL_COMMANDS.get(cmd)
+    if self.was_busy or name is None:
+      self.violations.append(f"bootloader command 0x{cmd:x} written while busy" if self.was_busy else f"unknown bootloader command 0x{cmd:x}")
+      return
+    addr = (self.reg(36) << 20) - self.mc_base
+    src = "kdb" if name == "spl" else name        # both PSP 13 and 14 send the KDB image with the SPL command
+    want = self.fw.get(src).data
+    if addr % (1 << 20): self.violations.append(f"{name}: buffer at VRAM 0x{addr:x} not 1 MiB aligned")
+    elif self.vram.read(addr, len(want)) != want: self.violations.append(f"{name}: buffer does not hold the file's {src}")
+    if self.reg(81): self.violations.append(f"{name} loaded while the sOS runs")
+    self.loaded.append(name)
+    if name == "sos":
+      if self.loaded != self.expected_order(): self.violations.append(f"load order {self.loaded}, the kernel's is {self.expected_order()}")
+      if "sos" not in self.hang:
+        self.reg(81, self.fw.header.ucode_version)
+        self.reg(64, 1 << 31)
+      return
+    if "bootloader" in self.hang:
+      self.reg(35, 0)
+      return
+    if name in self.bl_error:          # done, with an error code in bits 7:0 (PSP 13.0.6 and newer, per psp_v13_0.c)
+      self.reg(35, (1 << 31) | self.bl_error[name])
+      return
+    self.reg(35, 0)
+    self.busy = self.busy_reads
+    if not self.busy: self.reg(35, 1 << 31)
+
+  @property
+  def was_busy(self) -> bool:       # the value before the driver's write landed: bit 31 clear while a load runs
+    return self.busy > 0
+
+  def _ring_ctrl(self, value: int) -> None:
+    if value == 0x30000:
+      self.ring, self.destroyed = None, self.destroyed + 1
+      self.reg(64, 1 << 31)
+      return
+    if value != 2 << 16:
+      self.violations.append(f"unknown ring control 0x{value:x}")
+      return
+    if not self.reg(81): self.violations.append("ring created before the sOS runs")
+    if self.ring is not None: self.violations.append("ring created twice without destroying it")
+    self.ring = ((self.reg(70) << 32 | self.reg(69)) - self.mc_base, self.reg(71))
+    self.rptr = self.reg(67)
+    self.reg(64, 0 if "ring" in self.hang else 1 << 31)
+
+  def _wptr(self, wptr: int) -> None:
+    if self.ring is None:
+      self.violations.append("write pointer moved with no ring")
+      return
+    ring, size = self.ring
+    while self.rptr != wptr:
+      frame = self.vram.read(ring + self.rptr * 4, 64)
+      lo, hi, _, flo, fhi, fence = struct.unpack_from("<6I", frame)
+      self.rptr = (self.rptr + 16) % (size // 4)
+      cmd_at, fence_at = (hi << 32 | lo) - self.mc_base, (fhi << 32 | flo) - self.mc_base
+      buf = bytearray(self.vram.read(cmd_at, 1024))
+      size_, version, cmd_id = struct.unpack_from("<III", buf)
+      if (size_, version) != (1024, 1): self.violations.append(f"command buffer size/version {size_}/{version}")
+      payload = bytes(buf[28:64])
+      self.commands.append((cmd_id, payload))
+      status, tmr = self.status.get(cmd_id, 0), 0
+      if cmd_id == 0x20:                        # LOAD_TOC
+        lo, hi, n = struct.unpack_from("<III", payload)
+        toc = self.fw.get("toc").data
+        if n != len(toc) or self.vram.read((hi << 32 | lo) - self.mc_base, n) != toc: self.violations.append("LOAD_TOC: buffer is not the TOC")
+        tmr = self.tmr_asked = self.tmr_size
+      elif cmd_id == 0x5:                       # SETUP_TMR
+        lo, hi, n, flags, plo, phi = struct.unpack_from("<6I", payload)
+        at = (hi << 32 | lo) - self.mc_base
+        if at % (1 << 20) or n < self.tmr_asked or not flags & 2: self.violations.append(f"SETUP_TMR: at 0x{at:x} size 0x{n:x} flags {flags}")
+        self.tmr = (at, n, phi << 32 | plo)
+      elif cmd_id not in self.status: status = 0x100
+      struct.pack_into("<I", buf, 864, status)
+      struct.pack_into("<I", buf, 880, tmr)
+      self.vram.write(cmd_at, bytes(buf))
+      if "fence" not in self.hang: self.vram.write32(fence_at, fence)

@@ -3,10 +3,12 @@
 What is implemented (docs/backends/amd.md): the function is taken through sysfs (the amdgpu driver unbound only with
 PLUGRT_AMD_ALLOW_UNBIND=1, and bound back when the interface closes; the function enabled), the register BAR (BAR5)
 and the VRAM BAR (BAR0) mapped from their `resourceN` files, VRAM size read, the IP discovery table read from the top
-of VRAM (or through MM_INDEX/MM_DATA when VRAM is not CPU-visible) and validated, the NBIO index/data pair set up, and
-the firmware the IP versions call for looked up in /lib/firmware/amdgpu. What is not: PSP/SMU firmware loading,
-GMC/GART, interrupts, MEC queues; so opening always ends in `AMDNotImplemented` saying what was found and where it
-stopped, after releasing the function. Never chosen automatically (`AMD_IFACE=PCI` or `DEV=PCI+AMD`). The probe
+of VRAM (or through MM_INDEX/MM_DATA when VRAM is not CPU-visible) and validated, the NBIO index/data pair set up, the
+firmware the IP versions call for looked up in /lib/firmware/amdgpu, and, for MP0 13.0.0/13.0.7/13.0.10/14.0.2/14.0.3
+with its sOS file present, the PSP booted (bootloader components and sOS, KM ring, LOAD_TOC and SETUP_TMR; see
+plugrt_amd.psp). What is not: the IP firmwares through the PSP, SMU, GMC/GART, interrupts, MEC/MES queues; so opening
+always ends in `AMDNotImplemented` saying what was done and where it stopped (or in the PSP's typed error), after
+releasing the function. Never chosen automatically (`AMD_IFACE=PCI` or `DEV=PCI+AMD`). The probe
 reads sysfs only. Entry module: standard library and plugrt only.
 """
 from __future__ import annotations
@@ -22,9 +24,9 @@ NAME = "PCI"
 ACK = "PLUGRT_AMD_ALLOW_UNBIND"
 FIRMWARE = "PLUGRT_AMD_FIRMWARE"
 WOULD = ("opening unbinds the GPU from amdgpu (binding it back on close), maps its BARs through sysfs, reads its IP discovery "
-         "table and checks its firmware files")
-NOT_YET = ("PSP/SMU firmware loading, GMC/GART set-up and MEC queues are not implemented, so AMD cannot run kernels "
-           "through PCI yet")
+         "table, checks its firmware files and boots its PSP (MP0 13.0.x/14.0.x with the sOS file present)")
+NOT_YET = ("loading the IP firmwares through the PSP, SMU start-up, GMC/GART set-up and MEC/MES queues are not implemented, "
+           "so AMD cannot run kernels through PCI yet")
 HINT = "use the KFD interface (AMD_IFACE=KFD) with the amdgpu driver loaded"
 
 
@@ -32,7 +34,7 @@ def probe(ctx: PluginContext) -> Probe:
   from plugrt_amd import pci_gpus
   if not (gpus := pci_gpus()):
     return Probe.missing(Reason.NO_DEVICE, "no AMD GPU on PCI: sysfs shows no vendor 0x1002 function of class display (0x03) "
-                         f"or processing accelerator (0x12) (this interface implements bring-up up to IP discovery; {NOT_YET})",
+                         f"or processing accelerator (0x12) (this interface implements bring-up up to the PSP boot; {NOT_YET})",
                          "run on a machine with an AMD GPU")
   found = ", ".join(f"{a} (device 0x{d:04x}, driver {drv or 'none'})" for a, d, _, drv in gpus)
   return Probe.found(len(gpus), f"found {found}; {WOULD} (needs {ACK}=1); {NOT_YET}", gpus=" ".join(a for a, *_ in gpus))
@@ -41,15 +43,16 @@ def probe(ctx: PluginContext) -> Probe:
 @hookimpl
 def plugrt_interfaces() -> list[InterfaceSpec]:
   return [InterfaceSpec(device="AMD", name=NAME, probe=probe, auto=False, priority=0,
-                        description=f"driverless through sysfs: IP discovery only, no kernels (never automatic; needs {ACK}=1)")]
+                        description=f"driverless through sysfs: IP discovery and PSP boot, no kernels (never automatic; needs {ACK}=1)")]
 
 
-def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any = None) -> Any:
+def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any = None, psp_timeout: float = 2.0) -> Any:
   """Take the device's GPU function, run the implemented bring-up, release it, and raise where bring-up stops.
 
-  `root`/`drivers`/`write` are the sysfs seam (tests pass a fake tree). AcknowledgementRequired without ACK=1;
+  `root`/`drivers`/`write` are the sysfs seam (tests pass a fake tree); `psp_timeout` bounds each PSP wait.
+  AcknowledgementRequired without ACK=1;
   DeviceUnavailable when the function cannot be taken or mapped; DiscoveryError/RegisterError for what the GPU
-  answers; AMDNotImplemented after the last implemented step."""
+  answers; PSPError/PSPFirmwareError from the PSP stage; AMDNotImplemented after the last implemented step."""
   from plugrt.errors import DeviceUnavailable
   from plugrt_amd import pci_gpus
   from plugrt_amd.device import AcknowledgementRequired
@@ -78,7 +81,8 @@ def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any =
     took = f"unbound {fn.unbound_driver}, " if fn.unbound_driver else ""
     step = f"{address}: {took}BAR{REGISTER_BAR} mapped ({regs_bar.size >> 10} KiB)" + \
            (f", BAR{VRAM_BAR} ({vram.size >> 20} MiB)" if vram else f", BAR{VRAM_BAR} not mapped (VRAM through MM_INDEX/MM_DATA)")
-    b = bringup.bring_up(GPURegisters(regs_bar, vram), f"{device.name}:{device.index} through PCI", device.context.get(FIRMWARE, FIRMWARE_DIR))
+    b = bringup.bring_up(GPURegisters(regs_bar, vram), f"{device.name}:{device.index} through PCI",
+                         device.context.get(FIRMWARE, FIRMWARE_DIR), psp_timeout)
     b.steps.insert(0, step)
   finally:
     done = fn.release()

@@ -85,6 +85,16 @@ def test_small_vram_bar_falls_back_and_errors_still_rebind(tmp_path) -> None:
     plugrt_amd_pci.open_pci(info(PLUGRT_AMD_ALLOW_UNBIND="1", PLUGRT_AMD_FIRMWARE=str(fw)), devices, drivers, kernel)
 
 
+def test_psp_stage_on_a_gpu_whose_psp_does_not_answer_times_out_and_rebinds(tmp_path) -> None:
+  # the fake sysfs BAR is a plain file: C2PMSG_35 never shows the bootloader ready
+  from plugrt_amd.psp import PSPTimeout
+  devices, drivers, kernel = tree(tmp_path, vram_mib=64, bar0_mib=64)
+  fw = tmp_path / "fw"; fw.mkdir(); (fw / "psp_13_0_0_sos.bin").write_bytes(fake_amdgpu.sos_file())
+  with pytest.raises(PSPTimeout, match=r"bootloader not ready before loading kdb \(C2PMSG_35"):
+    plugrt_amd_pci.open_pci(info(PLUGRT_AMD_ALLOW_UNBIND="1", PLUGRT_AMD_FIRMWARE=str(fw)), devices, drivers, kernel, psp_timeout=0.05)
+  assert kernel.log[-1] == ("drivers/amdgpu/bind", ADDR) and os.path.islink(os.path.join(devices, ADDR, "driver"))
+
+
 def test_corrupt_table_in_vram(tmp_path) -> None:
   blob = bytearray(fake_amdgpu.table()); blob[200] ^= 0x55
   devices, drivers, kernel = tree(tmp_path, blob=bytes(blob))
@@ -121,5 +131,6 @@ def test_registry_and_probe(tmp_path, monkeypatch) -> None:
   reg = Registry(plugins=[plugrt_amd, plugrt_amd_pci], env={"AMD_IFACE": "PCI", "PLUGRT_AMD_ALLOW_UNBIND": "1"}).load()
   with pytest.raises(AMDNotImplemented, match=r"AMD:0 through PCI: 0000:03:00\.0: BAR5 mapped.*GC 11\.0\.0"): reg.open("AMD")
   p = plugrt_amd_pci.probe(PluginContext({}))
-  assert p.ok and "reads its IP discovery table" in p.detail and "PSP/SMU firmware loading" in p.detail and "not implemented" in p.detail
+  assert p.ok and "reads its IP discovery table" in p.detail and "boots its PSP" in p.detail
+  assert "loading the IP firmwares through the PSP" in p.detail and "not implemented" in p.detail
   assert sysfs.vfio_available(str(tmp_path / "no-vfio")) is False

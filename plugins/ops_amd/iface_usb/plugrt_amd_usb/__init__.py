@@ -31,6 +31,8 @@ LIBUSB = "PLUGRT_LIBUSB"
 FIRMWARE = "PLUGRT_AMD_FIRMWARE"
 WOULD = ("opening detaches the bridge from its kernel driver (uas or usb-storage; re-attached on close), finds the GPU behind it "
          "through PCIe configuration requests, reads its IP discovery table and checks its firmware files")
+PSP_SKIP = ("PSP boot not attempted through USB: its 1 MiB firmware buffer would be written into VRAM one dword TLP at a time "
+            "(about 262,000 bridge requests per component); buffers in host memory the GPU reads through the bridge are not implemented")
 NOT_YET = ("PSP/SMU firmware loading, GMC/GART set-up and MEC queues are not implemented, so AMD cannot run kernels "
            "through USB yet")
 HINT = "put the GPU in a PCIe slot and use the KFD interface (AMD_IFACE=KFD)"
@@ -54,7 +56,7 @@ def probe(ctx: PluginContext) -> Probe:
   if not (found := bridges()):
     ids = ", ".join(f"{v:04x}:{p:04x}" for v, p in BRIDGES)
     return Probe.missing(Reason.NO_DEVICE, f"no ASM24xx USB-to-PCIe bridge on USB (looked for {ids} in {USB_DEVICES}; this interface "
-                         f"implements the bridge's commands and bring-up up to IP discovery; {NOT_YET})",
+                         f"implements the bridge's commands and bring-up up to IP discovery (the PSP boot is PCI-only); {NOT_YET})",
                          "plug in an ASM2464PD enclosure holding the GPU, or use the KFD interface")
   listed = ", ".join(f"{n} ({v:04x}:{p:04x}, {what})" for n, v, p, what in found)
   return Probe.found(len(found), f"found {listed}; {WOULD} (needs {ACK}=1); {NOT_YET}", bridges=" ".join(n for n, *_ in found))
@@ -95,7 +97,8 @@ def open_usb(device: DeviceInfo, transport: Any = None, root: str = USB_DEVICES)
       raise DeviceUnavailable(f"{device.canonical} through USB: the GPU at bus {gpu.bus} has no BAR{REGISTER_BAR}", Reason.NO_DEVICE)
     mmio = BridgeMMIO(bridge, *gpu.bars[REGISTER_BAR])
     vram = BridgeMMIO(bridge, *gpu.bars[VRAM_BAR]) if VRAM_BAR in gpu.bars else None
-    b = bringup.bring_up(GPURegisters(mmio, vram), f"{device.name}:{device.index} through USB", device.context.get(FIRMWARE, FIRMWARE_DIR))
+    b = bringup.bring_up(GPURegisters(mmio, vram), f"{device.name}:{device.index} through USB", device.context.get(FIRMWARE, FIRMWARE_DIR),
+                         psp_skip=PSP_SKIP)
     bars = ", ".join(f"BAR{i} at 0x{a:x} ({s >> 10} KiB)" for i, (a, s) in sorted(gpu.bars.items()))
     b.steps.insert(0, f"GPU 0x{gpu.vendor:04x}:0x{gpu.device:04x} at bus {gpu.bus} behind {len(gpu.bridges)} bridge port(s); {bars}")
   finally:

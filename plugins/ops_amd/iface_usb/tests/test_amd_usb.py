@@ -85,7 +85,8 @@ def test_open_reads_ip_discovery_over_usb(tmp_path) -> None:
     plugrt_amd_usb.open_usb(info(PLUGRT_AMD_ALLOW_UNBIND="1", PLUGRT_AMD_FIRMWARE=str(tmp_path)), fake)
   msg = str(e.value)
   for part in ("AMD:0 through USB: GPU 0x1002:0x744c at bus 4 behind 4 bridge port(s); BAR0 at 0x200000000 (8192 KiB)",
-               "VRAM 16 MiB", "IP discovery read from VRAM: GC 11.0.0, MP0 13.0.0", "NBIO 4.3.0", "0 of 8 firmware files", "not implemented"):
+               "VRAM 16 MiB", "IP discovery read from VRAM: GC 11.0.0, MP0 13.0.0", "NBIO 4.3.0", "0 of 8 firmware files", "not implemented",
+               "PSP boot not attempted through USB"):
     assert part in msg, (part, msg)
   # the table lies beyond the 8 MiB VRAM BAR: it came through MM_INDEX/MM_DATA in the register BAR
   assert any(op == "w" and reg == MM_INDEX for op, reg, _ in regs.log)
