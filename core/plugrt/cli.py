@@ -155,7 +155,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     print("\nvideo decoders (plugrt.video):")
     for v in videos:
       status = "ready" if v["available"] else v["reason"] or "unavailable"
-      print(f"  {v['decoder']:<8} {v['device']:<6} {v['package']:<14} {status}" + ("" if v["available"] else f": {v['detail']}") +
+      print(f"  {v['decoder']:<8} {v['device']:<6} {v['package']:<14} {status}" + (f": {v['detail']}" if v["detail"] else "") +
             (f"\n      fix: {v['hint']}" if v["hint"] and not v["available"] else ""))
   if warnings := plugin_warnings():
     print("\nplugin warnings (the plugins load; their authors should fix these):")

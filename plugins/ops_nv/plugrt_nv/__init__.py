@@ -79,6 +79,13 @@ def plugrt_backends() -> list[BackendSpec]:
                       description="NVIDIA GPUs from user space through the kernel driver (no libcuda)")]
 
 
+def probe_nv_video(ctx: PluginContext) -> Probe:
+  """NV's probe, saying what has (not) run: the engine path has never decoded a picture on a GPU."""
+  p = probe_nv(ctx)
+  if not p.ok: return p
+  return Probe.found(p.count, "never decoded a picture on a GPU: on the H100 (driver 580) the decoder object is refused; see docs/video.md")
+
+
 def _open_video(device: Any, stream: bytes, info: Any, options: Any) -> Any:
   from plugrt_nv.nvvideo import open_decoder
   return open_decoder(device, stream, info, options)
@@ -88,7 +95,7 @@ def _open_video(device: Any, stream: bytes, info: Any, options: Any) -> Any:
 def plugrt_video_decoders() -> list[VideoDecoderSpec]:
   # below plugrt-cuda's NVDEC (50): where both run, libnvcuvid stays the automatic choice; device="NV" picks this one.
   # The probe is NV's (files only); whether the GPU offers a video decoder class is known when a stream opens.
-  return [VideoDecoderSpec(name="NV_NVDEC", device="NV", probe=probe_nv, open=_open_video, codecs=("hevc",), priority=40,
+  return [VideoDecoderSpec(name="NV_NVDEC", device="NV", probe=probe_nv_video, open=_open_video, codecs=("hevc",), priority=40,
                            description="the GPU's video decode engine driven from user space (no libnvcuvid, no libcuda)")]
 
 
