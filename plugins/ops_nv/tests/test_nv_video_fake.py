@@ -169,3 +169,14 @@ def test_no_video_class_is_a_typed_refusal():
   assert gpu.classes.video == 0
   with pytest.raises(Exception, match="no video decoder class"): gpu.video_channel(64)
   gpu.close()
+
+
+def test_the_decoder_probe_says_it_never_decoded_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+  """Where NV opens, NV_NVDEC is listed as usable but says plainly that it has never decoded a picture on a GPU."""
+  import plugrt_nv
+  from plugrt.hookspecs import Probe
+  monkeypatch.setattr(plugrt_nv, "probe_nv", lambda ctx: Probe.found(1, "1 GPU"))
+  p = plugrt_nv.probe_nv_video(None)  # type: ignore[arg-type]
+  assert p.ok and "never decoded a picture on a GPU" in p.detail and "docs/video.md" in p.detail
+  monkeypatch.setattr(plugrt_nv, "probe_nv", lambda ctx: Probe.missing(plugrt_nv.Reason.NO_DEVICE, "no driver"))
+  assert plugrt_nv.probe_nv_video(None).detail == "no driver"  # type: ignore[arg-type]
