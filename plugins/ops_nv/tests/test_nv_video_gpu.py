@@ -14,7 +14,9 @@ from plugrt.errors import VideoDecoderUnavailable
 from plugrt.video import decode_annexb_iter, decode_annexb_to_tensors_auto, hevc, software_decode
 
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not has_nv(), reason="no NVIDIA GPU and driver here (run scripts/gpu-check.sh --only=nvvideo on the GPU machine)")]
+              pytest.mark.skipif(not has_nv(), reason="no NVIDIA GPU and driver here (run scripts/gpu-check.sh --only=nvvideo on the GPU machine)"),
+              # not strict: an XPASS is the news that the engine opens (then remove this mark)
+              pytest.mark.xfail(reason="on the H100 (driver 580) the decoder object (class 0xB8B0) is refused: docs/video.md", strict=False)]
 
 
 @pytest.fixture(scope="module")
