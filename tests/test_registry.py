@@ -667,13 +667,14 @@ def test_import_is_cheap(fake_plugins):
 
 
 def test_discovery_leaves_out_the_slow_stdlib(fake_plugins):
-  """Discovery's own budget: no dataclasses (exec per method), shutil (zlib, bz2, lzma), importlib.metadata or ctypes,
+  """Discovery's own budget: no dataclasses (exec per method), shutil (zlib, bz2, lzma), importlib.metadata, ctypes, nor
+  pluggy and its inspect (plugrt checks the hooks itself: test_hook_checks_agree_with_pluggy),
   in a process that has not imported them before. (threading is imported on purpose before the plugin worker starts:
   see test_a_plugin_importing_threading_on_the_worker_lets_the_process_exit.)"""
   fake_plugins.backend("CHEAP", priority=20)
   r = fake_plugins.run_python("""
     import sys
-    slow = ("dataclasses", "shutil", "importlib.metadata", "ctypes")
+    slow = ("dataclasses", "shutil", "importlib.metadata", "ctypes", "pluggy", "inspect")
     before = [m for m in slow if m in sys.modules]
     import plugrt
     plugrt.Device.available()
@@ -729,6 +730,95 @@ def test_pluggy_registers_only_the_hook_functions():
     for rec in reg.plugins:
       registered = {n for n in vars(rec.hooks) if not n.startswith("__")}
       assert registered and all(n.startswith("plugrt_") for n in registered), (rec.module_name, registered)
+
+
+def _hook_variants() -> dict[str, Any]:
+  """Plugins, each a class whose instance holds some hook functions, that pluggy accepts or refuses for one reason."""
+  import functools
+
+  import pluggy
+
+  from plugrt.hookspecs import hookimpl
+  pluggy_impl = pluggy.HookimplMarker("plugrt")
+
+  def program(device): return None
+
+  class Fine:
+    @hookimpl
+    def plugrt_allocator(self, device): return None
+    @hookimpl(specname="plugrt_compiler")
+    def make_compiler(self, device, compiler): return None
+    @hookimpl
+    def plugrt_program(self, device, unused=None): return None  # a defaulted argument is not asked for
+    @staticmethod
+    @hookimpl
+    def plugrt_graph(device): return None
+
+  class FewerArgs:
+    @hookimpl
+    def plugrt_compiler(self, compiler): return None
+    @pluggy_impl  # pluggy's own marker is the same contract
+    def plugrt_allocator(self): return None
+
+  class WrongArg:
+    @hookimpl
+    def plugrt_allocator(self, dev): return None
+
+  class Unknown:
+    @hookimpl
+    def plugrt_alocator(self, device): return None
+
+  class OptionalUnknown:
+    @hookimpl(optionalhook=True)
+    def plugrt_future_hook(self, device, something): return None
+
+  class NotARoutine:  # pluggy registers functions and methods only: a marked partial is not a hook
+    plugrt_program = hookimpl(functools.partial(program))
+
+  class Wrapper:
+    @hookimpl(wrapper=True)
+    def plugrt_allocator(self, device):
+      return (yield)
+
+  return {c.__name__: c() for c in (Fine, FewerArgs, WrongArg, Unknown, OptionalUnknown, NotARoutine, Wrapper)}
+
+
+def test_hook_checks_agree_with_pluggy():
+  """plugrt checks hook signatures itself, so that discovery never imports pluggy; on every kind of hook function the
+  verdict is pluggy's (register: arguments a spec does not pass; check_pending: hooks without a spec), except that
+  plugrt also refuses wrappers, which it never calls as pluggy would."""
+  import pluggy
+
+  from plugrt import hookspecs
+  from plugrt.registry import _check_hooks, _hook_functions
+  for name, plugin in _hook_variants().items():
+    pm = pluggy.PluginManager("plugrt")
+    pm.add_hookspecs(hookspecs)
+    try:
+      pm.register(_hook_functions(plugin))
+      pm.check_pending()
+      pluggy_ok = True
+    except pluggy.PluginValidationError:
+      pluggy_ok = False
+    impls, bad, unknown = _check_hooks(_hook_functions(plugin))
+    if name == "Wrapper":
+      assert pluggy_ok and bad and "wrapper" in bad[0], bad
+      continue
+    assert (not bad and not unknown) == pluggy_ok, (name, bad, unknown)
+    if pluggy_ok:  # the same hooks, each given the arguments pluggy would pass
+      theirs = {h: tuple(i.argnames) for h in hookspecs.__dict__ if h.startswith("plugrt_") and hasattr(pm.hook, h)
+                for i in getattr(pm.hook, h).get_hookimpls()}
+      assert {h: a for h, (_, a) in impls.items()} == theirs, name
+  assert "did you mean plugrt_allocator" in _check_hooks(_hook_functions(_hook_variants()["Unknown"]))[2][0]
+
+
+def test_the_plugin_manager_is_pluggys_view_of_the_loaded_plugins():
+  with isolated(["plugrt.reference"]) as reg:
+    assert "pluggy" in sys.modules or True  # (the test process has imported it for other tests)
+    pm = reg.plugin_manager
+    assert pm is reg.plugin_manager and pm.project_name == "plugrt"
+    names = [b.name for specs in pm.hook.plugrt_backends() for b in specs]
+    assert names == ["PYTHON"]
 
 
 def test_entry_modules_import_only_stdlib_and_plugrt():

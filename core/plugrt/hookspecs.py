@@ -43,9 +43,7 @@ plugrt.reference is a complete one to copy.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional
-
-import pluggy
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, TypeVar
 
 from plugrt.context import DeviceInfo, PluginContext
 from plugrt.errors import Reason
@@ -59,8 +57,37 @@ PROJECT = "plugrt"
 #: refused; one declaring a newer minor version than this is refused too.
 PLUGIN_API_VERSION = (1, 2)  # 1.1: plugrt_graph; 1.2: probes may take the PluginContext, DeviceInfo.context
 
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+# ---------------------------------------------------------------- the markers
+# pluggy's marker classes, made by hand: they set the same attributes (``plugrt_spec``, ``plugrt_impl``) with the same
+# options, so pluggy reads these specs and plugins unchanged (Registry.plugin_manager), and a plugin marked with
+# ``pluggy.HookimplMarker("plugrt")`` is found as well. What they save is importing pluggy, with `inspect` and `typing`'s
+# company, in every process that lists devices (about half of discovery's time; docs/performance.md).
+
+def hookspec(function: _F | None = None, firstresult: bool = False, historic: bool = False,
+             warn_on_impl: Warning | None = None, warn_on_impl_args: Mapping[str, Warning] | None = None) -> Any:
+  """Mark a function of this module as a hook specification (pluggy's ``HookspecMarker("plugrt")``)."""
+  def mark(func: _F) -> _F:
+    if historic and firstresult: raise ValueError("cannot have a historic firstresult hook")
+    setattr(func, f"{PROJECT}_spec", {"firstresult": firstresult, "historic": historic, "warn_on_impl": warn_on_impl,
+                                      "warn_on_impl_args": warn_on_impl_args})
+    return func
+  return mark(function) if function is not None else mark
+
+
+def hookimpl(function: _F | None = None, hookwrapper: bool = False, optionalhook: bool = False, tryfirst: bool = False,
+             trylast: bool = False, specname: str | None = None, wrapper: bool = False) -> Any:
+  """Mark a plugin's function as its implementation of the hook of the same name (or `specname`), as pluggy's
+  ``HookimplMarker("plugrt")`` does. plugrt calls each plugin's own implementation directly, never a chain, so
+  `tryfirst`/`trylast` change nothing and wrappers (`hookwrapper`, `wrapper`) are refused at discovery;
+  `optionalhook=True` lets a plugin implement a hook this plugrt does not define (a newer API's) without being refused."""
+  def mark(func: _F) -> _F:
+    setattr(func, f"{PROJECT}_impl", {"wrapper": wrapper, "hookwrapper": hookwrapper, "optionalhook": optionalhook,
+                                      "tryfirst": tryfirst, "trylast": trylast, "specname": specname})
+    return func
+  return mark(function) if function is not None else mark
 
 
 # ---------------------------------------------------------------- declarations (plain data)

@@ -3,7 +3,7 @@
 Discovery runs once per Registry (the process-wide one is built on first use, never
 at `import plugrt`): read the `plugrt` entry points, apply PLUGRT_AUTOLOAD,
 PLUGRT_EXTRA_PLUGINS, PLUGRT_PLUGINS and PLUGRT_DISABLE, import each plugin module,
-register it with pluggy (which checks every hookimpl against the specs), and call
+check every hookimpl against the specs (as pluggy would: see _check_hooks), and call
 its declaration hooks. Every failure is caught and kept as a typed Reason on that
 plugin's backends. Hooks are called per plugin (a plugin's own impl only), so one
 broken plugin never sees, or breaks, another's calls.
@@ -21,10 +21,8 @@ import re
 import sys
 from _thread import TIMEOUT_MAX, RLock, allocate_lock, get_ident, start_new_thread  # threading's, without importing threading (~1 ms)
 from collections.abc import Iterator, Sequence
-from types import ModuleType
+from types import BuiltinFunctionType, BuiltinMethodType, FunctionType, MethodType, ModuleType
 from typing import Any
-
-import pluggy
 
 from plugrt import hookspecs
 from plugrt._entrypoints import entry_points, foreign_modules, import_warning, name_warning, value_warning
@@ -78,7 +76,8 @@ class PluginRecord:
   def __init__(self, entry: str, module_name: str, dist: str = "", version: str = "", source: str = "entry point",
                module: ModuleType | None = None):
     self.entry, self.module_name, self.dist, self.version, self.source, self.module = entry, module_name, dist, version, source, module
-    self.hooks: ModuleType | None = None  # what pluggy registered: the module's hook functions (see _hook_functions)
+    self.hooks: ModuleType | None = None  # the module's hook functions alone (see _hook_functions)
+    self.impls: dict[str, tuple[Any, tuple[str, ...]]] = {}  # hook name -> (function, the argument names it takes)
     self.reason: Reason | None = None
     self.detail = self.hint = ""
     self.backends: list[BackendSpec] = []
@@ -173,8 +172,7 @@ class Registry:
     #: environment itself, so a setting read where it is used (PLUGRT_CACHE_DIR at a compile) sees a later change
     self.context = PluginContext(os.environ if env is None else self.env, lambda: self.selection.targets(),
                                  lambda device: [i.name for i, _ in self.interfaces.get(device, ())])
-    self.pm = pluggy.PluginManager(hookspecs.PROJECT)
-    self.pm.add_hookspecs(hookspecs)
+    self._plugin_manager: Any = None
 
   # ------------------------------------------------------------ discovery
   def load(self) -> Registry:
@@ -230,7 +228,7 @@ class Registry:
       stage[0] = "declaring its backends"
       hooks = _hook_functions(module)
       try: declared: Any = _declarations(hooks)
-      except (Exception, SystemExit) as e: declared = e  # reported after pluggy has checked the hooks, as before
+      except (Exception, SystemExit) as e: declared = e  # reported after the hooks' signatures are checked
       return module, hooks, declared, imported
     try:
       rec.module, rec.hooks, declared, imported = self._run(rec, "being discovered", discover, limit=self._probe_limit)
@@ -242,12 +240,9 @@ class Registry:
       kind = "is not installed" if missing else "failed to import"
       rec.fail(Reason.IMPORT_ERROR, f"module {rec.module_name} {kind}: {_short_error(e)}", e.hint if isinstance(e, PlugrtError) else "")
       return
-    name = f"{rec.source}:{rec.module_name}"
-    try:
-      self.pm.register(rec.hooks, name=name)
-    except Exception as e:
-      if self.pm.has_plugin(name): self.pm.unregister(name=name)  # pluggy keeps the hookimpls it added before the bad one
-      rec.fail(Reason.HOOK_ERROR, f"hook validation failed: {e}")
+    impls, bad_args, unknown = _check_hooks(rec.hooks)
+    if bad_args:
+      rec.fail(Reason.HOOK_ERROR, f"hook validation failed: {'; '.join(bad_args)}")
       return
     try:
       if isinstance(declared, BaseException): raise declared
@@ -257,34 +252,28 @@ class Registry:
       for i in interfaces:
         if not isinstance(i, InterfaceSpec): raise TypeError(f"plugrt_interfaces returned {type(i).__name__}, not InterfaceSpec")
     except (Exception, SystemExit) as e:
-      self.pm.unregister(rec.hooks)
       rec.fail(Reason.HOOK_ERROR, f"declaration hook raised {_short_error(e)}", e.hint if isinstance(e, PlugrtError) else "")
       return
     # a bad name never becomes a device (it would split apart in DEV=...): the plugin is explained under its entry point's name
     rec.declared = [b.name for b in backends if _valid_name(b.name) and b.name != "DEV"]
     if (bad := _bad_names(backends, interfaces)):
-      self.pm.unregister(rec.hooks)
       rec.fail(Reason.BAD_NAME, f"declares {'; '.join(bad)}: {NAME_RULE}")
       return
     if imported and (w := import_warning(rec.module_name, foreign_modules(imported, rec.module_name))): rec.warnings.append(w)
     if rec.source == "entry point" and (w := name_warning(rec.entry, rec.declared)): rec.warnings.append(w)
     for b in backends:
       if (problem := _api_problem(b.api_version)):
-        self.pm.unregister(rec.hooks)
         rec.fail(Reason.INCOMPATIBLE_API, f"{b.name} is written for plugin API {b.api_version!r}, plugrt implements "
                  f"{PLUGIN_API_VERSION[0]}.{PLUGIN_API_VERSION[1]}: {problem}")
         return
-    try: self.pm.check_pending()  # a hookimpl without a spec: a typo, or a newer API
-    except pluggy.PluginValidationError as e:
-      self.pm.unregister(rec.hooks)
-      rec.fail(Reason.HOOK_ERROR, f"implements a hook plugrt does not define: {e}")
+    if unknown:  # a hookimpl without a spec: a typo, or a newer API
+      rec.fail(Reason.HOOK_ERROR, f"implements a hook plugrt does not define: {'; '.join(unknown)}")
       return
-    missing = [h for h in hookspecs.REQUIRED_DEVICE_HOOKS if backends and self._impl(rec, h) is None]
+    missing = [h for h in hookspecs.REQUIRED_DEVICE_HOOKS if backends and h not in impls]
     if missing:
-      self.pm.unregister(rec.hooks)
       rec.fail(Reason.HOOK_ERROR, f"declares {', '.join(b.name for b in backends)} but does not implement {', '.join(missing)}")
       return
-    rec.backends, rec.interfaces = list(backends), list(interfaces)
+    rec.backends, rec.interfaces, rec.impls = list(backends), list(interfaces), impls
 
   def _collect_backends(self) -> None:
     for rec in self.plugins:
@@ -316,17 +305,27 @@ class Registry:
                                             install_hint(*package.split()))
 
   # ------------------------------------------------------------ calling one plugin's hooks
-  def _impl(self, rec: PluginRecord, hook: str) -> Any:
-    for impl in getattr(self.pm.hook, hook).get_hookimpls():
-      if impl.plugin is rec.hooks: return impl
-    return None
-
   def call_hook(self, rec: PluginRecord, hook: str, **kwargs: Any) -> Any:
     """Call plugin `rec`'s implementation of `hook` directly (no pluggy dispatch), or return None when it has none.
-    Only for building objects: nothing calls a hook per launch."""
-    impl = self._impl(rec, hook)
-    if impl is None: return None
-    return impl.function(*[kwargs[a] for a in impl.argnames])
+    It gets the arguments it names, as pluggy passes them. Only for building objects: nothing calls a hook per launch."""
+    if (impl := rec.impls.get(hook)) is None: return None
+    function, argnames = impl
+    return function(*[kwargs[a] for a in argnames])
+
+  @property
+  def plugin_manager(self) -> Any:
+    """A pluggy PluginManager holding the specs and every plugin that loaded, for tools that want pluggy's view
+    (``reg.plugin_manager.hook.plugrt_backends()``). Built on first use: discovery itself never imports pluggy."""
+    self.load()
+    with self._lock:
+      if self._plugin_manager is None:
+        import pluggy
+        pm = pluggy.PluginManager(hookspecs.PROJECT)
+        pm.add_hookspecs(hookspecs)
+        for rec in self.plugins:
+          if rec.impls: pm.register(rec.hooks, name=f"{rec.source}:{rec.module_name}")
+        self._plugin_manager = pm
+    return self._plugin_manager
 
   # ------------------------------------------------------------ selection and probing
   @property
@@ -573,21 +572,73 @@ def takes_context(probe: Any) -> bool:
   return code.co_argcount - bound >= 1
 
 
-def _hook_functions(module: ModuleType) -> ModuleType:
-  """A stand-in module holding only `module`'s functions marked @hookimpl, for pluggy to register.
+_ROUTINES = (FunctionType, MethodType, BuiltinFunctionType, BuiltinMethodType)
 
-  pluggy inspects every attribute of what it registers (getattr_static on each); a plugin module
-  also holds its imports and helpers, and scanning those was a few ms of every discovery.
+
+def _hook_functions(module: ModuleType) -> ModuleType:
+  """A stand-in module holding only `module`'s functions marked @hookimpl: what discovery checks and calls, and what
+  Registry.plugin_manager registers with pluggy (which would otherwise getattr_static every import and helper of
+  the plugin's module).
   """
-  marker = f"{hookspecs.PROJECT}_impl"  # the attribute pluggy's HookimplMarker sets on a function
+  marker = f"{hookspecs.PROJECT}_impl"  # the attribute plugrt's hookimpl (and pluggy's HookimplMarker) sets
   hooks = ModuleType(getattr(module, "__name__", type(module).__name__), getattr(module, "__doc__", None))
   for name in dir(module):  # dir, not vars: a plugin given as an object has its hooks as methods
     try:
       value = getattr(module, name)
-      marked = callable(value) and getattr(value, marker, None) is not None
+      marked = isinstance(value, _ROUTINES) and getattr(value, marker, None) is not None  # as pluggy: functions and methods
     except Exception: marked = False  # an attribute whose lookup raises is not a hook
     if marked: setattr(hooks, name, value)
   return hooks
+
+
+_SPEC_ARGS: dict[str, tuple[str, ...]] = {}  # hook name -> the arguments its spec passes; filled on first use
+
+
+def _argnames(fn: Any) -> tuple[str, ...] | None:
+  """The arguments a hook function receives, as pluggy counts them: the positional ones without a default, less the
+  instance of a method. From the code object (no `inspect`, which discovery does not import); None for a builtin."""
+  func = getattr(fn, "__func__", fn)
+  if (code := getattr(func, "__code__", None)) is None: return None
+  args = code.co_varnames[:code.co_argcount]
+  if (defaults := getattr(func, "__defaults__", None)): args = args[:-len(defaults)]
+  if args and (getattr(fn, "__self__", None) is not None or ("." in getattr(func, "__qualname__", "") and args[0] == "self")):
+    args = args[1:]
+  return tuple(args)
+
+
+def _check_hooks(hooks: ModuleType) -> tuple[dict[str, tuple[Any, tuple[str, ...]]], list[str], list[str]]:
+  """A plugin's hook functions checked against the specs, as pluggy's register and check_pending check them:
+  ({hook: (function, argnames)}, [arguments a spec does not pass, wrappers], [hooks plugrt does not define]).
+  tests/test_registry.py holds this to pluggy's verdicts."""
+  if not _SPEC_ARGS:
+    for attr, fn in vars(hookspecs).items():
+      if getattr(fn, f"{hookspecs.PROJECT}_spec", None) is not None: _SPEC_ARGS[attr] = _argnames(fn) or ()
+  impls: dict[str, tuple[Any, tuple[str, ...]]] = {}
+  bad: list[str] = []
+  unknown: list[str] = []
+  for attr, fn in sorted(vars(hooks).items()):
+    if not isinstance(opts := getattr(fn, f"{hookspecs.PROJECT}_impl", None), dict): continue
+    name = opts.get("specname") or attr
+    args = _argnames(fn)
+    if args is None: args = _signature_argnames(fn)
+    if name not in _SPEC_ARGS:
+      if not opts.get("optionalhook"): unknown.append(f"{name}{did_you_mean(name, _SPEC_ARGS)}")
+      continue
+    if opts.get("wrapper") or opts.get("hookwrapper"):
+      bad.append(f"{name} is a hook wrapper: plugrt calls each plugin's own hook directly, so drop wrapper=/hookwrapper=")
+    elif (extra := [a for a in args if a not in _SPEC_ARGS[name]]):
+      bad.append(f"{name}({', '.join(args)}) takes {', '.join(map(repr, extra))}, which its spec does not pass: the spec is "
+                 f"{name}({', '.join(_SPEC_ARGS[name])})")
+    else: impls[name] = (fn, args)
+  return impls, bad, unknown
+
+
+def _signature_argnames(fn: Any) -> tuple[str, ...]:
+  """A builtin marked as a hook (it has no code object): through inspect, as pluggy reads it."""
+  import inspect
+  try: params = list(inspect.signature(fn).parameters.values())
+  except (TypeError, ValueError): return ()
+  return tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty)
 
 
 def _valid_name(name: Any) -> bool: return isinstance(name, str) and _NAME.fullmatch(name) is not None
@@ -615,7 +666,7 @@ def _bad_names(backends: Sequence[BackendSpec], interfaces: Sequence[InterfaceSp
 
 def _declarations(hooks: ModuleType) -> tuple[list, list]:
   """(plugrt_backends(), plugrt_interfaces()) of a plugin's hook functions. They take no arguments, so they are called
-  directly, on the worker, together with the import (pluggy checks their signatures when the plugin registers)."""
+  directly, on the worker, together with the import (their signatures are checked afterwards, _check_hooks)."""
   marker, found = f"{hookspecs.PROJECT}_impl", {}
   for attr, fn in vars(hooks).items():
     if (opts := getattr(fn, marker, None)) is not None: found[opts.get("specname") or attr] = fn
