@@ -488,8 +488,11 @@ class Registry:
       p = self.probe(name)
       if not p.ok: raise DeviceUnavailable(f"{key} cannot be used: {p.detail}", p.reason or Reason.NO_DEVICE, p.hint, self._others(name))
       if index >= max(p.count, 1):
-        raise DeviceUnavailable(f"{key} does not exist: {name} has {p.count} device{'s' if p.count != 1 else ''}",
-                                Reason.NO_DEVICE, f"use an index below {p.count}", self._others(name))
+        indices = "index 0" if p.count == 1 else f"indices 0-{p.count - 1}"
+        listed = "".join(f"; {name}:{d.index} is {d.name}" + (f" at {d.bus_id}" if d.bus_id else "") for d in p.devices)
+        raise DeviceUnavailable(f"{key} does not exist: {name} has {p.count} device{'s' if p.count != 1 else ''} here ({indices}: "
+                                f"{p.detail}){listed}", Reason.NO_DEVICE, f"use an index below {p.count} (`plugrt devices` lists them)",
+                                self._others(name))
       chosen, _ = self.choose_compiler(name)  # also when `compiler` is given: it checks the environment's request
       compiler = compiler or chosen
       iface = self.choose_interface(name)
