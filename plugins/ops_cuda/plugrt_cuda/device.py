@@ -21,7 +21,7 @@ from plugrt.ir import Signature
 from plugrt.launchargs import NO_CALL, PreparedCall, call_key, ctypes_packer
 from plugrt.runtime import Allocator, DeviceState, Graph, Launch, LaunchLimits, Program, buffer_address
 from plugrt_cuda import driver as D
-from plugrt_cuda import trampoline
+from plugrt_cuda import peer, trampoline
 
 _tls = threading.local()  # the context current on this thread (cuCtxSetCurrent is per thread)
 
@@ -174,10 +174,14 @@ class CUDAAllocator(Allocator[int]):
     D.check(self.lib.cuMemcpyDtoD_v2(ctypes.c_uint64(dest), ctypes.c_uint64(src), ctypes.c_size_t(nbytes)), "cuMemcpyDtoD")
 
   def _transfer(self, dest: int, src: int, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
-    if src_dev is dest_dev: return self._copy(dest, src, nbytes)
-    self.state.make_current()  # between two GPUs: peer to peer where they can, else staged by the driver
-    D.check(self.lib.cuMemcpyPeer(ctypes.c_uint64(dest), dest_dev.info.state.ctx, ctypes.c_uint64(src), src_dev.info.state.ctx,
-                                  ctypes.c_size_t(nbytes)), "cuMemcpyPeer")
+    s, d = src_dev.info.state, dest_dev.info.state
+    if s.ctx.value == d.ctx.value: return dest_dev.allocator._copy(dest, src, nbytes)  # one GPU (CUDA and CUDA:PTX share its context)
+    peer.link(s, d).copy(dest, src, nbytes)  # between two GPUs: peer to peer where they can, else staged by the driver (peer.py)
+
+  def peer_path(self, dest_dev: Any) -> str:
+    """"peer" when copies from this GPU to `dest_dev` go GPU to GPU; else how the driver stages them and why."""
+    d = dest_dev.info.state
+    return "peer" if d.ctx.value == self.state.ctx.value else peer.link(self.state, d).path
 
   def _wrap(self, ptr: int, nbytes: int) -> int:
     """A device pointer from another library (torch, cupy): checked to be device memory of this GPU, then used as is."""
