@@ -36,8 +36,10 @@ class VisibleGPU(NamedTuple):
   entry: str = ""
 
 
-def driver_gpus(root: str = PROC_GPUS) -> list[DriverGPU]:
-  """Every GPU the kernel driver lists, in PCI bus order; [] when the proc files are not there or not readable."""
+def driver_gpus(root: str | None = None) -> list[DriverGPU]:
+  """Every GPU the kernel driver lists (under `root`, default PROC_GPUS), in PCI bus order; [] when the proc files are
+  not there or not readable."""
+  root = root or PROC_GPUS
   try: buses = sorted(os.listdir(root))
   except OSError: return []
   out = []
