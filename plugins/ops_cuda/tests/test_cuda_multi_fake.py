@@ -182,7 +182,7 @@ def test_peer_copy_enables_access_once_and_orders_on_both_streams(monkeypatch):
 
 
 def test_already_enabled_by_another_library_counts_as_peer(monkeypatch):
-  drv, (g0, g1) = two_gpus(monkeypatch, enable_result=peer.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+  _, (g0, g1) = two_gpus(monkeypatch, enable_result=peer.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
   assert g1.allocator.peer_path(g0) == "peer"
 
 
@@ -197,5 +197,5 @@ def test_no_peer_access_is_staged_by_the_driver_and_reported(monkeypatch):
 
 
 def test_too_many_peers_is_staged(monkeypatch):
-  drv, (g0, g1) = two_gpus(monkeypatch, enable_result=peer.CUDA_ERROR_TOO_MANY_PEERS)
+  _, (g0, g1) = two_gpus(monkeypatch, enable_result=peer.CUDA_ERROR_TOO_MANY_PEERS)
   assert "too many peers" in g0.allocator.peer_path(g1)
