@@ -44,6 +44,8 @@ class CUDAState(DeviceState):
     name = ctypes.create_string_buffer(256)
     D.call("cuDeviceGetName", name, 256, self.dev)
     self.name = name.value.decode()
+    D.call("cuDeviceGetPCIBusId", name, 256, self.dev)
+    self.bus_id = name.value.decode().lower()  # "0000:18:00.0", as the kernel driver's proc files and `plugrt devices` name it
     # gridDim (2**31-1, 65535, 65535) and blockDim (1024, 1024, 64) as the driver reports them
     self.launch_limits = LaunchLimits(f"{info.canonical} ({self.name})", [self.attr(a) for a in D.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM],
                                       [self.attr(a) for a in D.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM], self.max_threads)
