@@ -113,7 +113,8 @@ class NVKInterface(GPUInterface):
     self.sm_version = self.gr["sm_version"]
     self.notifiers: list[tuple[str, int]] = []
     self.debugger = self.compute_channel = self.video = 0
-    self.description = (f"{picked.family.name} (PCI device {self.pci_device:#06x} at {self.bus_id}, {self.arch}, {self.gr['sms']} SMs), driver {self.driver}, "
+    self.description = (f"{picked.family.name} (PCI device {self.pci_device:#06x} at {self.bus_id}, {self.arch}, {self.gr['sms']} SMs), "
+                        f"driver {self.driver}, "
                         f"compute {picked.compute:#06x}, copy {picked.copy:#06x}, channel {picked.gpfifo:#06x}, "
                         f"video decoder {f'{picked.video:#06x}' if picked.video else 'none'}")
 
