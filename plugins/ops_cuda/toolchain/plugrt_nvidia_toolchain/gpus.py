@@ -3,7 +3,7 @@
 Both NVIDIA backends list their devices in their probes (`plugrt devices`) from /proc/driver/nvidia/gpus/<bus>/information:
 the kernel driver writes the model, UUID, PCI location and device minor there for every GPU it bound. Reading it
 opens no device node, loads no library and makes no ioctl, so it is cheaper than the driver API (cuInit alone takes
-~100 ms and creates driver state) and has no side effects, which a probe must not have. What it cannot say (free
+tens to hundreds of ms and creates driver state) and has no side effects, which a probe must not have. What it cannot say (free
 memory, peer access) is asked when a device opens.
 
 CUDA numbers GPUs fastest first by default (CUDA_DEVICE_ORDER=FASTEST_FIRST), breaking ties by PCI bus id, and
