@@ -288,7 +288,7 @@ class Buffer:
     """Copy into `dest` (same byte size), device to device where the backend can, else through the host."""
     if dest.nbytes != self.nbytes: raise ValueError(f"cannot copy {self.nbytes} bytes into a buffer of {dest.nbytes}")
     a, b = self.device, dest.device
-    if a is not b and a.backend is b.backend: _report_path(a, b)
+    if a.index != b.index and a.backend is b.backend: _report_path(a, b)  # (one index opened twice, LLVM beside CPU, is one device)
     if a.backend is b.backend and a.allocator.supports_transfer:
       a.allocator._transfer(dest.handle, self.handle, self.nbytes, a, b)
     elif a is not b or a.allocator._copy(dest.handle, self.handle, self.nbytes) is NotImplemented:  # no device copy: the host
