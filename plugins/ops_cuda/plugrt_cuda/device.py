@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from plugrt.device import Buffer
-from plugrt.errors import UnsupportedError
+from plugrt.errors import DeviceUnavailable, Reason, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import PinnedStaging
 from plugrt.ir import Signature
@@ -34,6 +34,12 @@ class CUDAState(DeviceState):
     if lib is None: raise UnsupportedError("libcuda.so.1 (the NVIDIA driver) is not installed")
     self.lib, self.index = lib, info.index
     D.call("cuInit", 0)
+    count = ctypes.c_int()
+    D.call("cuDeviceGetCount", ctypes.byref(count))
+    if info.index >= count.value:  # the probe predicted more GPUs than the driver shows (a CUDA_VISIBLE_DEVICES it could not check)
+      raise DeviceUnavailable(f"{info.canonical} does not exist: the CUDA driver sees {count.value} GPU{'s' if count.value != 1 else ''}"
+                              f"{f' (indices 0-{count.value - 1})' if count.value > 1 else ''}", Reason.NO_DEVICE,
+                              f"use an index below {count.value}; CUDA_VISIBLE_DEVICES decides which GPUs the driver shows")
     self.dev, self.ctx = ctypes.c_int(), ctypes.c_void_p()
     D.call("cuDeviceGet", ctypes.byref(self.dev), info.index)
     D.call("cuDevicePrimaryCtxRetain", ctypes.byref(self.ctx), self.dev)

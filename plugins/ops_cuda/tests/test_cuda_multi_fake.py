@@ -199,3 +199,17 @@ def test_no_peer_access_is_staged_by_the_driver_and_reported(monkeypatch):
 def test_too_many_peers_is_staged(monkeypatch):
   _, (g0, g1) = two_gpus(monkeypatch, enable_result=peer.CUDA_ERROR_TOO_MANY_PEERS)
   assert "too many peers" in g0.allocator.peer_path(g1)
+
+
+def test_an_index_the_driver_does_not_show_is_a_typed_error(monkeypatch):
+  """The probe's count is a prediction; the driver's count at open is the last word (a MIG or UUID entry it could not check)."""
+  class Driver:
+    def cuInit(self, flags): return 0
+    def cuDeviceGetCount(self, n):
+      n._obj.value = 1
+      return 0
+  monkeypatch.setattr(D, "libcuda", lambda: Driver())
+  info = types.SimpleNamespace(index=1, canonical="CUDA:1")
+  with pytest.raises(DeviceUnavailable, match=r"CUDA:1 does not exist: the CUDA driver sees 1 GPU$") as ei:
+    cuda_device.CUDAState(info)  # type: ignore[arg-type]
+  assert "CUDA_VISIBLE_DEVICES" in ei.value.hint
