@@ -210,6 +210,6 @@ def test_an_index_the_driver_does_not_show_is_a_typed_error(monkeypatch):
       return 0
   monkeypatch.setattr(D, "libcuda", lambda: Driver())
   info = types.SimpleNamespace(index=1, canonical="CUDA:1")
-  with pytest.raises(DeviceUnavailable, match=r"CUDA:1 does not exist: the CUDA driver sees 1 GPU$") as ei:
+  with pytest.raises(DeviceUnavailable, match=r"CUDA:1 does not exist: the CUDA driver sees 1 GPU \[no device\]") as ei:
     cuda_device.CUDAState(info)  # type: ignore[arg-type]
   assert "CUDA_VISIBLE_DEVICES" in ei.value.hint
