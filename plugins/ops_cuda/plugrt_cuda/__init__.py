@@ -29,7 +29,7 @@ def probe_cuda(ctx: PluginContext) -> Probe:
   if ctx.find_library("libcuda.so*", dirs=ctx.library_dirs(*DRIVER_DIRS)) is None:
     return Probe.missing(Reason.NO_DEVICE, "the NVIDIA driver library libcuda.so.1 is not installed", "install the NVIDIA driver")
   from plugrt_nvidia_toolchain import gpus as G
-  found = G.driver_gpus()
+  found = G.present(G.driver_gpus(), nodes)
   visible = ctx.env.get("CUDA_VISIBLE_DEVICES")
   seen = G.cuda_order(found, visible, len(nodes))
   where = "" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible!r})"

@@ -60,6 +60,13 @@ def test_cuda_visible_devices_as_the_driver_reads_it(machine, visible, buses):
   assert [v.gpu.bus_id for v in G.cuda_order(G.driver_gpus(), visible)] == buses
 
 
+def test_a_container_sees_the_gpus_whose_nodes_it_has(machine, monkeypatch):
+  monkeypatch.setattr(plugrt_cuda, "device_nodes", lambda prefix: ["/dev/nvidia1"])  # given the host's second GPU alone
+  p = probe()
+  assert p.count == 1 and [(d.index, d.bus_id) for d in p.devices] == [(0, "0000:2a:00.0")]
+  assert not probe(CUDA_VISIBLE_DEVICES="1").ok  # CUDA numbers within what it sees: index 1 is past the end
+
+
 def test_mig_and_unchecked_uuid_entries_pass_through():
   seen = G.cuda_order([], "MIG-1234,GPU-abcd", nodes=1)
   assert [(v.index, v.gpu, v.entry) for v in seen] == [(0, None, "MIG-1234"), (1, None, "GPU-abcd")]

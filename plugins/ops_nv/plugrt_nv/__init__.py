@@ -53,7 +53,8 @@ def probe_nv(ctx: PluginContext) -> Probe:
     return Probe.missing(Reason.NOT_INSTALLED, "no NV interface is installed", f"{install_hint('plugrt-nv-nvk')} (the kernel-driver interface)")
   ver = driver_version()
   from plugrt_nvidia_toolchain import gpus as G  # the kernel driver's proc files: no device opened, no ioctl
-  listing = [DeviceListing(i, g.model, g.bus_id, {"uuid": g.uuid} if g.uuid else {}) for i, g in enumerate(G.by_minor(G.driver_gpus()))]
+  here = G.by_minor(G.present(G.driver_gpus(), nodes))
+  listing = [DeviceListing(i, g.model, g.bus_id, {"uuid": g.uuid} if g.uuid else {}) for i, g in enumerate(here)]
   info = {"driver": ver or ""}
   if len(nodes) > 1: info["copies between GPUs"] = STAGED_PEER
   return Probe.found(len(nodes), f"{len(nodes)} GPU{'s' if len(nodes) != 1 else ''}, driver {ver or 'version unknown'}", **info).with_devices(listing)

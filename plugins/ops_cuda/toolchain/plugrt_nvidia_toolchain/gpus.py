@@ -57,6 +57,13 @@ def driver_gpus(root: str | None = None) -> list[DriverGPU]:
   return out
 
 
+def present(gpus: list[DriverGPU], nodes: list[str]) -> list[DriverGPU]:
+  """The GPUs whose device node this process has (`nodes`: /dev/nvidia0, ...). A container given some of a host's GPUs
+  has only their nodes, and the drivers (CUDA's, and RM's GPU list that NV reads) skip or cannot open the others."""
+  have = set(nodes)
+  return [g for g in gpus if g.minor < 0 or f"/dev/nvidia{g.minor}" in have]
+
+
 def by_minor(gpus: list[DriverGPU]) -> list[DriverGPU]:
   """The driver's own order (device minor; the order its card list gives plugrt-nv), PCI order for unlisted minors."""
   return sorted(gpus, key=lambda g: (g.minor < 0, g.minor))

@@ -79,7 +79,8 @@ class NVKInterface(GPUInterface):
     except NVError: pass  # not needed on every platform; CUDA sees it fail too
     cards = (rm.CARD_INFO * 64)()
     rm.ioctl(self.ctl, rm.ESC_CARD_INFO, cards, "listing GPUs")
-    valid = sorted((c for c in cards if c.valid), key=lambda c: c.minor_number)  # NV:i is /dev/nvidia<i-th minor>, as the probe lists
+    # NV:i is the GPU of the i-th smallest minor among those whose node this process has (a container may have some), as the probe lists
+    valid = sorted((c for c in cards if c.valid and os.path.exists(f"/dev/nvidia{c.minor_number}")), key=lambda c: c.minor_number)
     if index >= len(valid): raise NVError(f"NV:{index} does not exist: the driver lists {len(valid)} GPU(s)", f"use an index below {len(valid)}")
     card = valid[index]
     self.minor, self.pci_device = card.minor_number, card.pci.device_id
