@@ -220,3 +220,14 @@ def test_an_index_the_driver_does_not_show_is_a_typed_error(monkeypatch):
   with pytest.raises(DeviceUnavailable, match=r"CUDA:1 does not exist: the CUDA driver sees 1 GPU \[no device\]") as ei:
     cuda_device.CUDAState(info)  # type: ignore[arg-type]
   assert "CUDA_VISIBLE_DEVICES" in ei.value.hint
+
+
+def test_one_gpu_opened_twice_copies_on_the_gpu(monkeypatch):
+  """CUDA and CUDA:PTX share the GPU's primary context: a copy between them is a plain device copy, never a peer one."""
+  drv, (g0, _) = two_gpus(monkeypatch)
+  twin = types.SimpleNamespace(info=g0.info, allocator=g0.allocator)
+  copies = []
+  drv.cuMemcpyDtoD_v2 = lambda d, s, n: copies.append((d.value, s.value, n.value)) or 0
+  assert g0.allocator.peer_path(twin) == "peer"
+  g0.allocator._transfer(0x2000, 0x1000, 64, g0, twin)
+  assert copies == [(0x2000, 0x1000, 64)] and not peer._links and not [e for e in drv.log if e[0] in ("enable", "copy")]
