@@ -111,7 +111,8 @@ def cupy_rows(nbytes: int, iters: int, reps: int) -> dict[str, Any]:
   for s, d in ((0, 1), (1, 0)):
     can = cp.cuda.runtime.deviceCanAccessPeer(d, s)
     def copy(s: int = s, d: int = d) -> None:
-      cp.cuda.runtime.memcpyPeerAsync(bufs[d].data.ptr, d, bufs[s].data.ptr, s, nbytes, streams[d].ptr)
+      with cp.cuda.Device(d):  # the stream is the destination's: issue it with that device current
+        cp.cuda.runtime.memcpyPeerAsync(bufs[d].data.ptr, d, bufs[s].data.ptr, s, nbytes, streams[d].ptr)
     out[f"{s}->{d}"] = {"gbs": rate(copy, streams[d].synchronize, nbytes, iters, reps), "path": "peer" if can else "staged by the driver"}
   return out
 
