@@ -102,6 +102,8 @@ def test_an_index_past_the_visible_gpus_is_a_typed_error(machine):
   assert "CUDA:0 is NVIDIA H100 80GB HBM3 at 0000:2a:00.0" in ei.value.message
   with pytest.raises(DeviceUnavailable, match=r"CUDA:3 does not exist: CUDA has 2 devices here \(indices 0-1"):
     Registry(env={"PLUGRT_PLUGINS": "cuda"}).load().open("CUDA:3")
+  with pytest.raises(DeviceUnavailable, match=r"CUDA:2 does not exist: CUDA has 2 devices here"):
+    Registry(env={"PLUGRT_PLUGINS": "cuda,cpu", "DEV": "CUDA:2"}).load().default  # noqa: B018  (DEV names it: it fails loudly)
 
 
 # ------------------------------------------------------------------ the peer path, on a fake driver of two GPUs
