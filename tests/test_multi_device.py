@@ -58,3 +58,10 @@ def test_staged_copy_between_two_devices_warns_once(reg):
     warnings.simplefilter("error")
     src.to(b)  # said once a pair
   with pytest.warns(StagedCopyWarning, match="from MULTI:1 to MULTI"): dst.to(a)  # the other direction is its own
+
+
+def test_a_listing_that_is_not_device_listings_is_the_plugins_error(fake_plugins):
+  bad = "\n\ndef probe() -> Probe:\n  return Probe.found(2)._replace(devices=({'index': 0},))\n"
+  fake_plugins.backend("BADLIST", priority=200, count=2, extra=bad)
+  p = Registry(env={"PLUGRT_PLUGINS": "badlist,cpu"}).load().probe("BADLIST")
+  assert not p.ok and p.reason is Reason.HOOK_ERROR and "not plugrt.hookspecs.DeviceListing" in p.detail

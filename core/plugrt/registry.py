@@ -30,7 +30,7 @@ from plugrt import hookspecs
 from plugrt._entrypoints import entry_points, foreign_modules, import_warning, name_warning, value_warning
 from plugrt.context import DeviceInfo, PluginContext
 from plugrt.errors import DeviceUnavailable, EnvError, PluginError, PlugrtError, Reason, UnknownDeviceError, did_you_mean
-from plugrt.hookspecs import PLUGIN_API_VERSION, BackendSpec, InterfaceSpec, Probe
+from plugrt.hookspecs import PLUGIN_API_VERSION, BackendSpec, DeviceListing, InterfaceSpec, Probe
 from plugrt.probing import install_hint
 from plugrt.selection import BackendFacts, Selection, Target, parse_target, select
 
@@ -351,6 +351,8 @@ class Registry:
         args = (self.context,) if fn is not None and takes_context(fn) else ()
         p = self._run(rec, f"running {what}", fn, *args, limit=self._probe_limit) if fn is not None else Probe.found()
         if not isinstance(p, Probe): raise TypeError(f"probe returned {type(p).__name__}, not Probe")
+        if (bad := next((d for d in p.devices if not isinstance(d, DeviceListing)), None)) is not None:
+          raise TypeError(f"probe listed a device as {type(bad).__name__}, not plugrt.hookspecs.DeviceListing")
       except _Overran as e:
         return self._stall(rec, f"{what} of {key[1]} {e}", PROBE_TIMEOUT)
       except (Exception, SystemExit) as e:
