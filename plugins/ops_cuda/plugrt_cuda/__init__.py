@@ -35,15 +35,21 @@ def probe_cuda(ctx: PluginContext) -> Probe:
   where = "" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible!r})"
   if not seen: return Probe.missing(Reason.NO_DEVICE, f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU",
                                     f"unset CUDA_VISIBLE_DEVICES, or name GPUs by index 0-{len(found or nodes) - 1} or GPU-<uuid>")
-  listing = [DeviceListing(v.index, v.gpu.model if v.gpu else ("MIG instance" if v.entry.upper().startswith("MIG-") else "NVIDIA GPU"),
-                           v.gpu.bus_id if v.gpu else "", {k: x for k, x in (("uuid", v.gpu.uuid if v.gpu else v.entry),
-                                                                            ("CUDA_VISIBLE_DEVICES entry", v.entry)) if x})
-             for v in seen]
+  listing = [_listing(v) for v in seen] if found else []  # no proc files: nothing to say beyond the count
   info = {} if G.order_is_exact(found, ctx.env.get("CUDA_DEVICE_ORDER")) else \
     {"order": "mixed GPU models: CUDA numbers them fastest first; the listing is PCI order (set CUDA_DEVICE_ORDER=PCI_BUS_ID to make it exact)"}
   if len(seen) > 1: info["copies between GPUs"] = "peer to peer where cuDeviceCanAccessPeer allows (asked when both open), else staged by the driver"
   n = len(seen)
   return Probe.found(n, f"{n} GPU{'s' if n != 1 else ''}{where}", **info).with_devices(listing)
+
+
+def _listing(v: Any) -> DeviceListing:
+  """One GPU CUDA will see (a plugrt_nvidia_toolchain.gpus.VisibleGPU) as `plugrt devices` lists it."""
+  if v.gpu is None:  # a MIG instance, or a UUID the proc files do not show: what the entry said
+    return DeviceListing(v.index, "MIG instance" if v.entry.upper().startswith("MIG-") else "NVIDIA GPU", "", {"CUDA_VISIBLE_DEVICES entry": v.entry})
+  info = {"uuid": v.gpu.uuid} if v.gpu.uuid else {}
+  if v.entry: info["CUDA_VISIBLE_DEVICES entry"] = v.entry
+  return DeviceListing(v.index, v.gpu.model, v.gpu.bus_id, info)
 
 
 def probe_nvrtc(ctx: PluginContext) -> Probe:

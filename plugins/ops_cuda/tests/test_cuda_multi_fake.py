@@ -91,6 +91,10 @@ def test_probe_renumbers_with_cuda_visible_devices(machine):
   p = probe(CUDA_VISIBLE_DEVICES="1")
   assert p.count == 1 and p.detail == "1 GPU (CUDA_VISIBLE_DEVICES='1')"
   assert p.devices[0].index == 0 and p.devices[0].bus_id == "0000:2a:00.0" and p.devices[0].info["CUDA_VISIBLE_DEVICES entry"] == "1"
+  mig = probe(CUDA_VISIBLE_DEVICES="MIG-0f1e2d3c,0")
+  assert [(d.name, d.bus_id, dict(d.info)) for d in mig.devices] == [
+    ("MIG instance", "", {"CUDA_VISIBLE_DEVICES entry": "MIG-0f1e2d3c"}),
+    ("NVIDIA H100 80GB HBM3", "0000:18:00.0", {"uuid": A, "CUDA_VISIBLE_DEVICES entry": "0"})]
   hidden = probe(CUDA_VISIBLE_DEVICES="")
   assert not hidden.ok and "hides every GPU" in hidden.detail and "0-1" in hidden.hint
 
