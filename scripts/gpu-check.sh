@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Everything plugrt checks on the lent GPU machine, in one call: install, list devices, run the tests marked `gpu`
 # (and the suites that run on every available device), then the benchmarks. Logs go to $OUT (the device tool
-# brings them back). Usage (from the repo root): bash scripts/gpu-check.sh [--quick] [--only=tests|bench|cuda|webgpu|nv|video|nvvideo]
-# (--only=cuda: the CUDA tests and benches alone; --only=webgpu, nv or nvvideo (NV's own video engine): install, then that section alone). Each step has its own time limit, so one hang costs one step.
+# brings them back). Usage (from the repo root): bash scripts/gpu-check.sh [--quick] [--only=tests|bench|cuda|webgpu|nv|video|nvvideo|multi]
+# (--only=cuda: the CUDA tests and benches alone; --only=webgpu, nv, nvvideo (NV's own video engine) or multi (two or more GPUs:
+# indices, peer copies, CUDA_VISIBLE_DEVICES, collectives, bench/multi_gpu.py): install, then that section alone; the full run
+# includes multi where `nvidia-smi -L` lists two GPUs or more). Each step has its own time limit, so one hang costs one step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/plugrt-gpu}; mkdir -p "$OUT"
@@ -24,6 +26,19 @@ $PY -m pip install -q --upgrade --no-deps --no-build-isolation --no-compile --ta
 [ -d .whl ] && $PY -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -3
 export PYTHONPATH=/tmp/site
 $PY -m plugrt devices 2>&1 | tee "$OUT/devices.txt" | head -20
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$ONLY" = "multi" ] || { [ -z "$ONLY" ] && [ "$NGPU" -ge 2 ]; }; then
+  # several GPUs (issue 20): every index its own GPU, copies between GPUs (peer or reported as staged), CUDA_VISIBLE_DEVICES
+  # renumbering, plugrt.distributed's collectives where they exist; then peer bandwidth against cupy and the link
+  echo "== several GPUs ($NGPU): indices, peer copies, CUDA_VISIBLE_DEVICES, collectives"
+  nvidia-smi topo -m 2>&1 | tee "$OUT/topo.txt"
+  MULTI="plugins/ops_cuda/tests/test_multi_gpu.py plugins/ops_nv/tests/test_nv_multi_gpu.py"
+  [ -f plugins/ops_cuda/tests/test_distributed_gpu.py ] && MULTI="$MULTI plugins/ops_cuda/tests/test_distributed_gpu.py"
+  PLUGRT_NV_TIMEOUT=10 timeout ${MULTI_TESTS_S:-300} $PY -m pytest -v -p no:cacheprovider -o faulthandler_timeout=150 --tb=short -rfEsP -m gpu $MULTI \
+    2>&1 | tee "$OUT/multi_tests.txt" | grep -E "^(FAILED|ERROR)|passed|failed|SKIPPED|path 0->1" | tail -40
+  PLUGRT_NV_TIMEOUT=10 timeout ${MULTI_BENCH_S:-300} $PY bench/multi_gpu.py $QUICK --no-install --json "$OUT/bench_multi.json" 2>&1 | tee "$OUT/bench_multi.txt"
+  [ "$ONLY" = "multi" ] && exit 0
+fi
 # video (issue 12): PyAV (~35 MB) and PyNvVideoCodec (~27 MB) wheels travel in .video-whl, in a device call of their own
 [ -d .video-whl ] && $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .video-whl/*.whl 2>&1 | tail -3
 if [ -z "$ONLY" ] || [ "$ONLY" = "video" ] || [ "$ONLY" = "nvvideo" ]; then
@@ -43,18 +58,18 @@ if [ -z "$ONLY" ] || [ "$ONLY" = "video" ]; then
   [ "$ONLY" = "video" ] && timeout ${VIDEO_BENCH_S:-420} $PY bench/video.py $QUICK --no-install --json "$OUT/bench_video.json" 2>&1 | tee "$OUT/bench_video.txt"
   [ "$ONLY" = "video" ] && exit 0
 fi
-if [ "$ONLY" != "bench" ] && [ "$ONLY" != "webgpu" ] && [ "$ONLY" != "nv" ]; then
+if [ "$ONLY" != "bench" ] && [ "$ONLY" != "webgpu" ] && [ "$ONLY" != "nv" ] && [ "$ONLY" != "multi" ]; then
   echo "== tests"
   timeout ${TESTS_S:-480} $PY -m pytest -q -p no:cacheprovider --tb=short -rfE plugins/ops_cuda tests/test_dsl.py tests/test_tensor.py tests/test_interop.py \
     tests/test_conformance.py tests/test_adversarial_threads.py tests/test_adversarial_limits.py tests/test_plugin_context.py tests/test_hwqueue.py tests/test_launchargs.py \
     plugins/ops_cuda/toolchain 2>&1 | tee "$OUT/tests.txt" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -40
 fi
-if [ "$ONLY" != "tests" ] && [ "$ONLY" != "webgpu" ] && [ "$ONLY" != "nv" ]; then
+if [ "$ONLY" != "tests" ] && [ "$ONLY" != "webgpu" ] && [ "$ONLY" != "nv" ] && [ "$ONLY" != "multi" ]; then
   echo "== bench"
   timeout 360 $PY bench/gpu_cuda.py $QUICK --json "$OUT/bench_cuda.json" 2>&1 | tee "$OUT/bench_cuda.txt"
   timeout 90 $PY bench/cuda_launch.py 2>&1 | tee "$OUT/cuda_launch.txt"
 fi
-if [ "$ONLY" != "webgpu" ] && [ "$ONLY" != "nv" ] && [ "$ONLY" != "cuda" ]; then
+if [ "$ONLY" != "webgpu" ] && [ "$ONLY" != "nv" ] && [ "$ONLY" != "cuda" ] && [ "$ONLY" != "multi" ]; then
 echo "== OpenCL on this machine"
 ls -l /etc/OpenCL/vendors 2>/dev/null && for f in /etc/OpenCL/vendors/*.icd; do echo "  $f -> $(cat "$f")"; done || echo "  no /etc/OpenCL/vendors"
 ldconfig -p | grep -i opencl || echo "  no OpenCL library in the linker cache"
@@ -66,7 +81,7 @@ if grep -qsil nvidia /etc/OpenCL/vendors/*.icd || [ "$(ldconfig -p | grep -c lib
   [ "$ONLY" != "tests" ] && CL_PLATFORM=nvidia timeout 150 $PY bench/cl.py --quick --json "$OUT/bench_cl.json" 2>&1 | tee "$OUT/bench_cl.txt"
 else echo "no NVIDIA OpenCL driver here: the CL suite is not run on the GPU"; fi
 fi
-if [ "$ONLY" != "nv" ] && [ "$ONLY" != "cuda" ]; then
+if [ "$ONLY" != "nv" ] && [ "$ONLY" != "cuda" ] && [ "$ONLY" != "multi" ]; then
 echo "== WebGPU through the NVIDIA Vulkan driver"
 # The machine has the driver's Vulkan ICD but no loader: the loader debs travel in .gl (see docs/hardware.md).
 if [ -d .gl ] && command -v nvidia-smi >/dev/null; then for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; fi

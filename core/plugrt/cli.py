@@ -68,6 +68,7 @@ def device_rows() -> tuple[list[dict[str, Any]], str | None, str | None]:
                  "count": probe.count, "default": br.name == (default or "").split(":")[0], "priority": br.priority,
                  "compilers": compilers, "interfaces": interfaces, "reason": reason, "detail": detail, "hint": hint,
                  "info": dict(probe.info), "description": br.spec.description if br.spec else "",
+                 "devices": [{"index": d.index, "name": d.name, "bus_id": d.bus_id, "info": dict(d.info)} for d in probe.devices],
                  "warnings": list(br.plugin.warnings) if br.plugin is not None else []})
   return rows, default, env_error
 
@@ -92,6 +93,12 @@ def _fmt_compilers(cs: list[dict[str, Any]]) -> str:
 
 def _fmt_ifaces(fs: list[dict[str, Any]]) -> str:
   return ",".join(f["name"] + ("" if f["ok"] else "(no)") + ("" if f["auto"] else "[manual]") for f in fs) or "-"
+
+
+def _fmt_listing(device: str, d: dict[str, Any]) -> str:
+  """One device of a backend's listing: "CUDA:1  NVIDIA H100 80GB HBM3  0000:19:00.0  (uuid GPU-...)"."""
+  extra = ", ".join(f"{k} {v}" for k, v in d["info"].items())
+  return f"{device}:{d['index']}  {d['name']}  {d['bus_id'] or '-'}" + (f"  ({extra})" if extra else "")
 
 
 def _progress(message: str) -> None:
@@ -145,6 +152,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     print("\nwhat is here:")
     for what, detail, info in facts:
       print(f"  {what}: {detail}" + "".join(f"\n      {k}: {v}" for k, v in info.items()))
+      for d in next((r["devices"] for r in rows if r["device"] == what and r["available"]), []): print("      " + _fmt_listing(what, d))
   notes = [(r["device"], r["detail"], r["hint"]) for r in rows if not r["available"]]
   notes += [(f"{r['device']} compiler {c['name']}", c["detail"], c["hint"]) for r in rows for c in r["compilers"] if c["ok"] is False]
   notes += [(f"{r['device']} interface {f['name']}", f["detail"], f["hint"]) for r in rows for f in r["interfaces"] if not f["ok"]]

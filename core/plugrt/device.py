@@ -34,6 +34,7 @@ class RuntimeDevice:
     self._kernel_programs: dict[tuple[int, str], tuple[Kernel, Program]] = {}
     self._lock = allocate_lock()
     self._graph_factory: Any = None
+    self._peer_paths: dict[str, str] = {}  # destination device -> how copies to it travel (Allocator.peer_path), asked once
 
   @property
   def compiler(self) -> Compiler | None:
@@ -287,6 +288,7 @@ class Buffer:
     """Copy into `dest` (same byte size), device to device where the backend can, else through the host."""
     if dest.nbytes != self.nbytes: raise ValueError(f"cannot copy {self.nbytes} bytes into a buffer of {dest.nbytes}")
     a, b = self.device, dest.device
+    if a.index != b.index and a.backend is b.backend: _report_path(a, b)  # (one index opened twice, LLVM beside CPU, is one device)
     if a.backend is b.backend and a.allocator.supports_transfer:
       a.allocator._transfer(dest.handle, self.handle, self.nbytes, a, b)
     elif a is not b or a.allocator._copy(dest.handle, self.handle, self.nbytes) is NotImplemented:  # no device copy: the host
@@ -299,6 +301,17 @@ class Buffer:
   def to(self, device: str | RuntimeDevice) -> Buffer:
     """A copy of this buffer on `device`."""
     return self.copy_to(Buffer(device, self.size, self.dtype))
+
+
+def _report_path(a: RuntimeDevice, b: RuntimeDevice) -> None:
+  """Warn once per pair and direction when copies between two devices of one backend go through host memory."""
+  if b.canonical in a._peer_paths: return
+  how = a._peer_paths[b.canonical] = a.allocator.peer_path(b)
+  if how.startswith("staged"):
+    import warnings
+
+    from plugrt.errors import StagedCopyWarning
+    warnings.warn(f"plugrt: copies from {a.canonical} to {b.canonical} are {how}", StagedCopyWarning, stacklevel=4)
 
 
 class _DeviceAccess:

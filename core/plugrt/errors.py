@@ -109,3 +109,8 @@ class VideoDecoderUnavailable(PlugrtError, RuntimeError):
   def __init__(self, message: str, reason: Reason, hint: str = "", reasons: dict[str, str] | None = None):
     self.reason, self.reasons = reason, dict(reasons or {})
     super().__init__(f"{message} [{reason.value}]", hint)
+
+
+class StagedCopyWarning(UserWarning):
+  """A copy between two devices of one backend went through host memory instead of device to device (peer): said
+  once per pair of devices and direction, with how it travels and why (Allocator.peer_path)."""

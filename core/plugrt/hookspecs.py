@@ -94,6 +94,14 @@ def hookimpl(function: _F | None = None, hookwrapper: bool = False, optionalhook
 # Immutable records, as NamedTuples: discovery imports this module in every process, and a frozen
 # dataclass compiles six methods with exec at import (~1 ms a class; a NamedTuple takes ~0.2 ms).
 
+class DeviceListing(NamedTuple):
+  """One device of a backend as its probe sees it without opening it, for `plugrt devices` (Probe.devices)."""
+  index: int                        # what Device["NAME:index"] opens
+  name: str                         # the model, "NVIDIA H100 80GB HBM3"
+  bus_id: str = ""                  # its PCI location, "0000:18:00.0"; "" where it has none
+  info: Mapping[str, str] = {}      # more facts (a UUID, the physical GPU an index maps to); read only
+
+
 class Probe(NamedTuple):
   """What a cheap, side-effect-free look at the machine found."""
   ok: bool
@@ -102,11 +110,17 @@ class Probe(NamedTuple):
   detail: str = ""                  # what was found, or what is missing
   hint: str = ""                    # how to fix it
   info: Mapping[str, str] = {}       # extra facts for `plugrt devices` (adapters, versions); read only
+  devices: tuple[DeviceListing, ...] = ()  # optional: each device with its index, model and bus (see with_devices)
 
   @staticmethod
   def found(count: int = 1, detail: str = "", **info: str) -> Probe: return Probe(True, count, None, detail, "", info)
   @staticmethod
   def missing(reason: Reason, detail: str, hint: str = "", **info: str) -> Probe: return Probe(False, 0, reason, detail, hint, info)
+
+  def with_devices(self, devices: Sequence[DeviceListing]) -> Probe:
+    """This probe with its per-device listing, read where the probe reads anyway (a proc file, sysfs), never by
+    opening a device: `plugrt devices` prints one line per entry."""
+    return self._replace(devices=tuple(devices))
 
 
 #: A probe: ``probe(ctx)`` (plugin API 1.2), or ``probe()`` (1.0, 1.1). plugrt.registry.takes_context tells them apart.

@@ -379,8 +379,11 @@ class StagedAllocator(Allocator[int]):
 
   def _copyout(self, dest: memoryview, src: int) -> None: self.staging.copyout(buffer_address(dest), src, dest.nbytes)
 
+  def peer_path(self, dest_dev: Any) -> str:
+    return "staged through host memory (no peer mappings yet: device to host on one GPU, then host to device on the other)"
+
   def _transfer(self, dest: int, src: int, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
     if src_dev is dest_dev: return self._copy(dest, src, nbytes)
-    host = bytearray(nbytes)  # between two GPUs: through the host (no peer mappings yet)
+    host = bytearray(nbytes)  # between two GPUs: through the host (peer_path says so, and the core warns once a pair)
     src_dev.allocator._copyout(memoryview(host), src)
     dest_dev.allocator._copyin(dest, memoryview(host))

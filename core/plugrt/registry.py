@@ -28,7 +28,7 @@ from plugrt import hookspecs
 from plugrt._entrypoints import entry_points, foreign_modules, import_warning, name_warning, value_warning
 from plugrt.context import DeviceInfo, PluginContext
 from plugrt.errors import DeviceUnavailable, EnvError, PluginError, PlugrtError, Reason, UnknownDeviceError, did_you_mean
-from plugrt.hookspecs import PLUGIN_API_VERSION, BackendSpec, InterfaceSpec, Probe
+from plugrt.hookspecs import PLUGIN_API_VERSION, BackendSpec, DeviceListing, InterfaceSpec, Probe
 from plugrt.probing import install_hint
 from plugrt.selection import BackendFacts, Selection, Target, parse_target, select
 
@@ -350,6 +350,8 @@ class Registry:
         args = (self.context,) if fn is not None and takes_context(fn) else ()
         p = self._run(rec, f"running {what}", fn, *args, limit=self._probe_limit) if fn is not None else Probe.found()
         if not isinstance(p, Probe): raise TypeError(f"probe returned {type(p).__name__}, not Probe")
+        if (bad := next((d for d in p.devices if not isinstance(d, DeviceListing)), None)) is not None:
+          raise TypeError(f"probe listed a device as {type(bad).__name__}, not plugrt.hookspecs.DeviceListing")
       except _Overran as e:
         return self._stall(rec, f"{what} of {key[1]} {e}", PROBE_TIMEOUT)
       except (Exception, SystemExit) as e:
@@ -487,8 +489,11 @@ class Registry:
       p = self.probe(name)
       if not p.ok: raise DeviceUnavailable(f"{key} cannot be used: {p.detail}", p.reason or Reason.NO_DEVICE, p.hint, self._others(name))
       if index >= max(p.count, 1):
-        raise DeviceUnavailable(f"{key} does not exist: {name} has {p.count} device{'s' if p.count != 1 else ''}",
-                                Reason.NO_DEVICE, f"use an index below {p.count}", self._others(name))
+        indices = "index 0" if p.count == 1 else f"indices 0-{p.count - 1}"
+        listed = "".join(f"; {name}:{d.index} is {d.name}" + (f" at {d.bus_id}" if d.bus_id else "") for d in p.devices)
+        raise DeviceUnavailable(f"{key} does not exist: {name} has {p.count} device{'s' if p.count != 1 else ''} here ({indices}: "
+                                f"{p.detail}){listed}", Reason.NO_DEVICE, f"use an index below {p.count} (`plugrt devices` lists them)",
+                                self._others(name))
       chosen, _ = self.choose_compiler(name)  # also when `compiler` is given: it checks the environment's request
       compiler = compiler or chosen
       iface = self.choose_interface(name)

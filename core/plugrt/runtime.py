@@ -224,6 +224,13 @@ class Allocator(Generic[H]):
     backend (possibly the same one). Without it, the core uses _copy on one device and the host between two."""
     raise NotImplementedError
 
+  def peer_path(self, dest_dev: Any) -> str:
+    """How a copy from this device to `dest_dev` (another opened device of this backend) travels: "peer" when device
+    to device with no host memory in between, else a sentence beginning "staged" that says how and why. The core warns
+    (StagedCopyWarning) the first time a pair copies staged. Backends with a peer path override this."""
+    if not self.supports_transfer: return "staged through host memory by plugrt (the backend has no device-to-device transfer)"
+    return "the backend's transfer (it does not report whether through host memory)"
+
   def _wrap(self, ptr: int, nbytes: int) -> H:
     """With supports_wrap: a handle that is the external memory at `ptr` itself, both ways (Buffer.from_blob; see
     docs/authoring.md). Without it, from_blob raises UnsupportedError: plugrt never copies silently."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from plugrt.context import PluginContext
 from plugrt.errors import Reason
-from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, Probe, VideoDecoderSpec, hookimpl
+from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, DeviceListing, Probe, VideoDecoderSpec, hookimpl
 from plugrt.probing import device_nodes
 
 __version__ = "0.1.0"
@@ -20,15 +20,36 @@ DRIVER_DIRS = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/wsl
 
 
 def probe_cuda(ctx: PluginContext) -> Probe:
+  """GPU nodes and libcuda on disk; the GPUs CUDA will number, with CUDA_VISIBLE_DEVICES applied as the driver applies it
+  (the driver reads the process's variable; a registry's own environment predicts with its value), listed from the
+  kernel driver's proc files (plugrt_nvidia_toolchain.gpus: no library is loaded, no GPU touched)."""
   nodes = device_nodes("/dev/nvidia")
   if not nodes:
     return Probe.missing(Reason.NO_DEVICE, "no NVIDIA GPU (/dev/nvidia0 does not exist)", "run on a machine with an NVIDIA GPU and its driver")
   if ctx.find_library("libcuda.so*", dirs=ctx.library_dirs(*DRIVER_DIRS)) is None:
     return Probe.missing(Reason.NO_DEVICE, "the NVIDIA driver library libcuda.so.1 is not installed", "install the NVIDIA driver")
-  visible = ctx.env.get("CUDA_VISIBLE_DEVICES")  # the driver reads the process's; a registry's own environment predicts with its value
-  count = len(nodes) if visible is None else min(len(nodes), len([v for v in visible.split(",") if v.strip()]))
-  if count == 0: return Probe.missing(Reason.NO_DEVICE, f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU", "unset CUDA_VISIBLE_DEVICES")
-  return Probe.found(count, f"{count} GPU{'s' if count != 1 else ''}")
+  from plugrt_nvidia_toolchain import gpus as G
+  found = G.present(G.driver_gpus(), nodes)
+  visible = ctx.env.get("CUDA_VISIBLE_DEVICES")
+  seen = G.cuda_order(found, visible, len(nodes))
+  where = "" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible!r})"
+  if not seen: return Probe.missing(Reason.NO_DEVICE, f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU",
+                                    f"unset CUDA_VISIBLE_DEVICES, or name GPUs by index 0-{len(found or nodes) - 1} or GPU-<uuid>")
+  listing = [_listing(v) for v in seen] if found else []  # no proc files: nothing to say beyond the count
+  info = {} if G.order_is_exact(found, ctx.env.get("CUDA_DEVICE_ORDER")) else \
+    {"order": "mixed GPU models: CUDA numbers them fastest first; the listing is PCI order (set CUDA_DEVICE_ORDER=PCI_BUS_ID to make it exact)"}
+  if len(seen) > 1: info["copies between GPUs"] = "peer to peer where cuDeviceCanAccessPeer allows (asked when both open), else staged by the driver"
+  n = len(seen)
+  return Probe.found(n, f"{n} GPU{'s' if n != 1 else ''}{where}", **info).with_devices(listing)
+
+
+def _listing(v: Any) -> DeviceListing:
+  """One GPU CUDA will see (a plugrt_nvidia_toolchain.gpus.VisibleGPU) as `plugrt devices` lists it."""
+  if v.gpu is None:  # a MIG instance, or a UUID the proc files do not show: what the entry said
+    return DeviceListing(v.index, "MIG instance" if v.entry.upper().startswith("MIG-") else "NVIDIA GPU", "", {"CUDA_VISIBLE_DEVICES entry": v.entry})
+  info = {"uuid": v.gpu.uuid} if v.gpu.uuid else {}
+  if v.entry: info["CUDA_VISIBLE_DEVICES entry"] = v.entry
+  return DeviceListing(v.index, v.gpu.model, v.gpu.bus_id, info)
 
 
 def probe_nvrtc(ctx: PluginContext) -> Probe:

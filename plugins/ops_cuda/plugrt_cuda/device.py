@@ -14,14 +14,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from plugrt.device import Buffer
-from plugrt.errors import UnsupportedError
+from plugrt.errors import DeviceUnavailable, Reason, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import PinnedStaging
 from plugrt.ir import Signature
 from plugrt.launchargs import NO_CALL, PreparedCall, call_key, ctypes_packer
 from plugrt.runtime import Allocator, DeviceState, Graph, Launch, LaunchLimits, Program, buffer_address
 from plugrt_cuda import driver as D
-from plugrt_cuda import trampoline
+from plugrt_cuda import peer, trampoline
 
 _tls = threading.local()  # the context current on this thread (cuCtxSetCurrent is per thread)
 
@@ -34,6 +34,12 @@ class CUDAState(DeviceState):
     if lib is None: raise UnsupportedError("libcuda.so.1 (the NVIDIA driver) is not installed")
     self.lib, self.index = lib, info.index
     D.call("cuInit", 0)
+    count = ctypes.c_int()
+    D.call("cuDeviceGetCount", ctypes.byref(count))
+    if info.index >= count.value:  # the probe predicted more GPUs than the driver shows (a CUDA_VISIBLE_DEVICES it could not check)
+      raise DeviceUnavailable(f"{info.canonical} does not exist: the CUDA driver sees {count.value} GPU{'s' if count.value != 1 else ''}"
+                              f"{f' (indices 0-{count.value - 1})' if count.value > 1 else ''}", Reason.NO_DEVICE,
+                              f"use an index below {count.value}; CUDA_VISIBLE_DEVICES decides which GPUs the driver shows")
     self.dev, self.ctx = ctypes.c_int(), ctypes.c_void_p()
     D.call("cuDeviceGet", ctypes.byref(self.dev), info.index)
     D.call("cuDevicePrimaryCtxRetain", ctypes.byref(self.ctx), self.dev)
@@ -44,6 +50,8 @@ class CUDAState(DeviceState):
     name = ctypes.create_string_buffer(256)
     D.call("cuDeviceGetName", name, 256, self.dev)
     self.name = name.value.decode()
+    D.call("cuDeviceGetPCIBusId", name, 256, self.dev)
+    self.bus_id = name.value.decode().lower()  # "0000:18:00.0", as the kernel driver's proc files and `plugrt devices` name it
     # gridDim (2**31-1, 65535, 65535) and blockDim (1024, 1024, 64) as the driver reports them
     self.launch_limits = LaunchLimits(f"{info.canonical} ({self.name})", [self.attr(a) for a in D.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM],
                                       [self.attr(a) for a in D.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM], self.max_threads)
@@ -174,10 +182,14 @@ class CUDAAllocator(Allocator[int]):
     D.check(self.lib.cuMemcpyDtoD_v2(ctypes.c_uint64(dest), ctypes.c_uint64(src), ctypes.c_size_t(nbytes)), "cuMemcpyDtoD")
 
   def _transfer(self, dest: int, src: int, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
-    if src_dev is dest_dev: return self._copy(dest, src, nbytes)
-    self.state.make_current()  # between two GPUs: peer to peer where they can, else staged by the driver
-    D.check(self.lib.cuMemcpyPeer(ctypes.c_uint64(dest), dest_dev.info.state.ctx, ctypes.c_uint64(src), src_dev.info.state.ctx,
-                                  ctypes.c_size_t(nbytes)), "cuMemcpyPeer")
+    s, d = src_dev.info.state, dest_dev.info.state
+    if s.ctx.value == d.ctx.value: return dest_dev.allocator._copy(dest, src, nbytes)  # one GPU (CUDA and CUDA:PTX share its context)
+    peer.link(s, d).copy(dest, src, nbytes)  # between two GPUs: peer to peer where they can, else staged by the driver (peer.py)
+
+  def peer_path(self, dest_dev: Any) -> str:
+    """"peer" when copies from this GPU to `dest_dev` go GPU to GPU; else how the driver stages them and why."""
+    d = dest_dev.info.state
+    return "peer" if d.ctx.value == self.state.ctx.value else peer.link(self.state, d).path
 
   def _wrap(self, ptr: int, nbytes: int) -> int:
     """A device pointer from another library (torch, cupy): checked to be device memory of this GPU, then used as is."""

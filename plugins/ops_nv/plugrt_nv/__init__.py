@@ -17,12 +17,14 @@ from typing import Any
 
 from plugrt.context import PluginContext
 from plugrt.errors import Reason
-from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, Probe, VideoDecoderSpec, hookimpl
+from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, DeviceListing, Probe, VideoDecoderSpec, hookimpl
 from plugrt.probing import device_nodes, has_module, install_hint
 
 __version__ = "0.1.0"
 #: first-party interfaces: (name, module, distribution)
 INTERFACES = (("NVK", "plugrt_nv_nvk", "plugrt-nv-nvk"), ("PCI", "plugrt_nv_pci", "plugrt-nv-pci"))
+#: how NV copies between two GPUs today, said by `plugrt devices`, NVAllocator.peer_path and docs/multi-gpu.md
+STAGED_PEER = "staged through host memory (plugrt-nv maps no peer memory yet: device to host on one GPU, host to device on the other)"
 DRIVER_HINT = "install the NVIDIA driver (open or proprietary kernel modules) and load nvidia and nvidia-uvm, or run on a machine with an NVIDIA GPU"
 
 
@@ -50,7 +52,12 @@ def probe_nv(ctx: PluginContext) -> Probe:
   if not any(has_module(m) for _, m, _ in INTERFACES):
     return Probe.missing(Reason.NOT_INSTALLED, "no NV interface is installed", f"{install_hint('plugrt-nv-nvk')} (the kernel-driver interface)")
   ver = driver_version()
-  return Probe.found(len(nodes), f"{len(nodes)} GPU{'s' if len(nodes) != 1 else ''}, driver {ver or 'version unknown'}", driver=ver or "")
+  from plugrt_nvidia_toolchain import gpus as G  # the kernel driver's proc files: no device opened, no ioctl
+  here = G.by_minor(G.present(G.driver_gpus(), nodes))
+  listing = [DeviceListing(i, g.model, g.bus_id, {"uuid": g.uuid} if g.uuid else {}) for i, g in enumerate(here)]
+  info = {"driver": ver or ""}
+  if len(nodes) > 1: info["copies between GPUs"] = STAGED_PEER
+  return Probe.found(len(nodes), f"{len(nodes)} GPU{'s' if len(nodes) != 1 else ''}, driver {ver or 'version unknown'}", **info).with_devices(listing)
 
 
 def probe_nvrtc(ctx: PluginContext) -> Probe:

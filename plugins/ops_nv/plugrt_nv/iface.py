@@ -46,6 +46,7 @@ class GPUInterface:
   gr: dict[str, int]      # gpcs, tpc_per_gpc, sm_per_tpc, warps_per_sm, sms
   doorbell = 0            # CPU address of the 32-bit doorbell register
   description = ""
+  bus_id = ""             # PCI location "0000:18:00.0", where the interface knows it
 
   @property
   def arch(self) -> str: return hw.arch_of(self.sm_version)

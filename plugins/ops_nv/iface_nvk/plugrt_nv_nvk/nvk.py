@@ -79,10 +79,12 @@ class NVKInterface(GPUInterface):
     except NVError: pass  # not needed on every platform; CUDA sees it fail too
     cards = (rm.CARD_INFO * 64)()
     rm.ioctl(self.ctl, rm.ESC_CARD_INFO, cards, "listing GPUs")
-    valid = [c for c in cards if c.valid]
+    # NV:i is the GPU of the i-th smallest minor among those whose node this process has (a container may have some), as the probe lists
+    valid = sorted((c for c in cards if c.valid and os.path.exists(f"/dev/nvidia{c.minor_number}")), key=lambda c: c.minor_number)
     if index >= len(valid): raise NVError(f"NV:{index} does not exist: the driver lists {len(valid)} GPU(s)", f"use an index below {len(valid)}")
     card = valid[index]
     self.minor, self.pci_device = card.minor_number, card.pci.device_id
+    self.bus_id = f"{card.pci.domain:04x}:{card.pci.bus:02x}:{card.pci.slot:02x}.{card.pci.function:x}"  # as /proc/driver/nvidia names it
     self.gpu = self._gpu_fd()  # before the device object: RM checks that the process has the GPU's node open
     ids = self.control(self.root, rm.CTRL_GPU_ID_INFO_V2, rm.GPU_ID_INFO_V2(gpuId=card.gpu_id), "reading the GPU's id")
     self.device = self.rm_alloc(self.root, rm.DEVICE, rm.DEVICE_PARAMS(deviceId=ids.deviceInstance, hClientShare=self.root), what="the GPU device")
@@ -112,7 +114,8 @@ class NVKInterface(GPUInterface):
     self.sm_version = self.gr["sm_version"]
     self.notifiers: list[tuple[str, int]] = []
     self.debugger = self.compute_channel = self.video = 0
-    self.description = (f"{picked.family.name} (PCI device {self.pci_device:#06x}, {self.arch}, {self.gr['sms']} SMs), driver {self.driver}, "
+    self.description = (f"{picked.family.name} (PCI device {self.pci_device:#06x} at {self.bus_id}, {self.arch}, {self.gr['sms']} SMs), "
+                        f"driver {self.driver}, "
                         f"compute {picked.compute:#06x}, copy {picked.copy:#06x}, channel {picked.gpfifo:#06x}, "
                         f"video decoder {f'{picked.video:#06x}' if picked.video else 'none'}")
 
