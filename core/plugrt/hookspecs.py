@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 PROJECT = "plugrt"
 #: The plugin API this core implements. A backend declaring another major version is
 #: refused; one declaring a newer minor version than this is refused too.
-PLUGIN_API_VERSION = (1, 2)  # 1.1: plugrt_graph; 1.2: probes may take the PluginContext, DeviceInfo.context
+PLUGIN_API_VERSION = (1, 3)  # 1.1: plugrt_graph; 1.2: probes may take the PluginContext, DeviceInfo.context; 1.3: Probe.devices
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

@@ -62,7 +62,7 @@ def probe_nvrtc(ctx: PluginContext) -> Probe:
 
 @hookimpl
 def plugrt_backends() -> list[BackendSpec]:
-  return [BackendSpec(name="CUDA", api_version="1.2", probe=probe_cuda, priority=50,
+  return [BackendSpec(name="CUDA", api_version="1.3", probe=probe_cuda, priority=50,
                       compilers=(CompilerSpec("CUDA", "CUDA C through NVRTC to a cubin", probe_nvrtc),
                                  CompilerSpec("PTX", "PTX rendered by plugrt, compiled by the driver's JIT")),
                       description="NVIDIA GPUs through the CUDA driver API")]

@@ -80,7 +80,7 @@ def probe_ptxas(ctx: PluginContext) -> Probe:
 @hookimpl
 def plugrt_backends() -> list[BackendSpec]:
   # below CUDA (50): where both run, the CUDA driver stays the default and NV=1 picks this one
-  return [BackendSpec(name="NV", api_version="1.2", probe=probe_nv, priority=45,
+  return [BackendSpec(name="NV", api_version="1.3", probe=probe_nv, priority=45,
                       compilers=(CompilerSpec("CUDA", "CUDA C through NVRTC to a cubin", probe_nvrtc),
                                  CompilerSpec("PTX", "PTX rendered by plugrt, assembled to a cubin by ptxas or nvJitLink", probe_ptxas)),
                       description="NVIDIA GPUs from user space through the kernel driver (no libcuda)")]
