@@ -90,7 +90,8 @@ def probe_nv_video(ctx: PluginContext) -> Probe:
   """NV's probe, saying what has (not) run: the engine path has never decoded a picture on a GPU."""
   p = probe_nv(ctx)
   if not p.ok: return p
-  return Probe.found(p.count, "never decoded a picture on a GPU: on the H100 (driver 580) the decoder object is refused; see docs/video.md")
+  return Probe.found(p.count, "never decoded a picture on a GPU: the H100 (driver 580) refused the decoder object on NVDEC0; "
+                              "the lowest NVDEC the GPU lists is used now, not yet run; see docs/video.md")
 
 
 def _open_video(device: Any, stream: bytes, info: Any, options: Any) -> Any:

@@ -11,6 +11,7 @@ NVVideoQueue and its HEVC helper (buffer sizes and offsets, the block-linear pic
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from plugrt.hwqueue import round_up
@@ -19,6 +20,13 @@ from plugrt.hwqueue import round_up
 
 # the video decoder class of each family is in plugrt_nv.hw.FAMILIES (Hopper: 0xB8B0, NVB8B0_VIDEO_DECODER)
 ENGINE_NVDEC0 = 0x13   # NV2080_ENGINE_TYPE_NVDEC0 (= NV2080_ENGINE_TYPE_BSP); NVDEC1..7 are 0x14..0x1A
+
+
+def first_decoder(engines: Sequence[int]) -> int | None:
+  """The lowest NVDEC instance among a GPU's engine types (NV2080_CTRL_CMD_GPU_GET_ENGINES_V2's list), or None.
+  Not always 0: GH100 has room for NVDEC0-7 and an H100 has seven of them, and RM refuses a decoder object or a
+  channel bind naming an engine the GPU lacks (docs/research/nv-video.md, "Which NVDEC")."""
+  return min((e - ENGINE_NVDEC0 for e in engines if ENGINE_NVDEC0 <= e <= ENGINE_NVDEC0 + 7), default=None)
 SUBCH_VIDEO = 4        # the subchannel NVDEC methods go to (any works on a single-engine channel; tinygrad uses 4)
 
 

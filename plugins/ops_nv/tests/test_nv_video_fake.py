@@ -6,6 +6,8 @@ interpreter. Every frame must equal PyAV's own decode through the same conversio
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -180,3 +182,40 @@ def test_the_decoder_probe_says_it_never_decoded_on_a_gpu(monkeypatch: pytest.Mo
   assert p.ok and "never decoded a picture on a GPU" in p.detail and "docs/video.md" in p.detail
   monkeypatch.setattr(plugrt_nv, "probe_nv", lambda ctx: Probe.missing(plugrt_nv.Reason.NO_DEVICE, "no driver"))
   assert plugrt_nv.probe_nv_video(None).detail == "no driver"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("engines, chosen", [([0x13, 0x14, 0x1A], 0), ([0x01, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1A], 1), ([0x01, 0x0E], None)])
+def test_the_video_channel_names_a_decoder_the_gpu_has(engines, chosen):
+  """NVK's video channel asks RM which engines the GPU has and puts the channel group, the channel and the decoder
+  object on the lowest NVDEC there is: an H100 has seven of GH100's eight, and naming a missing NVDEC0 is what RM
+  refused on it (docs/video.md). Checked on the RM calls plugrt makes, against a stand-in for the driver."""
+  from plugrt_nv import nvdec
+  from plugrt_nv.iface import Mem, NVError
+  from plugrt_nv_nvk import nvk, rm
+
+  calls: list[tuple[str, Any]] = []
+  gpu = object.__new__(nvk.NVKInterface)
+  gpu.classes = SimpleNamespace(video=0xB8B0, gpfifo=0xC86F, family=SimpleNamespace(name="Hopper", video=(0xB8B0,)))
+  gpu.video, gpu.video_engine, gpu.notifiers, gpu.device, gpu.subdevice, gpu.root, gpu.virtmem = 0, -1, [], 2, 3, 1, 4
+  gpu.L = rm.layout(580)
+  gpu.alloc = lambda size, kind="device": Mem(0x7000_0000, size, 0, {"handle": 9})
+  gpu._map_to_cpu = lambda *a, **k: (_ for _ in ()).throw(NVError("no CPU mapping in this test"))
+
+  def control(obj, cmd, params, what):
+    calls.append(("control", cmd))
+    if cmd == rm.CTRL_GPU_GET_ENGINES_V2:
+      params.engineCount = len(engines)
+      for i, e in enumerate(engines): params.engineList[i] = e
+    return params
+
+  def rm_alloc(parent, cls, params, root=None, what=""):
+    calls.append(("alloc", cls, getattr(params, "engineType", None), getattr(params, "engineInstance", None)))
+    return 100 + len(calls)
+  gpu.control, gpu.rm_alloc = control, rm_alloc
+  if chosen is None:
+    with pytest.raises(NVError, match="no video decode engine"): gpu.video_channel(64)
+    return
+  gpu.video_channel(64)
+  allocs = [c for c in calls if c[0] == "alloc" and c[1] != rm.MEMORY_SYSTEM]
+  assert [(c[1], c[2]) for c in allocs[:2]] == [(rm.CHANNEL_GROUP, nvdec.ENGINE_NVDEC0 + chosen), (0xC86F, nvdec.ENGINE_NVDEC0 + chosen)]
+  assert allocs[2][1] == 0xB8B0 and allocs[2][3] == chosen and gpu.video_engine == chosen

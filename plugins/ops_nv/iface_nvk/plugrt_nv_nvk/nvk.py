@@ -114,6 +114,7 @@ class NVKInterface(GPUInterface):
     self.sm_version = self.gr["sm_version"]
     self.notifiers: list[tuple[str, int]] = []
     self.debugger = self.compute_channel = self.video = 0
+    self.video_engine = -1  # which NVDEC the video channel is on, once open
     self.description = (f"{picked.family.name} (PCI device {self.pci_device:#06x} at {self.bus_id}, {self.arch}, {self.gr['sms']} SMs), "
                         f"driver {self.driver}, "
                         f"compute {picked.compute:#06x}, copy {picked.copy:#06x}, channel {picked.gpfifo:#06x}, "
@@ -275,11 +276,12 @@ class NVKInterface(GPUInterface):
     return Channel(name, area.va + off, entries, area.va + off + entries * 8, token.workSubmitToken)
 
   def video_channel(self, entries: int) -> Channel:
-    """A channel on NVDEC0 with the video decoder object: a channel group of its own on NVDEC0 in the device's default
-    VA space (where every buffer is mapped at the same address as in UVM's, through the virtual-memory object), the
-    ring given as a virtual address (hObjectBuffer: the virtual-memory object), no UVM registration.
-    NEVER RAN on Hopper: on the H100 (driver 580) the group and the channel allocate, and the decoder object (class
-    0xB8B0, engine instance 0) is refused with NV_ERR_INVALID_CLASS (docs/video.md, "NV's own video engine")."""
+    """A channel on the GPU's first video decode engine (NVDEC k, the lowest the GPU reports: not always 0) with the
+    video decoder object: a channel group of its own on NVDEC k in the device's default VA space (where every buffer
+    is mapped at the same address as in UVM's, through the virtual-memory object), the ring given as a virtual address
+    (hObjectBuffer: the virtual-memory object), no UVM registration, the object's allocation parameters naming k.
+    NEVER RAN past the decoder object on Hopper: on the H100 (driver 580) the object was refused while plugrt named
+    NVDEC0, which an H100 (seven of GH100's eight decoders) probably lacks (docs/video.md, "NV's own video engine")."""
     from plugrt_nv import nvdec
     if not self.classes.video:
       raise NVError(f"this {self.classes.family.name} GPU offers no video decoder class plugrt-nv knows "
@@ -295,16 +297,23 @@ class NVKInterface(GPUInterface):
       ctypes.memset(addr, 0, PAGE)
       self.notifiers.append(("video", addr))
     except NVError: pass
-    # in a channel group of its own on NVDEC0, as every channel is on Volta and later; the H100 (driver 580) refused
-    # the decoder object on a channel allocated under the device (NV_ERR_INVALID_STATE without allocation parameters,
-    # NV_ERR_INVALID_CLASS with them) and the bind before the object (NV_ERR_OBJECT_NOT_FOUND)
-    tsg = self.rm_alloc(self.device, rm.CHANNEL_GROUP, rm.CHANNEL_GROUP_PARAMS(engineType=nvdec.ENGINE_NVDEC0), what="the video channel group")
-    p = self.L.CHANNEL_PARAMS(hObjectError=notifier, hObjectBuffer=self.virtmem, gpFifoOffset=area.va, gpFifoEntries=entries,
-                              engineType=nvdec.ENGINE_NVDEC0)
+    # the engine: RM takes the decoder object's engine from its allocation parameters (engineInstance), and the
+    # channel's runlist from its engine type; both must name a decoder the GPU has. Naming NVDEC0 on the H100 gave
+    # NV_ERR_INVALID_CLASS (the object, with parameters), NV_ERR_OBJECT_NOT_FOUND (a bind) and NV_ERR_INVALID_STATE
+    # (no parameters: RM picked another NVDEC than the channel's): all three what a missing NVDEC0 gives
+    listed = self.control(self.subdevice, rm.CTRL_GPU_GET_ENGINES_V2, rm.GPU_ENGINES_V2(), "listing the GPU's engines")
+    k = nvdec.first_decoder(listed.engineList[:min(listed.engineCount, len(listed.engineList))])
+    if k is None:
+      raise NVError("this GPU reports no video decode engine (NVDEC) in its engine list", "decode on the CUDA device (libnvcuvid) or in software")
+    engine = nvdec.ENGINE_NVDEC0 + k
+    # in a channel group of its own on NVDEC k, as every channel is on Volta and later
+    tsg = self.rm_alloc(self.device, rm.CHANNEL_GROUP, rm.CHANNEL_GROUP_PARAMS(engineType=engine), what=f"the video channel group (NVDEC{k})")
+    p = self.L.CHANNEL_PARAMS(hObjectError=notifier, hObjectBuffer=self.virtmem, gpFifoOffset=area.va, gpFifoEntries=entries, engineType=engine)
     p.hUserdMemory[0], p.userdOffset[0] = area.private["handle"], entries * 8
-    ch = self.rm_alloc(tsg, self.classes.gpfifo, p, what="the video channel (NVDEC0)")
-    self.rm_alloc(ch, self.classes.video, nvdec.BSPAllocParams(size=ctypes.sizeof(nvdec.BSPAllocParams), engineInstance=0),
-                  what=f"the video decoder object (class {self.classes.video:#06x})")
+    ch = self.rm_alloc(tsg, self.classes.gpfifo, p, what=f"the video channel (NVDEC{k})")
+    self.rm_alloc(ch, self.classes.video, nvdec.BSPAllocParams(size=ctypes.sizeof(nvdec.BSPAllocParams), engineInstance=k),
+                  what=f"the video decoder object (class {self.classes.video:#06x}, NVDEC{k})")
+    self.video_engine = k
     self.control(tsg, rm.CTRL_SCHEDULE, self.L.SCHEDULE(bEnable=1), "scheduling the video channel group")
     token = self.control(ch, rm.CTRL_WORK_SUBMIT_TOKEN, rm.WORK_SUBMIT_TOKEN(workSubmitToken=0xFFFFFFFF), "reading the video channel's token")
     self.video = ch

@@ -33,6 +33,7 @@ OS_DESCRIPTOR, VASPACE, CHANNEL_GROUP, CONTEXT_SHARE, DEBUGGER = 0x71, 0x90F1, 0
 CTRL_BUILD_VERSION_V2, CTRL_GPU_ID_INFO_V2 = 0x13E, 0x205
 CTRL_CLASSLIST_V2 = 0x800292
 CTRL_GID_INFO, CTRL_GR_INFO = 0x2080014A, 0x20801201
+CTRL_GPU_GET_ENGINES_V2 = 0x20800170  # NV2080_CTRL_CMD_GPU_GET_ENGINES_V2 (ctrl2080gpu.h): the engines this GPU has
 CTRL_SCHEDULE, CTRL_WORK_SUBMIT_TOKEN = 0xA06C0101, 0xC36F0108
 CTRL_CHANNEL_SCHEDULE, CTRL_CHANNEL_BIND = 0xA06F0103, 0xA06F0104  # a channel outside any channel group: NVA06F_CTRL_CMD_GPFIFO_SCHEDULE, _BIND
 CTRL_SM_ERRORS, CTRL_MMU_FAULT = 0x83DE030C, 0x83DE0328
@@ -93,6 +94,7 @@ CHANNEL_GROUP_PARAMS = struct("CHANNEL_GROUP_PARAMS", 20, ("hObjectError", u32),
                               ("bIsCallingContextVgpuPlugin", u8))
 CTXSHARE_PARAMS = struct("CTXSHARE_PARAMS", 12, ("hVASpace", u32), ("flags", u32), ("subctxId", u32))
 DEBUGGER_PARAMS = struct("DEBUGGER_PARAMS", 12, ("hDebuggerClient", u32), ("hAppClient", u32), ("hClass3dObject", u32))
+GPU_ENGINES_V2 = struct("GPU_ENGINES_V2", 340, ("engineCount", u32), ("engineList", u32 * 0x54))  # NV2080_GPU_MAX_ENGINES_LIST_SIZE
 GID_INFO = struct("GID_INFO", 268, ("index", u32), ("flags", u32), ("length", u32), ("data", u8 * 256))
 GR_INFO_ITEM = struct("GR_INFO_ITEM", 8, ("index", u32), ("data", u32))
 GR_INFO_PARAMS = struct("GR_INFO_PARAMS", 32, ("grInfoListSize", u32), ("grInfoList", u64), ("routeFlags", u32), ("route", u64))
