@@ -295,8 +295,7 @@ class Compiler:
       from plugrt.cache import key_hasher
       h = self._key_prefix = key_hasher(self.cache_namespace, *self.toolchain())
     h, b = h.copy(), src.encode()
-    h.update(len(b).to_bytes(8, "little"))
-    h.update(b)
+    h.update(len(b).to_bytes(8, "little") + b)  # one update of both: the same bytes, one call fewer on every first hit
     return h.digest()
 
   def compile(self, src: str) -> bytes:
