@@ -203,7 +203,8 @@ def test_incompatible_api_version(fake_plugins, version, problem):
   assert br.detail.startswith(f"APIDEV is written for plugin API {version!r}, plugrt implements {PLUGIN_API_VERSION[0]}.{PLUGIN_API_VERSION[1]}: "
                               f"{problem}")
   if "MAJOR.MINOR" in problem:  # the message shows the forms plugrt accepts
-    assert br.detail.endswith(': write api_version="1.2" or api_version=plugrt.PLUGIN_API_VERSION'), br.detail
+    assert br.detail.endswith(f': write api_version="{PLUGIN_API_VERSION[0]}.{PLUGIN_API_VERSION[1]}" or api_version=plugrt.PLUGIN_API_VERSION'), \
+      br.detail
   assert br.hint == "install versions of plugrt and plugrt-apidev made for each other"
   assert br.package == "plugrt-apidev" and br.version == "3.1"
   assert fake_plugins.calls(mod) == []  # no factory ran
