@@ -20,8 +20,7 @@ from typing import Any
 
 from plugrt.distributed.comm import Communicator, group, make_communicators
 from plugrt.distributed.engine import Call, Engine, EngineRequest, choose, engines
-from plugrt.errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, CollectiveUnavailable, EnvError,
-                           RankError)
+from plugrt.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, CollectiveUnavailable, EnvError, RankError
 
 __all__ = ["Call", "CollectiveError", "CollectiveMismatch", "CollectiveTimeout", "CollectiveUnavailable", "Communicator", "Engine",
            "EngineRequest", "RankError", "ReduceOp", "engines", "from_env", "from_mpi", "group"]

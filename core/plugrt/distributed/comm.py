@@ -58,9 +58,10 @@ def _run_group(calls: list[tuple[Communicator, Call]]) -> None:
   if clique.broken is not None:
     raise CollectiveError(f"the communicator is unusable: {clique.broken}", "make a new communicator (every rank)")
   with clique.lock:
-    if clique.check: _check(clique, calls)
-    try: clique.engine.run([c for _, c in calls])
-    except CollectiveMismatch: raise
+    try:
+      if clique.check: _check(clique, calls)
+      clique.engine.run([c for _, c in calls])
+    except CollectiveMismatch: raise  # the check found it before anything ran: the communicator is fine
     except CollectiveError as e:
       clique.broken = f"{type(e).__name__}: {e.message}"
       raise
@@ -129,12 +130,31 @@ def _check(clique: _Clique, calls: list[tuple[Communicator, Call]]) -> None:
                                "make the same collective with the same size, dtype, op and root on every rank (or "
                                "check=False to skip this check: a mismatch may then hang until the timeout)",
                                rank=colls[0].rank)
-  for c in p2p:  # each pair swaps its two calls' metadata: both ends see the same pair and raise together
-    theirs = _META.unpack(engine.swap_meta(c.peer, _META.pack(*_meta(0, c), 1)))
-    want_kind = KINDS.index("recv" if c.kind == "send" else "send")
-    if theirs[1] != want_kind or theirs[2:4] != _meta(0, c)[2:4]:
-      raise CollectiveMismatch(f"{_describe(_meta(0, c))} met {_describe(theirs)} on rank {c.peer}",
-                               "a send needs a recv of the same size and dtype on its peer", rank=c.rank)
+  if p2p: _check_p2p(engine, p2p)
+
+
+def _check_p2p(engine: Engine, p2p: list[Call]) -> None:
+  """Each pair of ranks swaps the metadata of its calls with the other (every pair at once: a ring must not wait on
+  itself). Both ends then compare this rank's sends with the peer's recvs, and the reverse, in call order: both raise."""
+  peers: dict[int, list[tuple[int, ...]]] = {}
+  for c in p2p: peers.setdefault(c.peer, []).append(_meta(0, c))
+  order = sorted(peers)
+  first = engine.swap_meta([(p, _META.pack(*peers[p][0], len(peers[p]))) for p in order])
+  theirs = {p: [_META.unpack(b)] for p, b in zip(order, first)}
+  longer = [p for p in order if max(len(peers[p]), theirs[p][0][7]) > 1]
+  if longer:  # a second round where either end holds more than one call: lengths are known now, the bytes may differ
+    rest = engine.swap_meta([(p, b"".join(_META.pack(*m, 0) for m in peers[p][1:]), (theirs[p][0][7] - 1) * _META.size) for p in longer])
+    for p, blob in zip(longer, rest): theirs[p] += [_META.unpack_from(blob, k * _META.size) for k in range(len(blob) // _META.size)]
+  send, recv = KINDS.index("send"), KINDS.index("recv")
+  for p in order:
+    for mine_kind, their_kind in ((send, recv), (recv, send)):
+      a = [m for m in peers[p] if m[1] == mine_kind]
+      b = [t for t in theirs[p] if t[1] == their_kind]
+      if [m[2:4] for m in a] != [t[2:4] for t in b]:
+        rank = p2p[0].rank
+        raise CollectiveMismatch(f"this rank's {', '.join(map(_describe, a)) or 'nothing'} met rank {p}'s "
+                                 f"{', '.join(map(_describe, b)) or 'nothing'}",
+                                 "each send needs a recv of the same size and dtype on its peer, in the same order", rank=rank)
 
 
 def _as_buffer(x: Any, what: str, write: bool) -> Any:

@@ -65,8 +65,9 @@ class Engine:
     """Every rank's `meta` (the same length everywhere), in rank order. Only for engines with one device a process."""
     raise NotImplementedError
 
-  def swap_meta(self, peer: int, meta: bytes) -> bytes:
-    """Send `meta` to `peer` and return what `peer` sent (its call does the same). One device a process only."""
+  def swap_meta(self, items: Sequence[tuple[Any, ...]]) -> list[bytes]:
+    """For each (peer, meta[, nbytes]): send `meta` to `peer` and receive what `peer` sends back (`nbytes` of it; default
+    len(meta)), all at once (peers do the same), in order. One device a process only."""
     raise NotImplementedError
 
   def abort(self) -> None:

@@ -19,7 +19,8 @@ TAG_DATA, TAG_META = 0x504C, 0x504D  # "PL", "PM": data and metadata of send/rec
 
 
 def _mpi() -> Any:
-  try: from mpi4py import MPI
+  try:
+    from mpi4py import MPI
   except ImportError as e:
     raise CollectiveUnavailable(f"MPI cannot be used: {e}", Reason.MISSING_TOOLCHAIN, MPI_HINT) from None
   return MPI
@@ -135,11 +136,14 @@ class MPIEngine(Engine):
     self._wait([self.comm.Iallgather([meta, self.MPI.BYTE], [out, self.MPI.BYTE])], "the metadata check (MPI_Iallgather)", (meta, out))
     return [bytes(out[i * len(meta):(i + 1) * len(meta)]) for i in range(self.size)]
 
-  def swap_meta(self, peer: int, meta: bytes) -> bytes:
-    out = bytearray(len(meta))
-    reqs = [self.comm.Isend([meta, self.MPI.BYTE], dest=peer, tag=TAG_META), self.comm.Irecv([out, self.MPI.BYTE], source=peer, tag=TAG_META)]
-    self._wait(reqs, f"the metadata check with rank {peer}", (meta, out))
-    return bytes(out)
+  def swap_meta(self, items: Sequence[tuple[Any, ...]]) -> list[bytes]:
+    reqs, outs = [], []
+    for peer, meta, *n in items:
+      outs.append(out := bytearray(n[0] if n else len(meta)))
+      reqs += [self.comm.Isend([meta, self.MPI.BYTE], dest=peer, tag=TAG_META), self.comm.Irecv([out, self.MPI.BYTE], source=peer, tag=TAG_META)]
+    self._wait(reqs, f"the send/recv metadata check with rank{'s' if len(items) > 1 else ''} {', '.join(str(i[0]) for i in items)}",
+               (items, outs))
+    return [bytes(o) for o in outs]
 
   def abort(self) -> None:
     pass  # MPI cannot drop one communicator without the others; its requests stay alive in _stuck (comm.Abort ends the job)
