@@ -247,3 +247,49 @@ def test_import_plugrt_does_not_load_it() -> None:
   code = "import sys, plugrt.distributed; print('mpi4py' in sys.modules, 'numpy' in sys.modules)"
   assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False False"
 
+
+
+# ---------------------------------------------------------------- the rendezvous that hands NCCL's unique id around
+
+def _free_port() -> int:
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+SHARE = """
+import os, sys, time
+from plugrt.distributed.rendezvous import share_from_env
+rank = int(os.environ["RANK"])
+if rank == 0: time.sleep(float(os.environ.get("DELAY", "0")))  # the others must wait for rank 0 to listen
+for i in range(2):  # two communicators: two rounds on the same port
+  got = share_from_env(lambda: f"id-{i}-from-0".encode(), rank, int(os.environ["WORLD_SIZE"]), os.environ, float(sys.argv[1]))
+  print(got.decode(), flush=True)
+"""
+
+
+def _share(n: int, how: str, timeout: float = 20, only: Sequence[int] | None = None, delay: float = 0.5) -> list[subprocess.CompletedProcess[str]]:
+  port = _free_port()
+  procs = []
+  for r in (range(n) if only is None else only):
+    env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PLUGRT_DIST_RENDEZVOUS=how,
+               DELAY=str(delay))
+    procs.append(subprocess.Popen([sys.executable, "-c", SHARE, str(timeout)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  return [subprocess.CompletedProcess(p.args, p.wait(60), *p.communicate()) for p in procs]
+
+
+@pytest.mark.parametrize("how", ["tcp", pytest.param("torch", marks=pytest.mark.skipif(
+  __import__("importlib").util.find_spec("torch") is None, reason="torch is not installed"))])
+def test_rendezvous_hands_rank_0s_bytes_to_every_rank(how: str) -> None:
+  for p in _share(3, how):
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["id-0-from-0", "id-1-from-0"]
+
+
+def test_rendezvous_without_rank_0_is_a_timeout() -> None:
+  (p,) = _share(2, "tcp", timeout=1.5, only=[1])
+  assert p.returncode != 0 and "CollectiveTimeout" in p.stderr and "did not answer within 1.5 s" in p.stderr
+  with pytest.raises(EnvError, match="MASTER_ADDR"):
+    from plugrt.distributed.rendezvous import share_from_env
+    share_from_env(lambda: b"", 0, 2, {"MASTER_ADDR": "x"}, 1)
