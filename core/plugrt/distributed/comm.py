@@ -55,8 +55,6 @@ def _run_group(calls: list[tuple[Communicator, Call]]) -> None:
   clique = calls[0][0]._clique
   if any(c._clique is not clique for c, _ in calls):
     raise TypeError("a group's calls must all be on communicators made together (one Communicator.local, or one rank's communicator)")
-  if clique.broken is not None:
-    raise CollectiveError(f"the communicator is unusable: {clique.broken}", "make a new communicator (every rank)")
   with clique.lock:
     try:
       if clique.check: _check(clique, calls)
@@ -283,6 +281,8 @@ class Communicator:
     return Call(kind, self.rank, s, r, count, s.dtype, op)
 
   def _submit(self, call: Call, result: Any) -> Any:
+    if (why := self._clique.broken) is not None:
+      raise CollectiveError(f"the communicator is unusable: {why}", "make a new communicator (every rank)", rank=self.rank)
     pending = getattr(_tls, "calls", None)
     if pending is not None:
       pending.append((self, call))

@@ -69,8 +69,9 @@ class NCCL:
 
   def __init__(self, lib: Any):
     self.lib = lib
-    lib.ncclGetErrorString.restype = ctypes.c_char_p
-    if hasattr(lib, "ncclGetLastError"): lib.ncclGetLastError.restype = ctypes.c_char_p
+    if isinstance(lib, ctypes.CDLL):  # the two calls that return strings (every other returns ncclResult_t, an int)
+      lib.ncclGetErrorString.restype = ctypes.c_char_p
+      if hasattr(lib, "ncclGetLastError"): lib.ncclGetLastError.restype = ctypes.c_char_p
 
   def check(self, r: int, call: str, comm: Any = None, ok: tuple[int, ...] = (SUCCESS,)) -> int:
     if r in ok: return r
@@ -168,9 +169,10 @@ class NCCLEngine(Engine):
   (ncclCommInitRank from rank 0's unique id). `lib` and `stream_done` stand in for NCCL and the driver in tests."""
   name = "NCCL"
 
-  def __init__(self, request: EngineRequest, lib: NCCL | None = None, stream_done: Callable[[Any], bool] | None = None):
+  def __init__(self, request: EngineRequest, lib: NCCL | None = None, stream_done: Callable[[Any], bool] | None = None,
+               states: Sequence[Any] | None = None):
     self.devices = list(request.devices)
-    self.states = [d.info.state for d in self.devices]
+    self.states = list(states) if states is not None else [d.info.state for d in self.devices]
     self.nccl = lib if lib is not None else NCCL(load(request.devices[0].info.context.env))
     self.stream_done = stream_done or _stream_done
     self.timeout, self.ranks, self.size = request.timeout, request.ranks, request.world_size
@@ -244,7 +246,7 @@ class NCCLEngine(Engine):
 
   def _issue(self, c: Call, i: int) -> None:
     n, comm, stream = self.nccl, self.comms[i], self.states[i].stream
-    ptr = lambda b: b.handle if b is not None else 0  # a CUDA buffer's handle is its device address
+    ptr = lambda b: b.device.allocator._pointer(b.handle) if b is not None else 0  # CUDA's: the handle, its device address
     k = c.kind
     if k == "all_reduce": n.all_reduce(ptr(c.send), ptr(c.recv), c.count, DTYPES[c.dtype.name], OPS[c.op], comm, stream)
     elif k == "reduce_scatter": n.reduce_scatter(ptr(c.send), ptr(c.recv), c.count // self.size, DTYPES[c.dtype.name], OPS[c.op], comm, stream)
@@ -260,7 +262,7 @@ class NCCLEngine(Engine):
   def _scratch(self, i: int) -> int:
     from plugrt.device import Buffer
     if (b := self._meta.get(("barrier", i))) is None: b = self._meta["barrier", i] = Buffer(self.devices[i], 1, "uint8")
-    return b.handle
+    return b.device.allocator._pointer(b.handle)
 
   def _bytes(self, n: int) -> Any:
     from plugrt.device import Buffer
