@@ -20,7 +20,7 @@ import plugrt.distributed as dist
 from plugrt import Buffer, Device, Tensor, dtypes
 from plugrt.distributed.comm import make_communicators
 from plugrt.distributed.engine import Call, Engine, choose
-from plugrt.errors import CollectiveError, CollectiveMismatch, CollectiveUnavailable, EnvError, RankError, Reason
+from plugrt.errors import CollectiveError, CollectiveMismatch, CollectiveUnavailable, EnvError, RankError, Reason, UnsupportedError
 from plugrt.hookspecs import CollectiveEngineSpec, Probe, hookimpl
 from plugrt.registry import isolated
 
@@ -293,3 +293,14 @@ def test_rendezvous_without_rank_0_is_a_timeout() -> None:
   with pytest.raises(EnvError, match="MASTER_ADDR"):
     from plugrt.distributed.rendezvous import share_from_env
     share_from_env(lambda: b"", 0, 2, {"MASTER_ADDR": "x"}, 1)
+
+
+def test_from_id_and_unique_id_checks() -> None:
+  with pytest.raises(RankError, match="rank 2"): dist.from_id(b"x" * 128, 2, 2, "CPU")
+  with pytest.raises(RankError, match="positive"): dist.from_id(b"x" * 128, 0, 0, "CPU")
+  import plugrt_cpu
+  plugin = EnginePlugin()
+  with isolated([plugrt_cpu, plugin]):
+    with pytest.raises(UnsupportedError, match="needs no shared id"): dist.unique_id("CPU", engine="LOOP")
+    (c,) = [dist.from_id(b"\x01" * 8, 0, 1, "CPU", engine="LOOP")]
+    assert plugin.opened[-1].share(lambda: b"never") == b"\x01" * 8 and c.size == 1

@@ -23,7 +23,7 @@ from plugrt.distributed.engine import Call, Engine, EngineRequest, choose, engin
 from plugrt.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, CollectiveUnavailable, EnvError, RankError
 
 __all__ = ["Call", "CollectiveError", "CollectiveMismatch", "CollectiveTimeout", "CollectiveUnavailable", "Communicator", "Engine",
-           "EngineRequest", "RankError", "ReduceOp", "engines", "from_env", "from_mpi", "group"]
+           "EngineRequest", "RankError", "ReduceOp", "engines", "from_env", "from_id", "from_mpi", "group", "unique_id"]
 
 #: seconds a collective (or the communicator's setup) may take before CollectiveTimeout
 DEFAULT_TIMEOUT = 300.0
@@ -136,6 +136,26 @@ def from_mpi(comm: Any = None, device: Any = None, *, engine: str | None = None,
   def share(make: Callable[[], bytes]) -> bytes:
     return comm.bcast(make() if rank == 0 else None, root=0)
   return _open([_default_device(device, local_rank)], (rank,), size, share, engine, timeout, check, local=False, mpi_comm=comm)[0]
+
+
+def unique_id(kind: str = "CUDA", engine: str | None = None) -> bytes:
+  """A new id for the ranks of one communicator to share (NCCL's ncclUniqueId), made by the engine that serves `kind`;
+  pass it to every rank's from_id (through Ray, a file, a queue: any channel the job has)."""
+  from plugrt.registry import current
+  spec = choose(kind.upper(), False, engine, current().load())
+  if spec.unique_id is None:
+    from plugrt.errors import UnsupportedError
+    raise UnsupportedError(f"the {spec.name} engine needs no shared id", "use from_env or from_mpi")
+  return spec.unique_id()
+
+
+def from_id(uid: bytes, rank: int, size: int, device: Any = None, *, engine: str | None = None, timeout: float | None = None,
+            check: bool | None = None) -> Communicator:
+  """Rank `rank` of `size`, from an id unique_id() made and the job handed to every rank (the Ray recipe in
+  docs/distributed.md). `device` defaults to the default device."""
+  if not isinstance(size, int) or size < 1: raise RankError(f"the world size must be a positive int, got {size!r}")
+  if not isinstance(rank, int) or not 0 <= rank < size: raise RankError(f"rank {rank!r} is not a rank of a world of {size}")
+  return _open([_default_device(device, 0)], (rank,), size, lambda make: bytes(uid), engine, timeout, check, local=False)[0]
 
 
 _ = (CollectiveError, CollectiveMismatch, CollectiveTimeout, CollectiveUnavailable, Call, Engine, engines)  # re-exported

@@ -85,10 +85,18 @@ def _open_nccl(request: Any) -> Any:
   return open_engine(request)
 
 
+def _nccl_id() -> bytes:
+  import os
+
+  from plugrt_cuda.nccl import NCCL, load
+  return NCCL(load(os.environ)).unique_id()
+
+
 @hookimpl
 def plugrt_collective_engines() -> list[CollectiveEngineSpec]:
   return [CollectiveEngineSpec(name="NCCL", device="CUDA", probe=probe_nccl, open=_open_nccl, local=True, priority=50,
-                               description="NVIDIA's NCCL through ctypes, on the device's plugrt stream (never run on GPUs yet)")]
+                               description="NVIDIA's NCCL through ctypes, on the device's plugrt stream (never run on GPUs yet)",
+                               unique_id=_nccl_id)]
 
 
 @hookimpl
