@@ -120,8 +120,23 @@ def dead(c: dist.Communicator) -> None:
   os._exit(0)  # MPI_Finalize would wait for the dead rank
 
 
+def sub_communicator() -> None:
+  """from_mpi over a communicator of ranks 0 and 1 only (rank 2 stays out): its ranks and size are the sub-group's."""
+  from mpi4py import MPI
+  world = MPI.COMM_WORLD
+  sub = world.Split(0 if world.rank < 2 else MPI.UNDEFINED, world.rank)
+  if sub == MPI.COMM_NULL: return say(f"OK {world.rank} outside")
+  c = dist.from_mpi(sub, "CPU", timeout=10)
+  b = Buffer.from_numpy(np.full(5, world.rank + 1, np.int32), "CPU")
+  c.all_reduce(b)
+  same(b.numpy(), np.full(5, 3, np.int32), "from_mpi all_reduce")
+  say(f"OK {world.rank} from_mpi {c.rank}/{c.size}")
+  c.close()
+
+
 def main() -> None:
   scenario, timeout = sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 30.0
+  if scenario == "from_mpi": return sub_communicator()
   c = dist.from_env("CPU", timeout=timeout)
   if scenario == "all": every_collective(c)
   elif scenario == "staged":  # the engine as it runs for a device whose memory is not host memory: copies through the host

@@ -76,6 +76,19 @@ def test_mismatches_are_typed_errors_on_every_rank() -> None:
 
 
 @needs_mpi
+def test_from_mpi_over_a_sub_communicator() -> None:
+  rc, out, _ = mpirun(3, "from_mpi")
+  assert rc == 0, "\n".join(out[-30:])
+  assert sorted(x for x in out if x.startswith("OK")) == ["OK 0 from_mpi 0/2", "OK 1 from_mpi 1/2", "OK 2 outside"]
+
+
+def _hydra() -> bool:
+  """Whether mpiexec is MPICH's (hydra): -disable-auto-cleanup is its option."""
+  return MPIEXEC is not None and "HYDRA" in subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True).stdout.upper()
+
+
+@needs_mpi
+@pytest.mark.skipif(not _hydra(), reason="needs MPICH's mpiexec (hydra) to keep the survivors alive: pip install mpich")
 def test_a_dead_rank_is_a_timeout_within_the_bound() -> None:
   # hydra's default is to kill the job when one rank dies; without it, the survivors must find out by themselves
   _, out, took = mpirun(3, "dead", "2", extra=["-disable-auto-cleanup"], limit=40)

@@ -131,7 +131,11 @@ def from_mpi(comm: Any = None, device: Any = None, *, engine: str | None = None,
   from mpi4py import MPI
   comm = MPI.COMM_WORLD if comm is None else comm
   rank, size = comm.Get_rank(), comm.Get_size()
-  local_rank = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank() if device is None else 0
+  local_rank = 0
+  if device is None:  # this rank's index among the ranks of its node picks its GPU
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local_rank = node.Get_rank()
+    node.Free()
 
   def share(make: Callable[[], bytes]) -> bytes:
     return comm.bcast(make() if rank == 0 else None, root=0)

@@ -15,11 +15,13 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from plugrt.errors import CollectiveTimeout, EnvError
 
 _MAGIC = b"PLUGRTRV"
 _rounds = itertools.count()  # one per communicator made in this process: every rank makes them in the same order
+_stores: dict[tuple[str, int], Any] = {}  # torch TCPStores by (addr, port), kept for the process's life
 
 
 def share_from_env(make: Callable[[], bytes], rank: int, size: int, env: Mapping[str, str], timeout: float) -> bytes:
@@ -44,9 +46,12 @@ def _torch_store(make: Callable[[], bytes], rank: int, size: int, addr: str, por
 
   from torch.distributed import TCPStore
   wait = datetime.timedelta(seconds=timeout)
-  try: store = TCPStore(addr, port, size, rank == 0 and not agent, timeout=wait)
-  except RuntimeError:  # rank 0: torch.distributed already serves a store at this port: share it as a client
-    store = TCPStore(addr, port, size, False, timeout=wait)
+  # one store per address for the process's life: rank 0's holds the server, which must outlive every other rank's get
+  if (store := _stores.get((addr, port))) is None:
+    try: store = TCPStore(addr, port, size, rank == 0 and not agent, timeout=wait)
+    except RuntimeError:  # rank 0: torch.distributed already serves a store at this port: share it as a client
+      store = TCPStore(addr, port, size, False, timeout=wait)
+    _stores[addr, port] = store
   if rank == 0: store.set(key, make())
   try: return bytes(store.get(key))
   except RuntimeError as e:
