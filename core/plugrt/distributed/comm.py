@@ -95,13 +95,15 @@ def _check(clique: _Clique, calls: list[tuple[Communicator, Call]]) -> None:
         f"rank {r}: {', '.join(_describe((0, *m, r)) for m in v)}" for r, v in sorted(by_rank.items())) +
         (f"; ranks {missing} made none" if missing else ""),
         "inside one group(), make the same collectives on every communicator of Communicator.local")
-    sends = {(c.rank, c.peer): c for c in p2p if c.kind == "send"}
-    recvs = {(c.peer, c.rank): c for c in p2p if c.kind == "recv"}
-    for key in sends.keys() | recvs.keys():
-      s, r = sends.get(key), recvs.get(key)
-      if s is None or r is None or (s.count, s.dtype) != (r.count, r.dtype):
-        raise CollectiveMismatch(f"send/recv between ranks {key[0]} -> {key[1]} do not match: "
-                                 f"{_describe(_meta(0, s)) if s else 'no send'}, {_describe(_meta(0, r)) if r else 'no recv'}",
+    pairs: dict[tuple[int, int], tuple[list[Call], list[Call]]] = {}  # (from, to) -> (its sends, its recvs), in call order
+    for c in p2p:
+      key = (c.rank, c.peer) if c.kind == "send" else (c.peer, c.rank)
+      pairs.setdefault(key, ([], []))[c.kind == "recv"].append(c)
+    for (src, dst), (ss, rs) in sorted(pairs.items()):
+      if [(s.count, s.dtype) for s in ss] != [(r.count, r.dtype) for r in rs]:
+        raise CollectiveMismatch(f"send/recv from rank {src} to rank {dst} do not match: "
+                                 f"{', '.join(_describe(_meta(0, s)) for s in ss) or 'no send'}; "
+                                 f"{', '.join(_describe(_meta(0, r)) for r in rs) or 'no recv'}",
                                  "each send needs a recv of the same size and dtype on its peer, in the same group()")
     clique.seq += bool(colls)
     return
