@@ -234,12 +234,13 @@ class NCCLEngine(Engine):
         raise UnsupportedError(f"NCCL cannot reduce {c.dtype.name}", "reduce a copy cast to int32 (or float32)")
 
     def issue() -> None:
-      self.nccl.group_start()
-      try:
-        for c in calls: self._issue(c, local[c.rank])
-      finally: self.nccl.group_end()
       from plugrt_cuda import device
-      device._tls.ctx = None  # NCCL switched this thread's current device: plugrt's cache of it is stale
+      try:
+        self.nccl.group_start()
+        try:
+          for c in calls: self._issue(c, local[c.rank])
+        finally: self.nccl.group_end()
+      finally: device._tls.ctx = None  # NCCL switched this thread's current device: plugrt's cache of it is stale
     what = ", ".join(c.kind for c in calls)
     self._on_worker(issue, what, deadline)
     self._wait(which, what, deadline)
