@@ -98,6 +98,7 @@ def test_a_dead_rank_is_a_timeout_within_the_bound() -> None:
   assert all(1.9 < float(e[3]) < 6 for e in timeouts)
   assert sorted(e[1] for e in errs if e[2] == "CollectiveError") == ["0", "1"]  # then the broken communicator refuses work
   assert "unusable" in " ".join(e[4] for e in errs if e[2] == "CollectiveError")
+  assert sum("exiting without MPI_Finalize" in x for x in out) == 2  # a plain exit does not wait for the lost rank
   assert took < 30
 
 

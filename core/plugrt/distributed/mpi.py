@@ -26,6 +26,28 @@ def _mpi() -> Any:
   return MPI
 
 
+_exit_hooked = False
+
+
+def _skip_finalize() -> None:
+  """After a timeout, MPI_Finalize (mpi4py runs it at exit) would wait forever for the rank that is gone: at exit, the
+  process ends without it, with status 1, after flushing its output. Registered once, at the first timeout."""
+  global _exit_hooked
+  if _exit_hooked: return
+  _exit_hooked = True
+  import atexit
+  import os
+  import sys
+
+  def leave() -> None:  # atexit runs handlers last-registered first: this one before mpi4py's finalisation
+    sys.stderr.write("plugrt.distributed: exiting without MPI_Finalize (a collective timed out: it would wait for the lost rank)\n")
+    for f in (sys.stdout, sys.stderr):
+      try: f.flush()
+      except Exception: pass
+    os._exit(1)
+  atexit.register(leave)
+
+
 class MPIEngine(Engine):
   name = "MPI"
 
@@ -61,6 +83,7 @@ class MPIEngine(Engine):
         if spins > 200:  # spin briefly (small collectives finish in microseconds), then poll gently: 2 cores may be shared
           if time.monotonic() > deadline:
             self._stuck.append((reqs, keep))
+            _skip_finalize()
             raise CollectiveTimeout(f"{what} did not finish within {self.timeout:g} s: a rank died, hangs, or called another "
                                     "collective (with check=False a size mismatch can also hang)",
                                     "the communicator is unusable; end the job (mpi4py's comm.Abort() stops every rank), and "
