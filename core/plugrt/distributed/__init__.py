@@ -102,9 +102,16 @@ def _default_device(device: Any, local_rank: int) -> Any:
   if device is not None: return device
   from plugrt.registry import current
   reg = current().load()
-  kind = reg.default.split(":")[0]
-  count = reg.probe(kind).count
-  return f"{kind}:{local_rank}" if count > 1 else kind
+  # the default's kind without opening it (Device.DEFAULT would open GPU 0 in every rank's process)
+  if (chosen := reg.selection.default) is not None:
+    name = chosen.device_string
+    if ":" in name.split("+")[-1]: return name  # DEV named a device: that one
+  else:
+    found = reg.available()
+    if not found: return None  # _open's Device lookup explains why nothing is available
+    name = found[0]
+  kind = name.split("+")[-1].split(":")[0]
+  return f"{kind}:{local_rank}" if reg.probe(kind).count > 1 else kind
 
 
 def from_env(device: Any = None, *, engine: str | None = None, timeout: float | None = None, check: bool | None = None,
