@@ -318,3 +318,11 @@ def test_from_id_and_unique_id_checks() -> None:
     with pytest.raises(UnsupportedError, match="needs no shared id"): dist.unique_id("CPU", engine="LOOP")
     (c,) = [dist.from_id(b"\x01" * 8, 0, 1, "CPU", engine="LOOP")]
     assert plugin.opened[-1].share(lambda: b"never") == b"\x01" * 8 and c.size == 1
+
+
+@needs_mpi
+def test_mpi_cannot_join_processes_another_launcher_started() -> None:
+  code = "import plugrt.distributed as d\ntry: d.from_env('CPU', timeout=5)\nexcept d.CollectiveUnavailable as e: print(e)"
+  env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0")  # torchrun's variables, no mpiexec
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60).stdout
+  assert "MPI's world is rank 0 of 1, the launcher says rank 0 of 2" in out and "launch with mpiexec" in out

@@ -279,3 +279,17 @@ def test_one_rank_per_process_inits_from_the_shared_id() -> None:
   assert fake.destroyed == [103]
 
 
+
+
+def test_probe_names_the_missing_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+  import plugrt_cuda
+  monkeypatch.setattr(plugrt_cuda, "probe_cuda", lambda ctx: plugrt_cuda.Probe.found(2, "2 GPUs"))
+  monkeypatch.setattr(nccl, "library_paths", lambda env: [str(tmp_path / "nope.so"), "libnccl.so.2"])
+  ctx = types.SimpleNamespace(env={}, find_library=lambda *a, **k: None)
+  p = plugrt_cuda.probe_nccl(ctx)
+  assert not p.ok and p.reason is Reason.MISSING_TOOLCHAIN and "pip install nvidia-nccl-cu13" in p.hint
+  (tmp_path / "nope.so").write_bytes(b"")
+  p = plugrt_cuda.probe_nccl(ctx)
+  assert p.ok and p.count == 2 and p.detail == str(tmp_path / "nope.so")
+  (spec,) = plugrt_cuda.plugrt_collective_engines()
+  assert (spec.name, spec.device, spec.local, spec.probe) == ("NCCL", "CUDA", True, plugrt_cuda.probe_nccl)
