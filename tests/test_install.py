@@ -43,7 +43,8 @@ def test_local_requirements_are_the_libraries_each_distribution_requires():
 def test_every_extra_names_a_shipped_distribution():
   def name(req: str) -> str: return req.split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip()
   extras = _project("core")["optional-dependencies"]
-  assert [name(r) for r in extras.pop("video")] == ["av"]  # the one third-party extra: PyAV for plugrt.video's software decoder
+  assert [name(r) for r in extras.pop("video")] == ["av"]  # third-party extras: PyAV for plugrt.video's software decoder,
+  assert [name(r.split(";")[0]) for r in extras.pop("distributed")] == ["mpi4py", "mpich"]  # MPI for plugrt.distributed's
   for reqs in extras.values(): assert all(name(r) in DISTRIBUTIONS for r in reqs), reqs
   for folder in DISTRIBUTIONS.values():  # the plugins' own extras, where they name plugrt distributions
     for reqs in _project(folder).get("optional-dependencies", {}).values():

@@ -114,3 +114,32 @@ class VideoDecoderUnavailable(PlugrtError, RuntimeError):
 class StagedCopyWarning(UserWarning):
   """A copy between two devices of one backend went through host memory instead of device to device (peer): said
   once per pair of devices and direction, with how it travels and why (Allocator.peer_path)."""
+
+
+class CollectiveError(PlugrtError, RuntimeError):
+  """A collective (plugrt.distributed) failed: the engine reported an error, or the communicator was aborted or closed.
+  `rank` is this process's rank in the communicator, where known."""
+  def __init__(self, message: str, hint: str = "", rank: int | None = None):
+    self.rank = rank
+    super().__init__(message if rank is None else f"rank {rank}: {message}", hint)
+
+
+class CollectiveTimeout(CollectiveError, TimeoutError):
+  """A collective did not finish within the communicator's timeout: a rank died, hangs, or called another collective.
+  The communicator is aborted (NCCL) or marked broken (MPI) and refuses further work."""
+
+
+class CollectiveMismatch(CollectiveError, ValueError):
+  """The ranks called different collectives, or one collective with different sizes, dtypes, ops or roots. Every
+  rank raises it (the metadata check compares what each rank asked for) and the communicator stays usable."""
+
+
+class RankError(PlugrtError, ValueError):
+  """A rank, root, peer or world size that cannot be: negative, past the world size, or a peer that is oneself."""
+
+
+class CollectiveUnavailable(PlugrtError, RuntimeError):
+  """No collective engine can serve these devices here; `reason` (a Reason) and `reasons` (engine -> why) say why."""
+  def __init__(self, message: str, reason: Reason, hint: str = "", reasons: dict[str, str] | None = None):
+    self.reason, self.reasons = reason, dict(reasons or {})
+    super().__init__(f"{message} [{reason.value}]", hint)

@@ -55,7 +55,8 @@ if TYPE_CHECKING:
 PROJECT = "plugrt"
 #: The plugin API this core implements. A backend declaring another major version is
 #: refused; one declaring a newer minor version than this is refused too.
-PLUGIN_API_VERSION = (1, 3)  # 1.1: plugrt_graph; 1.2: probes may take the PluginContext, DeviceInfo.context; 1.3: Probe.devices
+PLUGIN_API_VERSION = (1, 3)  # 1.1: plugrt_graph; 1.2: probes may take the PluginContext, DeviceInfo.context;
+#                              1.3: Probe.devices, plugrt_collective_engines
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -249,6 +250,31 @@ def plugrt_graph(device: DeviceInfo) -> Callable[[Any, Sequence[Any]], Any] | No
 def plugrt_video_decoders() -> Sequence[VideoDecoderSpec]:
   """Optional: declare the video decoders this plugin provides (plain data, imports nothing heavy). Called once per
   registry, when plugrt.video first looks for a decoder or `plugrt devices` lists them; never per frame."""
+
+
+class CollectiveEngineSpec(NamedTuple):
+  """A collective engine a plugin provides: what ``plugrt_collective_engines`` returns (plugrt.distributed uses it;
+  docs/distributed.md). NCCL for CUDA is one; RCCL for AMD would be another.
+
+  ``open(request)`` builds the engine objects once, when a communicator is made (never per collective): `request` is
+  a plugrt.distributed.EngineRequest (the opened devices, this process's ranks, the world size, a `share` function
+  that hands rank 0's bytes to every rank, the timeout). It returns one plugrt.distributed.Engine per device of the
+  request, and raises plugrt.errors.CollectiveUnavailable when it cannot serve them.
+  """
+  name: str                        # upper case: NCCL, RCCL, MPI
+  device: str                      # the device kind whose buffers it moves ("CUDA"); "" for any device, through host memory
+  probe: ProbeFn                   # cheap, side-effect free, as a backend's probe (is the library there?)
+  open: Callable[..., Any]         # the factory above; it imports the engine's module when called
+  local: bool = False              # one process may drive several devices (Communicator.local)
+  priority: int = 0                # automatic choice among usable engines: highest first, then by name
+  description: str = ""
+  unique_id: Optional[Callable[[], bytes]] = None  # makes the id ranks share (NCCL's ncclUniqueId), for from_id
+
+
+@hookspec
+def plugrt_collective_engines() -> Sequence[CollectiveEngineSpec]:
+  """Optional (plugin API 1.3): declare the collective engines this plugin provides (plain data, imports nothing
+  heavy). Called once per registry, when plugrt.distributed first makes a communicator; never per collective."""
 
 
 #: hooks every backend plugin must implement (the rest are optional)

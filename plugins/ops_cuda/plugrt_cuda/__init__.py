@@ -11,7 +11,7 @@ from typing import Any
 
 from plugrt.context import PluginContext
 from plugrt.errors import Reason
-from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, DeviceListing, Probe, VideoDecoderSpec, hookimpl
+from plugrt.hookspecs import BackendSpec, CollectiveEngineSpec, CompilerSpec, DeviceInfo, DeviceListing, Probe, VideoDecoderSpec, hookimpl
 from plugrt.probing import device_nodes
 
 __version__ = "0.1.0"
@@ -86,6 +86,38 @@ def _open_nvdec(device: Any, stream: bytes, info: Any, options: Any) -> Any:
 def plugrt_video_decoders() -> list[VideoDecoderSpec]:
   return [VideoDecoderSpec(name="NVDEC", device="CUDA", probe=probe_nvdec, open=_open_nvdec, codecs=("hevc",), priority=50,
                            description="NVIDIA's video decode engines through libnvcuvid, surfaces in CUDA memory")]
+
+
+def probe_nccl(ctx: PluginContext) -> Probe:
+  """NCCL for plugrt.distributed: a GPU, and libnccl.so.2 on disk (PLUGRT_NCCL_LIBRARY, the nvidia-nccl wheels, the
+  system's); nothing is loaded."""
+  if not (p := probe_cuda(ctx)).ok: return p
+  import os
+
+  from plugrt_cuda.nccl import HINT, library_paths
+  paths = library_paths(ctx.env)
+  if (found := next((x for x in paths if os.path.exists(x)), None)) is None and ctx.find_library("libnccl.so*") is None:
+    return Probe.missing(Reason.MISSING_TOOLCHAIN, "NCCL (libnccl.so.2) is not installed", HINT)
+  return Probe.found(p.count, found or "the system's libnccl")
+
+
+def _open_nccl(request: Any) -> Any:
+  from plugrt_cuda.nccl import open_engine
+  return open_engine(request)
+
+
+def _nccl_id() -> bytes:
+  import os
+
+  from plugrt_cuda.nccl import NCCL, load
+  return NCCL(load(os.environ)).unique_id()
+
+
+@hookimpl
+def plugrt_collective_engines() -> list[CollectiveEngineSpec]:
+  return [CollectiveEngineSpec(name="NCCL", device="CUDA", probe=probe_nccl, open=_open_nccl, local=True, priority=50,
+                               description="NVIDIA's NCCL through ctypes, on the device's plugrt stream (never run on GPUs yet)",
+                               unique_id=_nccl_id)]
 
 
 @hookimpl
