@@ -14,32 +14,14 @@ import numpy as np
 
 import plugrt.distributed as dist
 from plugrt import Buffer, Tensor, dtypes
-from plugrt.dtype import bf16_to_f32, f32_to_bf16
+from plugrt.testing import collectives as ref
+from plugrt.testing.collectives import reduce, say
 
 DTYPES = [d for d in dtypes.all()]
 N = 37  # odd on purpose: no size is a multiple of anything convenient
 
 
-def say(line: str) -> None:
-  os.write(1, (line + "\n").encode())  # one write: mpiexec merges the ranks' output, a line must not be split
-
-
-def data(dt, rank: int, n: int = N) -> np.ndarray:
-  """Rank `rank`'s input: small values, so every product over 3 ranks fits int8 and is exact in float16/bfloat16."""
-  v = (np.arange(n) % 4 + rank).astype(np.float32)
-  if dt is dtypes.bool: return (np.arange(n) + rank) % 3 == 0
-  if dt is dtypes.bfloat16: return f32_to_bf16(v)
-  return v.astype(dt.numpy)
-
-
-def reduce(dt, op: str, rows: list[np.ndarray]) -> np.ndarray:
-  if dt is dtypes.bool: return (np.any if op in ("sum", "max") else np.all)(np.stack(rows), axis=0)
-  if dt is dtypes.bfloat16: return f32_to_bf16(reduce(dtypes.float32, op, [bf16_to_f32(r) for r in rows]))
-  return {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max}[op](np.stack(rows), axis=0).astype(rows[0].dtype)
-
-
-def same(got: np.ndarray, want: np.ndarray, what: str) -> None:
-  if not np.array_equal(got, want): raise AssertionError(f"{what}: got {got[:8]}..., want {want[:8]}...")
+def data(dt, rank: int, n: int = N) -> np.ndarray: return ref.data(dt, rank, n)
 
 
 def every_collective(c: dist.Communicator) -> None:
@@ -49,37 +31,37 @@ def every_collective(c: dist.Communicator) -> None:
     for op in ("sum", "prod", "min", "max"):
       b = Buffer.from_numpy(rows[r], dev) if dt is not dtypes.bfloat16 else Buffer(dev, N, dt).copyin(rows[r])
       c.all_reduce(b, op)
-      same(b.numpy(), reduce(dt, op, rows), f"all_reduce {dt.name} {op}")
+      ref.same(b.numpy(), reduce(dt, op, rows), f"all_reduce {dt.name} {op}")
       send = [data(dt, k, N * size) for k in range(size)]
       s, out = Buffer(dev, N * size, dt).copyin(send[r]), Buffer(dev, N, dt)
       c.reduce_scatter(s, out, op)
-      same(out.numpy(), reduce(dt, op, send)[r * N:(r + 1) * N], f"reduce_scatter {dt.name} {op}")
+      ref.same(out.numpy(), reduce(dt, op, send)[r * N:(r + 1) * N], f"reduce_scatter {dt.name} {op}")
     src, got = Buffer(dev, N, dt).copyin(rows[r]), Buffer(dev, N * size, dt)
     c.all_gather(src, got)
-    same(got.numpy(), np.concatenate(rows), f"all_gather {dt.name}")
+    ref.same(got.numpy(), np.concatenate(rows), f"all_gather {dt.name}")
     for root in range(size):
       b = Buffer(dev, N, dt).copyin(rows[r])
       c.broadcast(b, root)
-      same(b.numpy(), rows[root], f"broadcast {dt.name} from {root}")
+      ref.same(b.numpy(), rows[root], f"broadcast {dt.name} from {root}")
     with dist.group():  # a ring: everyone sends right and receives from the left at once (alone, each would wait)
       c.send(Buffer(dev, N, dt).copyin(rows[r]), (r + 1) % size)
       got = c.recv(Buffer(dev, N, dt), (r - 1) % size)
-    same(got.numpy(), rows[(r - 1) % size], f"send/recv {dt.name}")
+    ref.same(got.numpy(), rows[(r - 1) % size], f"send/recv {dt.name}")
   say(f"OK {r} dtypes")
   # out= (not in place), a group of two collectives, Tensors, barrier
   a, out = Buffer.from_numpy(data(dtypes.int32, r), dev), Buffer(dev, N, dtypes.int32)
   c.all_reduce(a, "max", out=out)
-  same(a.numpy(), data(dtypes.int32, r), "all_reduce's input with out=")
-  same(out.numpy(), reduce(dtypes.int32, "max", [data(dtypes.int32, k) for k in range(size)]), "all_reduce out=")
+  ref.same(a.numpy(), data(dtypes.int32, r), "all_reduce's input with out=")
+  ref.same(out.numpy(), reduce(dtypes.int32, "max", [data(dtypes.int32, k) for k in range(size)]), "all_reduce out=")
   x, y = Buffer.from_numpy(data(dtypes.float32, r), dev), Buffer.from_numpy(data(dtypes.int64, r), dev)
   with dist.group():
     c.all_reduce(x, "sum")
     c.all_reduce(y, "min")
-  same(x.numpy(), reduce(dtypes.float32, "sum", [data(dtypes.float32, k) for k in range(size)]), "grouped all_reduce 1")
-  same(y.numpy(), reduce(dtypes.int64, "min", [data(dtypes.int64, k) for k in range(size)]), "grouped all_reduce 2")
+  ref.same(x.numpy(), reduce(dtypes.float32, "sum", [data(dtypes.float32, k) for k in range(size)]), "grouped all_reduce 1")
+  ref.same(y.numpy(), reduce(dtypes.int64, "min", [data(dtypes.int64, k) for k in range(size)]), "grouped all_reduce 2")
   t = Tensor(data(dtypes.float32, r).reshape(1, N), device=dev)
   c.all_reduce(t)
-  same(t.numpy().reshape(-1), reduce(dtypes.float32, "sum", [data(dtypes.float32, k) for k in range(size)]), "Tensor all_reduce")
+  ref.same(t.numpy().reshape(-1), reduce(dtypes.float32, "sum", [data(dtypes.float32, k) for k in range(size)]), "Tensor all_reduce")
   c.barrier()
   say(f"OK {r} extras")
 
@@ -103,7 +85,7 @@ def errors(c: dist.Communicator) -> None:
   except dist.CollectiveMismatch as e: say(f"ERR {r} CollectiveMismatch 0 {e.message}")
   b = Buffer.from_numpy(np.ones(8, np.float32), c.device)
   c.all_reduce(b)
-  same(b.numpy(), np.full(8, c.size, np.float32), "all_reduce after mismatches")
+  ref.same(b.numpy(), np.full(8, c.size, np.float32), "all_reduce after mismatches")
   say(f"OK {r} errors")
 
 
@@ -129,7 +111,7 @@ def sub_communicator() -> None:
   c = dist.from_mpi(sub, "CPU", timeout=10)
   b = Buffer.from_numpy(np.full(5, world.rank + 1, np.int32), "CPU")
   c.all_reduce(b)
-  same(b.numpy(), np.full(5, 3, np.int32), "from_mpi all_reduce")
+  ref.same(b.numpy(), np.full(5, 3, np.int32), "from_mpi all_reduce")
   say(f"OK {world.rank} from_mpi {c.rank}/{c.size}")
   c.close()
 

@@ -10,30 +10,15 @@ import numpy as np
 
 import plugrt.distributed as dist
 from plugrt import Buffer, dtypes
-from plugrt.dtype import bf16_to_f32, f32_to_bf16
+from plugrt.testing import collectives as ref
+from plugrt.testing.collectives import reduce, say
 
 #: what NCCL reduces (16-bit integers it does not); every dtype moves (gather, broadcast, send/recv go as bytes)
 REDUCED = [d for d in dtypes.all() if d.name not in ("int16", "uint16")]
 N = 1000003  # odd and large enough to take NCCL's multi-channel paths
 
 
-def say(line: str) -> None: os.write(1, (line + "\n").encode())
-
-
-def data(dt, rank: int, n: int = N) -> np.ndarray:
-  v = (np.arange(n) % 4 + rank).astype(np.float32)
-  if dt is dtypes.bool: return (np.arange(n) + rank) % 3 == 0
-  return f32_to_bf16(v) if dt is dtypes.bfloat16 else v.astype(dt.numpy)
-
-
-def reduce(dt, op: str, rows: list[np.ndarray]) -> np.ndarray:
-  if dt is dtypes.bool: return (np.any if op in ("sum", "max") else np.all)(np.stack(rows), axis=0)
-  if dt is dtypes.bfloat16: return f32_to_bf16(reduce(dtypes.float32, op, [bf16_to_f32(r) for r in rows]))
-  return {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max}[op](np.stack(rows), axis=0).astype(rows[0].dtype)
-
-
-def check(got: np.ndarray, want: np.ndarray, what: str) -> None:
-  if not np.array_equal(got, want): raise AssertionError(f"{what}: got {got[:8]}, want {want[:8]}")
+def data(dt, rank: int, n: int = N) -> np.ndarray: return ref.data(dt, rank, n)
 
 
 def every(c: dist.Communicator) -> None:
@@ -44,21 +29,21 @@ def every(c: dist.Communicator) -> None:
       for op in ("sum", "prod", "min", "max"):
         b = Buffer(dev, N, dt).copyin(rows[r])
         c.all_reduce(b, op)
-        check(b.numpy(), reduce(dt, op, rows), f"all_reduce {dt.name} {op}")
+        ref.same(b.numpy(), reduce(dt, op, rows), f"all_reduce {dt.name} {op}")
       send = [data(dt, k, N * size) for k in range(size)]
       out = Buffer(dev, N, dt)
       c.reduce_scatter(Buffer(dev, N * size, dt).copyin(send[r]), out, "sum")
-      check(out.numpy(), reduce(dt, "sum", send)[r * N:(r + 1) * N], f"reduce_scatter {dt.name}")
+      ref.same(out.numpy(), reduce(dt, "sum", send)[r * N:(r + 1) * N], f"reduce_scatter {dt.name}")
     got = Buffer(dev, N * size, dt)
     c.all_gather(Buffer(dev, N, dt).copyin(rows[r]), got)
-    check(got.numpy(), np.concatenate(rows), f"all_gather {dt.name}")
+    ref.same(got.numpy(), np.concatenate(rows), f"all_gather {dt.name}")
     b = Buffer(dev, N, dt).copyin(rows[r])
     c.broadcast(b, size - 1)
-    check(b.numpy(), rows[size - 1], f"broadcast {dt.name}")
+    ref.same(b.numpy(), rows[size - 1], f"broadcast {dt.name}")
     with dist.group():
       c.send(Buffer(dev, N, dt).copyin(rows[r]), (r + 1) % size)
       back = c.recv(Buffer(dev, N, dt), (r - 1) % size)
-    check(back.numpy(), rows[(r - 1) % size], f"send/recv {dt.name}")
+    ref.same(back.numpy(), rows[(r - 1) % size], f"send/recv {dt.name}")
   c.barrier()
   say(f"OK {r} all")
 
@@ -74,7 +59,7 @@ def main() -> None:
     except dist.CollectiveMismatch as e: say(f"ERR {rank} CollectiveMismatch {time.monotonic() - t:.2f} {e.message}")
     b = Buffer(c.device, 16, dtypes.float32).copyin(np.ones(16, np.float32))
     c.all_reduce(b)
-    check(b.numpy(), np.full(16, c.size, np.float32), "after the mismatch")
+    ref.same(b.numpy(), np.full(16, c.size, np.float32), "after the mismatch")
     say(f"OK {rank} mismatch")
   elif scenario.startswith("dead"):
     b = Buffer(c.device, 1 << 20, dtypes.float32)
