@@ -53,7 +53,7 @@ class FakeRM:
     self.peers = {k for k in self.peers if gpu.uuid not in k}
     for other in self.gpus:  # what this GPU lent is unmapped, what it borrowed goes with its VA space
       for va in [va for va, (_, owner) in other.peer_maps.items() if owner is gpu]: del other.peer_maps[va]
-      for borrowers in other.lent.values(): borrowers.discard(gpu)
+      other.lent = {va: rest for va, borrowers in other.lent.items() if (rest := borrowers - {gpu})}
     self.refs -= 1
     self.closed = self.refs == 0
 
