@@ -299,8 +299,9 @@ class NVAllocator(StagedAllocator):
   def _peer_copy(self, dest: int, src: int, nbytes: int, dest_dev: Any) -> bool:
     from plugrt_nv import peer
     ln = peer.link(self.state, dest_dev.allocator.state)
-    if ln.why or (mem := self.find(src, nbytes)) is None: return False
-    return ln.copy(dest, src, nbytes, mem)
+    if ln.why: return False
+    with self.state.lock: mem = self.find(src, nbytes)  # (a Buffer's memory is always one allocation of this allocator)
+    return mem is not None and ln.copy(dest, src, nbytes, mem)
 
   def _copy(self, dest: int, src: int, nbytes: int) -> None:
     """Device to device: large copies between ranges that do not overlap run as a kernel (the SMs move memory far
