@@ -27,6 +27,7 @@ class Client:
     self.refs = 0
     self._handle = 0x2000          # handles the caller picks (host memory objects): unique within the client
     self.peers: dict[frozenset[bytes], str] = {}  # a pair of GPU UUIDs -> "" (peer access enabled) or why not
+    self.gpus: list[Any] = []      # the GPUs (NVKInterfaces) open on this client
     try:
       self.ctl = self._open("/dev/nvidiactl")
       self.uvm, self.uvm2 = self._open("/dev/nvidia-uvm"), self._open("/dev/nvidia-uvm")
@@ -84,9 +85,14 @@ class Client:
       self.peers[key] = why
       return why
 
-  def forget(self, uuid: bytes) -> None:
-    """A GPU is closing: disable peer access with each GPU it has it with, and forget its pairs."""
+  def forget(self, gpu: Any) -> None:
+    """`gpu` is closing: disable peer access with each GPU it has it with, forget its pairs, and drop it from what the
+    other GPUs' memory records as mapped into (its VA space goes, and with it those mappings)."""
+    uuid = gpu.uuid
     with self.lock:
+      if gpu in self.gpus: self.gpus.remove(gpu)
+      for g in self.gpus:
+        for m in g.mems: m.private.get("peers", set()).discard(uuid)
       for key in [k for k in self.peers if uuid in k]:
         if not self.peers.pop(key) and len(key) == 2:
           a, b = sorted(key)

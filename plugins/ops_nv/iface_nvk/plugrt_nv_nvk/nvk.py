@@ -78,6 +78,7 @@ class NVKInterface(GPUInterface):
     except BaseException:
       self.close()
       raise
+    with c.lock: c.gpus.append(self)
 
   def _open_gpu(self, index: int) -> None:
     cards = (rm.CARD_INFO * 64)()
@@ -367,7 +368,7 @@ class NVKInterface(GPUInterface):
       if m.private["range"]:
         try: self.uvm_call(rm.UVM_FREE, self.L.UVM_FREE_PARAMS(base=m.va, **({} if self.L.branch >= 610 else {"length": m.size})), "UVM_FREE")
         except NVError: pass
-    if self.uuid: c.forget(self.uuid)
+    if self.uuid: c.forget(self)
     for done, cmd, params in ((self.vaspace_registered, rm.UVM_UNREGISTER_GPU_VASPACE, rm.UVM_UNREGISTER_GPU_VASPACE_PARAMS),
                               (self.uuid_registered, rm.UVM_UNREGISTER_GPU, rm.UVM_UNREGISTER_GPU_PARAMS)):
       if done:
