@@ -101,6 +101,7 @@ def test_close_tears_down_one_gpu_and_leaves_the_client(monkeypatch):
   released = []
   monkeypatch.setattr(C, "release", lambda cl: released.append(cl))
   c = fake_client()
+  c.refs = 2
   a, b = gpu(c, 1), gpu(c, 2)
   assert a.peer_access(b) == ""
   theirs = Mem(0x1800_0000, 0x1000, "device", {"handle": 9, "fd": -1, "cpu": False, "range": True, "peers": {a.uuid}})
@@ -114,6 +115,18 @@ def test_close_tears_down_one_gpu_and_leaves_the_client(monkeypatch):
   assert released == [c] and a.client is None and c.gpus == [b] and theirs.private["peers"] == set() and not c.peers
   a.close()  # again: nothing
   assert released == [c]
+
+
+def test_the_last_gpu_only_closes_the_files(monkeypatch):
+  """The last GPU on the client leaves the teardown to the driver (closing the files), as before the client was shared."""
+  calls = Calls(monkeypatch)
+  released = []
+  monkeypatch.setattr(C, "release", lambda cl: released.append(cl))
+  c = fake_client()
+  a = gpu(c, 1)
+  a.mems.append(Mem(0x1000_0000, 0x1000, "device", {"handle": 7, "fd": -1, "cpu": False, "range": True}))
+  a.close()
+  assert calls.log == [] and released == [c] and not a.mems and c.gpus == []
 
 
 def test_p2p_caps_status_names():

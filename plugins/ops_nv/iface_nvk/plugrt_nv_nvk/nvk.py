@@ -359,11 +359,29 @@ class NVKInterface(GPUInterface):
   def close(self) -> None:
     """Give back everything this GPU holds, leaving the shared client to the other GPUs: its memory's ranges (UVM_FREE
     also removes other GPUs' mappings of it), its peer pairs, its UVM registrations, its RM device object (RM frees
-    everything under it: subdevice, VA space, channels, memory), its CPU mappings and files. The last GPU closes
-    the client itself."""
+    everything under it: subdevice, VA space, channels, memory), its CPU mappings and files. The last GPU only
+    unmaps and closes the files, the client's too: the driver then frees everything, as it did before the client
+    was shared (the one teardown that has run on hardware)."""
     c = self.client
     if c is None: return
     self.client = None
+    if c.refs > 1: self._give_back(c)
+    for m in self.mems:
+      if m.private["cpu"]: libc().munmap(m.va, m.size)
+      self.va.release(m.va, m.size)
+    for base in self.channel_vas: self.va.release(base, CHANNEL_VA)
+    self.mems.clear()
+    self.channel_vas.clear()
+    for fd in self.fds:
+      try: os.close(fd)
+      except OSError: pass
+    self.fds.clear()
+    with c.lock:
+      if self in c.gpus: c.gpus.remove(self)
+    client.release(c)
+
+  def _give_back(self, c: client.Client) -> None:
+    """This GPU's part of the shared client, freed explicitly while other GPUs keep using the client."""
     for m in self.mems:
       if m.private["range"]:
         try: self.uvm_call(rm.UVM_FREE, self.L.UVM_FREE_PARAMS(base=m.va, **({} if self.L.branch >= 610 else {"length": m.size})), "UVM_FREE")
@@ -377,14 +395,3 @@ class NVKInterface(GPUInterface):
     if self.device:
       try: self.rm_free(self.root, self.device)
       except NVError: pass
-    for m in self.mems:
-      if m.private["cpu"]: libc().munmap(m.va, m.size)
-      self.va.release(m.va, m.size)
-    for base in self.channel_vas: self.va.release(base, CHANNEL_VA)
-    self.mems.clear()
-    self.channel_vas.clear()
-    for fd in self.fds:
-      try: os.close(fd)
-      except OSError: pass
-    self.fds.clear()
-    client.release(c)
