@@ -224,13 +224,14 @@ class NVState(Timeline, DeviceState):  # Timeline first: its synchronize() is th
   def close(self) -> None:
     if self.closed: return
     self.closed = True
+    from plugrt_nv import peer
     try:
       if not self.broken: self.synchronize()
-      from plugrt_nv import peer
-      peer.forget(self)  # GPUs that read this one's memory or wait on its timeline finish first
     finally:
-      self.iface.close()
-      self.broken = self.broken or f"NV:{self.index} was closed"  # buffers freed later leave its (gone) memory alone
+      try: peer.forget(self)  # GPUs that read this one's memory or wait on its timeline finish first, and forget it
+      finally:
+        self.iface.close()
+        self.broken = self.broken or f"NV:{self.index} was closed"  # buffers freed later leave its (gone) memory alone
 
 
 class NVStaging(PinnedStaging):

@@ -97,7 +97,9 @@ def forget(st: Any) -> None:
   drops its links, waits and records that name it (its memory and timeline page are about to be unmapped)."""
   for o in list(st.partners):
     with locked(st, o):
-      if not o.broken: o.synchronize()
+      try:
+        if not o.broken: o.synchronize()
+      except NVError: pass  # that GPU failed (and says so on its next use); this one still closes
       o.links.pop(st, None)
       o.partners.discard(st)
       o.after.pop(st.sem, None)
