@@ -5,8 +5,9 @@
 Rows (medians of GB/s, bytes copied / wall time of `iters` back-to-back copies ended by one synchronize):
 - CUDA 0->1 and 1->0: plugrt's Buffer.copy_to between CUDA:0 and CUDA:1 (peer access and cuMemcpyPeerAsync, or
   staged by the driver: the path is printed) against cupy's cupy.cuda.runtime.memcpyPeerAsync with peer access on.
-- NV 0->1 and 1->0 where NV opens two GPUs: plugrt-nv's copy, which is staged through host memory (it maps no peer
-  memory yet), so its ratio to the link shows what a peer path would bring.
+- NV 0->1 and 1->0 where NV opens two GPUs: plugrt-nv's copy, through a peer mapping (the source buffer mapped into
+  the destination GPU, one copy-engine command there) where the driver allows it, else staged through host memory;
+  the path column says which (and why staged), so a row that is not "peer" on an NVLink pair is a finding.
 - the link: what `nvidia-smi topo -m` says joins GPU0 and GPU1, as GB/s per direction. Assumed, not measured:
   NV<n> is n bonded NVLinks at 25 GB/s each per direction (NVLink 4 on H100/H200: 18 links, 450 GB/s; NVLink 3 on
   A100 is 25 GB/s a link too); PIX/PXB/PHB/NODE/SYS is PCIe gen5 x16, 64 GB/s per direction in theory (~53 after

@@ -20,7 +20,8 @@ pieces of that which do not depend on the GPU are here:
 - `PinnedStaging`: host copies of pageable memory in chunks through pinned host buffers, double-buffered, the CPU
   side in parallel pieces; the backend supplies the buffers and the DMA (its copy engine, or its driver's async copy).
 - `StagedAllocator`: GPU memory whose handle is its GPU address, freed after the device is idle, host copies through
-  a `PinnedStaging`; the backend supplies the allocation, the release and its device-to-device copy.
+  a `PinnedStaging`; the backend supplies the allocation, the release and its device-to-device copy, and where it
+  can, copies to another device of the backend through a peer mapping (`_peer_copy`; else through host memory).
 
 The per-launch path stays in the backend, inline: the classes here are plain objects with `__slots__` whose fields
 the backend's fast path reads directly (no method call, no allocation per launch); their methods are for the slow
@@ -349,7 +350,8 @@ class PinnedStaging:
 
 class StagedAllocator(Allocator[int]):
   """Device memory of a user-space backend: a handle is the memory's GPU address (views are offsets), host copies go
-  through the backend's `PinnedStaging`, and a copy between two devices of the backend goes through host memory.
+  through the backend's `PinnedStaging`, and a copy between two devices of the backend goes through `_peer_copy` where
+  the backend has a peer path, else through host memory.
 
   The device's state (`device.state`) has `lock`, `broken` and `synchronize()`. The backend sets `staging` in its
   __init__ and supplies `_alloc` (recording each allocation in `mems` by its address), `_free_memory(mem)` (give one
@@ -380,10 +382,17 @@ class StagedAllocator(Allocator[int]):
   def _copyout(self, dest: memoryview, src: int) -> None: self.staging.copyout(buffer_address(dest), src, dest.nbytes)
 
   def peer_path(self, dest_dev: Any) -> str:
-    return "staged through host memory (no peer mappings yet: device to host on one GPU, then host to device on the other)"
+    return "staged through host memory (no peer mappings: device to host on one GPU, then host to device on the other)"
+
+  def _peer_copy(self, dest: int, src: int, nbytes: int, dest_dev: Any) -> bool:
+    """A copy from this device to another one of the backend without host memory (a peer mapping), ordered with both
+    devices' queued work: True when done, False to have it staged. A backend with peer mappings overrides this and
+    peer_path (plugrt-nv: plugrt_nv/peer.py)."""
+    return False
 
   def _transfer(self, dest: int, src: int, nbytes: int, src_dev: Any, dest_dev: Any) -> None:
     if src_dev is dest_dev: return self._copy(dest, src, nbytes)
+    if self._peer_copy(dest, src, nbytes, dest_dev): return
     host = bytearray(nbytes)  # between two GPUs: through the host (peer_path says so, and the core warns once a pair)
     src_dev.allocator._copyout(memoryview(host), src)
     dest_dev.allocator._copyin(dest, memoryview(host))

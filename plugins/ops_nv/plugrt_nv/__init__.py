@@ -23,8 +23,9 @@ from plugrt.probing import device_nodes, has_module, install_hint
 __version__ = "0.1.0"
 #: first-party interfaces: (name, module, distribution)
 INTERFACES = (("NVK", "plugrt_nv_nvk", "plugrt-nv-nvk"), ("PCI", "plugrt_nv_pci", "plugrt-nv-pci"))
-#: how NV copies between two GPUs today, said by `plugrt devices`, NVAllocator.peer_path and docs/multi-gpu.md
-STAGED_PEER = "staged through host memory (plugrt-nv maps no peer memory yet: device to host on one GPU, host to device on the other)"
+#: how NV copies between two GPUs, said by `plugrt devices` (NVAllocator.peer_path says it for an opened pair; docs/multi-gpu.md)
+PEER_PATH = ("through a peer mapping where the driver allows it (asked when both GPUs are open: P2P caps, then UVM peer access), "
+             "else staged through host memory, with the reason")
 DRIVER_HINT = "install the NVIDIA driver (open or proprietary kernel modules) and load nvidia and nvidia-uvm, or run on a machine with an NVIDIA GPU"
 
 
@@ -56,7 +57,7 @@ def probe_nv(ctx: PluginContext) -> Probe:
   here = G.by_minor(G.present(G.driver_gpus(), nodes))
   listing = [DeviceListing(i, g.model, g.bus_id, {"uuid": g.uuid} if g.uuid else {}) for i, g in enumerate(here)]
   info = {"driver": ver or ""}
-  if len(nodes) > 1: info["copies between GPUs"] = STAGED_PEER
+  if len(nodes) > 1: info["copies between GPUs"] = PEER_PATH
   return Probe.found(len(nodes), f"{len(nodes)} GPU{'s' if len(nodes) != 1 else ''}, driver {ver or 'version unknown'}", **info).with_devices(listing)
 
 

@@ -2,7 +2,8 @@
 
 1. the probe; 2. the interface alone (driver, classes, VA space, memory of each kind, CPU access); 3. the device
 (channels, doorbell, first commands); 4. copies, and what bounds a host copy; 5. kernels (a tiny one, saxpy, a 3-D
-grid, shared memory, timing); 6. launch overhead, and the cost of each store a launch makes. Each step prints OK
+grid, shared memory, timing); 6. launch overhead, and the cost of each store a launch makes; 7. with a second GPU,
+copies between the two (the path: a peer mapping, or staged and why) both ways, checked and timed. Each step prints OK
 with its figures or FAILED with the error, and the run stops at the first failure (exit status 1).
 """
 from __future__ import annotations
@@ -36,7 +37,7 @@ def main() -> None:
   from plugrt import Buffer, Device, dtypes
   from plugrt.context import PluginContext
   from plugrt.testing import kernels as K
-  step("probe", lambda: plugrt_nv.probe_nv(PluginContext.from_process()))
+  probe = step("probe", lambda: plugrt_nv.probe_nv(PluginContext.from_process()))
 
   def iface_alone() -> str:
     from plugrt_nv_nvk.nvk import NVKInterface
@@ -155,6 +156,23 @@ def main() -> None:
     dev.synchronize()
     return ", ".join(f"{k} {v:.3f} us" for k, v in rows.items()) + f" (slots: {st.slots_mem.kind})"
   step("where a launch's time goes", breakdown)
+
+  def between_gpus() -> str:
+    other = Device["NV:1" if index == 0 else "NV"]
+    n, res = 64 << 20, []
+    x = np.random.default_rng(1).integers(0, 255, n, dtype=np.uint8)
+    for s, d in ((dev, other), (other, dev)):
+      a, b = Buffer(s, n, dtypes.uint8).copyin(x), Buffer(d, n, dtypes.uint8)
+      a.copy_to(b)  # the first copy sets the pair up (peer access, mappings)
+      d.synchronize()
+      t = time.perf_counter()
+      for _ in range(4): a.copy_to(b)
+      d.synchronize()
+      rate = 4 * n / (time.perf_counter() - t) / 1e9
+      assert np.array_equal(b.numpy(), x), f"the copy from {s.canonical} to {d.canonical} differs from its source"
+      res.append(f"{s.canonical} -> {d.canonical}: {s.allocator.peer_path(d)}, {rate:.1f} GB/s")
+    return "; ".join(res)
+  if probe.count >= 2: step("copies between two GPUs (a peer mapping where the driver allows it)", between_gpus)
   print("NV works on this machine")
 
 

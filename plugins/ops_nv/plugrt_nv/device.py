@@ -22,6 +22,7 @@ copies from 1 MiB run as a kernel (the copy engine moves about 43 GB/s device to
 """
 from __future__ import annotations
 
+import bisect
 import ctypes
 import struct
 import time
@@ -89,7 +90,7 @@ class NVState(Timeline, DeviceState):  # Timeline first: its synchronize() is th
   def __init__(self, info: DeviceInfo):
     iface: GPUInterface | None = info.iface_object
     if iface is None: raise UnsupportedError("NV needs an interface to reach the GPU, and none was opened", install_hint("plugrt-nv-nvk"))
-    self.iface, self.index, self.broken = iface, info.index, ""
+    self.iface, self.index, self.broken, self.closed = iface, info.index, "", False
     # held around everything that writes the submission state (slots, rings, timeline, staging, programs' entries): one
     # device's commands go through one sequence of slots, so threads launching or copying on it take turns
     self.lock = RLock()
@@ -115,6 +116,12 @@ class NVState(Timeline, DeviceState):  # Timeline first: its synchronize() is th
     self.slots_mem = iface.alloc(SLOT * SLOTS, kind)
     self.slots = CommandSlots(self.slots_mem.va, SLOT, SLOTS)
     self.slm, self.local_mem = 0, None
+    # other GPUs (plugrt_nv.peer): semaphores of theirs the next submission here waits for (address -> value), the links
+    # from this GPU, the GPUs linked either way, and which of this GPU's allocations their copies read (address -> {GPU: value})
+    self.after: dict[int, int] = {}
+    self.links: dict[NVState, Any] = {}
+    self.partners: set[NVState] = set()
+    self.lent: dict[int, dict[NVState, int]] = {}
     # may the next launch take the fast path? Not after work on the copy channel (the launch must wait for it), nor after new
     # code or constants were written where the GPU may have cached old ones (the launch invalidates those caches first)
     self.fast = False
@@ -151,7 +158,7 @@ class NVState(Timeline, DeviceState):  # Timeline first: its synchronize() is th
       if self.broken: raise NVError(f"NV:{self.index} cannot run more work: {self.broken}", "restart the process")
       slot = self.slots.take(self)
       va, value = self.slots.address(slot), self.value + 1
-      words = (cmd.sem_acquire(self.sem, self.value) if self.last is not ch else []) + body
+      words = self.waits(ch) + body
       if ch is self.copy: words += cmd.copy_release(self.sem, value)
       elif ch is self.video: words += nvdec.release(self.sem, value)
       else: words += cmd.sem_release(self.sem, value)
@@ -160,6 +167,22 @@ class NVState(Timeline, DeviceState):  # Timeline first: its synchronize() is th
       ctypes.memmove(va, data, len(data))
       self._kick(ch, va, len(words), value, slot)
       return value
+
+  def waits(self, ch: DoorbellRing) -> list[int]:
+    """The acquires a submission on `ch` starts with: the previous submission when it was on another channel, and
+    whatever another GPU's work asked this GPU's next submission to wait for (wait_for; consumed here)."""
+    words = cmd.sem_acquire(self.sem, self.value) if self.last is not ch else []
+    if self.after:
+      for sem, value in self.after.items(): words += cmd.sem_acquire(sem, value)
+      self.after.clear()
+    return words
+
+  def wait_for(self, sem: int, value: int) -> None:
+    """Make this GPU's next submission (on any channel) wait until another GPU's timeline at `sem`, mapped into this
+    GPU's VA space, reaches `value`. Later submissions follow it (each channel waits for the other's last one)."""
+    with self.lock:
+      self.after[sem] = max(value, self.after.get(sem, 0))
+      self.fast = False  # the fast launch path writes no acquire
 
   def video_ring(self) -> DoorbellRing:
     """The channel on the video decode engine (opened once, with the video decoder object): NVError when it cannot be."""
@@ -199,9 +222,16 @@ class NVState(Timeline, DeviceState):  # Timeline first: its synchronize() is th
       self.local_mem, self.slm = mem, slm
 
   def close(self) -> None:
+    if self.closed: return
+    self.closed = True
+    from plugrt_nv import peer
     try:
       if not self.broken: self.synchronize()
-    finally: self.iface.close()
+    finally:
+      try: peer.forget(self)  # GPUs that read this one's memory or wait on its timeline finish first, and forget it
+      finally:
+        self.iface.close()
+        self.broken = self.broken or f"NV:{self.index} was closed"  # buffers freed later leave its (gone) memory alone
 
 
 class NVStaging(PinnedStaging):
@@ -239,14 +269,40 @@ class NVAllocator(StagedAllocator):
     super().__init__(device)
     self.state: NVState = device.state
     self.staging = NVStaging(self.state, self.STAGE, self.PIECE)
+    self.bases: list[int] = []  # the allocations' addresses, sorted (find)
 
   def _alloc(self, nbytes: int, options: Any) -> int:
     with self.state.lock:
       mem = self.state.iface.alloc(nbytes, "device")
       self.mems[mem.va] = mem
+      bisect.insort(self.bases, mem.va)
     return mem.va
 
-  def _free_memory(self, mem: Mem) -> None: self.state.iface.free(mem)
+  def _free_memory(self, mem: Mem) -> None:
+    st = self.state
+    for reader, value in st.lent.pop(mem.va, {}).items():  # copies on other GPUs that read it (plugrt_nv.peer)
+      if not reader.broken: reader.wait(value)
+    for ln in st.links.values(): ln.mapped.discard(mem.va)  # the interface's free unmaps it from every GPU
+    self.bases.remove(mem.va)
+    st.iface.free(mem)
+
+  def find(self, addr: int, nbytes: int) -> Mem | None:
+    """The allocation that holds [addr, addr + nbytes), or None."""
+    i = bisect.bisect_right(self.bases, addr) - 1
+    mem = self.mems.get(self.bases[i]) if i >= 0 else None
+    return mem if mem is not None and addr + nbytes <= mem.va + mem.size else None
+
+  def peer_path(self, dest_dev: Any) -> str:
+    """"peer" when copies from this GPU to `dest_dev` go through a peer mapping, else how they are staged and why."""
+    from plugrt_nv import peer
+    return peer.link(self.state, dest_dev.allocator.state).path
+
+  def _peer_copy(self, dest: int, src: int, nbytes: int, dest_dev: Any) -> bool:
+    from plugrt_nv import peer
+    ln = peer.link(self.state, dest_dev.allocator.state)
+    if ln.why: return False
+    with self.state.lock: mem = self.find(src, nbytes)  # (a Buffer's memory is always one allocation of this allocator)
+    return mem is not None and ln.copy(dest, src, nbytes, mem)
 
   def _copy(self, dest: int, src: int, nbytes: int) -> None:
     """Device to device: large copies between ranges that do not overlap run as a kernel (the SMs move memory far
@@ -382,7 +438,7 @@ class NVProgram(Program):
         ctypes.memmove(va, self.blob_addr, self.cmd_off)
         qmd, c = va, self.cmd_off
       else: qmd, c, e.last_use = e.descriptor, 0, value
-      words = (cmd.sem_acquire(st.sem, st.value) if st.last is not st.compute else []) + (cmd.sem_release(st.ts, value) if wait else [])
+      words = st.waits(st.compute) + (cmd.sem_release(st.ts, value) if wait else [])
       words += cmd.launch(qmd) + cmd.sem_release(st.sem, value)  # with the cache invalidation
       struct.pack_into(f"<{len(words)}I", st.slots.view, slot * SLOT + c, *words)
       st._kick(st.compute, va + c, len(words), value, slot)

@@ -71,4 +71,15 @@ class GPUInterface:
     also asks the driver for the SMs' and the MMU's error state (for the report after a fault or a timeout)."""
     return ""
 
+  def peer_access(self, other: GPUInterface) -> str:
+    """Let this GPU and `other` (another GPU of this process) map each other's memory: "" once they may (asked of the
+    driver once per pair), else why not (copies between them are then staged through host memory)."""
+    return f"the {self.name} interface maps no memory between GPUs"
+
+  def map_peer(self, mem: Mem, other: GPUInterface) -> None:
+    """Map `mem`, this GPU's memory, at its own address into `other`'s VA space as well (after peer_access allowed
+    it, for video memory; host memory needs no peer access). Once per (mem, other): a repeat does nothing. Freeing
+    `mem` removes the other GPU's mapping too. NVError when the driver refuses."""
+    raise NVError(self.peer_access(other))
+
   def close(self) -> None: pass

@@ -6,10 +6,17 @@ queue thread (FakeDevice.serve) that decodes the real command stream from its GP
 launches, whose QMD and constant bank 0 it reads back. A launch of a program registered with `load` runs through
 the reference interpreter (DispatchRunner) on the arguments read out of constant bank 0; one registered in
 `kernels` runs a Python stand-in given the decoded `Launch`. So everything NV writes for the GPU, the fake reads
-the way the hardware documents it."""
+the way the hardware documents it.
+
+Several fake GPUs of one test share a `FakeRM` (the process's one RM client and UVM file, as plugrt_nv_nvk's
+client.py shares them): it answers the P2P caps query (yes, or a reason for no), enables peer access for a pair,
+and maps one GPU's allocation into another's VA space. Each fake GPU's copy engine and semaphore acquires only
+reach addresses in its own VA space (its memory, and what was mapped into it from a peer), so a peer copy whose
+mapping is missing faults as the hardware would."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +30,32 @@ from plugrt_nv.iface import Channel, GPUInterface, Mem, NVError
 from plugrt_nv_nvk.nvk import PAGE, PROCESS_VA
 
 HOPPER = {0xCBC0, 0xC8B5, 0xC86F, 0xC661, 0xB8B0}
+
+
+class FakeRM:
+  """The RM client and UVM file fake GPUs share. `p2p`: True (every pair can reach each other's memory) or the
+  reason the P2P caps query gives for no. `refs` counts the GPUs open on it; `closed` once the last one closed.
+  `calls` records what was asked: ("P2P_CAPS" | "ENABLE_PEER" | "MAP", details...)."""
+
+  def __init__(self, p2p: bool | str = True):
+    self.p2p, self.refs, self.closed = p2p, 0, False
+    self.gpus: list[FakeGPU] = []
+    self.peers: set[frozenset[bytes]] = set()
+    self.calls: list[tuple[Any, ...]] = []
+
+  def attach(self, gpu: FakeGPU) -> None:
+    assert not self.closed, "a fake GPU opened on a closed client"
+    self.refs += 1
+    self.gpus.append(gpu)
+
+  def detach(self, gpu: FakeGPU) -> None:
+    self.gpus.remove(gpu)
+    self.peers = {k for k in self.peers if gpu.uuid not in k}
+    for other in self.gpus:  # what this GPU lent is unmapped, what it borrowed goes with its VA space
+      for va in [va for va, (_, owner) in other.peer_maps.items() if owner is gpu]: del other.peer_maps[va]
+      other.lent = {va: rest for va, borrowers in other.lent.items() if (rest := borrowers - {gpu})}
+    self.refs -= 1
+    self.closed = self.refs == 0
 
 
 def block_linear(x: Any, y: Any, pitch: int) -> Any:
@@ -51,8 +84,14 @@ class Launch:
 
 class FakeGPU(FakeDevice, GPUInterface):
   name = "FAKE"
+  _serial = itertools.count(1)
 
-  def __init__(self, classes: set[int] = HOPPER):
+  def __init__(self, classes: set[int] = HOPPER, client: FakeRM | None = None):
+    self.client = client or FakeRM()
+    self.uuid = next(FakeGPU._serial).to_bytes(16, "little")
+    self.peer_maps: dict[int, tuple[int, FakeGPU]] = {}  # another GPU's memory mapped here: address -> (size, owner)
+    self.lent: dict[int, set[FakeGPU]] = {}               # this GPU's memory mapped into others: address -> those GPUs
+    self.client.attach(self)
     super().__init__(FakeMemory(place=lambda size: PROCESS_VA.alloc(size, PAGE), unplace=PROCESS_VA.release, page=PAGE))
     self.classes = hw.pick_classes(classes)  # type: ignore[assignment]
     self.sm_version = 0x900
@@ -63,6 +102,7 @@ class FakeGPU(FakeDevice, GPUInterface):
     self.params: dict[int, tuple[int, list[int]]] = {}      # program address -> (constant bank 0 offset of the parameters, their offsets)
     self.launches: list[Launch] = []
     self.log: list[tuple[str, int, int]] = []  # (channel, method, data) of every method seen
+    self.acquires: list[tuple[str, int, int]] = []  # (channel, address, value) of every semaphore acquire run
     self.pictures: list[tuple[Any, bytes, dict]] = []  # the video engine's pictures: setup, bitstream, the methods in force
     self.video_decode: Callable[[Any, bytes], tuple[Any, Any]] = lambda pic, bits: (_ for _ in ()).throw(AssertionError("no video_decode"))
 
@@ -78,7 +118,41 @@ class FakeGPU(FakeDevice, GPUInterface):
     m = self.memory.map(size, kind)
     return Mem(m.va, m.size, kind, m)
 
-  def free(self, mem: Mem) -> None: self.memory.unmap(mem.va)
+  def free(self, mem: Mem) -> None:
+    for other in self.lent.pop(mem.va, ()): other.peer_maps.pop(mem.va, None)  # UVM_FREE unmaps it from every GPU
+    self.memory.unmap(mem.va)
+
+  # ------------------------------------------------------------ peers (the shared FakeRM answers)
+  def peer_access(self, other: GPUInterface) -> str:
+    if not isinstance(other, FakeGPU) or other.client is not self.client: return "the two fake GPUs have different RM clients"
+    key = frozenset((self.uuid, other.uuid))
+    if key in self.client.peers: return ""
+    self.client.calls.append(("P2P_CAPS", self.uuid, other.uuid))
+    if self.client.p2p is not True: return f"the driver reports no peer reads between them: {self.client.p2p}"
+    self.client.calls.append(("ENABLE_PEER", self.uuid, other.uuid))
+    self.client.peers.add(key)
+    return ""
+
+  def map_peer(self, mem: Mem, other: GPUInterface) -> None:
+    assert isinstance(other, FakeGPU) and mem.va in self.memory.maps, "map_peer of memory this fake GPU does not own"
+    if other in self.lent.get(mem.va, ()): return
+    if mem.kind != "host" and frozenset((self.uuid, other.uuid)) not in self.client.peers:
+      raise NVError("UVM_MAP_EXTERNAL_ALLOCATION: NV_ERR_INVALID_DEVICE (0x...) (peer access is not enabled)")  # UVM's rule for video memory
+    self.client.calls.append(("MAP", mem.va, self.uuid, other.uuid))
+    other.peer_maps[mem.va] = (mem.size, self)
+    self.lent.setdefault(mem.va, set()).add(other)
+
+  def visible(self, addr: int, n: int) -> None:
+    """The GPU's MMU: [addr, addr + n) must lie in one allocation of this GPU, or one mapped here from a peer (a
+    KeyError, the fake's page fault, otherwise; the queue then faults and the backend's wait reports it)."""
+    for va, (size, _) in list(self.peer_maps.items()):  # (a snapshot: the host thread may be adding one)
+      if va <= addr and addr + n <= va + size: return
+    m = self.memory.find(addr)
+    if addr + n > m.va + m.size: raise KeyError(f"the fake GPU has no memory at {addr + n - 1:#x}")
+
+  def close(self) -> None:
+    if not self.stop: self.client.detach(self)
+    super().close()
 
   def video_channel(self, entries: int) -> Channel:
     """A channel whose subchannel-4 methods are the video decoder's: EXECUTE hands the picture (its setup, read back
@@ -148,12 +222,18 @@ class FakeGPU(FakeDevice, GPUInterface):
       addr = st[(subch, 0x60)] << 32 | st[(subch, 0x5C)]
       payload = st[(subch, 0x64)]
       if v & 7 == hw.Host.SEM_RELEASE: release(addr, payload, timestamp_at=addr + 8 if v & hw.Host.SEM_TIMESTAMP else None)
-      elif v & 7 == hw.Host.SEM_ACQ_CIRC_GEQ: acquire(addr, payload, stop=lambda: self.stop)
+      elif v & 7 == hw.Host.SEM_ACQ_CIRC_GEQ:
+        self.visible(addr, 4)  # another GPU's timeline only once mapped here
+        self.acquires.append((ch.name, addr, payload))
+        acquire(addr, payload, stop=lambda: self.stop)
     elif subch == hw.SUBCH_COPY and m == hw.Copy.LAUNCH_DMA:
       if v & 3:
         src = st[(subch, 0x400)] << 32 | st[(subch, 0x404)]
         dst = st[(subch, 0x408)] << 32 | st[(subch, 0x40C)]
-        ctypes.memmove(dst, src, st[(subch, 0x418)])
+        n = st[(subch, 0x418)]
+        self.visible(src, n)  # a peer's buffer resolves to that GPU's memory only through a mapping made here
+        self.visible(dst, n)
+        ctypes.memmove(dst, src, n)
       if v >> 3 & 3:
         addr = st[(subch, 0x240)] << 32 | st[(subch, 0x244)]
         release(addr, st[(subch, 0x248)], timestamp_at=addr + 8)

@@ -188,6 +188,13 @@ def test_driver_structs_match_the_documented_offsets():
   assert (rm.SM_ERRORS.mmuFaultValid.offset, rm.NVOS33_FD.fd.offset, rm.NVOS02_FD.fd.offset) == (4812, 48, 48)
   assert rm.iowr(rm.ESC_RM_ALLOC, 32) == 0xC020462B and rm.iowr(rm.ESC_CARD_INFO, 72 * 64) == 0xD20046C8
   with pytest.raises(Exception, match="not supported"): rm.layout(535)
+  # peer access: NV0000_CTRL_SYSTEM_GET_P2P_CAPS_V2_PARAMS (32 GPU ids, count, caps, two CE masks, 9 status bytes, two
+  # 32x32 peer-id matrices) and UVM's two-UUID peer calls, as ctrl0000system.h and uvm_ioctl.h lay them out
+  assert (rm.P2P_CAPS_V2.p2pCaps.offset, rm.P2P_CAPS_V2.p2pCapsStatus.offset, rm.P2P_CAPS_V2.busPeerIds.offset) == (132, 144, 156)
+  assert ctypes.sizeof(rm.P2P_CAPS_V2) == 8348 and rm.CTRL_P2P_CAPS_V2 == 0x12B and rm.P2P_READS == 2
+  assert (rm.UVM_PEER_ACCESS_PARAMS.gpuUuidB.offset, ctypes.sizeof(rm.UVM_PEER_ACCESS_PARAMS)) == (16, 36)
+  assert ctypes.sizeof(rm.UVM_UNREGISTER_GPU_PARAMS) == ctypes.sizeof(rm.UVM_UNREGISTER_GPU_VASPACE_PARAMS) == 20
+  assert (rm.UVM_ENABLE_PEER_ACCESS, rm.UVM_DISABLE_PEER_ACCESS, rm.UVM_UNREGISTER_GPU, rm.UVM_UNREGISTER_GPU_VASPACE) == (29, 30, 38, 26)
 
 
 def test_va_allocator():

@@ -1,8 +1,9 @@
 """The NVK interface: an NVIDIA GPU opened through the kernel driver's device files, with no CUDA library.
 
-Bring-up (once per GPU): an RM client on /dev/nvidiactl, the GPU's device and subdevice (its /dev/nvidiaN must
-be open in the process first), a VA space whose page tables the UVM driver owns (/dev/nvidia-uvm), the usermode
-page that holds the doorbell, and a channel group with a compute and a copy channel. Memory is placed in that
+Bring-up (once per GPU): the process's RM client on /dev/nvidiactl and its UVM file (client.py: one for every NV
+GPU, so one GPU's memory can be mapped into another's VA space), the GPU's device and subdevice (its /dev/nvidiaN
+must be open in the process first), a VA space whose page tables the UVM driver owns (/dev/nvidia-uvm), the
+usermode page that holds the doorbell, and a channel group with a compute and a copy channel. Memory is placed in that
 VA space at an address plugrt picks, and where the CPU needs it, mapped at the same address in the process
 (vidmem through the GPU's BAR, host memory as ordinary pages the GPU reads over PCIe).
 """
@@ -18,7 +19,7 @@ from typing import Any
 from plugrt.hwqueue import libc, round_up
 from plugrt_nv import hw
 from plugrt_nv.iface import Channel, GPUInterface, Mem, NVError
-from plugrt_nv_nvk import rm
+from plugrt_nv_nvk import client, rm
 
 PAGE, HUGE = 0x1000, 0x200000
 VA_BASE, VA_LIMIT = 0x10_0000_0000, 0xFE_0000_0000  # every buffer below 2^40: push buffers and QMDs must be
@@ -66,24 +67,27 @@ class NVKInterface(GPUInterface):
   def __init__(self, index: int = 0):
     self.fds: list[int] = []
     self.mems: list[Mem] = []
+    self.channel_vas: list[int] = []  # addresses UVM keeps for the channels' context buffers
     self.va = PROCESS_VA
-    self._handle = 0x2000
-    self.ctl = self._open("/dev/nvidiactl")
-    self.uvm, self.uvm2 = self._open("/dev/nvidia-uvm"), self._open("/dev/nvidia-uvm")
-    self.root = self.rm_alloc(0, rm.ROOT_CLIENT, None, root=0, what="an RM client")
-    ver = self.control(self.root, rm.CTRL_BUILD_VERSION_V2, rm.BUILD_VERSION_V2(), "reading the driver version")
-    self.driver = ver.driverVersion.decode()
-    self.L = rm.layout(int(self.driver.split(".")[0]))
-    self.uvm_call(rm.UVM_INITIALIZE, rm.UVM_INITIALIZE_PARAMS(), "UVM_INITIALIZE")
-    try: self.uvm_call(rm.UVM_MM_INITIALIZE, rm.UVM_MM_INITIALIZE_PARAMS(uvmFd=self.uvm), "UVM_MM_INITIALIZE", fd=self.uvm2)
-    except NVError: pass  # not needed on every platform; CUDA sees it fail too
+    self.device = self.uuid_registered = self.vaspace_registered = 0
+    self.uuid = b""
+    self.client: client.Client | None = client.acquire()  # one RM client and one UVM file for every NV GPU of the process
+    c = self.client
+    self.ctl, self.uvm, self.root, self.driver, self.L = c.ctl, c.uvm, c.root, c.driver, c.L
+    try: self._open_gpu(index)
+    except BaseException:
+      self.close()
+      raise
+    with c.lock: c.gpus.append(self)
+
+  def _open_gpu(self, index: int) -> None:
     cards = (rm.CARD_INFO * 64)()
     rm.ioctl(self.ctl, rm.ESC_CARD_INFO, cards, "listing GPUs")
     # NV:i is the GPU of the i-th smallest minor among those whose node this process has (a container may have some), as the probe lists
     valid = sorted((c for c in cards if c.valid and os.path.exists(f"/dev/nvidia{c.minor_number}")), key=lambda c: c.minor_number)
     if index >= len(valid): raise NVError(f"NV:{index} does not exist: the driver lists {len(valid)} GPU(s)", f"use an index below {len(valid)}")
     card = valid[index]
-    self.minor, self.pci_device = card.minor_number, card.pci.device_id
+    self.minor, self.pci_device, self.gpu_id = card.minor_number, card.pci.device_id, card.gpu_id
     self.bus_id = f"{card.pci.domain:04x}:{card.pci.bus:02x}:{card.pci.slot:02x}.{card.pci.function:x}"  # as /proc/driver/nvidia names it
     self.gpu = self._gpu_fd()  # before the device object: RM checks that the process has the GPU's node open
     ids = self.control(self.root, rm.CTRL_GPU_ID_INFO_V2, rm.GPU_ID_INFO_V2(gpuId=card.gpu_id), "reading the GPU's id")
@@ -105,8 +109,10 @@ class NVKInterface(GPUInterface):
     gid = self.control(self.subdevice, rm.CTRL_GID_INFO, rm.GID_INFO(flags=2, length=16), "reading the GPU's UUID")
     self.uuid = bytes(gid.data[:16])
     self.uvm_call(rm.UVM_REGISTER_GPU, rm.UVM_REGISTER_GPU_PARAMS(gpu_uuid=rm.UUID(*self.uuid), rmCtrlFd=-1), "UVM_REGISTER_GPU")
+    self.uuid_registered = 1
     self.uvm_call(rm.UVM_REGISTER_GPU_VASPACE, rm.UVM_REGISTER_GPU_VASPACE_PARAMS(gpuUuid=rm.UUID(*self.uuid), rmCtrlFd=self.ctl, hClient=self.root,
                   hVaSpace=self.vaspace), "UVM_REGISTER_GPU_VASPACE")
+    self.vaspace_registered = 1
     items = (rm.GR_INFO_ITEM * len(rm.GR_INFO))(*[rm.GR_INFO_ITEM(index=i) for i in rm.GR_INFO.values()])
     self.control(self.subdevice, rm.CTRL_GR_INFO, rm.GR_INFO_PARAMS(grInfoListSize=len(items), grInfoList=ctypes.addressof(items)), "reading GR info")
     self.gr = {k: it.data for k, it in zip(rm.GR_INFO, items)}
@@ -186,8 +192,7 @@ class NVKInterface(GPUInterface):
             continue
           break
         mem.private["cpu"] = True
-        self._handle += 1
-        p = rm.NVOS02_FD(params=rm.NVOS02(hRoot=self.root, hObjectParent=self.device, hObjectNew=self._handle, hClass=rm.OS_DESCRIPTOR,
+        p = rm.NVOS02_FD(params=rm.NVOS02(hRoot=self.root, hObjectParent=self.device, hObjectNew=self.client.new_handle(), hClass=rm.OS_DESCRIPTOR,
                                           flags=OS_DESCRIPTOR_FLAGS, pMemory=va, limit=size - 1), fd=-1)
         rm.ioctl(self.gpu, rm.ESC_RM_ALLOC_MEMORY, p, "registering host memory with the GPU")
         if p.params.status: raise NVError(f"registering {size} bytes of host memory with the GPU failed: {rm.status_name(p.params.status)}")
@@ -271,6 +276,7 @@ class NVKInterface(GPUInterface):
       except NVError: self.debugger = 0  # only for fault reports
     token = self.control(ch, rm.CTRL_WORK_SUBMIT_TOKEN, rm.WORK_SUBMIT_TOKEN(workSubmitToken=0xFFFFFFFF), f"reading the {name} channel's token")
     base = self.va.alloc(CHANNEL_VA, HUGE)
+    self.channel_vas.append(base)
     self.uvm_call(rm.UVM_REGISTER_CHANNEL, rm.UVM_REGISTER_CHANNEL_PARAMS(gpuUuid=rm.UUID(*self.uuid), rmCtrlFd=self.ctl, hClient=self.root,
                   hChannel=ch, base=base, length=CHANNEL_VA), "UVM_REGISTER_CHANNEL")
     return Channel(name, area.va + off, entries, area.va + off + entries * 8, token.workSubmitToken)
@@ -337,12 +343,64 @@ class NVKInterface(GPUInterface):
       except NVError as err: out.append(f"(SM error state unreadable: {err.message})")
     return "; ".join(out)
 
+  # ------------------------------------------------------------ peers
+  def peer_access(self, other: GPUInterface) -> str:
+    if not isinstance(other, NVKInterface) or other.client is None or other.client is not self.client:
+      return f"NV:{getattr(other, 'minor', '?')} is not open through the same kernel-driver client"
+    return self.client.peer_access(self, other)
+
+  def map_peer(self, mem: Mem, other: GPUInterface) -> None:
+    """Map `mem` (this GPU's) at its address into `other`'s VA space too: UVM_MAP_EXTERNAL_ALLOCATION of its handle
+    with the other GPU's UUID alone, in the external range this GPU made (the UVM file is shared, so the range is
+    the process's). The owner's own mapping is left alone: listing its UUID again would make UVM unmap and remap it
+    while its queue may be using it. Video memory needs peer access enabled first (peer_access); host memory
+    does not. Freeing `mem` (UVM_FREE of the range) removes every GPU's mapping of it."""
+    assert isinstance(other, NVKInterface)
+    peers = mem.private.setdefault("peers", set())
+    if other.uuid in peers: return
+    p = rm.UVM_MAP_EXTERNAL_ALLOCATION_PARAMS(base=mem.va, length=mem.size, gpuAttributesCount=1, rmCtrlFd=self.ctl, hClient=self.root,
+                                              hMemory=mem.private["handle"])
+    p.perGpuAttributes[0].gpuUuid[:] = list(other.uuid)
+    p.perGpuAttributes[0].gpuMappingType = 1  # read, write, atomics
+    self.uvm_call(rm.UVM_MAP_EXTERNAL_ALLOCATION, p, f"mapping {mem.size} bytes of NV:{self.minor}'s memory into NV:{other.minor}")
+    peers.add(other.uuid)
+
   def close(self) -> None:
-    """Unmap what the CPU sees and close every fd: the driver then frees the client and all it owns."""
+    """Give back everything this GPU holds, leaving the shared client to the other GPUs: its memory's ranges (UVM_FREE
+    also removes other GPUs' mappings of it), its peer pairs, its UVM registrations, its RM device object (RM frees
+    everything under it: subdevice, VA space, channels, memory), its CPU mappings and files. The last GPU only
+    unmaps and closes the files, the client's too: the driver then frees everything, as it did before the client
+    was shared (the one teardown that has run on hardware)."""
+    c = self.client
+    if c is None: return
+    self.client = None
+    if c.refs > 1: self._give_back(c)
     for m in self.mems:
       if m.private["cpu"]: libc().munmap(m.va, m.size)
+      self.va.release(m.va, m.size)
+    for base in self.channel_vas: self.va.release(base, CHANNEL_VA)
     self.mems.clear()
+    self.channel_vas.clear()
     for fd in self.fds:
       try: os.close(fd)
       except OSError: pass
     self.fds.clear()
+    with c.lock:
+      if self in c.gpus: c.gpus.remove(self)
+    client.release(c)
+
+  def _give_back(self, c: client.Client) -> None:
+    """This GPU's part of the shared client, freed explicitly while other GPUs keep using the client."""
+    for m in self.mems:
+      if m.private["range"]:
+        try: self.uvm_call(rm.UVM_FREE, self.L.UVM_FREE_PARAMS(base=m.va, **({} if self.L.branch >= 610 else {"length": m.size})), "UVM_FREE")
+        except NVError: pass
+    if self.uuid: c.forget(self)
+    for done, cmd, params in ((self.vaspace_registered, rm.UVM_UNREGISTER_GPU_VASPACE, rm.UVM_UNREGISTER_GPU_VASPACE_PARAMS),
+                              (self.uuid_registered, rm.UVM_UNREGISTER_GPU, rm.UVM_UNREGISTER_GPU_PARAMS)):
+      if done:
+        try: self.uvm_call(cmd, params(rm.UUID(*self.uuid)), "unregistering the GPU from UVM")
+        except NVError: pass
+    if self.device:
+      try: self.rm_free(self.root, self.device)
+      except NVError: pass

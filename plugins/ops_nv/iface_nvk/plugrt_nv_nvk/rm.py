@@ -42,6 +42,15 @@ GR_INFO = {"sm_version": 0x0C, "warps_per_sm": 0x0D, "gpcs": 0x14, "tpc_per_gpc"
 # UVM ioctls (bare numbers)
 UVM_INITIALIZE, UVM_REGISTER_GPU_VASPACE, UVM_REGISTER_CHANNEL, UVM_MAP_EXTERNAL_ALLOCATION = 0x30000001, 25, 27, 33
 UVM_FREE, UVM_REGISTER_GPU, UVM_CREATE_EXTERNAL_RANGE, UVM_MM_INITIALIZE = 34, 37, 73, 75
+UVM_UNREGISTER_GPU_VASPACE, UVM_ENABLE_PEER_ACCESS, UVM_DISABLE_PEER_ACCESS, UVM_UNREGISTER_GPU = 26, 29, 30, 38
+
+# peer capabilities between GPUs (NV0000_CTRL_CMD_SYSTEM_GET_P2P_CAPS_V2 on the root client; ctrl0000system.h, the same in 570-595)
+CTRL_P2P_CAPS_V2 = 0x12B
+P2P_WRITES, P2P_READS, P2P_NVLINK, P2P_PCI = 1 << 0, 1 << 1, 1 << 3, 1 << 6   # p2pCaps bits
+P2P_INDEX_READ, P2P_INDEX_WRITE = 0, 1                                          # p2pCapsStatus entries
+P2P_STATUS = {1: "the chipset does not support peer access", 2: "the GPU does not support peer access",
+              3: "the PCIe topology does not support peer access (root ports on different I/O hubs)",
+              4: "peer access is disabled by a driver registry key", 5: "peer access is not supported"}
 
 STATUS = {0x1B: "NV_ERR_INSUFFICIENT_PERMISSIONS", 0x1F: "NV_ERR_INVALID_ARGUMENT", 0x22: "NV_ERR_INVALID_CLASS", 0x29: "NV_ERR_INVALID_FLAGS",
           0x2E: "NV_ERR_INVALID_LIMIT", 0x33: "NV_ERR_INVALID_OBJECT_HANDLE", 0x36: "NV_ERR_INVALID_OBJECT_PARENT", 0x37: "NV_ERR_INVALID_OFFSET",
@@ -104,6 +113,8 @@ SM_ERROR = struct("SM_ERROR", 48, ("hwwGlobalEsr", u32), ("hwwWarpEsr", u32), ("
                   ("hwwWarpEsrReportMask", u32), ("hwwEsrAddr", u64), ("hwwWarpEsrPc64", u64), ("hwwCgaEsr", u32), ("hwwCgaEsrReportMask", u32))
 SM_ERRORS = struct("SM_ERRORS", 4824, ("hTargetChannel", u32), ("numSMsToRead", u32), ("sm", SM_ERROR * 100), ("mmuFaultInfo", u32),
                    ("mmuFaultValid", u8), ("mmuFaultInfo2", u32), ("startingSM", u32))
+P2P_CAPS_V2 = struct("P2P_CAPS_V2", 8348, ("gpuIds", u32 * 32), ("gpuCount", u32), ("p2pCaps", u32), ("p2pOptimalReadCEs", u32),
+                     ("p2pOptimalWriteCEs", u32), ("p2pCapsStatus", u8 * 9), ("busPeerIds", u32 * 1024), ("busEgmPeerIds", u32 * 1024))
 MMU_FAULT = struct("MMU_FAULT", 16, ("faultAddress", u64), ("faultType", u32), ("accessType", u32))
 MMU_FAULTS = struct("MMU_FAULTS", 72, ("faults", MMU_FAULT * 4), ("count", u32))
 # UVM
@@ -115,6 +126,9 @@ UVM_REGISTER_GPU_VASPACE_PARAMS = struct("UVM_REGISTER_GPU_VASPACE_PARAMS", 32, 
                                          ("hVaSpace", u32), ("rmStatus", u32))
 UVM_REGISTER_CHANNEL_PARAMS = struct("UVM_REGISTER_CHANNEL_PARAMS", 56, ("gpuUuid", UUID), ("rmCtrlFd", s32), ("hClient", u32), ("hChannel", u32),
                                      ("base", u64), ("length", u64), ("rmStatus", u32))
+UVM_UNREGISTER_GPU_PARAMS = struct("UVM_UNREGISTER_GPU_PARAMS", 20, ("gpu_uuid", UUID), ("rmStatus", u32))
+UVM_UNREGISTER_GPU_VASPACE_PARAMS = struct("UVM_UNREGISTER_GPU_VASPACE_PARAMS", 20, ("gpuUuid", UUID), ("rmStatus", u32))
+UVM_PEER_ACCESS_PARAMS = struct("UVM_PEER_ACCESS_PARAMS", 36, ("gpuUuidA", UUID), ("gpuUuidB", UUID), ("rmStatus", u32))  # enable and disable
 UVM_CREATE_EXTERNAL_RANGE_PARAMS = struct("UVM_CREATE_EXTERNAL_RANGE_PARAMS", 24, ("base", u64), ("length", u64), ("rmStatus", u32))
 UVM_GPU_MAPPING = struct("UVM_GPU_MAPPING", 36, ("gpuUuid", UUID), ("gpuMappingType", u32), ("gpuCachingType", u32), ("gpuFormatType", u32),
                          ("gpuElementBits", u32), ("gpuCompressionType", u32))
