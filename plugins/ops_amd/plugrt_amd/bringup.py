@@ -7,11 +7,13 @@ Steps (each recorded in `BringUp.steps`, in order):
    VRAM BAR or MM_INDEX/MM_DATA); if its signature is wrong, amdgpu/ip_discovery.bin as the kernel's fallback does;
    validated and parsed (`discovery.parse`; corruption is a `DiscoveryError`);
 3. the NBIO block's index/data pair for registers beyond the register BAR;
-4. the firmware files the IP versions call for, and which are present.
+4. the firmware files the IP versions call for, and which are present;
+5. on interfaces that boot it, the PSP (`psp`): bootloader, sOS, KM ring, LOAD_TOC; then, when every IP firmware file
+   is present (each split by `ucode`), the SMU, SDMA, CP, IMU and RLC ucodes through LOAD_IP_FW in the kernel's order
+   around SETUP_TMR (`psp_load`), AUTOLOAD_RLC after RLC_G; then the SMU's ready flag and first messages (`smu`).
 
-Then it stops: `stop()` raises `AMDNotImplemented` saying what was found and that PSP/SMU firmware loading, GMC/GART
-set-up and MEC queues are not implemented. Nothing is written to the GPU except MM_INDEX/MM_INDEX_HI (VRAM reads)
-and the NBIO index register. Never run on an AMD GPU: tested on fake register files (docs/backends/amd.md).
+Then it stops: `stop()` raises `AMDNotImplemented` saying what was done and naming the next step that is not
+implemented. Never run on an AMD GPU: tested on fake register files (docs/backends/amd.md).
 """
 from __future__ import annotations
 
@@ -19,13 +21,19 @@ import os
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from plugrt_amd import discovery, firmware, psp, psp_firmware
+from plugrt_amd import discovery, firmware, psp, psp_firmware, psp_load, smu, ucode
 from plugrt_amd.regs import GPURegisters
 
 NOT_IMPLEMENTED = ("PSP firmware loading (SOS, then SMU/SDMA/GC microcode through the PSP ring), SMU start-up, GMC/GART and "
                    "VM set-up, interrupt handler and MEC compute queues are not implemented")
 AFTER_PSP = ("next, not implemented: loading the IP firmwares through the PSP ring (GFX_CMD_ID_LOAD_IP_FW for SMU, SDMA, "
-             "GC PFP/ME/MEC/RLC/IMU; RLC autoload), SMU start-up, GMC/GART and VM set-up, interrupt handler, MEC/MES compute queues")
+             "GC PFP/ME/MEC/RLC/IMU; RLC autoload) needs every IP firmware file; SMU start-up, GMC/GART and VM set-up, "
+             "interrupt handler, MEC/MES compute queues")
+AFTER_IP = ("next, not implemented: SMU start-up for this MP1, waiting for the RLC autoload to complete, GMC/GART and VM "
+            "set-up, interrupt handler, MEC/MES compute queues")
+AFTER_SMU = ("next, not implemented: waiting for the RLC autoload to complete (gfx_v11_0_wait_for_rlc_autoload_complete) and "
+             "the RS64 CP set-up, GMC/GART and VM set-up (system aperture, GART page table), interrupt handler, MES firmware "
+             "and MEC/MES compute queues")
 HINT = "use AMD_IFACE=KFD with the amdgpu kernel driver loaded"
 
 
@@ -39,6 +47,8 @@ class BringUp:
   source: str = ""                      # "VRAM" or the firmware file the table came from
   firmware: list[tuple[firmware.FirmwareNeed, str | None]] = field(default_factory=list)
   psp_booted: bool = False              # the sOS runs and answered GFX commands on the KM ring
+  ip_loaded: list[str] = field(default_factory=list)   # ucodes the PSP took (LOAD_IP_FW), in order
+  smu_started: bool = False             # the SMU's ready flag is up and it answered its first messages
 
 
   def summary(self) -> str:
@@ -46,7 +56,8 @@ class BringUp:
 
   def stop(self) -> NoReturn:
     from plugrt_amd.device import AMDNotImplemented
-    raise AMDNotImplemented(f"{self.label}: {self.summary()}; {AFTER_PSP if self.psp_booted else NOT_IMPLEMENTED}", HINT)
+    nxt = AFTER_SMU if self.smu_started else AFTER_IP if self.ip_loaded else AFTER_PSP if self.psp_booted else NOT_IMPLEMENTED
+    raise AMDNotImplemented(f"{self.label}: {self.summary()}; {nxt}", HINT)
 
 
 def read_discovery(regs: GPURegisters, vram_size: int, firmware_dir: str = firmware.FIRMWARE_DIR) -> tuple[discovery.DiscoveryTable, str]:
@@ -87,13 +98,59 @@ def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = p
   except psp.PSPUnsupported as e:
     b.steps.append(f"PSP not booted: {e.message}")
     return
+  files = ip_firmware(b)              # split before the GPU is touched: a corrupt file stops here, typed
   p = psp.PSP(regs, mp0, b.vram_size, mc_base, phys, base=base, timeout=timeout)
   b.steps += p.boot(fw)
   b.steps.append(p.ring_create())
-  b.steps += p.tmr_stage(fw)
+  size, steps = p.tmr_init(fw)
+  b.steps += steps
+  loader = psp_load.IPLoader(p, files) if files else None
+  if loader is not None: b.steps.append(loader.place())
+  if loader is not None and loader.smu_first_before_tmr: b.steps += loader.load_smu()
+  b.steps += p.tmr_load(size)
+  if loader is not None:
+    if not loader.smu_first_before_tmr: b.steps += loader.load_smu()
+    b.steps += loader.load_rest()
+    b.ip_loaded = list(loader.loaded)
+    if loader.smu is not None: start_smu(regs, b, timeout)
   p.ring_destroy()
   b.steps.append("KM ring destroyed (as the kernel's psp_ring_stop on unload), the sOS and TMR left running")
   b.psp_booted = True
+
+
+#: firmware.needs' blocks -> ucode kinds (GC files by their suffix)
+def _kind(need: firmware.FirmwareNeed) -> str:
+  if need.block == "MP1": return "smc"
+  if need.block.startswith("SDMA"): return "sdma"
+  return need.name.rsplit("_", 1)[-1].removesuffix(".bin")
+
+
+def ip_firmware(b: BringUp) -> list[ucode.IPFirmware] | None:
+  """Every IP firmware file (SMU, SDMA, GC) split into ucodes, or None (recorded) when one is missing."""
+  rows = [(n, path) for n, path in b.firmware if n.block in ("MP1", "SDMA0", "GC") and not n.legacy]
+  missing = [n.name for n, path in rows if path is None]
+  if missing or not rows:
+    b.steps.append(f"IP firmware not loaded: {', '.join(missing) or 'no SMU/SDMA/GC firmware named'} not found "
+                   "(the kernel refuses to start without them; install linux-firmware or set PLUGRT_AMD_FIRMWARE)")
+    return None
+  gc = b.table.version_of("GC") if b.table else None
+  files = [ucode.load(path, _kind(n), gc[0] if gc else 11) for n, path in rows if path]
+  b.steps.append("IP firmware: " + "; ".join(f.describe() for f in files))
+  return files
+
+
+def start_smu(regs: GPURegisters, b: BringUp, timeout: float) -> None:
+  """After the PSP loaded the SMU: its ready flag and first messages (recorded; a version plugrt lacks is recorded too)."""
+  mp1 = b.table.find("MP1") if b.table else None
+  if mp1 is None:
+    b.steps.append("no MP1 (SMU) block in IP discovery: SMU not started")
+    return
+  try: s = smu.SMU(regs, mp1, timeout)
+  except smu.SMUUnsupported as e:
+    b.steps.append(f"SMU not started: {e.message}")
+    return
+  b.steps += s.start()
+  b.smu_started = True
 
 
 def bring_up(regs: GPURegisters, label: str, firmware_dir: str = firmware.FIRMWARE_DIR, psp_timeout: float = 2.0,

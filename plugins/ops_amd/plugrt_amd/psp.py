@@ -146,6 +146,7 @@ class PSP:
     if self.tmr > self.limit: raise PSPError(f"VRAM of {vram_size >> 20} MiB has no room for the PSP buffers at 0x{base:x}")
     self.fence_value = 0
     self.ring_up = False
+    self.tmr_end = self.tmr              # end of the TMR plugrt set up (the IP firmware buffer goes above it)
 
   def reg(self, n: int) -> int: return self.mp0.bases[0] + C2PMSG_BASE + n
   def rmsg(self, n: int) -> int: return self.regs.rreg(self.reg(n))
@@ -268,16 +269,23 @@ class PSP:
     self.submit(GFX_CMD_ID_SETUP_TMR, struct.pack("<IIIIII", addr & 0xFFFFFFFF, addr >> 32, size, TMR_VIRT_PHY_ADDR, phys & 0xFFFFFFFF, phys >> 32))
     return self.tmr
 
-  def tmr_stage(self, fw: PSPFirmware) -> list[str]:
-    """What psp_hw_start does after the ring: LOAD_TOC when the sOS file has a TOC, then SETUP_TMR (not on boot-time-TMR PSPs)."""
-    steps = []
-    size = TMR_DEFAULT_SIZE
+  def tmr_init(self, fw: PSPFirmware) -> tuple[int, list[str]]:
+    """psp_tmr_init: LOAD_TOC when the sOS file has a TOC (its answer sizes the TMR), else the default size; the TMR's
+    VRAM is reserved from here on (`tmr_end`), unless the PSP set its own up at boot."""
+    size, steps = TMR_DEFAULT_SIZE, []
     if (toc := fw.get("toc")) is not None:
       size = self.load_toc(toc.data)
       steps.append(f"GFX_CMD_ID_LOAD_TOC ok: the PSP asks for a {size:#x}-byte TMR")
-    if self.mp0.version in BOOT_TIME_TMR:
-      steps.append(f"TMR set up by the PSP at boot (MP0 {self.mp0.version_str}): no SETUP_TMR")
-    else:
-      at = self.setup_tmr(size)
-      steps.append(f"GFX_CMD_ID_SETUP_TMR ok: TMR at VRAM 0x{at:x} (MC 0x{self.mc(at):x})")
-    return steps
+    if self.mp0.version not in BOOT_TIME_TMR: self.tmr_end = self.tmr + ((size + TMR_ALIGNMENT - 1) & ~(TMR_ALIGNMENT - 1))
+    return size, steps
+
+  def tmr_load(self, size: int) -> list[str]:
+    """psp_tmr_load: SETUP_TMR, except on PSPs that set their TMR up at boot (boot_time_tmr with autoload)."""
+    if self.mp0.version in BOOT_TIME_TMR: return [f"TMR set up by the PSP at boot (MP0 {self.mp0.version_str}): no SETUP_TMR"]
+    at = self.setup_tmr(size)
+    return [f"GFX_CMD_ID_SETUP_TMR ok: TMR at VRAM 0x{at:x} (MC 0x{self.mc(at):x})"]
+
+  def tmr_stage(self, fw: PSPFirmware) -> list[str]:
+    """What psp_hw_start does after the ring when no SMU is loaded in between: `tmr_init` then `tmr_load`."""
+    size, steps = self.tmr_init(fw)
+    return steps + self.tmr_load(size)
