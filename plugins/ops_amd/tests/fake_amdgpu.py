@@ -22,14 +22,16 @@ REG_BAR_SIZE = 512 << 10
 NBIO_BASES = (0x0, 0x14, 0xD20, 0x10400)
 GC_BASES = (0x1260, 0xA000, 0x1C000, 0x2402C00)
 MP0_BASES = (0x16000, 0xDC0000)
+MP1_BASES = (0x16000, 0xDC0000)      # MP0 and MP1 share the MP segment: C2PMSG at 0x40+n (MP0) and 0x240+n (MP1 13.x)
 MMHUB_BASES = (0x1A000, 0x2408800)
 
 
 def gfx1100_blocks(gc: tuple[int, int, int] = (11, 0, 0), nbio: tuple[int, int, int] = (4, 3, 0), mp0: tuple[int, int, int] = (13, 0, 0),
-                   mmhub: tuple[int, int, int] = (3, 0, 0)) -> list[IPBlock]:
+                   mmhub: tuple[int, int, int] = (3, 0, 0), mp1: tuple[int, int, int] = (13, 0, 0),
+                   sdma: tuple[int, int, int] = (6, 0, 0)) -> list[IPBlock]:
   """A synthetic RDNA3-like block list (versions as an RX 7900 reports them; bases made up)."""
   rows = [("GC", gc, GC_BASES), ("MP0", mp0, MP0_BASES),
-          ("MP1", (13, 0, 0), (0x16000, 0xDC0000)), ("SDMA0", (6, 0, 0), (0x1260, 0xA000)), ("SDMA1", (6, 0, 0), (0x1260, 0xA000)),
+          ("MP1", mp1, MP1_BASES), ("SDMA0", sdma, (0x1260, 0xA000)), ("SDMA1", sdma, (0x1260, 0xA000)),
           ("NBIF", nbio, NBIO_BASES), ("MMHUB", mmhub, MMHUB_BASES), ("HDP", (6, 0, 0), (0xF20, 0x240A400)),
           ("OSSSYS", (6, 0, 0), (0x10A0, 0x240A000)), ("UMC", (8, 10, 0), (0x14000,)), ("VCN", (4, 0, 0), (0x7800, 0x7E00))]
   return [IPBlock(HW[n], 0, *v, 0, b) for n, v, b in rows]
@@ -90,13 +92,17 @@ class FakeRegisters:
     self.log: list[tuple[str, int, int]] = []
     self.on_write: dict[int, Callable[[int], None]] = {}   # register -> model hook, called after the value is stored
     self.on_read: dict[int, Callable[[], None]] = {}       # register -> model hook, called before the value is read
+    self.on_smn_write: dict[int, Callable[[int], None]] = {}   # the same for SMN byte addresses (through the pair)
+    self.on_smn_read: dict[int, Callable[[], None]] = {}
 
   def _vram_pos(self) -> int: return ((self.regs.get(MM_INDEX_HI, 0) << 31) | (self.regs.get(MM_INDEX, 0) & 0x7FFFFFFF))
 
   def read32(self, offset: int) -> int:
     reg = offset // 4
     if reg == MM_DATA and self.regs.get(MM_INDEX, 0) & (1 << 31): v = self.vram.read32(self._vram_pos())
-    elif reg == self.pair[1]: v = self.smn.get(self.regs.get(self.pair[0], 0), 0)
+    elif reg == self.pair[1]:
+      if (smn_hook := self.on_smn_read.get(addr := self.regs.get(self.pair[0], 0))) is not None: smn_hook()
+      v = self.smn.get(addr, 0)
     else:
       if (hook := self.on_read.get(reg)) is not None: hook()
       v = self.regs.get(reg, 0)
@@ -107,7 +113,9 @@ class FakeRegisters:
     reg = offset // 4
     self.log.append(("w", reg, value))
     if reg == MM_DATA and self.regs.get(MM_INDEX, 0) & (1 << 31): self.vram.write32(self._vram_pos(), value)
-    elif reg == self.pair[1]: self.smn[self.regs.get(self.pair[0], 0)] = value
+    elif reg == self.pair[1]:
+      self.smn[addr := self.regs.get(self.pair[0], 0)] = value
+      if (smn_hook := self.on_smn_write.get(addr)) is not None: smn_hook(value)
     else:
       self.regs[reg] = value
       if (hook := self.on_write.get(reg)) is not None: hook(value)
@@ -326,7 +334,8 @@ class FakeMP0:
   frame: the command buffer is decoded (LOAD_TOC checks the TOC bytes and answers `tmr_size`; SETUP_TMR checks
   alignment and size), the response status is written (`status` overrides per command id) and then the fence.
   `bl_error` makes the bootloader report an error code for a component. `hang` stops one stage from answering:
-  "bootloader", "sos", "ring" or "fence". Problems are listed in `violations`."""
+  "bootloader", "sos", "ring" or "fence". Problems are listed in `violations`. `handlers` takes more GFX commands
+  (fake_amdfw.FakeIPFirmware adds LOAD_IP_FW and AUTOLOAD_RLC)."""
 
   def __init__(self, regs: FakeRegisters, vram: FakeVRAM, sos: bytes, mp0: tuple[int, int, int] = (13, 0, 0), mc_base: int = MC_BASE,
                mmhub: tuple[int, int, int] = (3, 0, 0), tmr_size: int = 0x500000, busy_reads: int = 2, sos_alive: int = 0):
@@ -345,6 +354,7 @@ class FakeMP0:
     self.tmr: tuple[int, int, int] | None = None
     self.destroyed = 0
     self.tmr_asked = 0                # the TMR size LOAD_TOC answered (0: no TOC loaded)
+    self.handlers: dict[int, Callable[[bytes], int]] = {}   # more GFX commands: cmd id -> handler(payload) -> status
     regs.regs[MMHUB_BASES[0] + FB_LOCATION_BASE[mmhub]] = mc_base >> 24
     self.reg(35, 0 if busy_reads else 1 << 31)    # the bootloader comes up ready after `busy_reads` reads, as after power-on
     self.busy = busy_reads
@@ -440,6 +450,9 @@ class FakeMP0:
         at = (hi << 32 | lo) - self.mc_base
         if at % (1 << 20) or n < self.tmr_asked or not flags & 2: self.violations.append(f"SETUP_TMR: at 0x{at:x} size 0x{n:x} flags {flags}")
         self.tmr = (at, n, phi << 32 | plo)
+      elif (handler := self.handlers.get(cmd_id)) is not None:     # LOAD_IP_FW, AUTOLOAD_RLC: fake_amdfw.FakeIPFirmware
+        answered = handler(payload)
+        status = self.status.get(cmd_id, answered)
       elif cmd_id not in self.status: status = 0x100
       struct.pack_into("<I", buf, 864, status)
       struct.pack_into("<I", buf, 880, tmr)
