@@ -129,7 +129,8 @@ class FakeIPFirmware:
 
   def autoload(self, payload: bytes) -> int:
     missing = [n for t, (n, _) in self.want.items() if t in GC_TYPES and n not in self.loaded]
-    if missing or not self.loaded or self.loaded[-1] != "RLC_G": self.mp0.violations.append(f"AUTOLOAD_RLC with {missing} not loaded / last {self.loaded[-1:]}")
+    if missing or not self.loaded or self.loaded[-1] != "RLC_G":
+      self.mp0.violations.append(f"AUTOLOAD_RLC with {missing} not loaded, last load {self.loaded[-1:]}")
     self.autoloaded = True
     return 0
 
