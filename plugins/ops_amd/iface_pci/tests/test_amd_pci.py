@@ -132,5 +132,6 @@ def test_registry_and_probe(tmp_path, monkeypatch) -> None:
   with pytest.raises(AMDNotImplemented, match=r"AMD:0 through PCI: 0000:03:00\.0: BAR5 mapped.*GC 11\.0\.0"): reg.open("AMD")
   p = plugrt_amd_pci.probe(PluginContext({}))
   assert p.ok and "reads its IP discovery table" in p.detail and "boots its PSP" in p.detail
-  assert "loading the IP firmwares through the PSP" in p.detail and "not implemented" in p.detail
+  assert "loads the SMU, SDMA and GC firmware through it" in p.detail and "sends the SMU its first messages" in p.detail
+  assert "waiting for the RLC autoload, GMC/GART set-up" in p.detail and "not implemented" in p.detail
   assert sysfs.vfio_available(str(tmp_path / "no-vfio")) is False
