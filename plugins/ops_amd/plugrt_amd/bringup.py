@@ -8,7 +8,8 @@ Steps (each recorded in `BringUp.steps`, in order):
    validated and parsed (`discovery.parse`; corruption is a `DiscoveryError`);
 3. the NBIO block's index/data pair for registers beyond the register BAR;
 4. the firmware files the IP versions call for, and which are present;
-5. on interfaces that boot it, the PSP (`psp`): bootloader, sOS, KM ring, LOAD_TOC; then, when every IP firmware file
+5. on interfaces that boot the PSP, first the MMHUB's GART and system aperture (`gmc`, as the kernel's GMC hw_init
+   precedes the PSP's); then the PSP (`psp`): bootloader, sOS, KM ring, LOAD_TOC; then, when every IP firmware file
    is present (each split by `ucode`), the SMU, SDMA, CP, IMU and RLC ucodes through LOAD_IP_FW in the kernel's order
    around SETUP_TMR (`psp_load`), AUTOLOAD_RLC after RLC_G; then the SMU's ready flag and first messages (`smu`).
 
@@ -21,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from plugrt_amd import discovery, firmware, psp, psp_firmware, psp_load, smu, ucode
+from plugrt_amd import discovery, firmware, gmc, psp, psp_firmware, psp_load, smu, ucode
 from plugrt_amd.regs import GPURegisters
 
 NOT_IMPLEMENTED = ("PSP firmware loading (SOS, then SMU/SDMA/GC microcode through the PSP ring), SMU start-up, GMC/GART and "
@@ -29,11 +30,12 @@ NOT_IMPLEMENTED = ("PSP firmware loading (SOS, then SMU/SDMA/GC microcode throug
 AFTER_PSP = ("next, not implemented: loading the IP firmwares through the PSP ring (GFX_CMD_ID_LOAD_IP_FW for SMU, SDMA, "
              "GC PFP/ME/MEC/RLC/IMU; RLC autoload) needs every IP firmware file; SMU start-up, GMC/GART and VM set-up, "
              "interrupt handler, MEC/MES compute queues")
-AFTER_IP = ("next, not implemented: SMU start-up for this MP1, waiting for the RLC autoload to complete, GMC/GART and VM "
-            "set-up, interrupt handler, MEC/MES compute queues")
+AFTER_IP = ("next, not implemented: SMU start-up for this MP1, waiting for the RLC autoload to complete, {gmc}, "
+            "interrupt handler, MEC/MES compute queues")
 AFTER_SMU = ("next, not implemented: waiting for the RLC autoload to complete (gfx_v11_0_wait_for_rlc_autoload_complete) and "
-             "the RS64 CP set-up, GMC/GART and VM set-up (system aperture, GART page table), interrupt handler, MES firmware "
-             "and MEC/MES compute queues")
+             "the RS64 CP set-up, {gmc}, interrupt handler, MES firmware and MEC/MES compute queues")
+GMC_TODO = "GMC/GART and VM set-up (system aperture, GART page table)"
+GMC_AFTER_MMHUB = "the GFXHUB's GART and system aperture (gfxhub_v3_0_gart_enable) and VM contexts 1-15"
 HINT = "use AMD_IFACE=KFD with the amdgpu kernel driver loaded"
 
 
@@ -49,6 +51,7 @@ class BringUp:
   psp_booted: bool = False              # the sOS runs and answered GFX commands on the KM ring
   ip_loaded: list[str] = field(default_factory=list)   # ucodes the PSP took (LOAD_IP_FW), in order
   smu_started: bool = False             # the SMU's ready flag is up and it answered its first messages
+  gart: bool = False                    # the MMHUB's GART and system aperture are programmed
 
 
   def summary(self) -> str:
@@ -57,6 +60,7 @@ class BringUp:
   def stop(self) -> NoReturn:
     from plugrt_amd.device import AMDNotImplemented
     nxt = AFTER_SMU if self.smu_started else AFTER_IP if self.ip_loaded else AFTER_PSP if self.psp_booted else NOT_IMPLEMENTED
+    nxt = nxt.format(gmc=GMC_AFTER_MMHUB if self.gart else GMC_TODO)
     raise AMDNotImplemented(f"{self.label}: {self.summary()}; {nxt}", HINT)
 
 
@@ -99,6 +103,7 @@ def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = p
     b.steps.append(f"PSP not booted: {e.message}")
     return
   files = ip_firmware(b)              # split before the GPU is touched: a corrupt file stops here, typed
+  enable_gart(regs, b, mc_base, phys)  # the kernel's GMC hw_init comes before the PSP's
   p = psp.PSP(regs, mp0, b.vram_size, mc_base, phys, base=base, timeout=timeout)
   b.steps += p.boot(fw)
   b.steps.append(p.ring_create())
@@ -137,6 +142,15 @@ def ip_firmware(b: BringUp) -> list[ucode.IPFirmware] | None:
   files = [ucode.load(path, _kind(n), gc[0] if gc else 11) for n, path in rows if path]
   b.steps.append("IP firmware: " + "; ".join(f.describe() for f in files))
   return files
+
+
+def enable_gart(regs: GPURegisters, b: BringUp, fb_start: int, phys: int) -> None:
+  """The MMHUB's GART and system aperture (gmc.enable); a hub version plugrt does not program is recorded."""
+  mmhub = b.table.find("MMHUB") if b.table else None
+  if mmhub is None: return
+  try: b.steps.append(gmc.enable(regs, mmhub.version, mmhub.bases[0], fb_start, b.vram_size, phys))
+  except gmc.GMCUnsupported as e: b.steps.append(f"GART not set up: {e}")
+  else: b.gart = True
 
 
 def start_smu(regs: GPURegisters, b: BringUp, timeout: float) -> None:

@@ -59,7 +59,7 @@ def test_rdna3_loads_every_ip_firmware_in_the_kernels_order_then_starts_the_smu(
                "GFX_CMD_ID_LOAD_IP_FW ok: SMC (8192 bytes from smu_13_0_0.bin) before SETUP_TMR",
                "GFX_CMD_ID_AUTOLOAD_RLC ok", "SMU ready (MP1_FIRMWARE_FLAGS = 0x1)", "TestMessage ok",
                "SMU firmware 0x004e4a00 (program 0, 78.74.0), driver interface 0x3d (the kernel's value)", "KM ring destroyed",
-               "next, not implemented: waiting for the RLC autoload to complete", "GMC/GART"):
+               "next, not implemented: waiting for the RLC autoload to complete", "the GFXHUB's GART and system aperture"):
     assert part in msg, (part, msg)
   assert msg.index("LOAD_TOC ok") < msg.index("SMC (8192") < msg.index("SETUP_TMR ok") < msg.index("AUTOLOAD_RLC ok") < msg.index("SMU ready")
 
