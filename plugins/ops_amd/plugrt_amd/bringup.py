@@ -28,7 +28,7 @@ from plugrt_amd.regs import GPURegisters
 NOT_IMPLEMENTED = ("PSP firmware loading (SOS, then SMU/SDMA/GC microcode through the PSP ring), SMU start-up, GMC/GART and "
                    "VM set-up, interrupt handler and MEC compute queues are not implemented")
 AFTER_PSP = ("next, not implemented: loading the IP firmwares through the PSP ring (GFX_CMD_ID_LOAD_IP_FW for SMU, SDMA, "
-             "GC PFP/ME/MEC/RLC/IMU; RLC autoload) needs every IP firmware file; SMU start-up, GMC/GART and VM set-up, "
+             "GC PFP/ME/MEC/RLC/IMU; RLC autoload) needs every IP firmware file; SMU start-up, {gmc}, "
              "interrupt handler, MEC/MES compute queues")
 AFTER_IP = ("next, not implemented: SMU start-up for this MP1, waiting for the RLC autoload to complete, {gmc}, "
             "interrupt handler, MEC/MES compute queues")

@@ -303,7 +303,7 @@ def fake_amdgpu_init_writes(fake: FakeASM24) -> list[tuple[int, bytes]]:
 # ---- the PSP (MP0) -----------------------------------------------------------------------------------------------------
 
 MC_BASE = 0x8000 << 24            # what MMMC_VM_FB_LOCATION_BASE reports on RDNA3 boards (VRAM at MC 0x80_0000_0000)
-FB_LOCATION_BASE = {(3, 0, 0): 0x8EC, (4, 1, 0): 0x554}     # MMHUB version -> register offset in segment 0
+FB_LOCATION_BASE = {(3, 0, 0): 0x8EC, (3, 0, 2): 0x86C, (4, 1, 0): 0x554}     # MMHUB version -> register offset in segment 0
 # the fake's own copy of the kernel's enums (amdgpu_psp.h, psp_gfx_if.h, amdgpu_ucode.h), kept apart from plugrt_amd.psp
 BL_COMMANDS = {0x80000: "kdb", 0x10000000: "spl", 0x10000: "sys_drv", 0xB0000: "soc_drv", 0xD0000: "intf_drv", 0xC0000: "dbg_drv",
                0xE0000: "ras_drv", 0xF0000: "ipkeymgr_drv", 0x20000: "sos"}

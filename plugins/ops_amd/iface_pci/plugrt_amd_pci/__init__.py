@@ -38,7 +38,8 @@ def probe(ctx: PluginContext) -> Probe:
   from plugrt_amd import pci_gpus
   if not (gpus := pci_gpus()):
     return Probe.missing(Reason.NO_DEVICE, "no AMD GPU on PCI: sysfs shows no vendor 0x1002 function of class display (0x03) "
-                         f"or processing accelerator (0x12) (this interface implements bring-up up to the PSP's firmware loads and the SMU's first messages; {NOT_YET})",
+                         f"or processing accelerator (0x12) (this interface implements bring-up up to the PSP's firmware loads and the "
+                         f"SMU's first messages; {NOT_YET})",
                          "run on a machine with an AMD GPU")
   found = ", ".join(f"{a} (device 0x{d:04x}, driver {drv or 'none'})" for a, d, _, drv in gpus)
   return Probe.found(len(gpus), f"found {found}; {WOULD} (needs {ACK}=1); {NOT_YET}", gpus=" ".join(a for a, *_ in gpus))
