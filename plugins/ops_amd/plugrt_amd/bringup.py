@@ -79,7 +79,8 @@ def read_discovery(regs: GPURegisters, vram_size: int, firmware_dir: str = firmw
 
 
 def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = psp.DEFAULT_BASE) -> None:
-  """Step 5: boot the PSP when plugrt can (records why not otherwise); PSP and firmware errors propagate, typed."""
+  """Step 5: the GART, the PSP boot, the IP firmware loads and the SMU's first messages, as far as plugrt can (records
+  why not otherwise); PSP, firmware and SMU errors propagate, typed."""
   t = b.table
   assert t is not None
   if (mp0 := t.find("MP0")) is None:

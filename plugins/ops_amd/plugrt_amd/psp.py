@@ -12,7 +12,8 @@ loaded *through* it. Three stages, each as the kernel's psp_v13_0.c / psp_v14_0.
    C2PMSG_64; done when C2PMSG_64 reads bit 31 set with a zero status in bits 0-15;
 3. GFX commands: a 1 KiB `psp_gfx_cmd_resp` in VRAM, a 64-byte `psp_gfx_rb_frame` pointing at it and at a fence,
    the write pointer (dwords) to C2PMSG_67; the PSP writes the frame's fence value when done and the status into the
-   buffer's response. Implemented: GFX_CMD_ID_LOAD_TOC (the TOC sizes the TMR) and GFX_CMD_ID_SETUP_TMR.
+   buffer's response. Implemented here: GFX_CMD_ID_LOAD_TOC (the TOC sizes the TMR) and GFX_CMD_ID_SETUP_TMR
+   (`tmr_init`, `tmr_load`); the IP firmwares' LOAD_IP_FW and AUTOLOAD_RLC are in plugrt_amd.psp_load.
 
 Register offsets (dwords inside MP0's segment 0): C2PMSG_n is 0x40 + n in mp_13_0_0_offset.h and (as MPASP_SMN_*)
 in mp_14_0_2_offset.h. Addresses the PSP reads are MC addresses: VRAM offset + the FB base the MMHUB reports
@@ -284,8 +285,3 @@ class PSP:
     if self.mp0.version in BOOT_TIME_TMR: return [f"TMR set up by the PSP at boot (MP0 {self.mp0.version_str}): no SETUP_TMR"]
     at = self.setup_tmr(size)
     return [f"GFX_CMD_ID_SETUP_TMR ok: TMR at VRAM 0x{at:x} (MC 0x{self.mc(at):x})"]
-
-  def tmr_stage(self, fw: PSPFirmware) -> list[str]:
-    """What psp_hw_start does after the ring when no SMU is loaded in between: `tmr_init` then `tmr_load`."""
-    size, steps = self.tmr_init(fw)
-    return steps + self.tmr_load(size)

@@ -85,16 +85,12 @@ class IPLoader:
     return [f"GFX_CMD_ID_LOAD_IP_FW ok: SMC ({self.smu.size} bytes from {self.smu.file}) {when}"]
 
   def load_rest(self) -> list[str]:
-    """The other ucodes in the kernel's order, then AUTOLOAD_RLC right after RLC_G."""
-    steps = []
+    """The other ucodes in the kernel's order, with AUTOLOAD_RLC right after RLC_G (psp_load_non_psp_fw)."""
+    autoload = "no RLC_G loaded: no RLC autoload"
     for u in self.order:
       self.load(u)
-      if u.name == "RLC_G":
-        steps.append(f"GFX_CMD_ID_LOAD_IP_FW ok: {', '.join(n for n in self.loaded if n != 'SMC')}")
-        steps.append(self.autoload())
-    if self.order and self.order[-1].name != "RLC_G":
-      steps.append(f"GFX_CMD_ID_LOAD_IP_FW ok: {', '.join(n for n in self.loaded if n != 'SMC')} (no RLC_G: no RLC autoload)")
-    return steps
+      if u.name == "RLC_G": autoload = self.autoload()
+    return [f"GFX_CMD_ID_LOAD_IP_FW ok: {', '.join(u.name for u in self.order)}", autoload]
 
   def autoload(self) -> str:
     try: self.psp.submit(GFX_CMD_ID_AUTOLOAD_RLC)

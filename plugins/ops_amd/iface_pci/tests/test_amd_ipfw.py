@@ -184,3 +184,21 @@ def test_load_order_refuses_a_ucode_from_two_files() -> None:
   b = ucode.parse(blobs["gc_11_0_0_imu.bin"], "imu", "b.bin")
   with pytest.raises(ucode.UcodeError, match=r"IMU_I comes from both a\.bin and b\.bin"): ucode.load_order([a, b])
   with pytest.raises(ValueError, match="unknown IP firmware kind"): ucode.parse(blobs["gc_11_0_0_imu.bin"], "vcn")
+
+
+def test_the_loader_alone(tmp_path) -> None:
+  from plugrt_amd import discovery, psp_firmware
+  r, mp0, ipf, _ = gpu(tmp_path)
+  t = discovery.parse(fake_amdgpu.table())
+  blobs, _ = fake_amdfw.ip_files()
+  sdma = ucode.parse(blobs["sdma_6_0_0.bin"], "sdma", "sdma_6_0_0.bin")
+  p = psp.PSP(r, t.find("MP0"), 64 << 20, *psp.vram_location(r, t), timeout=0.05)
+  p.boot(psp_firmware.parse(fake_amdgpu.sos_file()))
+  p.ring_create()
+  loader = psp_load.IPLoader(p, [sdma])                  # no SMU, no RLC: no SMC load, no autoload
+  assert "2 ucodes, 12 KiB at VRAM 0x1200000" in loader.place() and loader.load_smu() == []
+  assert loader.load_rest() == ["GFX_CMD_ID_LOAD_IP_FW ok: SDMA_UCODE_TH0, SDMA_UCODE_TH1", "no RLC_G loaded: no RLC autoload"]
+  assert mp0.violations == [] and ipf.loaded == ["SDMA_UCODE_TH0", "SDMA_UCODE_TH1"] and not ipf.autoloaded
+  tight = psp.PSP(r, t.find("MP0"), 0x1200000 + (1 << 20) + 0x2000, *psp.vram_location(r, t))
+  with pytest.raises(psp.PSPError, match=r"IP firmware buffer \(12 KiB at VRAM 0x1200000\) does not fit below 0x1202000"):
+    psp_load.IPLoader(tight, [sdma]).place()
