@@ -19,10 +19,11 @@ implemented. Never run on an AMD GPU: tested on fake register files (docs/backen
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from plugrt_amd import discovery, firmware, gmc, psp, psp_firmware, psp_load, smu, ucode
+from plugrt_amd import discovery, firmware, gmc, hdp, psp, psp_firmware, psp_load, smu, ucode
 from plugrt_amd.regs import GPURegisters
 
 NOT_IMPLEMENTED = ("PSP firmware loading (SOS, then SMU/SDMA/GC microcode through the PSP ring), SMU start-up, GMC/GART and "
@@ -104,8 +105,11 @@ def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = p
     b.steps.append(f"PSP not booted: {e.message}")
     return
   files = ip_firmware(b)              # split before the GPU is touched: a corrupt file stops here, typed
-  enable_gart(regs, b, mc_base, phys)  # the kernel's GMC hw_init comes before the PSP's
-  p = psp.PSP(regs, mp0, b.vram_size, mc_base, phys, base=base, timeout=timeout)
+  flusher, line = hdp.setup(regs, t.find("NBIF"))
+  b.steps.append(line)
+  flush = flusher.flush if flusher else None
+  enable_gart(regs, b, mc_base, phys, flush)  # the kernel's GMC hw_init comes before the PSP's
+  p = psp.PSP(regs, mp0, b.vram_size, mc_base, phys, base=base, timeout=timeout, flush=flush)
   b.steps += p.boot(fw)
   b.steps.append(p.ring_create())
   size, steps = p.tmr_init(fw)
@@ -145,11 +149,11 @@ def ip_firmware(b: BringUp) -> list[ucode.IPFirmware] | None:
   return files
 
 
-def enable_gart(regs: GPURegisters, b: BringUp, fb_start: int, phys: int) -> None:
+def enable_gart(regs: GPURegisters, b: BringUp, fb_start: int, phys: int, flush: Callable[[], None] | None = None) -> None:
   """The MMHUB's GART and system aperture (gmc.enable); a hub version plugrt does not program is recorded."""
   mmhub = b.table.find("MMHUB") if b.table else None
   if mmhub is None: return
-  try: b.steps.append(gmc.enable(regs, mmhub.version, mmhub.bases[0], fb_start, b.vram_size, phys))
+  try: b.steps.append(gmc.enable(regs, mmhub.version, mmhub.bases[0], fb_start, b.vram_size, phys, flush))
   except gmc.GMCUnsupported as e: b.steps.append(f"GART not set up: {e}")
   else: b.gart = True
 

@@ -15,6 +15,7 @@ docs/research/amd-pci.md ("GMC"). Never run on an AMD GPU: tested against the fa
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from plugrt_amd.regs import GPURegisters
@@ -179,8 +180,10 @@ class GMCUnsupported(ValueError):
   """A memory hub version whose registers plugrt does not know."""
 
 
-def enable(regs: GPURegisters, version: tuple[int, int, int], hub_base: int, fb_start: int, vram_size: int, phys_base: int) -> str:
-  """Zero the GART table and default page in VRAM and program the MMHUB (gart_enable); returns the step's text."""
+def enable(regs: GPURegisters, version: tuple[int, int, int], hub_base: int, fb_start: int, vram_size: int, phys_base: int,
+           flush: Callable[[], None] | None = None) -> str:
+  """Zero the GART table and default page in VRAM, program the MMHUB (gart_enable), then flush the HDP (`flush`) as
+  gmc_v11_0_gart_enable does; returns the step's text."""
   if (table := SUPPORTED.get(version)) is None:
     raise GMCUnsupported(f"GART set-up for MMHUB {'.'.join(map(str, version))} is not implemented (plugrt programs MMHUB 3.0.0)")
   lay = layout(fb_start, vram_size, phys_base, TABLE_AT, SCRATCH_AT)
@@ -188,6 +191,7 @@ def enable(regs: GPURegisters, version: tuple[int, int, int], hub_base: int, fb_
   regs.write_vram(TABLE_AT, bytes(entries * 8))           # every PTE invalid
   regs.write_vram(SCRATCH_AT, bytes(0x1000))
   n = apply(regs, hub_base, gart_enable_ops(lay), table)
+  if flush is not None: flush()
   return (f"MMHUB {'.'.join(map(str, version))} GART enabled ({n} register writes, as mmhub_v3_0_gart_enable without VM contexts "
           f"1-15): {(lay.gart_end - lay.gart_start + 1) >> 20} MiB at MC 0x{lay.gart_start:x}-0x{lay.gart_end:x}, flat table of "
           f"{entries} invalid entries at VRAM 0x{TABLE_AT:x}; system aperture MC 0x{lay.fb_start:x}-0x{lay.fb_end:x} (default page "

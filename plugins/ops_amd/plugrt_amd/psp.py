@@ -132,12 +132,13 @@ class PSP:
   """One GPU's PSP: `boot(firmware)`, `ring_create()`, `submit(...)`, `load_toc`, `setup_tmr`, `ring_destroy()`."""
 
   def __init__(self, regs: GPURegisters, mp0: IPBlock, vram_size: int, mc_base: int, phys_base: int = 0, base: int = DEFAULT_BASE,
-               timeout: float = 2.0, sleep: Callable[[float], None] = time.sleep):
+               timeout: float = 2.0, sleep: Callable[[float], None] = time.sleep, flush: Callable[[], None] | None = None):
     if mp0.version not in SUPPORTED:
       raise PSPUnsupported(f"PSP boot for MP0 {mp0.version_str} is not implemented",
                            f"plugrt boots MP0 {', '.join('.'.join(map(str, v)) for v in sorted(SUPPORTED))}; use AMD_IFACE=KFD")
     self.regs, self.mp0, self.mc_base, self.phys_base = regs, mp0, mc_base, phys_base
     self.timeout, self.sleep = timeout, sleep
+    self.flush = flush or (lambda: None)  # the HDP flush (plugrt_amd.hdp), before the PSP reads what the CPU wrote
     self.fw_pri = (base + PSP_1_MEG - 1) & ~(PSP_1_MEG - 1)
     self.ring = self.fw_pri + PSP_1_MEG
     self.cmd, self.fence = self.ring + RING_BYTES, self.ring + RING_BYTES + PAGE
@@ -243,6 +244,7 @@ class PSP:
     cmd_mc, fence_mc = self.mc(self.cmd), self.mc(self.fence)
     frame = FRAME.pack(cmd_mc & 0xFFFFFFFF, cmd_mc >> 32, 0, fence_mc & 0xFFFFFFFF, fence_mc >> 32, self.fence_value, 0, 0, 0, 0, 0, *[0] * 7)
     self.regs.write_vram(self.ring + slot * FRAME.size, frame)
+    self.flush()          # psp_ring_cmd_submit flushes the HDP before moving the write pointer
     self.wmsg(RING_WPTR, (wptr + frame_dw) % ring_dw)
     name = f"GFX_CMD_ID_{CMD_NAMES.get(cmd_id, hex(cmd_id))}"
     self._wait(f"{name}: fence not written (want {self.fence_value})", lambda: int.from_bytes(self.regs.read_vram(self.fence, 4), "little"),

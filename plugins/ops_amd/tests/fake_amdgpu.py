@@ -22,6 +22,7 @@ REG_BAR_SIZE = 512 << 10
 NBIO_BASES = (0x0, 0x14, 0xD20, 0x10400)
 GC_BASES = (0x1260, 0xA000, 0x1C000, 0x2402C00)
 MP0_BASES = (0x16000, 0xDC0000)
+HDP_HOLE = 0x80000 - 0x1000        # the HDP flush remap hole (MMIO_REG_HOLE_OFFSET) and its remap register NBIO seg 2 + 0x12D
 MP1_BASES = (0x16000, 0xDC0000)      # MP0 and MP1 share the MP segment: C2PMSG at 0x40+n (MP0) and 0x240+n (MP1 13.x)
 MMHUB_BASES = (0x1A000, 0x2408800)
 
@@ -51,12 +52,19 @@ class FakeVRAM:
   def __init__(self, mib: int = VRAM_MIB):
     self.size = mib << 20
     self.chunks: dict[int, bytearray] = {}
+    self.dirty = False      # the HDP holds CPU writes not yet flushed (set by host writes, cleared by an HDP flush)
 
   def _chunk(self, i: int) -> bytearray:
     if (c := self.chunks.get(i)) is None: c = self.chunks[i] = bytearray(self.CHUNK)
     return c
 
   def write(self, offset: int, data: bytes) -> None:
+    """A host write (through the BAR or MM_DATA): it sits in the HDP until flushed."""
+    self.device_write(offset, data)
+    self.dirty = True
+
+  def device_write(self, offset: int, data: bytes) -> None:
+    """A write by the GPU's own agents (the fake PSP's responses and fences): no HDP involved."""
     assert 0 <= offset and offset + len(data) <= self.size, f"VRAM write at 0x{offset:x} (+{len(data)}) outside {self.size} bytes"
     pos = 0
     while pos < len(data):
@@ -75,7 +83,7 @@ class FakeVRAM:
       out += c[o:o + k] if c is not None else bytes(k)
     return bytes(out)
 
-  put = write
+  put = device_write        # what was in VRAM before plugrt came
   def read32(self, offset: int) -> int: return struct.unpack("<I", self.read(offset, 4))[0]
   def write32(self, offset: int, value: int) -> None: self.write(offset, struct.pack("<I", value & 0xFFFFFFFF))
 
@@ -94,6 +102,14 @@ class FakeRegisters:
     self.on_read: dict[int, Callable[[], None]] = {}       # register -> model hook, called before the value is read
     self.on_smn_write: dict[int, Callable[[int], None]] = {}   # the same for SMN byte addresses (through the pair)
     self.on_smn_read: dict[int, Callable[[], None]] = {}
+    self.hdp_flushes = 0
+    self.on_write[HDP_HOLE >> 2] = self._hdp_flush
+
+  def _hdp_flush(self, value: int) -> None:
+    # the register BAR's last page is HDP_MEM_FLUSH_CNTL once the NBIO's remap register points there
+    if self.regs.get(NBIO_BASES[2] + 0x12D) == HDP_HOLE:
+      self.vram.dirty = False
+      self.hdp_flushes += 1
 
   def _vram_pos(self) -> int: return ((self.regs.get(MM_INDEX_HI, 0) << 31) | (self.regs.get(MM_INDEX, 0) & 0x7FFFFFFF))
 
@@ -355,6 +371,7 @@ class FakeMP0:
     self.destroyed = 0
     self.tmr_asked = 0                # the TMR size LOAD_TOC answered (0: no TOC loaded)
     self.handlers: dict[int, Callable[[bytes], int]] = {}   # more GFX commands: cmd id -> handler(payload) -> status
+    self.check_hdp = True             # a frame must follow an HDP flush of what the CPU wrote (psp_ring_cmd_submit)
     regs.regs[MMHUB_BASES[0] + FB_LOCATION_BASE[mmhub]] = mc_base >> 24
     self.reg(35, 0 if busy_reads else 1 << 31)    # the bootloader comes up ready after `busy_reads` reads, as after power-on
     self.busy = busy_reads
@@ -429,6 +446,7 @@ class FakeMP0:
       self.violations.append("write pointer moved with no ring")
       return
     ring, size = self.ring
+    if self.check_hdp and self.r.vram.dirty: self.violations.append("write pointer moved while CPU writes sit in the HDP (no flush)")
     while self.rptr != wptr:
       frame = self.vram.read(ring + self.rptr * 4, 64)
       lo, hi, _, flo, fhi, fence = struct.unpack_from("<6I", frame)
@@ -456,5 +474,5 @@ class FakeMP0:
       elif cmd_id not in self.status: status = 0x100
       struct.pack_into("<I", buf, 864, status)
       struct.pack_into("<I", buf, 880, tmr)
-      self.vram.write(cmd_at, bytes(buf))
-      if "fence" not in self.hang: self.vram.write32(fence_at, fence)
+      self.vram.device_write(cmd_at, bytes(buf))
+      if "fence" not in self.hang: self.vram.device_write(fence_at, struct.pack("<I", fence))

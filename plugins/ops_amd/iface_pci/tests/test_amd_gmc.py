@@ -53,6 +53,9 @@ def test_gart_enable_writes_what_the_kernel_writes(tmp_path) -> None:
   assert [reg(regs, o) for o in range(0x712, 0x718)] == [0xFFFFFFFF, 0xF, 0, 0, 0, 0]
   assert [reg(regs, 0x787 + 2 * i) for i in range(18)] == [0xFFFFFFFF] * 18 and [reg(regs, 0x788 + 2 * i) for i in range(18)] == [0x1F] * 18
   assert len([r for op, r, _ in regs.log if op == "w" and HUB + 0x787 <= r < HUB + 0x7AB]) == 36    # exactly 18 engines
+  writes = [r for op, r, _ in regs.log if op == "w"]
+  last_hub = max(i for i, r in enumerate(writes) if HUB + 0x700 <= r <= HUB + 0x8F3)
+  assert writes[last_hub + 1] == 0x7F000 >> 2                               # then an HDP flush, as gmc_v11_0_gart_enable
   msg = b.summary()
   assert "MMHUB 3.0.0 GART enabled (63 register writes" in msg and "512 MiB at MC 0x7fff00000000-0x7fff1fffffff" in msg
   assert msg.index("GART enabled") < msg.index("PSP bootloader loaded")     # GMC before the PSP, as the kernel

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 import fake_amdfw
 import fake_amdgpu
 
-from plugrt_amd import bringup, psp, psp_load, smu, ucode
+from plugrt_amd import bringup, hdp, psp, psp_load, smu, ucode
 from plugrt_amd.device import AMDNotImplemented
 from plugrt_amd.regs import GPURegisters
 
@@ -192,7 +192,8 @@ def test_the_loader_alone(tmp_path) -> None:
   t = discovery.parse(fake_amdgpu.table())
   blobs, _ = fake_amdfw.ip_files()
   sdma = ucode.parse(blobs["sdma_6_0_0.bin"], "sdma", "sdma_6_0_0.bin")
-  p = psp.PSP(r, t.find("MP0"), 64 << 20, *psp.vram_location(r, t), timeout=0.05)
+  flusher, _ = hdp.setup(r, t.find("NBIF"))
+  p = psp.PSP(r, t.find("MP0"), 64 << 20, *psp.vram_location(r, t), timeout=0.05, flush=flusher.flush)
   p.boot(psp_firmware.parse(fake_amdgpu.sos_file()))
   p.ring_create()
   loader = psp_load.IPLoader(p, [sdma])                  # no SMU, no RLC: no SMC load, no autoload
