@@ -108,7 +108,7 @@ def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = p
   flusher, line = hdp.setup(regs, t.find("NBIF"))
   b.steps.append(line)
   flush = flusher.flush if flusher else None
-  enable_gart(regs, b, mc_base, phys, flush)  # the kernel's GMC hw_init comes before the PSP's
+  enable_gart(regs, b, mc_base, phys, flush, timeout)  # the kernel's GMC hw_init comes before the PSP's
   p = psp.PSP(regs, mp0, b.vram_size, mc_base, phys, base=base, timeout=timeout, flush=flush)
   b.steps += p.boot(fw)
   b.steps.append(p.ring_create())
@@ -149,11 +149,12 @@ def ip_firmware(b: BringUp) -> list[ucode.IPFirmware] | None:
   return files
 
 
-def enable_gart(regs: GPURegisters, b: BringUp, fb_start: int, phys: int, flush: Callable[[], None] | None = None) -> None:
+def enable_gart(regs: GPURegisters, b: BringUp, fb_start: int, phys: int, flush: Callable[[], None] | None = None,
+                timeout: float = 2.0) -> None:
   """The MMHUB's GART and system aperture (gmc.enable); a hub version plugrt does not program is recorded."""
   mmhub = b.table.find("MMHUB") if b.table else None
   if mmhub is None: return
-  try: b.steps.append(gmc.enable(regs, mmhub.version, mmhub.bases[0], fb_start, b.vram_size, phys, flush))
+  try: b.steps.append(gmc.enable(regs, mmhub.version, mmhub.bases[0], fb_start, b.vram_size, phys, flush, timeout))
   except gmc.GMCUnsupported as e: b.steps.append(f"GART not set up: {e}")
   else: b.gart = True
 

@@ -15,9 +15,11 @@ docs/research/amd-pci.md ("GMC"). Never run on an AMD GPU: tested against the fa
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from plugrt.errors import PlugrtError
 from plugrt_amd.regs import GPURegisters
 
 #: MMHUB 3.0.0 register dword offsets, segment 0 (mmhub_3_0_0_offset.h)
@@ -27,7 +29,9 @@ MMHUB_3_0_0 = {
   "MMVM_L2_CONTEXT1_IDENTITY_APERTURE_LOW_ADDR_LO32": 0x712, "MMVM_L2_CONTEXT1_IDENTITY_APERTURE_LOW_ADDR_HI32": 0x713,
   "MMVM_L2_CONTEXT1_IDENTITY_APERTURE_HIGH_ADDR_LO32": 0x714, "MMVM_L2_CONTEXT1_IDENTITY_APERTURE_HIGH_ADDR_HI32": 0x715,
   "MMVM_L2_CONTEXT_IDENTITY_PHYSICAL_OFFSET_LO32": 0x716, "MMVM_L2_CONTEXT_IDENTITY_PHYSICAL_OFFSET_HI32": 0x717,
-  "MMVM_L2_CNTL4": 0x718, "MMVM_L2_CNTL5": 0x71E, "MMVM_CONTEXT0_CNTL": 0x740,
+  "MMVM_L2_CNTL4": 0x718, "MMVM_L2_BANK_SELECT_RESERVED_CID2": 0x71B, "MMVM_L2_CNTL5": 0x71E, "MMVM_CONTEXT0_CNTL": 0x740,
+  "MMVM_L2_PROTECTION_FAULT_CNTL": 0x708, "MMVM_INVALIDATE_ENG0_SEM": 0x751, "MMVM_INVALIDATE_ENG0_REQ": 0x763,
+  "MMVM_INVALIDATE_ENG0_ACK": 0x775,
   "MMVM_INVALIDATE_ENG0_ADDR_RANGE_LO32": 0x787, "MMVM_INVALIDATE_ENG0_ADDR_RANGE_HI32": 0x788,
   "MMVM_CONTEXT0_PAGE_TABLE_BASE_ADDR_LO32": 0x7AB, "MMVM_CONTEXT0_PAGE_TABLE_BASE_ADDR_HI32": 0x7AC,
   "MMVM_CONTEXT0_PAGE_TABLE_START_ADDR_LO32": 0x7CB, "MMVM_CONTEXT0_PAGE_TABLE_START_ADDR_HI32": 0x7CC,
@@ -49,11 +53,18 @@ FIELDS = {
   "MMVM_L2_CNTL5": {"L2_CACHE_SMALLK_FRAGMENT_SIZE": 0x1F},
   "MMVM_CONTEXT0_CNTL": {"ENABLE_CONTEXT": 0x1, "PAGE_TABLE_DEPTH": 0x6, "RETRY_PERMISSION_OR_INVALID_PAGE_FAULT": 0x80},
   "MMVM_L2_PROTECTION_FAULT_CNTL2": {"ACTIVE_PAGE_MIGRATION_PTE_READ_RETRY": 0x40000},
+  "MMVM_L2_PROTECTION_FAULT_CNTL": {"RANGE": 0x4, "PDE0": 0x8, "PDE1": 0x10, "PDE2": 0x20, "TRANSLATE_FURTHER": 0x40, "NACK": 0x80,
+                                    "DUMMY_PAGE": 0x100, "VALID": 0x200, "READ": 0x400, "WRITE": 0x800, "EXECUTE": 0x1000},
+  "MMVM_INVALIDATE_ENG0_REQ": {"PER_VMID_INVALIDATE_REQ": 0xFFFF, "FLUSH_TYPE": 0x70000, "INVALIDATE_L2_PTES": 0x80000,
+                               "INVALIDATE_L2_PDE0": 0x100000, "INVALIDATE_L2_PDE1": 0x200000, "INVALIDATE_L2_PDE2": 0x400000,
+                               "INVALIDATE_L1_PTES": 0x800000, "CLEAR_PROTECTION_FAULT_STATUS_ADDR": 0x1000000},
 }
 #: the defaults mmhub_v3_0.c starts CNTL3/4/5 from (regMMVM_L2_CNTLn_DEFAULT)
 DEFAULTS = {"MMVM_L2_CNTL3": 0x80100007, "MMVM_L2_CNTL4": 0x000000C1, "MMVM_L2_CNTL5": 0x00003FE0}
 MTYPE_UC = 3                          # soc21_enum.h
-INVALIDATE_ENGINES, ENG_DISTANCE = 18, 2
+INVALIDATE_ENGINES, ENG_DISTANCE = 18, 2   # address-range registers: 2 dwords per engine
+GART_ENGINE = 17                           # gmc_v11_0_flush_gpu_tlb: "Use register 17 for GART"; SEM/REQ/ACK 1 dword apart
+PRIVATE_INVALIDATION = 1 << 25             # MMVM_L2_BANK_SELECT_RESERVED_CID2 bit 25 (RSERVED_CACHE_PRIVATE_INVALIDATION)
 GART_SIZE = 512 << 20                 # gmc_v11_0_sw_init: amdgpu_gart_size -1 -> 512 MiB
 MAX_MC = (1 << 47) - 1                # min(mc_mask 48-bit, AMDGPU_GMC_HOLE_START - 1)
 FOUR_GB = 1 << 32
@@ -180,10 +191,47 @@ class GMCUnsupported(ValueError):
   """A memory hub version whose registers plugrt does not know."""
 
 
+class GMCTimeout(PlugrtError, RuntimeError):
+  """The memory hub did not answer a TLB flush (its semaphore or acknowledge) within the bound."""
+
+
+def invalidate_req(vmid: int, flush_type: int = 0) -> int:
+  """mmhub_v3_0_get_invalidate_req: legacy invalidation of one VMID's L2 PTEs/PDEs and L1 PTEs."""
+  return field_set("MMVM_INVALIDATE_ENG0_REQ", 0, (("PER_VMID_INVALIDATE_REQ", 1 << vmid), ("FLUSH_TYPE", flush_type),
+                   ("INVALIDATE_L2_PTES", 1), ("INVALIDATE_L2_PDE0", 1), ("INVALIDATE_L2_PDE1", 1), ("INVALIDATE_L2_PDE2", 1),
+                   ("INVALIDATE_L1_PTES", 1), ("CLEAR_PROTECTION_FAULT_STATUS_ADDR", 0)))
+
+
+def flush_tlb(regs: GPURegisters, hub_base: int, table: dict[str, int], vmid: int = 0, timeout: float = 2.0,
+              sleep: Callable[[float], None] = time.sleep, flush: Callable[[], None] | None = None) -> int:
+  """gmc_v11_0_flush_gpu_tlb on the MMHUB before KIQ/MES exist: HDP flush, acquire engine 17's semaphore, request, wait
+  for the VMID's acknowledge bit, release, then the private invalidation through BANK_SELECT_RESERVED_CID2. The kernel
+  only logs a semaphore or acknowledge timeout; plugrt raises `GMCTimeout`. Returns the number of register writes."""
+  sem, req, ack = (hub_base + table[f"MMVM_INVALIDATE_ENG0_{r}"] + GART_ENGINE for r in ("SEM", "REQ", "ACK"))
+  if flush is not None: flush()
+
+  def wait(what: str, reg: int, bit: int) -> None:
+    end = time.monotonic() + timeout
+    while not (v := regs.rreg(reg)) & bit:
+      if time.monotonic() >= end:
+        raise GMCTimeout(f"GMC: MMHUB TLB flush: {what} (dword 0x{reg:x} & 0x{bit:x}): still 0x{v:08x} after {timeout:g} s",
+                         "the memory hub is not answering: reset the GPU")
+      sleep(0.0005)
+
+  wait(f"invalidation engine {GART_ENGINE}'s semaphore not acquired", sem, 1)
+  regs.wreg(req, invalidate_req(vmid))
+  wait(f"no acknowledge for VMID {vmid}", ack, 1 << vmid)
+  regs.wreg(sem, 0)
+  cid2 = hub_base + table["MMVM_L2_BANK_SELECT_RESERVED_CID2"]
+  regs.wreg(cid2, regs.rreg(cid2) | PRIVATE_INVALIDATION)
+  regs.rreg(cid2)                      # read back: the invalidation is done
+  return 3                             # register writes: request, semaphore release, CID2
+
+
 def enable(regs: GPURegisters, version: tuple[int, int, int], hub_base: int, fb_start: int, vram_size: int, phys_base: int,
-           flush: Callable[[], None] | None = None) -> str:
-  """Zero the GART table and default page in VRAM, program the MMHUB (gart_enable), then flush the HDP (`flush`) as
-  gmc_v11_0_gart_enable does; returns the step's text."""
+           flush: Callable[[], None] | None = None, timeout: float = 2.0) -> str:
+  """gmc_v11_0_gart_enable on the MMHUB: zero the GART table and default page in VRAM, program the hub (gart_enable),
+  flush the HDP (`flush`), enable the protection-fault defaults, flush the GART's TLB; returns the step's text."""
   if (table := SUPPORTED.get(version)) is None:
     raise GMCUnsupported(f"GART set-up for MMHUB {'.'.join(map(str, version))} is not implemented (plugrt programs MMHUB 3.0.0)")
   lay = layout(fb_start, vram_size, phys_base, TABLE_AT, SCRATCH_AT)
@@ -192,7 +240,11 @@ def enable(regs: GPURegisters, version: tuple[int, int, int], hub_base: int, fb_
   regs.write_vram(SCRATCH_AT, bytes(0x1000))
   n = apply(regs, hub_base, gart_enable_ops(lay), table)
   if flush is not None: flush()
-  return (f"MMHUB {'.'.join(map(str, version))} GART enabled ({n} register writes, as mmhub_v3_0_gart_enable without VM contexts "
-          f"1-15): {(lay.gart_end - lay.gart_start + 1) >> 20} MiB at MC 0x{lay.gart_start:x}-0x{lay.gart_end:x}, flat table of "
+  # set_fault_enable_default(true) (amdgpu_vm_fault_stop's default), then the GART's TLB flush on engine 17
+  n += apply(regs, hub_base, [Update("MMVM_L2_PROTECTION_FAULT_CNTL", tuple((f, 1) for f in FIELDS["MMVM_L2_PROTECTION_FAULT_CNTL"]))], table)
+  n += flush_tlb(regs, hub_base, table, 0, timeout, flush=flush)
+  return (f"MMHUB {'.'.join(map(str, version))} GART enabled ({n} register writes, as gmc_v11_0_gart_enable without VM contexts "
+          f"1-15; TLB flushed on engine {GART_ENGINE}): {(lay.gart_end - lay.gart_start + 1) >> 20} MiB at MC "
+          f"0x{lay.gart_start:x}-0x{lay.gart_end:x}, flat table of "
           f"{entries} invalid entries at VRAM 0x{TABLE_AT:x}; system aperture MC 0x{lay.fb_start:x}-0x{lay.fb_end:x} (default page "
           f"VRAM 0x{SCRATCH_AT:x}); no AGP aperture; protection-fault default page not set (no DMA mapping through sysfs)")

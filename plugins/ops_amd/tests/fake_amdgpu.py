@@ -137,10 +137,38 @@ class FakeRegisters:
       if (hook := self.on_write.get(reg)) is not None: hook(value)
 
 
+class FakeInvalidation:
+  """MMHUB 3.0.0's invalidation engine 17 (the GART's, gmc_v11_0_flush_gpu_tlb): its semaphore reads 1 (acquired) and a
+  request sets the requested VMIDs' acknowledge bits. Checks: a request only while the semaphore is held, released
+  after. `hang` ("sem", "ack") stops one; `requests` lists what was asked."""
+  SEM, REQ, ACK = (MMHUB_BASES[0] + off + 17 for off in (0x751, 0x763, 0x775))
+
+  def __init__(self, regs: FakeRegisters):
+    self.r, self.held, self.requests, self.violations = regs, False, [], []
+    self.hang: set[str] = set()
+    regs.on_read[self.SEM] = self._sem_read
+    regs.on_write[self.SEM] = self._sem_write
+    regs.on_write[self.REQ] = self._req
+
+  def _sem_read(self) -> None:
+    if "sem" not in self.hang:
+      self.r.regs[self.SEM], self.held = 1, True
+
+  def _sem_write(self, v: int) -> None:
+    if v == 0: self.held = False
+
+  def _req(self, v: int) -> None:
+    if not self.held: self.violations.append(f"invalidation request 0x{v:x} without the semaphore")
+    self.requests.append(v)
+    self.r.regs[self.ACK] = 0 if "ack" in self.hang else v & 0xFFFF
+
+
 def fake_gpu(blob: bytes | None = None, mib: int = VRAM_MIB, **kw) -> tuple[FakeRegisters, FakeVRAM]:
   vram = FakeVRAM(mib)
   vram.put(vram.size - discovery.DISCOVERY_TMR_OFFSET, table() if blob is None else blob)
-  return FakeRegisters(vram, **kw), vram
+  regs = FakeRegisters(vram, **kw)
+  regs.invalidation = FakeInvalidation(regs)
+  return regs, vram
 
 
 # ---- sysfs -----------------------------------------------------------------------------------------------------------

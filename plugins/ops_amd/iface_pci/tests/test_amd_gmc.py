@@ -53,11 +53,16 @@ def test_gart_enable_writes_what_the_kernel_writes(tmp_path) -> None:
   assert [reg(regs, o) for o in range(0x712, 0x718)] == [0xFFFFFFFF, 0xF, 0, 0, 0, 0]
   assert [reg(regs, 0x787 + 2 * i) for i in range(18)] == [0xFFFFFFFF] * 18 and [reg(regs, 0x788 + 2 * i) for i in range(18)] == [0x1F] * 18
   assert len([r for op, r, _ in regs.log if op == "w" and HUB + 0x787 <= r < HUB + 0x7AB]) == 36    # exactly 18 engines
+  # then, as gmc_v11_0_gart_enable: an HDP flush, the protection-fault defaults, the TLB flush of VMID 0 on engine 17
   writes = [r for op, r, _ in regs.log if op == "w"]
-  last_hub = max(i for i, r in enumerate(writes) if HUB + 0x700 <= r <= HUB + 0x8F3)
-  assert writes[last_hub + 1] == 0x7F000 >> 2                               # then an HDP flush, as gmc_v11_0_gart_enable
+  at = writes.index(HUB + 0x788 + 34) + 1                                    # after the last gart_enable write
+  assert writes[at:at + 2] == [0x7F000 >> 2, HUB + 0x708] and reg(regs, 0x708) == 0x1FFC
+  assert writes[at + 2:at + 6] == [0x7F000 >> 2, HUB + 0x774, HUB + 0x762, HUB + 0x71B]     # flush, request, release, CID2
+  inv = regs.invalidation
+  assert inv.requests == [0x00F80001] and inv.violations == [] and not inv.held    # VMID 0: L2 PTEs/PDE0-2, L1 PTEs
+  assert reg(regs, 0x71B) == 1 << 25                                         # the private invalidation
   msg = b.summary()
-  assert "MMHUB 3.0.0 GART enabled (63 register writes" in msg and "512 MiB at MC 0x7fff00000000-0x7fff1fffffff" in msg
+  assert "MMHUB 3.0.0 GART enabled (67 register writes" in msg and "512 MiB at MC 0x7fff00000000-0x7fff1fffffff" in msg
   assert msg.index("GART enabled") < msg.index("PSP bootloader loaded")     # GMC before the PSP, as the kernel
   with pytest.raises(AMDNotImplemented, match="the GFXHUB's GART and system aperture"): b.stop()
 
@@ -79,3 +84,13 @@ def test_ops_and_fields() -> None:
   assert gmc.offset(gmc.MMHUB_3_0_0, "MMVM_INVALIDATE_ENG17_ADDR_RANGE_HI32") == 0x788 + 34
   with pytest.raises(ValueError, match="does not fit"): gmc.field_set("MMVM_CONTEXT0_CNTL", 0, (("PAGE_TABLE_DEPTH", 4),))
   with pytest.raises(gmc.GMCUnsupported, match=r"MMHUB 4\.1\.0"): gmc.enable(None, (4, 1, 0), 0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("hang, match", [("sem", "invalidation engine 17's semaphore not acquired"), ("ack", "no acknowledge for VMID 0")])
+def test_a_hub_that_does_not_answer_the_tlb_flush_is_a_bounded_typed_error(tmp_path, hang: str, match: str) -> None:
+  regs, vram = fake_amdgpu.fake_gpu(mib=64)
+  (tmp_path / "psp_13_0_0_sos.bin").write_bytes(fake_amdgpu.sos_file())
+  fake_amdgpu.FakeMP0(regs, vram, fake_amdgpu.sos_file())
+  regs.invalidation.hang.add(hang)
+  with pytest.raises(gmc.GMCTimeout, match=match) as e: bringup.bring_up(GPURegisters(regs, vram), "AMD:0", str(tmp_path), psp_timeout=0.05)
+  assert "after 0.05 s" in str(e.value) and "reset the GPU" in e.value.hint
