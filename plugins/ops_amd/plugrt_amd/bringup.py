@@ -9,9 +9,10 @@ Steps (each recorded in `BringUp.steps`, in order):
 3. the NBIO block's index/data pair for registers beyond the register BAR;
 4. the firmware files the IP versions call for, and which are present;
 5. on interfaces that boot the PSP, first the HDP flush's remap (`hdp`) and the MMHUB's GART and system aperture
-   (`gmc`, as the kernel's GMC hw_init precedes the PSP's); then the PSP (`psp`): bootloader, sOS, KM ring, LOAD_TOC; then, when every IP firmware file
-   is present (each split by `ucode`), the SMU, SDMA, CP, IMU and RLC ucodes through LOAD_IP_FW in the kernel's order
-   around SETUP_TMR (`psp_load`), AUTOLOAD_RLC after RLC_G; then the SMU's ready flag and first messages (`smu`).
+   (`gmc`, as the kernel's GMC hw_init precedes the PSP's); then the PSP (`psp`): bootloader, sOS, KM ring, LOAD_TOC;
+   then, when every IP firmware file is present (each split by `ucode`), the SMU, SDMA, CP, IMU and RLC ucodes through
+   LOAD_IP_FW in the kernel's order around SETUP_TMR (`psp_load`), AUTOLOAD_RLC after RLC_G; then the SMU's ready flag
+   and first messages (`smu`).
 
 Then it stops: `stop()` raises `AMDNotImplemented` saying what was done and naming the next step that is not
 implemented. Never run on an AMD GPU: tested on fake register files (docs/backends/amd.md).
