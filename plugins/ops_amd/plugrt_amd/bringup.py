@@ -12,7 +12,7 @@ Steps (each recorded in `BringUp.steps`, in order):
    (`gmc`, as the kernel's GMC hw_init precedes the PSP's); then the PSP (`psp`): bootloader, sOS, KM ring, LOAD_TOC;
    then, when every IP firmware file is present (each split by `ucode`), the SMU, SDMA, CP, IMU and RLC ucodes through
    LOAD_IP_FW in the kernel's order around SETUP_TMR (`psp_load`), AUTOLOAD_RLC after RLC_G; then the SMU's ready flag
-   and first messages (`smu`).
+   and first messages (`smu`), and the RLC autoload's completion (`gfx`).
 
 Then it stops: `stop()` raises `AMDNotImplemented` saying what was done and naming the next step that is not
 implemented. Never run on an AMD GPU: tested on fake register files (docs/backends/amd.md).
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from plugrt_amd import discovery, firmware, gmc, hdp, psp, psp_firmware, psp_load, smu, ucode
+from plugrt_amd import discovery, firmware, gfx, gmc, hdp, psp, psp_firmware, psp_load, smu, ucode
 from plugrt_amd.regs import GPURegisters
 
 NOT_IMPLEMENTED = ("PSP firmware loading (SOS, then SMU/SDMA/GC microcode through the PSP ring), SMU start-up, GMC/GART and "
@@ -36,6 +36,8 @@ AFTER_IP = ("next, not implemented: SMU start-up for this MP1, waiting for the R
             "interrupt handler, MEC/MES compute queues")
 AFTER_SMU = ("next, not implemented: waiting for the RLC autoload to complete (gfx_v11_0_wait_for_rlc_autoload_complete) and "
              "the RS64 CP set-up, {gmc}, interrupt handler, MES firmware and MEC/MES compute queues")
+AFTER_RLC = ("next, not implemented: the RS64 CP set-up (gfx_v11_0_config_gfx_rs64: the CP's ucode start addresses), {gmc}, "
+             "golden registers, interrupt handler, MES firmware and MEC/MES compute queues")
 GMC_TODO = "GMC/GART and VM set-up (system aperture, GART page table)"
 GMC_AFTER_MMHUB = "the GFXHUB's GART and system aperture (gfxhub_v3_0_gart_enable) and VM contexts 1-15"
 HINT = "use AMD_IFACE=KFD with the amdgpu kernel driver loaded"
@@ -54,6 +56,7 @@ class BringUp:
   ip_loaded: list[str] = field(default_factory=list)   # ucodes the PSP took (LOAD_IP_FW), in order
   smu_started: bool = False             # the SMU's ready flag is up and it answered its first messages
   gart: bool = False                    # the MMHUB's GART and system aperture are programmed
+  rlc_ready: bool = False               # the RLC autoload completed (CP_STAT 0, BOOTLOAD_COMPLETE)
 
 
   def summary(self) -> str:
@@ -61,7 +64,8 @@ class BringUp:
 
   def stop(self) -> NoReturn:
     from plugrt_amd.device import AMDNotImplemented
-    nxt = AFTER_SMU if self.smu_started else AFTER_IP if self.ip_loaded else AFTER_PSP if self.psp_booted else NOT_IMPLEMENTED
+    nxt = (AFTER_RLC if self.rlc_ready and self.smu_started else AFTER_SMU if self.smu_started else AFTER_IP if self.ip_loaded
+           else AFTER_PSP if self.psp_booted else NOT_IMPLEMENTED)
     nxt = nxt.format(gmc=GMC_AFTER_MMHUB if self.gart else GMC_TODO)
     raise AMDNotImplemented(f"{self.label}: {self.summary()}; {nxt}", HINT)
 
@@ -124,6 +128,7 @@ def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = p
     b.steps += loader.load_rest()
     b.ip_loaded = list(loader.loaded)
     if loader.smu is not None: start_smu(regs, b, timeout)
+    if "RLC_G" in b.ip_loaded: wait_rlc(regs, b, timeout)   # gfx hw_init, after the SMU's
   p.ring_destroy()
   b.steps.append("KM ring destroyed (as the kernel's psp_ring_stop on unload), the sOS and TMR left running")
   b.psp_booted = True
@@ -158,6 +163,17 @@ def enable_gart(regs: GPURegisters, b: BringUp, fb_start: int, phys: int, flush:
   try: b.steps.append(gmc.enable(regs, mmhub.version, mmhub.bases[0], fb_start, b.vram_size, phys, flush, timeout))
   except gmc.GMCUnsupported as e: b.steps.append(f"GART not set up: {e}")
   else: b.gart = True
+
+
+def wait_rlc(regs: GPURegisters, b: BringUp, timeout: float) -> None:
+  """The RLC autoload's completion (gfx.wait_autoload); a GC version plugrt lacks is recorded."""
+  gc = b.table.find("GC") if b.table else None
+  if gc is None: return
+  line = gfx.wait_autoload(regs, gc, timeout)
+  if line is None: b.steps.append(f"RLC autoload not awaited: its status register is not known for GC {gc.version_str}")
+  else:
+    b.steps.append(line)
+    b.rlc_ready = True
 
 
 def start_smu(regs: GPURegisters, b: BringUp, timeout: float) -> None:

@@ -1,5 +1,5 @@
 """Fakes for the IP-firmware stage of the driverless AMD bring-up: synthetic IP firmware files, the PSP's LOAD_IP_FW and
-AUTOLOAD_RLC (on a fake_amdgpu.FakeMP0), and the SMU's mailbox (FakeMP1).
+AUTOLOAD_RLC (on a fake_amdgpu.FakeMP0), the RLC's boot after it (FakeRLC), and the SMU's mailbox (FakeMP1).
 
 The files are packed here from the documented header layouts (amdgpu_ucode.h; docs/research/amd-pci.md), with their
 own code, not plugrt_amd.ucode's, so that a wrong offset in one is caught by the other. Every part is a distinct byte
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 
-from fake_amdgpu import FakeMP0, FakeRegisters
+from fake_amdgpu import GC_BASES, FakeMP0, FakeRegisters
 
 COMMON = struct.Struct("<IIHHHHIIII")
 #: GFX_FW_TYPE of each ucode (psp_gfx_if.h), the fake's own copy
@@ -99,8 +99,8 @@ class FakeIPFirmware:
   GFX_FW_TYPE to the status to answer."""
   CENTRALIZED = {(13, 0, 0), (13, 0, 2), (13, 0, 7)}
 
-  def __init__(self, mp0: FakeMP0, want: dict[str, bytes], mp1: FakeMP1 | None = None):
-    self.mp0, self.mp1 = mp0, mp1
+  def __init__(self, mp0: FakeMP0, want: dict[str, bytes], mp1: FakeMP1 | None = None, rlc: FakeRLC | None = None):
+    self.mp0, self.mp1, self.rlc = mp0, mp1, rlc
     self.want = {TYPES[n]: (n, b) for n, b in want.items()}
     self.loaded: list[str] = []
     self.autoloaded = False
@@ -132,7 +132,28 @@ class FakeIPFirmware:
     if missing or not self.loaded or self.loaded[-1] != "RLC_G":
       self.mp0.violations.append(f"AUTOLOAD_RLC with {missing} not loaded, last load {self.loaded[-1:]}")
     self.autoloaded = True
+    if self.rlc is not None: self.rlc.start()
     return 0
+
+
+class FakeRLC:
+  """The RLC booting the CPs after AUTOLOAD_RLC: CP_STAT (GC seg 0 + 0xf40) reads busy and RLC_RLCS_BOOTLOAD_STATUS
+  (GC seg 1 + 0x4e82 on GC 11, 0x4e7c on GC 12) lacks bit 31 until `boot_reads` reads of the status after the autoload;
+  `hang` keeps it booting."""
+  def __init__(self, regs: FakeRegisters, gc: tuple[int, int, int] = (11, 0, 0), bases: tuple[int, ...] = GC_BASES, boot_reads: int = 3):
+    self.r, self.boot_reads, self.left, self.hang, self.done = regs, boot_reads, -1, False, False
+    self.cp, self.status = bases[0] + 0xF40, bases[1] + (0x4E82 if gc[0] == 11 else 0x4E7C)
+    regs.regs[self.cp], regs.regs[self.status] = 0x80000000, 0x18        # busy, IRAM loaded/done, not complete
+    regs.on_read[self.status] = self._tick
+
+  def start(self) -> None: self.left = self.boot_reads
+
+  def _tick(self) -> None:
+    if self.left < 0 or self.hang: return
+    self.left -= 1
+    if self.left <= 0:
+      self.r.regs[self.cp], self.r.regs[self.status] = 0, self.r.regs[self.status] | 1 << 31
+      self.done, self.left = True, -1
 
 
 class FakeMP1:

@@ -37,7 +37,7 @@ def gpu(tmp_path, v: dict = RDNA3, rlc_minor: int = 3, skip: tuple[str, ...] = (
     if name not in skip: (tmp_path / name).write_bytes(blob)
   mp0 = fake_amdgpu.FakeMP0(regs, vram, sos, mp0=v["mp0"], mmhub=v["mmhub"])
   mp1 = fake_amdfw.FakeMP1(regs, v["mp1"], if_version=if_version)
-  ipf = fake_amdfw.FakeIPFirmware(mp0, want, mp1)
+  ipf = fake_amdfw.FakeIPFirmware(mp0, want, mp1, fake_amdfw.FakeRLC(regs, v["gc"]))
   return GPURegisters(regs, vram), mp0, ipf, mp1
 
 
@@ -59,9 +59,12 @@ def test_rdna3_loads_every_ip_firmware_in_the_kernels_order_then_starts_the_smu(
                "GFX_CMD_ID_LOAD_IP_FW ok: SMC (8192 bytes from smu_13_0_0.bin) before SETUP_TMR",
                "GFX_CMD_ID_AUTOLOAD_RLC ok", "SMU ready (MP1_FIRMWARE_FLAGS = 0x1)", "TestMessage ok",
                "SMU firmware 0x004e4a00 (program 0, 78.74.0), driver interface 0x3d (the kernel's value)", "KM ring destroyed",
-               "next, not implemented: waiting for the RLC autoload to complete", "the GFXHUB's GART and system aperture"):
+               "RLC autoload complete (CP_STAT 0, RLC_RLCS_BOOTLOAD_STATUS 0x80000018)",
+               "next, not implemented: the RS64 CP set-up", "the GFXHUB's GART and system aperture"):
     assert part in msg, (part, msg)
   assert msg.index("LOAD_TOC ok") < msg.index("SMC (8192") < msg.index("SETUP_TMR ok") < msg.index("AUTOLOAD_RLC ok") < msg.index("SMU ready")
+  assert msg.index("SMU firmware") < msg.index("RLC autoload complete") < msg.index("KM ring destroyed")    # gfx hw_init after the SMU's
+  assert ipf.rlc.done and b.rlc_ready
 
 
 def test_rdna4_smu_first_no_setup_tmr_rs64_sdma_and_an_smn_mailbox(tmp_path) -> None:
@@ -203,3 +206,15 @@ def test_the_loader_alone(tmp_path) -> None:
   tight = psp.PSP(r, t.find("MP0"), 0x1200000 + (1 << 20) + 0x2000, *psp.vram_location(r, t))
   with pytest.raises(psp.PSPError, match=r"IP firmware buffer \(12 KiB at VRAM 0x1200000\) does not fit below 0x1202000"):
     psp_load.IPLoader(tight, [sdma]).place()
+
+
+def test_an_rlc_that_does_not_finish_booting_is_a_bounded_typed_error(tmp_path) -> None:
+  from plugrt_amd import gfx
+  r, _, ipf, _ = gpu(tmp_path)
+  ipf.rlc.hang = True
+  with pytest.raises(gfx.GFXTimeout, match=r"CP_STAT 0x80000000, RLC_RLCS_BOOTLOAD_STATUS 0x00000018 \(want 0 and bit 31\) after 0.05 s"):
+    bringup.bring_up(r, "AMD:0", str(tmp_path), psp_timeout=0.05)
+  r, _, _, _ = gpu(tmp_path, RDNA3 | dict(gc=(11, 0, 1)))          # an APU's GC: another status register, not known
+  b = bringup.bring_up(r, "AMD:0", str(tmp_path))
+  assert b.smu_started and not b.rlc_ready and "RLC autoload not awaited: its status register is not known for GC 11.0.1" in b.summary()
+  with pytest.raises(AMDNotImplemented, match="next, not implemented: waiting for the RLC autoload to complete"): b.stop()
