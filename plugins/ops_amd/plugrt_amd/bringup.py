@@ -32,8 +32,8 @@ NOT_IMPLEMENTED = ("PSP firmware loading (SOS, then SMU/SDMA/GC microcode throug
 AFTER_PSP = ("next, not implemented: loading the IP firmwares through the PSP ring (GFX_CMD_ID_LOAD_IP_FW for SMU, SDMA, "
              "GC PFP/ME/MEC/RLC/IMU; RLC autoload) needs every IP firmware file; SMU start-up, {gmc}, "
              "interrupt handler, MEC/MES compute queues")
-AFTER_IP = ("next, not implemented: SMU start-up for this MP1, waiting for the RLC autoload to complete, {gmc}, "
-            "interrupt handler, MEC/MES compute queues")
+AFTER_IP = ("next, not implemented: SMU start-up for this MP1, {rlc}{gmc}, interrupt handler, MEC/MES compute queues")
+RLC_TODO = "waiting for the RLC autoload to complete, "
 AFTER_SMU = ("next, not implemented: waiting for the RLC autoload to complete (gfx_v11_0_wait_for_rlc_autoload_complete) and "
              "the RS64 CP set-up, {gmc}, interrupt handler, MES firmware and MEC/MES compute queues")
 AFTER_RLC = ("next, not implemented: the RS64 CP set-up (gfx_v11_0_config_gfx_rs64: the CP's ucode start addresses), {gmc}, "
@@ -66,7 +66,7 @@ class BringUp:
     from plugrt_amd.device import AMDNotImplemented
     nxt = (AFTER_RLC if self.rlc_ready and self.smu_started else AFTER_SMU if self.smu_started else AFTER_IP if self.ip_loaded
            else AFTER_PSP if self.psp_booted else NOT_IMPLEMENTED)
-    nxt = nxt.format(gmc=GMC_AFTER_MMHUB if self.gart else GMC_TODO)
+    nxt = nxt.format(gmc=GMC_AFTER_MMHUB if self.gart else GMC_TODO, rlc="" if self.rlc_ready else RLC_TODO)
     raise AMDNotImplemented(f"{self.label}: {self.summary()}; {nxt}", HINT)
 
 
