@@ -12,7 +12,7 @@ Steps (each recorded in `BringUp.steps`, in order):
    (`gmc`, as the kernel's GMC hw_init precedes the PSP's); then the PSP (`psp`): bootloader, sOS, KM ring, LOAD_TOC;
    then, when every IP firmware file is present (each split by `ucode`), the SMU, SDMA, CP, IMU and RLC ucodes through
    LOAD_IP_FW in the kernel's order around SETUP_TMR (`psp_load`), AUTOLOAD_RLC after RLC_G; then the SMU's ready flag
-   and first messages (`smu`), and the RLC autoload's completion (`gfx`).
+   and first messages (`smu`), the RLC autoload's completion and the RS64 CP set-up (`gfx`).
 
 Then it stops: `stop()` raises `AMDNotImplemented` saying what was done and naming the next step that is not
 implemented. Never run on an AMD GPU: tested on fake register files (docs/backends/amd.md).
@@ -38,6 +38,8 @@ AFTER_SMU = ("next, not implemented: waiting for the RLC autoload to complete (g
              "the RS64 CP set-up, {gmc}, interrupt handler, MES firmware and MEC/MES compute queues")
 AFTER_RLC = ("next, not implemented: the RS64 CP set-up (gfx_v11_0_config_gfx_rs64: the CP's ucode start addresses), {gmc}, "
              "golden registers, interrupt handler, MES firmware and MEC/MES compute queues")
+AFTER_CP = ("next, not implemented: {gmc}, golden registers, interrupt handler, MES firmware and MEC/MES compute queues "
+            "(gfx_v11_0_hw_init's next steps)")
 GMC_TODO = "GMC/GART and VM set-up (system aperture, GART page table)"
 GMC_AFTER_MMHUB = "the GFXHUB's GART and system aperture (gfxhub_v3_0_gart_enable) and VM contexts 1-15"
 HINT = "use AMD_IFACE=KFD with the amdgpu kernel driver loaded"
@@ -57,6 +59,7 @@ class BringUp:
   smu_started: bool = False             # the SMU's ready flag is up and it answered its first messages
   gart: bool = False                    # the MMHUB's GART and system aperture are programmed
   rlc_ready: bool = False               # the RLC autoload completed (CP_STAT 0, BOOTLOAD_COMPLETE)
+  cp_ready: bool = False                # the RS64 CP pipes have their program start addresses and were reset
 
 
   def summary(self) -> str:
@@ -64,10 +67,14 @@ class BringUp:
 
   def stop(self) -> NoReturn:
     from plugrt_amd.device import AMDNotImplemented
-    nxt = (AFTER_RLC if self.rlc_ready and self.smu_started else AFTER_SMU if self.smu_started else AFTER_IP if self.ip_loaded
-           else AFTER_PSP if self.psp_booted else NOT_IMPLEMENTED)
-    nxt = nxt.format(gmc=GMC_AFTER_MMHUB if self.gart else GMC_TODO, rlc="" if self.rlc_ready else RLC_TODO)
-    raise AMDNotImplemented(f"{self.label}: {self.summary()}; {nxt}", HINT)
+    raise AMDNotImplemented(f"{self.label}: {self.summary()}; {self.next_step()}", HINT)
+
+  def next_step(self) -> str:
+    """What the open error names as the first step not implemented, from how far bring-up got."""
+    if not self.psp_booted: return NOT_IMPLEMENTED
+    nxt = (AFTER_PSP if not self.ip_loaded else AFTER_IP if not self.smu_started else AFTER_SMU if not self.rlc_ready
+           else AFTER_RLC if not self.cp_ready else AFTER_CP)
+    return nxt.format(gmc=GMC_AFTER_MMHUB if self.gart else GMC_TODO, rlc="" if self.rlc_ready else RLC_TODO)
 
 
 def read_discovery(regs: GPURegisters, vram_size: int, firmware_dir: str = firmware.FIRMWARE_DIR) -> tuple[discovery.DiscoveryTable, str]:
@@ -128,7 +135,7 @@ def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = p
     b.steps += loader.load_rest()
     b.ip_loaded = list(loader.loaded)
     if loader.smu is not None: start_smu(regs, b, timeout)
-    if "RLC_G" in b.ip_loaded: wait_rlc(regs, b, timeout)   # gfx hw_init, after the SMU's
+    if "RLC_G" in b.ip_loaded: wait_rlc(regs, b, timeout, files)   # gfx hw_init, after the SMU's
   p.ring_destroy()
   b.steps.append("KM ring destroyed (as the kernel's psp_ring_stop on unload), the sOS and TMR left running")
   b.psp_booted = True
@@ -165,15 +172,25 @@ def enable_gart(regs: GPURegisters, b: BringUp, fb_start: int, phys: int, flush:
   else: b.gart = True
 
 
-def wait_rlc(regs: GPURegisters, b: BringUp, timeout: float) -> None:
-  """The RLC autoload's completion (gfx.wait_autoload); a GC version plugrt lacks is recorded."""
+def wait_rlc(regs: GPURegisters, b: BringUp, timeout: float, files: list[ucode.IPFirmware]) -> None:
+  """The RLC autoload's completion (gfx.wait_autoload), then the RS64 CP set-up (gfx.config_rs64) when the CP files are
+  RS64; a GC version plugrt lacks is recorded."""
   gc = b.table.find("GC") if b.table else None
   if gc is None: return
   line = gfx.wait_autoload(regs, gc, timeout)
-  if line is None: b.steps.append(f"RLC autoload not awaited: its status register is not known for GC {gc.version_str}")
+  if line is None:
+    b.steps.append(f"RLC autoload not awaited: its status register is not known for GC {gc.version_str}")
+    return
+  b.steps.append(line)
+  b.rlc_ready = True
+  starts = {f.kind.upper(): f.start_addr for f in files if f.kind in ("pfp", "me", "mec") and f.start_addr is not None}
+  if len(starts) != 3:
+    b.steps.append("CP not set up: the PFP/ME/MEC files are not RS64 (gfx v2) files; the F32 CP set-up is not implemented")
+  elif (line := gfx.config_rs64(regs, gc, starts)) is None:
+    b.steps.append(f"CP not set up: the RS64 CP set-up for GC {gc.version_str} is not implemented (plugrt sets up GC 11)")
   else:
     b.steps.append(line)
-    b.rlc_ready = True
+    b.cp_ready = True
 
 
 def start_smu(regs: GPURegisters, b: BringUp, timeout: float) -> None:

@@ -1,4 +1,5 @@
-"""The graphics core after the PSP's RLC autoload: waiting until the RLC has booted the command processors.
+"""The graphics core after the PSP's RLC autoload: waiting until the RLC has booted the command processors, then the
+RS64 CP set-up (`config_rs64`).
 
 gfx_v11_0_hw_init / gfx_v12_0_hw_init, under PSP loading, first wait for the autoload the PSP started
 (`gfx_v1x_0_wait_for_rlc_autoload_complete`): CP_STAT reads 0 (no CP block busy) and RLC_RLCS_BOOTLOAD_STATUS has
@@ -44,3 +45,36 @@ def wait_autoload(regs: GPURegisters, gc: IPBlock, timeout: float = 2.0, sleep: 
                        "the RLC did not boot the command processors from the loaded firmware: check that the GC firmware "
                        "files match this GPU and the sOS, and reset the GPU")
     sleep(0.0005)
+
+
+#: GC 11 (gc_11_0_0_offset.h) registers of the RS64 CP set-up: (dword offset, segment)
+RS64_11 = {"PFP_START": (0x1E44, 0), "PFP_START_HI": (0x1E59, 0), "ME_START": (0x1E45, 0), "ME_START_HI": (0x1E79, 0),
+           "MEC_START": (0x2900, 1), "MEC_START_HI": (0x2938, 1), "CP_ME_CNTL": (0x803, 1), "CP_MEC_RS64_CNTL": (0x2904, 1),
+           "GRBM_GFX_CNTL": (0x900, 1)}
+#: (engine, GRBM ME id, pipes, pipe-reset register, reset bits): CP_ME_CNTL PFP_PIPE0/1_RESET bits 18/19, ME_PIPE0/1_RESET
+#: 20/21; CP_MEC_RS64_CNTL MEC_PIPE0-3_RESET 16-19 (gc_11_0_0 sh_mask, as tinygrad's autogen lists them)
+RS64_ENGINES = (("PFP", 0, 2, "CP_ME_CNTL", 0x3 << 18), ("ME", 0, 2, "CP_ME_CNTL", 0x3 << 20), ("MEC", 1, 4, "CP_MEC_RS64_CNTL", 0xF << 16))
+
+
+def grbm_select(me: int, pipe: int, queue: int = 0, vmid: int = 0) -> int:
+  """GRBM_GFX_CNTL's value for soc21_grbm_select: PIPEID bits 0-1, MEID 2-3, VMID 4-7, QUEUEID 8-10."""
+  return pipe | me << 2 | vmid << 4 | queue << 8
+
+
+def config_rs64(regs: GPURegisters, gc: IPBlock, starts: dict[str, int]) -> str | None:
+  """gfx_v11_0_config_gfx_rs64: every PFP/ME/MEC pipe's program counter start (from the RS64 headers' ucode start
+  address: (hi << 30 | lo >> 2) and hi >> 2), each engine's pipes reset and released. `starts` maps "PFP", "ME", "MEC"
+  to the 64-bit start address. None for a GC other than 11 (recorded by the caller)."""
+  if gc.version[0] != 11 or len(gc.bases) < 2: return None
+  reg = {name: gc.bases[seg] + off for name, (off, seg) in RS64_11.items()}
+  for engine, me, pipes, cntl, reset in RS64_ENGINES:
+    lo, hi = starts[engine] & 0xFFFFFFFF, starts[engine] >> 32
+    for pipe in range(pipes):
+      regs.wreg(reg["GRBM_GFX_CNTL"], grbm_select(me, pipe))
+      regs.wreg(reg[f"{engine}_START"], (hi << 30 | lo >> 2) & 0xFFFFFFFF)
+      regs.wreg(reg[f"{engine}_START_HI"], hi >> 2)
+    regs.wreg(reg["GRBM_GFX_CNTL"], grbm_select(0, 0))
+    v = regs.rreg(reg[cntl]) | reset
+    regs.wreg(reg[cntl], v)
+    regs.wreg(reg[cntl], v & ~reset)
+  return "RS64 CP set up: " + ", ".join(f"{e} start 0x{starts[e]:x} on {p} pipes" for e, _, p, _, _ in RS64_ENGINES) + ", each engine's pipes reset"

@@ -22,6 +22,10 @@ TYPES = {"SMC": 18, "SDMA_UCODE_TH0": 71, "SDMA_UCODE_TH1": 72, "SDMA_RS64": 71,
 GC_TYPES = {t for n, t in TYPES.items() if n.startswith(("CP_", "RLC", "IMU", "GLOBAL", "SE"))}
 
 
+#: the RS64 files' ucode_start_addr_lo/hi (distinct, and MEC's with a high part, to see the kernel's arithmetic)
+START = {"pfp": (0x2000, 0), "me": (0x3000, 0), "mec": (0x4000, 5)}
+
+
 def pattern(name: str, n: int) -> bytes:
   tag = sum(name.encode()) & 0xFF
   return bytes((tag + j * 13 + (j >> 8)) & 0xFF for j in range(n))
@@ -69,11 +73,12 @@ def ip_files(gc: tuple[int, int, int] = (11, 0, 0), mp1: tuple[int, int, int] = 
     files[f"sdma_{v(sdma)}.bin"] = f.done(64)
   pipes = {"pfp": 2, "me": 2, "mec": 4} if gc[0] == 11 else {"pfp": 1, "me": 1, "mec": 2}
   for cp, n in pipes.items():                                               # gfx v2.0 (RS64): ucode + one stack image
+    lo, hi = START[cp]
     f = _File((2, 0), part(f"CP_RS64_{cp.upper()}", 0x3000))
     stack = pattern(f"{cp} stack", 0x700 + 0x100 * n)
     at = f.add(stack)
     for p in range(n): want[f"CP_RS64_{cp.upper()}_P{p}_STACK"] = stack
-    f.fields |= {36: len(want[f"CP_RS64_{cp.upper()}"]), 40: 0, 44: len(stack), 48: at, 52: 0x2000, 56: 0}
+    f.fields |= {36: len(want[f"CP_RS64_{cp.upper()}"]), 40: 0, 44: len(stack), 48: at, 52: lo, 56: hi}
     files[f"gc_{v(gc)}_{cp}.bin"] = f.done(60)
   f = _File((1, 0), part("IMU_I", 0x1200) + part("IMU_D", 0x600))          # imu v1.0: iram then dram in the array
   f.fields |= {32: len(want["IMU_I"]), 36: 0, 40: len(want["IMU_D"]), 44: len(want["IMU_I"])}
@@ -216,3 +221,21 @@ class FakeMP1:
     if msg == 2: self.set(self.arg_reg, self.smu_version)
     elif msg == 3: self.set(self.arg_reg, self.if_version)
     self.set(self.resp_reg, self.resp.get(msg, 1 if msg in (1, 2, 3) else 0xFE))
+
+
+class FakeCP:
+  """GC 11's RS64 CP set-up registers: each program-counter start write is recorded with the GRBM_GFX_CNTL selection it
+  was made under (`starts[(me, pipe)] = {register: value}`), and the pipe-reset bits of CP_ME_CNTL / CP_MEC_RS64_CNTL
+  must be set then cleared (`pulses` counts both edges per register)."""
+  def __init__(self, regs: FakeRegisters, bases: tuple[int, ...] = GC_BASES):
+    self.r, self.starts, self.pulses = regs, {}, {}
+    self.grbm = bases[1] + 0x900
+    regs_at = {"PFP_START": bases[0] + 0x1E44, "PFP_START_HI": bases[0] + 0x1E59, "ME_START": bases[0] + 0x1E45,
+               "ME_START_HI": bases[0] + 0x1E79, "MEC_START": bases[1] + 0x2900, "MEC_START_HI": bases[1] + 0x2938}
+    for name, at in regs_at.items(): regs.on_write[at] = lambda v, name=name: self._start(name, v)
+    for name, at in (("CP_ME_CNTL", bases[1] + 0x803), ("CP_MEC_RS64_CNTL", bases[1] + 0x2904)):
+      regs.on_write[at] = lambda v, name=name: self.pulses.setdefault(name, []).append(v)
+
+  def _start(self, name: str, value: int) -> None:
+    sel = self.r.regs.get(self.grbm, 0)
+    self.starts.setdefault((sel >> 2 & 3, sel & 3), {})[name] = value

@@ -38,6 +38,7 @@ def gpu(tmp_path, v: dict = RDNA3, rlc_minor: int = 3, skip: tuple[str, ...] = (
   mp0 = fake_amdgpu.FakeMP0(regs, vram, sos, mp0=v["mp0"], mmhub=v["mmhub"])
   mp1 = fake_amdfw.FakeMP1(regs, v["mp1"], if_version=if_version)
   ipf = fake_amdfw.FakeIPFirmware(mp0, want, mp1, fake_amdfw.FakeRLC(regs, v["gc"]))
+  ipf.cp = fake_amdfw.FakeCP(regs)
   return GPURegisters(regs, vram), mp0, ipf, mp1
 
 
@@ -60,11 +61,19 @@ def test_rdna3_loads_every_ip_firmware_in_the_kernels_order_then_starts_the_smu(
                "GFX_CMD_ID_AUTOLOAD_RLC ok", "SMU ready (MP1_FIRMWARE_FLAGS = 0x1)", "TestMessage ok",
                "SMU firmware 0x004e4a00 (program 0, 78.74.0), driver interface 0x3d (the kernel's value)", "KM ring destroyed",
                "RLC autoload complete (CP_STAT 0, RLC_RLCS_BOOTLOAD_STATUS 0x80000018)",
-               "next, not implemented: the RS64 CP set-up", "the GFXHUB's GART and system aperture"):
+               "RS64 CP set up: PFP start 0x2000 on 2 pipes, ME start 0x3000 on 2 pipes, MEC start 0x500004000 on 4 pipes",
+               "next, not implemented: the GFXHUB's GART and system aperture", "golden registers"):
     assert part in msg, (part, msg)
   assert msg.index("LOAD_TOC ok") < msg.index("SMC (8192") < msg.index("SETUP_TMR ok") < msg.index("AUTOLOAD_RLC ok") < msg.index("SMU ready")
   assert msg.index("SMU firmware") < msg.index("RLC autoload complete") < msg.index("KM ring destroyed")    # gfx hw_init after the SMU's
-  assert ipf.rlc.done and b.rlc_ready
+  assert ipf.rlc.done and b.rlc_ready and b.cp_ready
+  # gfx_v11_0_config_gfx_rs64: start = (hi << 30 | lo >> 2) & 0xffffffff and hi >> 2, per pipe under its GRBM selection
+  cp = ipf.cp
+  assert cp.starts == {(0, 0): {"PFP_START": 0x800, "PFP_START_HI": 0, "ME_START": 0xC00, "ME_START_HI": 0},
+                       (0, 1): {"PFP_START": 0x800, "PFP_START_HI": 0, "ME_START": 0xC00, "ME_START_HI": 0},
+                       **{(1, p): {"MEC_START": 0x40001000, "MEC_START_HI": 1} for p in range(4)}}
+  assert cp.pulses == {"CP_ME_CNTL": [0x3 << 18, 0, 0x3 << 20, 0], "CP_MEC_RS64_CNTL": [0xF << 16, 0]}
+  assert r.rreg(fake_amdgpu.GC_BASES[1] + 0x900) == 0                       # GRBM selection back to ME 0 pipe 0
 
 
 def test_rdna4_smu_first_no_setup_tmr_rs64_sdma_and_an_smn_mailbox(tmp_path) -> None:
@@ -77,7 +86,9 @@ def test_rdna4_smu_first_no_setup_tmr_rs64_sdma_and_an_smn_mailbox(tmp_path) -> 
                         "SE1_TAP_DELAYS", "SE2_TAP_DELAYS", "SE3_TAP_DELAYS", "RLC_RESTORE_LIST_CNTL", "RLC_RESTORE_LIST_GPM_MEM",
                         "RLC_RESTORE_LIST_SRM_MEM", "RLC_IRAM", "RLC_DRAM", "RLC_G"]           # v2.4 has no RLC_P/RLC_V part
   assert mp1.msg_reg * 4 >= fake_amdgpu.REG_BAR_SIZE and mp1.messages == [(1, 0), (2, 0), (3, 0)]
-  assert "SMC (8192 bytes from smu_14_0_2.bin) first of the IP firmwares" in b.summary()
+  assert "SMC (8192 bytes from smu_14_0_2.bin) first of the IP firmwares" in b.summary() and b.rlc_ready and not b.cp_ready
+  assert "CP not set up: the RS64 CP set-up for GC 12.0.0 is not implemented" in b.summary()
+  with pytest.raises(AMDNotImplemented, match=r"next, not implemented: the RS64 CP set-up"): b.stop()
   assert "driver interface 0x2e (the kernel expects 0x26 (it only logs a difference; so does plugrt))" in b.summary()
 
 
@@ -149,7 +160,7 @@ def test_header_versions_and_what_each_part_is() -> None:
                                           "RLC_DRAM", "RLC_G"]
   assert all(u.data == want[u.name] for u in rlc.ucodes) and rlc.header.header_version == (2, 2)
   mec = ucode.parse(blobs["gc_11_0_0_mec.bin"], "mec")
-  assert mec.start_addr == 0x2000 and [u.fw_type for u in mec.ucodes] == [89, 94, 95, 96, 97]
+  assert mec.start_addr == 0x500004000 and [u.fw_type for u in mec.ucodes] == [89, 94, 95, 96, 97]
   rlc0 = ucode.parse(fake_amdfw.ip_files(rlc_minor=0)[0]["gc_11_0_0_rlc.bin"], "rlc")
   assert [u.name for u in rlc0.ucodes] == ["RLC_G"]
 
@@ -218,3 +229,11 @@ def test_an_rlc_that_does_not_finish_booting_is_a_bounded_typed_error(tmp_path) 
   b = bringup.bring_up(r, "AMD:0", str(tmp_path))
   assert b.smu_started and not b.rlc_ready and "RLC autoload not awaited: its status register is not known for GC 11.0.1" in b.summary()
   with pytest.raises(AMDNotImplemented, match="next, not implemented: waiting for the RLC autoload to complete"): b.stop()
+
+
+def test_f32_cp_files_are_recorded_not_set_up(tmp_path) -> None:
+  r, _, ipf, _ = gpu(tmp_path)
+  b = bringup.BringUp("AMD:0", table=fake_amdgpu.discovery.parse(fake_amdgpu.table()))
+  ipf.rlc.start()
+  bringup.wait_rlc(r, b, 0.05, [])                                 # no RS64 start addresses: a gfx v1 (F32) CP
+  assert b.rlc_ready and not b.cp_ready and "CP not set up: the PFP/ME/MEC files are not RS64" in b.summary()
