@@ -12,7 +12,7 @@ Steps (each recorded in `BringUp.steps`, in order):
    (`gmc`, as the kernel's GMC hw_init precedes the PSP's); then the PSP (`psp`): bootloader, sOS, KM ring, LOAD_TOC;
    then, when every IP firmware file is present (each split by `ucode`), the SMU, SDMA, CP, IMU and RLC ucodes through
    LOAD_IP_FW in the kernel's order around SETUP_TMR (`psp_load`), AUTOLOAD_RLC after RLC_G; then the SMU's ready flag
-   and first messages (`smu`), the RLC autoload's completion and the RS64 CP set-up (`gfx`).
+   and first messages (`smu`), the RLC autoload's completion and the RS64 CP set-up (`gfx`), the GFXHUB (`gmc`).
 
 Then it stops: `stop()` raises `AMDNotImplemented` saying what was done and naming the next step that is not
 implemented. Never run on an AMD GPU: tested on fake register files (docs/backends/amd.md).
@@ -42,6 +42,7 @@ AFTER_CP = ("next, not implemented: {gmc}, golden registers, interrupt handler, 
             "(gfx_v11_0_hw_init's next steps)")
 GMC_TODO = "GMC/GART and VM set-up (system aperture, GART page table)"
 GMC_AFTER_MMHUB = "the GFXHUB's GART and system aperture (gfxhub_v3_0_gart_enable) and VM contexts 1-15"
+GMC_AFTER_GFXHUB = "VM contexts 1-15 and their page tables (setup_vmid_config, amdgpu_vm)"
 HINT = "use AMD_IFACE=KFD with the amdgpu kernel driver loaded"
 
 
@@ -58,6 +59,9 @@ class BringUp:
   ip_loaded: list[str] = field(default_factory=list)   # ucodes the PSP took (LOAD_IP_FW), in order
   smu_started: bool = False             # the SMU's ready flag is up and it answered its first messages
   gart: bool = False                    # the MMHUB's GART and system aperture are programmed
+  gmc_layout: gmc.Layout | None = None  # the MC layout the MMHUB got (the GFXHUB gets the same)
+  gfxhub: bool = False                  # the GFXHUB's GART and system aperture are programmed
+  hdp_flush: Callable[[], None] | None = None          # the HDP flush, when plugrt could set it up
   rlc_ready: bool = False               # the RLC autoload completed (CP_STAT 0, BOOTLOAD_COMPLETE)
   cp_ready: bool = False                # the RS64 CP pipes have their program start addresses and were reset
 
@@ -74,7 +78,8 @@ class BringUp:
     if not self.psp_booted: return NOT_IMPLEMENTED
     nxt = (AFTER_PSP if not self.ip_loaded else AFTER_IP if not self.smu_started else AFTER_SMU if not self.rlc_ready
            else AFTER_RLC if not self.cp_ready else AFTER_CP)
-    return nxt.format(gmc=GMC_AFTER_MMHUB if self.gart else GMC_TODO, rlc="" if self.rlc_ready else RLC_TODO)
+    hubs = GMC_AFTER_GFXHUB if self.gfxhub else GMC_AFTER_MMHUB if self.gart else GMC_TODO
+    return nxt.format(gmc=hubs, rlc="" if self.rlc_ready else RLC_TODO)
 
 
 def read_discovery(regs: GPURegisters, vram_size: int, firmware_dir: str = firmware.FIRMWARE_DIR) -> tuple[discovery.DiscoveryTable, str]:
@@ -119,7 +124,7 @@ def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = p
   files = ip_firmware(b)              # split before the GPU is touched: a corrupt file stops here, typed
   flusher, line = hdp.setup(regs, t.find("NBIF"))
   b.steps.append(line)
-  flush = flusher.flush if flusher else None
+  flush = b.hdp_flush = flusher.flush if flusher else None
   enable_gart(regs, b, mc_base, phys, flush, timeout)  # the kernel's GMC hw_init comes before the PSP's
   p = psp.PSP(regs, mp0, b.vram_size, mc_base, phys, base=base, timeout=timeout, flush=flush)
   b.steps += p.boot(fw)
@@ -167,9 +172,11 @@ def enable_gart(regs: GPURegisters, b: BringUp, fb_start: int, phys: int, flush:
   """The MMHUB's GART and system aperture (gmc.enable); a hub version plugrt does not program is recorded."""
   mmhub = b.table.find("MMHUB") if b.table else None
   if mmhub is None: return
-  try: b.steps.append(gmc.enable(regs, mmhub.version, mmhub.bases[0], fb_start, b.vram_size, phys, flush, timeout))
+  try: b.gmc_layout, line = gmc.enable(regs, mmhub.version, mmhub.bases[0], fb_start, b.vram_size, phys, flush, timeout)
   except gmc.GMCUnsupported as e: b.steps.append(f"GART not set up: {e}")
-  else: b.gart = True
+  else:
+    b.steps.append(line)
+    b.gart = True
 
 
 def wait_rlc(regs: GPURegisters, b: BringUp, timeout: float, files: list[ucode.IPFirmware]) -> None:
@@ -191,6 +198,17 @@ def wait_rlc(regs: GPURegisters, b: BringUp, timeout: float, files: list[ucode.I
   else:
     b.steps.append(line)
     b.cp_ready = True
+  enable_gfxhub(regs, b, gc, timeout)
+
+
+def enable_gfxhub(regs: GPURegisters, b: BringUp, gc: discovery.IPBlock, timeout: float) -> None:
+  """gfx_v11_0_gfxhub_enable after the CP set-up, with the MMHUB's layout; a GC whose GFXHUB plugrt lacks is recorded."""
+  if b.gmc_layout is None: return
+  try: line = gmc.enable_gfxhub(regs, gc.version, gc.bases[0], b.gmc_layout, b.hdp_flush, timeout)
+  except gmc.GMCUnsupported as e: b.steps.append(f"GFXHUB not set up: {e}")
+  else:
+    b.steps.append(line)
+    b.gfxhub = True
 
 
 def start_smu(regs: GPURegisters, b: BringUp, timeout: float) -> None:

@@ -138,36 +138,42 @@ class FakeRegisters:
 
 
 class FakeInvalidation:
-  """MMHUB 3.0.0's invalidation engine 17 (the GART's, gmc_v11_0_flush_gpu_tlb): its semaphore reads 1 (acquired) and a
-  request sets the requested VMIDs' acknowledge bits. Checks: a request only while the semaphore is held, released
-  after. `hang` ("sem", "ack") stops one; `requests` lists what was asked."""
-  SEM, REQ, ACK = (MMHUB_BASES[0] + off + 17 for off in (0x751, 0x763, 0x775))
-
-  def __init__(self, regs: FakeRegisters):
-    self.r, self.held, self.requests, self.violations = regs, False, [], []
+  """A hub's invalidation engine 17 (the GART's, gmc_v11_0_flush_gpu_tlb): a request sets the requested VMIDs'
+  acknowledge bits; with a semaphore (the MMHUB's), it reads 1 (acquired) and a request must come while it is held and
+  be released after. `hang` ("sem", "ack") stops one; `requests` lists what was asked."""
+  def __init__(self, regs: FakeRegisters, sem: int | None, req: int, ack: int):
+    self.r, self.sem, self.req, self.ack = regs, sem, req, ack
+    self.held, self.requests, self.violations = False, [], []
     self.hang: set[str] = set()
-    regs.on_read[self.SEM] = self._sem_read
-    regs.on_write[self.SEM] = self._sem_write
-    regs.on_write[self.REQ] = self._req
+    if sem is not None:
+      regs.on_read[sem] = self._sem_read
+      regs.on_write[sem] = self._sem_write
+    regs.on_write[req] = self._req
 
   def _sem_read(self) -> None:
     if "sem" not in self.hang:
-      self.r.regs[self.SEM], self.held = 1, True
+      self.r.regs[self.sem], self.held = 1, True
 
   def _sem_write(self, v: int) -> None:
     if v == 0: self.held = False
 
   def _req(self, v: int) -> None:
-    if not self.held: self.violations.append(f"invalidation request 0x{v:x} without the semaphore")
+    if self.sem is not None and not self.held: self.violations.append(f"invalidation request 0x{v:x} without the semaphore")
     self.requests.append(v)
-    self.r.regs[self.ACK] = 0 if "ack" in self.hang else v & 0xFFFF
+    self.r.regs[self.ack] = 0 if "ack" in self.hang else v & 0xFFFF
+
+
+#: engine 17's SEM/REQ/ACK on MMHUB 3.0.0 (segment 0 + 0x751/0x763/0x775 + 17) and GC 11's GFXHUB (0x1699/0x16ab/0x16bd + 17)
+MM_ENG17 = tuple(MMHUB_BASES[0] + off + 17 for off in (0x751, 0x763, 0x775))
+GC_ENG17 = tuple(GC_BASES[0] + off + 17 for off in (0x1699, 0x16AB, 0x16BD))
 
 
 def fake_gpu(blob: bytes | None = None, mib: int = VRAM_MIB, **kw) -> tuple[FakeRegisters, FakeVRAM]:
   vram = FakeVRAM(mib)
   vram.put(vram.size - discovery.DISCOVERY_TMR_OFFSET, table() if blob is None else blob)
   regs = FakeRegisters(vram, **kw)
-  regs.invalidation = FakeInvalidation(regs)
+  regs.invalidation = FakeInvalidation(regs, *MM_ENG17)
+  regs.gc_invalidation = FakeInvalidation(regs, None, *GC_ENG17[1:])    # the GFXHUB's flush uses no semaphore
   return regs, vram
 
 

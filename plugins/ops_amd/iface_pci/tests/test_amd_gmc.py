@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 import fake_amdgpu
 
-from plugrt_amd import bringup, gmc
+from plugrt_amd import bringup, gmc, gmc_regs
 from plugrt_amd.device import AMDNotImplemented
 from plugrt_amd.regs import GPURegisters
 
@@ -77,11 +77,12 @@ def test_other_hubs_are_recorded_not_programmed(tmp_path) -> None:
 
 def test_ops_and_fields() -> None:
   lay = gmc.layout(0x8000000000, 64 << 20, 0x100000000, gmc.TABLE_AT, gmc.SCRATCH_AT, dummy_page=0x12345678000)
-  ops = gmc.gart_enable_ops(lay)
+  ops = gmc.gart_enable_ops(lay, gmc_regs.MMHUB_V3_0)
   writes = {o.reg: o.value for o in ops if isinstance(o, gmc.Write)}
   assert writes["MMVM_L2_PROTECTION_FAULT_DEFAULT_ADDR_LO32"] == 0x12345678 and writes["MMVM_L2_PROTECTION_FAULT_DEFAULT_ADDR_HI32"] == 0
   assert writes["MMVM_CONTEXT0_PAGE_TABLE_BASE_ADDR_HI32"] == 1 and writes["MMMC_VM_SYSTEM_APERTURE_DEFAULT_ADDR_LSB"] == 0x100D00
-  assert gmc.offset(gmc.MMHUB_3_0_0, "MMVM_INVALIDATE_ENG17_ADDR_RANGE_HI32") == 0x788 + 34
+  assert gmc.offset(gmc_regs.MMHUB_V3_0, "MMVM_INVALIDATE_ENG17_ADDR_RANGE_HI32") == 0x788 + 34
+  assert gmc.offset(gmc_regs.GFXHUB_V3_0, "MMVM_INVALIDATE_ENG17_ADDR_RANGE_HI32") == 0x16D0 + 34
   with pytest.raises(ValueError, match="does not fit"): gmc.field_set("MMVM_CONTEXT0_CNTL", 0, (("PAGE_TABLE_DEPTH", 4),))
   with pytest.raises(gmc.GMCUnsupported, match=r"MMHUB 4\.1\.0"): gmc.enable(None, (4, 1, 0), 0, 0, 0, 0)
 

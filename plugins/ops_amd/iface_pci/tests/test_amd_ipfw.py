@@ -62,7 +62,8 @@ def test_rdna3_loads_every_ip_firmware_in_the_kernels_order_then_starts_the_smu(
                "SMU firmware 0x004e4a00 (program 0, 78.74.0), driver interface 0x3d (the kernel's value)", "KM ring destroyed",
                "RLC autoload complete (CP_STAT 0, RLC_RLCS_BOOTLOAD_STATUS 0x80000018)",
                "RS64 CP set up: PFP start 0x2000 on 2 pipes, ME start 0x3000 on 2 pipes, MEC start 0x500004000 on 4 pipes",
-               "next, not implemented: the GFXHUB's GART and system aperture", "golden registers"):
+               "GFXHUB (gfxhub_v3_0) GART enabled (66 register writes, as gfx_v11_0_gfxhub_enable without VM contexts 1-15)",
+               "next, not implemented: VM contexts 1-15 and their page tables", "golden registers"):
     assert part in msg, (part, msg)
   assert msg.index("LOAD_TOC ok") < msg.index("SMC (8192") < msg.index("SETUP_TMR ok") < msg.index("AUTOLOAD_RLC ok") < msg.index("SMU ready")
   assert msg.index("SMU firmware") < msg.index("RLC autoload complete") < msg.index("KM ring destroyed")    # gfx hw_init after the SMU's
@@ -74,6 +75,14 @@ def test_rdna3_loads_every_ip_firmware_in_the_kernels_order_then_starts_the_smu(
                        **{(1, p): {"MEC_START": 0x40001000, "MEC_START_HI": 1} for p in range(4)}}
   assert cp.pulses == {"CP_ME_CNTL": [0x3 << 18, 0, 0x3 << 20, 0], "CP_MEC_RS64_CNTL": [0xF << 16, 0]}
   assert r.rreg(fake_amdgpu.GC_BASES[1] + 0x900) == 0                       # GRBM selection back to ME 0 pipe 0
+  # the GFXHUB (gfx_v11_0_gfxhub_enable) after the CP set-up: the MMHUB's GART and aperture in the GC's registers
+  gc = fake_amdgpu.GC_BASES[0]
+  assert msg.index("RS64 CP set up") < msg.index("GFXHUB (gfxhub_v3_0) GART enabled") < msg.index("KM ring destroyed") and b.gfxhub
+  assert [r.rreg(gc + o) for o in (0x16F3, 0x1713, 0x1714, 0x167D, 0x167E)] == [0xC00001, 0xFFF00000, 0x7, 0x200000, 0x2000FF]
+  assert r.rreg(gc + 0x167F) == 0x1859 and r.rreg(gc + 0x15BE) == 0x80130009 and r.rreg(gc + 0x1688) == 1
+  assert r.rreg(gc + 0x1E1F) & 1 << 15 and r.rreg(gc + 0x15C4) == 0x1FFC                  # CP_DEBUG, fault defaults
+  inv = r.mmio.gc_invalidation
+  assert inv.requests == [0x00F80001] and inv.violations == []
 
 
 def test_rdna4_smu_first_no_setup_tmr_rs64_sdma_and_an_smn_mailbox(tmp_path) -> None:
@@ -237,3 +246,15 @@ def test_f32_cp_files_are_recorded_not_set_up(tmp_path) -> None:
   ipf.rlc.start()
   bringup.wait_rlc(r, b, 0.05, [])                                 # no RS64 start addresses: a gfx v1 (F32) CP
   assert b.rlc_ready and not b.cp_ready and "CP not set up: the PFP/ME/MEC files are not RS64" in b.summary()
+
+
+def test_the_gfxhub_flush_is_bounded_and_other_gfxhubs_are_recorded(tmp_path) -> None:
+  from plugrt_amd import gmc
+  r, _, _, _ = gpu(tmp_path)
+  r.mmio.gc_invalidation.hang.add("ack")
+  with pytest.raises(gmc.GMCTimeout, match=r"GFXHUB \(gfxhub_v3_0\) TLB flush: no acknowledge for VMID 0"):
+    bringup.bring_up(r, "AMD:0", str(tmp_path), psp_timeout=0.05)
+  r, _, _, _ = gpu(tmp_path, RDNA3 | dict(gc=(11, 0, 3)))          # gfxhub_v3_0_3: not programmed
+  b = bringup.bring_up(r, "AMD:0", str(tmp_path))
+  assert b.cp_ready and not b.gfxhub and "GFXHUB not set up: GART set-up for the GFXHUB of GC 11.0.3 is not implemented" in b.summary()
+  with pytest.raises(AMDNotImplemented, match="next, not implemented: the GFXHUB's GART and system aperture"): b.stop()

@@ -98,7 +98,7 @@ def test_psp_stage_on_a_gpu_whose_psp_does_not_answer_times_out_and_rebinds(tmp_
   with pytest.raises(GMCTimeout, match=r"invalidation engine 17's semaphore not acquired"): open_()
   assert kernel.log[-1] == ("drivers/amdgpu/bind", ADDR)
   with open(os.path.join(devices, ADDR, "resource5"), "r+b") as f:      # the semaphore and VMID 0's acknowledge read 1
-    for reg in (fake_amdgpu.FakeInvalidation.SEM, fake_amdgpu.FakeInvalidation.ACK):
+    for reg in (fake_amdgpu.MM_ENG17[0], fake_amdgpu.MM_ENG17[2]):
       f.seek(reg * 4); f.write(struct.pack("<I", 1))
   with pytest.raises(PSPTimeout, match=r"bootloader not ready before loading kdb \(C2PMSG_35"): open_()
   assert kernel.log[-1] == ("drivers/amdgpu/bind", ADDR) and os.path.islink(os.path.join(devices, ADDR, "driver"))
