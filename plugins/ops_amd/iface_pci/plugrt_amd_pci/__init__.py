@@ -8,9 +8,9 @@ firmware the IP versions call for looked up in /lib/firmware/amdgpu, and, for MP
 with its sOS file present, the PSP booted (bootloader components and sOS, KM ring, LOAD_TOC and SETUP_TMR; see
 plugrt_amd.psp); with every IP firmware file present, the SMU, SDMA, GC CP/IMU/RLC ucodes loaded through the PSP
 (LOAD_IP_FW in the kernel's order, then AUTOLOAD_RLC; plugrt_amd.psp_load) and the SMU's first messages
-(plugrt_amd.smu), the RLC autoload's completion (plugrt_amd.gfx), the HDP flush (plugrt_amd.hdp) and the MMHUB
-3.0.0 GART and system aperture (plugrt_amd.gmc). What is not: the CP set-up, the GFXHUB and VM contexts, interrupts,
-MES, MEC queues; so opening always
+(plugrt_amd.smu), the RLC autoload's completion and the RS64 CP set-up (plugrt_amd.gfx), the HDP flush
+(plugrt_amd.hdp) and the MMHUB 3.0.0 / GC 11 GFXHUB GART and system aperture (plugrt_amd.gmc). What is not: VM
+contexts and page tables, interrupts, MES, MEC queues; so opening always
 ends in `AMDNotImplemented` saying what was done and where it stopped (or in a typed PSP/SMU error), after
 releasing the function. Never chosen automatically (`AMD_IFACE=PCI` or `DEV=PCI+AMD`). The probe
 reads sysfs only. Entry module: standard library and plugrt only.
@@ -29,8 +29,9 @@ ACK = "PLUGRT_AMD_ALLOW_UNBIND"
 FIRMWARE = "PLUGRT_AMD_FIRMWARE"
 WOULD = ("opening unbinds the GPU from amdgpu (binding it back on close), maps its BARs through sysfs, reads its IP discovery "
          "table, checks its firmware files, boots its PSP (MP0 13.0.x/14.0.x with the sOS file present), loads the SMU, SDMA "
-         "and GC firmware through it, sends the SMU its first messages, waits for the RLC autoload and programs the MMHUB's GART")
-NOT_YET = ("the CP set-up, the GFXHUB and VM set-up, interrupts and MEC/MES queues are not implemented, "
+         "and GC firmware through it, sends the SMU its first messages, waits for the RLC autoload, sets up the CP and programs "
+         "both memory hubs' GART")
+NOT_YET = ("VM contexts and page tables, interrupts and MEC/MES queues are not implemented, "
            "so AMD cannot run kernels through PCI yet")
 HINT = "use the KFD interface (AMD_IFACE=KFD) with the amdgpu driver loaded"
 
