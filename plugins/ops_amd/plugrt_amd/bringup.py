@@ -97,8 +97,10 @@ def read_discovery(regs: GPURegisters, vram_size: int, firmware_dir: str = firmw
 
 
 def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = psp.DEFAULT_BASE) -> None:
-  """Step 5: the GART, the PSP boot, the IP firmware loads and the SMU's first messages, as far as plugrt can (records
-  why not otherwise); PSP, firmware and SMU errors propagate, typed."""
+  """Step 5, in the kernel's order: the HDP flush's remap and the MMHUB's GART (GMC hw_init), the PSP boot and its IP
+  firmware loads (PSP hw_init), the SMU's first messages (SMU hw_init), the RLC autoload's completion, the CP set-up and
+  the GFXHUB (GFX hw_init); as far as plugrt can, recording why not otherwise. PSP, firmware, GMC, SMU and GFX errors
+  propagate, typed."""
   t = b.table
   assert t is not None
   if (mp0 := t.find("MP0")) is None:
@@ -146,8 +148,8 @@ def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = p
   b.psp_booted = True
 
 
-#: firmware.needs' blocks -> ucode kinds (GC files by their suffix)
 def _kind(need: firmware.FirmwareNeed) -> str:
+  """The ucode kind of a firmware.needs row: smc for MP1, sdma for SDMA0, the file's suffix for GC (pfp, me, mec, ...)."""
   if need.block == "MP1": return "smc"
   if need.block.startswith("SDMA"): return "sdma"
   return need.name.rsplit("_", 1)[-1].removesuffix(".bin")
