@@ -7,25 +7,42 @@ Steps (each recorded in `BringUp.steps`, in order):
    VRAM BAR or MM_INDEX/MM_DATA); if its signature is wrong, amdgpu/ip_discovery.bin as the kernel's fallback does;
    validated and parsed (`discovery.parse`; corruption is a `DiscoveryError`);
 3. the NBIO block's index/data pair for registers beyond the register BAR;
-4. the firmware files the IP versions call for, and which are present.
+4. the firmware files the IP versions call for, and which are present;
+5. on interfaces that boot the PSP, first the HDP flush's remap (`hdp`) and the MMHUB's GART and system aperture
+   (`gmc`, as the kernel's GMC hw_init precedes the PSP's); then the PSP (`psp`): bootloader, sOS, KM ring, LOAD_TOC;
+   then, when every IP firmware file is present (each split by `ucode`), the SMU, SDMA, CP, IMU and RLC ucodes through
+   LOAD_IP_FW in the kernel's order around SETUP_TMR (`psp_load`), AUTOLOAD_RLC after RLC_G; then the SMU's ready flag
+   and first messages (`smu`), the RLC autoload's completion and the RS64 CP set-up (`gfx`), the GFXHUB (`gmc`).
 
-Then it stops: `stop()` raises `AMDNotImplemented` saying what was found and that PSP/SMU firmware loading, GMC/GART
-set-up and MEC queues are not implemented. Nothing is written to the GPU except MM_INDEX/MM_INDEX_HI (VRAM reads)
-and the NBIO index register. Never run on an AMD GPU: tested on fake register files (docs/backends/amd.md).
+Then it stops: `stop()` raises `AMDNotImplemented` saying what was done and naming the next step that is not
+implemented. Never run on an AMD GPU: tested on fake register files (docs/backends/amd.md).
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from plugrt_amd import discovery, firmware, psp, psp_firmware
+from plugrt_amd import discovery, firmware, gfx, gmc, hdp, psp, psp_firmware, psp_load, smu, ucode
 from plugrt_amd.regs import GPURegisters
 
 NOT_IMPLEMENTED = ("PSP firmware loading (SOS, then SMU/SDMA/GC microcode through the PSP ring), SMU start-up, GMC/GART and "
                    "VM set-up, interrupt handler and MEC compute queues are not implemented")
 AFTER_PSP = ("next, not implemented: loading the IP firmwares through the PSP ring (GFX_CMD_ID_LOAD_IP_FW for SMU, SDMA, "
-             "GC PFP/ME/MEC/RLC/IMU; RLC autoload), SMU start-up, GMC/GART and VM set-up, interrupt handler, MEC/MES compute queues")
+             "GC PFP/ME/MEC/RLC/IMU; RLC autoload) needs every IP firmware file; SMU start-up, {gmc}, "
+             "interrupt handler, MEC/MES compute queues")
+AFTER_IP = ("next, not implemented: SMU start-up for this MP1, {rlc}{gmc}, interrupt handler, MEC/MES compute queues")
+RLC_TODO = "waiting for the RLC autoload to complete, "
+AFTER_SMU = ("next, not implemented: waiting for the RLC autoload to complete (gfx_v11_0_wait_for_rlc_autoload_complete) and "
+             "the RS64 CP set-up, {gmc}, interrupt handler, MES firmware and MEC/MES compute queues")
+AFTER_RLC = ("next, not implemented: the RS64 CP set-up (gfx_v11_0_config_gfx_rs64: the CP's ucode start addresses), {gmc}, "
+             "golden registers, interrupt handler, MES firmware and MEC/MES compute queues")
+AFTER_CP = ("next, not implemented: {gmc}, golden registers, interrupt handler, MES firmware and MEC/MES compute queues "
+            "(gfx_v11_0_hw_init's next steps)")
+GMC_TODO = "GMC/GART and VM set-up (system aperture, GART page table)"
+GMC_AFTER_MMHUB = "the GFXHUB's GART and system aperture (gfxhub_v3_0_gart_enable) and VM contexts 1-15"
+GMC_AFTER_GFXHUB = "VM contexts 1-15 and their page tables (setup_vmid_config, amdgpu_vm)"
 HINT = "use AMD_IFACE=KFD with the amdgpu kernel driver loaded"
 
 
@@ -39,6 +56,14 @@ class BringUp:
   source: str = ""                      # "VRAM" or the firmware file the table came from
   firmware: list[tuple[firmware.FirmwareNeed, str | None]] = field(default_factory=list)
   psp_booted: bool = False              # the sOS runs and answered GFX commands on the KM ring
+  ip_loaded: list[str] = field(default_factory=list)   # ucodes the PSP took (LOAD_IP_FW), in order
+  smu_started: bool = False             # the SMU's ready flag is up and it answered its first messages
+  gart: bool = False                    # the MMHUB's GART and system aperture are programmed
+  gmc_layout: gmc.Layout | None = None  # the MC layout the MMHUB got (the GFXHUB gets the same)
+  gfxhub: bool = False                  # the GFXHUB's GART and system aperture are programmed
+  hdp_flush: Callable[[], None] | None = None          # the HDP flush, when plugrt could set it up
+  rlc_ready: bool = False               # the RLC autoload completed (CP_STAT 0, BOOTLOAD_COMPLETE)
+  cp_ready: bool = False                # the RS64 CP pipes have their program start addresses and were reset
 
 
   def summary(self) -> str:
@@ -46,7 +71,15 @@ class BringUp:
 
   def stop(self) -> NoReturn:
     from plugrt_amd.device import AMDNotImplemented
-    raise AMDNotImplemented(f"{self.label}: {self.summary()}; {AFTER_PSP if self.psp_booted else NOT_IMPLEMENTED}", HINT)
+    raise AMDNotImplemented(f"{self.label}: {self.summary()}; {self.next_step()}", HINT)
+
+  def next_step(self) -> str:
+    """What the open error names as the first step not implemented, from how far bring-up got."""
+    if not self.psp_booted: return NOT_IMPLEMENTED
+    nxt = (AFTER_PSP if not self.ip_loaded else AFTER_IP if not self.smu_started else AFTER_SMU if not self.rlc_ready
+           else AFTER_RLC if not self.cp_ready else AFTER_CP)
+    hubs = GMC_AFTER_GFXHUB if self.gfxhub else GMC_AFTER_MMHUB if self.gart else GMC_TODO
+    return nxt.format(gmc=hubs, rlc="" if self.rlc_ready else RLC_TODO)
 
 
 def read_discovery(regs: GPURegisters, vram_size: int, firmware_dir: str = firmware.FIRMWARE_DIR) -> tuple[discovery.DiscoveryTable, str]:
@@ -64,7 +97,10 @@ def read_discovery(regs: GPURegisters, vram_size: int, firmware_dir: str = firmw
 
 
 def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = psp.DEFAULT_BASE) -> None:
-  """Step 5: boot the PSP when plugrt can (records why not otherwise); PSP and firmware errors propagate, typed."""
+  """Step 5, in the kernel's order: the HDP flush's remap and the MMHUB's GART (GMC hw_init), the PSP boot and its IP
+  firmware loads (PSP hw_init), the SMU's first messages (SMU hw_init), the RLC autoload's completion, the CP set-up and
+  the GFXHUB (GFX hw_init); as far as plugrt can, recording why not otherwise. PSP, firmware, GMC, SMU and GFX errors
+  propagate, typed."""
   t = b.table
   assert t is not None
   if (mp0 := t.find("MP0")) is None:
@@ -87,13 +123,108 @@ def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = p
   except psp.PSPUnsupported as e:
     b.steps.append(f"PSP not booted: {e.message}")
     return
-  p = psp.PSP(regs, mp0, b.vram_size, mc_base, phys, base=base, timeout=timeout)
+  files = ip_firmware(b)              # split before the GPU is touched: a corrupt file stops here, typed
+  flusher, line = hdp.setup(regs, t.find("NBIF"))
+  b.steps.append(line)
+  flush = b.hdp_flush = flusher.flush if flusher else None
+  enable_gart(regs, b, mc_base, phys, flush, timeout)  # the kernel's GMC hw_init comes before the PSP's
+  p = psp.PSP(regs, mp0, b.vram_size, mc_base, phys, base=base, timeout=timeout, flush=flush)
   b.steps += p.boot(fw)
   b.steps.append(p.ring_create())
-  b.steps += p.tmr_stage(fw)
+  size, steps = p.tmr_init(fw)
+  b.steps += steps
+  loader = psp_load.IPLoader(p, files) if files else None
+  if loader is not None: b.steps.append(loader.place())
+  if loader is not None and loader.smu_first_before_tmr: b.steps += loader.load_smu()
+  b.steps += p.tmr_load(size)
+  if loader is not None:
+    if not loader.smu_first_before_tmr: b.steps += loader.load_smu()
+    b.steps += loader.load_rest()
+    b.ip_loaded = list(loader.loaded)
+    if loader.smu is not None: start_smu(regs, b, timeout)
+    if "RLC_G" in b.ip_loaded: wait_rlc(regs, b, timeout, files)   # gfx hw_init, after the SMU's
   p.ring_destroy()
   b.steps.append("KM ring destroyed (as the kernel's psp_ring_stop on unload), the sOS and TMR left running")
   b.psp_booted = True
+
+
+def _kind(need: firmware.FirmwareNeed) -> str:
+  """The ucode kind of a firmware.needs row: smc for MP1, sdma for SDMA0, the file's suffix for GC (pfp, me, mec, ...)."""
+  if need.block == "MP1": return "smc"
+  if need.block.startswith("SDMA"): return "sdma"
+  return need.name.rsplit("_", 1)[-1].removesuffix(".bin")
+
+
+def ip_firmware(b: BringUp) -> list[ucode.IPFirmware] | None:
+  """Every IP firmware file (SMU, SDMA, GC) split into ucodes, or None (recorded) when one is missing."""
+  rows = [(n, path) for n, path in b.firmware if n.block in ("MP1", "SDMA0", "GC") and not n.legacy]
+  missing = [n.name for n, path in rows if path is None]
+  if missing or not rows:
+    b.steps.append(f"IP firmware not loaded: {', '.join(missing) or 'no SMU/SDMA/GC firmware named'} not found "
+                   "(the kernel refuses to start without them; install linux-firmware or set PLUGRT_AMD_FIRMWARE)")
+    return None
+  gc = b.table.version_of("GC") if b.table else None
+  files = [ucode.load(path, _kind(n), gc[0] if gc else 11) for n, path in rows if path]
+  b.steps.append("IP firmware: " + "; ".join(f.describe() for f in files))
+  return files
+
+
+def enable_gart(regs: GPURegisters, b: BringUp, fb_start: int, phys: int, flush: Callable[[], None] | None = None,
+                timeout: float = 2.0) -> None:
+  """The MMHUB's GART and system aperture (gmc.enable); a hub version plugrt does not program is recorded."""
+  mmhub = b.table.find("MMHUB") if b.table else None
+  if mmhub is None: return
+  try: b.gmc_layout, line = gmc.enable(regs, mmhub.version, mmhub.bases[0], fb_start, b.vram_size, phys, flush, timeout)
+  except gmc.GMCUnsupported as e: b.steps.append(f"GART not set up: {e}")
+  else:
+    b.steps.append(line)
+    b.gart = True
+
+
+def wait_rlc(regs: GPURegisters, b: BringUp, timeout: float, files: list[ucode.IPFirmware]) -> None:
+  """The RLC autoload's completion (gfx.wait_autoload), then the RS64 CP set-up (gfx.config_rs64) when the CP files are
+  RS64; a GC version plugrt lacks is recorded."""
+  gc = b.table.find("GC") if b.table else None
+  if gc is None: return
+  line = gfx.wait_autoload(regs, gc, timeout)
+  if line is None:
+    b.steps.append(f"RLC autoload not awaited: its status register is not known for GC {gc.version_str}")
+    return
+  b.steps.append(line)
+  b.rlc_ready = True
+  starts = {f.kind.upper(): f.start_addr for f in files if f.kind in ("pfp", "me", "mec") and f.start_addr is not None}
+  if len(starts) != 3:
+    b.steps.append("CP not set up: the PFP/ME/MEC files are not RS64 (gfx v2) files; the F32 CP set-up is not implemented")
+  elif (line := gfx.config_rs64(regs, gc, starts)) is None:
+    b.steps.append(f"CP not set up: the RS64 CP set-up for GC {gc.version_str} is not implemented (plugrt sets up GC 11)")
+  else:
+    b.steps.append(line)
+    b.cp_ready = True
+  enable_gfxhub(regs, b, gc, timeout)
+
+
+def enable_gfxhub(regs: GPURegisters, b: BringUp, gc: discovery.IPBlock, timeout: float) -> None:
+  """gfx_v11_0_gfxhub_enable after the CP set-up, with the MMHUB's layout; a GC whose GFXHUB plugrt lacks is recorded."""
+  if b.gmc_layout is None: return
+  try: line = gmc.enable_gfxhub(regs, gc.version, gc.bases[0], b.gmc_layout, b.hdp_flush, timeout)
+  except gmc.GMCUnsupported as e: b.steps.append(f"GFXHUB not set up: {e}")
+  else:
+    b.steps.append(line)
+    b.gfxhub = True
+
+
+def start_smu(regs: GPURegisters, b: BringUp, timeout: float) -> None:
+  """After the PSP loaded the SMU: its ready flag and first messages (recorded; a version plugrt lacks is recorded too)."""
+  mp1 = b.table.find("MP1") if b.table else None
+  if mp1 is None:
+    b.steps.append("no MP1 (SMU) block in IP discovery: SMU not started")
+    return
+  try: s = smu.SMU(regs, mp1, timeout)
+  except smu.SMUUnsupported as e:
+    b.steps.append(f"SMU not started: {e.message}")
+    return
+  b.steps += s.start()
+  b.smu_started = True
 
 
 def bring_up(regs: GPURegisters, label: str, firmware_dir: str = firmware.FIRMWARE_DIR, psp_timeout: float = 2.0,

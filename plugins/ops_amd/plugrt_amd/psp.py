@@ -12,7 +12,8 @@ loaded *through* it. Three stages, each as the kernel's psp_v13_0.c / psp_v14_0.
    C2PMSG_64; done when C2PMSG_64 reads bit 31 set with a zero status in bits 0-15;
 3. GFX commands: a 1 KiB `psp_gfx_cmd_resp` in VRAM, a 64-byte `psp_gfx_rb_frame` pointing at it and at a fence,
    the write pointer (dwords) to C2PMSG_67; the PSP writes the frame's fence value when done and the status into the
-   buffer's response. Implemented: GFX_CMD_ID_LOAD_TOC (the TOC sizes the TMR) and GFX_CMD_ID_SETUP_TMR.
+   buffer's response. Implemented here: GFX_CMD_ID_LOAD_TOC (the TOC sizes the TMR) and GFX_CMD_ID_SETUP_TMR
+   (`tmr_init`, `tmr_load`); the IP firmwares' LOAD_IP_FW and AUTOLOAD_RLC are in plugrt_amd.psp_load.
 
 Register offsets (dwords inside MP0's segment 0): C2PMSG_n is 0x40 + n in mp_13_0_0_offset.h and (as MPASP_SMN_*)
 in mp_14_0_2_offset.h. Addresses the PSP reads are MC addresses: VRAM offset + the FB base the MMHUB reports
@@ -131,12 +132,13 @@ class PSP:
   """One GPU's PSP: `boot(firmware)`, `ring_create()`, `submit(...)`, `load_toc`, `setup_tmr`, `ring_destroy()`."""
 
   def __init__(self, regs: GPURegisters, mp0: IPBlock, vram_size: int, mc_base: int, phys_base: int = 0, base: int = DEFAULT_BASE,
-               timeout: float = 2.0, sleep: Callable[[float], None] = time.sleep):
+               timeout: float = 2.0, sleep: Callable[[float], None] = time.sleep, flush: Callable[[], None] | None = None):
     if mp0.version not in SUPPORTED:
       raise PSPUnsupported(f"PSP boot for MP0 {mp0.version_str} is not implemented",
                            f"plugrt boots MP0 {', '.join('.'.join(map(str, v)) for v in sorted(SUPPORTED))}; use AMD_IFACE=KFD")
     self.regs, self.mp0, self.mc_base, self.phys_base = regs, mp0, mc_base, phys_base
     self.timeout, self.sleep = timeout, sleep
+    self.flush = flush or (lambda: None)  # the HDP flush (plugrt_amd.hdp), before the PSP reads what the CPU wrote
     self.fw_pri = (base + PSP_1_MEG - 1) & ~(PSP_1_MEG - 1)
     self.ring = self.fw_pri + PSP_1_MEG
     self.cmd, self.fence = self.ring + RING_BYTES, self.ring + RING_BYTES + PAGE
@@ -146,6 +148,7 @@ class PSP:
     if self.tmr > self.limit: raise PSPError(f"VRAM of {vram_size >> 20} MiB has no room for the PSP buffers at 0x{base:x}")
     self.fence_value = 0
     self.ring_up = False
+    self.tmr_end = self.tmr              # end of the TMR plugrt set up (the IP firmware buffer goes above it)
 
   def reg(self, n: int) -> int: return self.mp0.bases[0] + C2PMSG_BASE + n
   def rmsg(self, n: int) -> int: return self.regs.rreg(self.reg(n))
@@ -241,6 +244,7 @@ class PSP:
     cmd_mc, fence_mc = self.mc(self.cmd), self.mc(self.fence)
     frame = FRAME.pack(cmd_mc & 0xFFFFFFFF, cmd_mc >> 32, 0, fence_mc & 0xFFFFFFFF, fence_mc >> 32, self.fence_value, 0, 0, 0, 0, 0, *[0] * 7)
     self.regs.write_vram(self.ring + slot * FRAME.size, frame)
+    self.flush()          # psp_ring_cmd_submit flushes the HDP before moving the write pointer
     self.wmsg(RING_WPTR, (wptr + frame_dw) % ring_dw)
     name = f"GFX_CMD_ID_{CMD_NAMES.get(cmd_id, hex(cmd_id))}"
     self._wait(f"{name}: fence not written (want {self.fence_value})", lambda: int.from_bytes(self.regs.read_vram(self.fence, 4), "little"),
@@ -268,16 +272,18 @@ class PSP:
     self.submit(GFX_CMD_ID_SETUP_TMR, struct.pack("<IIIIII", addr & 0xFFFFFFFF, addr >> 32, size, TMR_VIRT_PHY_ADDR, phys & 0xFFFFFFFF, phys >> 32))
     return self.tmr
 
-  def tmr_stage(self, fw: PSPFirmware) -> list[str]:
-    """What psp_hw_start does after the ring: LOAD_TOC when the sOS file has a TOC, then SETUP_TMR (not on boot-time-TMR PSPs)."""
-    steps = []
-    size = TMR_DEFAULT_SIZE
+  def tmr_init(self, fw: PSPFirmware) -> tuple[int, list[str]]:
+    """psp_tmr_init: LOAD_TOC when the sOS file has a TOC (its answer sizes the TMR), else the default size; the TMR's
+    VRAM is reserved from here on (`tmr_end`), unless the PSP set its own up at boot."""
+    size, steps = TMR_DEFAULT_SIZE, []
     if (toc := fw.get("toc")) is not None:
       size = self.load_toc(toc.data)
       steps.append(f"GFX_CMD_ID_LOAD_TOC ok: the PSP asks for a {size:#x}-byte TMR")
-    if self.mp0.version in BOOT_TIME_TMR:
-      steps.append(f"TMR set up by the PSP at boot (MP0 {self.mp0.version_str}): no SETUP_TMR")
-    else:
-      at = self.setup_tmr(size)
-      steps.append(f"GFX_CMD_ID_SETUP_TMR ok: TMR at VRAM 0x{at:x} (MC 0x{self.mc(at):x})")
-    return steps
+    if self.mp0.version not in BOOT_TIME_TMR: self.tmr_end = self.tmr + ((size + TMR_ALIGNMENT - 1) & ~(TMR_ALIGNMENT - 1))
+    return size, steps
+
+  def tmr_load(self, size: int) -> list[str]:
+    """psp_tmr_load: SETUP_TMR, except on PSPs that set their TMR up at boot (boot_time_tmr with autoload)."""
+    if self.mp0.version in BOOT_TIME_TMR: return [f"TMR set up by the PSP at boot (MP0 {self.mp0.version_str}): no SETUP_TMR"]
+    at = self.setup_tmr(size)
+    return [f"GFX_CMD_ID_SETUP_TMR ok: TMR at VRAM 0x{at:x} (MC 0x{self.mc(at):x})"]

@@ -89,19 +89,29 @@ def _fail(what: str, hint: str = "the file is truncated or not a PSP firmware fi
   return PSPFirmwareError(f"PSP firmware: {what}", hint)
 
 
+def common_header(blob: bytes, path: str = "", fail: type[PSPFirmwareError] | None = None, prefix: str = "PSP firmware") -> CommonHeader:
+  """The common firmware header of any amdgpu firmware file, validated (size_bytes as amdgpu_ucode_validate checks it)."""
+  where = f"{prefix}: {path}: " if path else f"{prefix}: "
+  def bad(what: str) -> PSPFirmwareError:
+    return (fail or PSPFirmwareError)(f"{where}{what}", "the file is truncated or not an amdgpu firmware file; reinstall linux-firmware")
+  if len(blob) < COMMON_HEADER.size: raise bad(f"{len(blob)} bytes, shorter than the {COMMON_HEADER.size}-byte common header")
+  f = COMMON_HEADER.unpack_from(blob)
+  h = CommonHeader(f[0], f[1], (f[2], f[3]), (f[4], f[5]), f[6], f[7], f[8], f[9])
+  if h.size_bytes != len(blob):
+    raise bad(f"header size_bytes is {h.size_bytes}, the file has {len(blob)} bytes (the kernel's amdgpu_ucode_validate refuses it)")
+  if not COMMON_HEADER.size <= h.header_size_bytes <= len(blob):
+    raise bad(f"header_size_bytes {h.header_size_bytes} is outside 32..{len(blob)}")
+  if not 0 < h.ucode_array_offset_bytes <= len(blob):
+    raise bad(f"ucode_array_offset_bytes 0x{h.ucode_array_offset_bytes:x} is outside the {len(blob)}-byte file")
+  return h
+
+
 def parse(blob: bytes | bytearray | memoryview, kind: str = "sos", path: str = "") -> PSPFirmware:
   """Validate and decode a PSP firmware file (`kind` "sos" or "ta" names the descriptor types)."""
   blob = bytes(blob)
   where = f"{path}: " if path else ""
-  if len(blob) < COMMON_HEADER.size: raise _fail(f"{where}{len(blob)} bytes, shorter than the {COMMON_HEADER.size}-byte common header")
-  f = COMMON_HEADER.unpack_from(blob)
-  h = CommonHeader(f[0], f[1], (f[2], f[3]), (f[4], f[5]), f[6], f[7], f[8], f[9])
-  if h.size_bytes != len(blob):
-    raise _fail(f"{where}header size_bytes is {h.size_bytes}, the file has {len(blob)} bytes (the kernel's amdgpu_ucode_validate refuses it)")
-  if not COMMON_HEADER.size <= h.header_size_bytes <= len(blob):
-    raise _fail(f"{where}header_size_bytes {h.header_size_bytes} is outside 32..{len(blob)}")
+  h = common_header(blob, path)
   array = h.ucode_array_offset_bytes
-  if not 0 < array <= len(blob): raise _fail(f"{where}ucode_array_offset_bytes 0x{array:x} is outside the {len(blob)}-byte file")
   types = SOS_TYPES if kind == "sos" else TA_TYPES
   found: dict[str, PSPBinary] = {}
 

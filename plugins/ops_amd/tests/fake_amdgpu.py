@@ -22,14 +22,17 @@ REG_BAR_SIZE = 512 << 10
 NBIO_BASES = (0x0, 0x14, 0xD20, 0x10400)
 GC_BASES = (0x1260, 0xA000, 0x1C000, 0x2402C00)
 MP0_BASES = (0x16000, 0xDC0000)
+HDP_HOLE = 0x80000 - 0x1000        # the HDP flush remap hole (MMIO_REG_HOLE_OFFSET) and its remap register NBIO seg 2 + 0x12D
+MP1_BASES = (0x16000, 0xDC0000)      # MP0 and MP1 share the MP segment: C2PMSG at 0x40+n (MP0) and 0x240+n (MP1 13.x)
 MMHUB_BASES = (0x1A000, 0x2408800)
 
 
 def gfx1100_blocks(gc: tuple[int, int, int] = (11, 0, 0), nbio: tuple[int, int, int] = (4, 3, 0), mp0: tuple[int, int, int] = (13, 0, 0),
-                   mmhub: tuple[int, int, int] = (3, 0, 0)) -> list[IPBlock]:
+                   mmhub: tuple[int, int, int] = (3, 0, 0), mp1: tuple[int, int, int] = (13, 0, 0),
+                   sdma: tuple[int, int, int] = (6, 0, 0)) -> list[IPBlock]:
   """A synthetic RDNA3-like block list (versions as an RX 7900 reports them; bases made up)."""
   rows = [("GC", gc, GC_BASES), ("MP0", mp0, MP0_BASES),
-          ("MP1", (13, 0, 0), (0x16000, 0xDC0000)), ("SDMA0", (6, 0, 0), (0x1260, 0xA000)), ("SDMA1", (6, 0, 0), (0x1260, 0xA000)),
+          ("MP1", mp1, MP1_BASES), ("SDMA0", sdma, (0x1260, 0xA000)), ("SDMA1", sdma, (0x1260, 0xA000)),
           ("NBIF", nbio, NBIO_BASES), ("MMHUB", mmhub, MMHUB_BASES), ("HDP", (6, 0, 0), (0xF20, 0x240A400)),
           ("OSSSYS", (6, 0, 0), (0x10A0, 0x240A000)), ("UMC", (8, 10, 0), (0x14000,)), ("VCN", (4, 0, 0), (0x7800, 0x7E00))]
   return [IPBlock(HW[n], 0, *v, 0, b) for n, v, b in rows]
@@ -49,12 +52,19 @@ class FakeVRAM:
   def __init__(self, mib: int = VRAM_MIB):
     self.size = mib << 20
     self.chunks: dict[int, bytearray] = {}
+    self.dirty = False      # the HDP holds CPU writes not yet flushed (set by host writes, cleared by an HDP flush)
 
   def _chunk(self, i: int) -> bytearray:
     if (c := self.chunks.get(i)) is None: c = self.chunks[i] = bytearray(self.CHUNK)
     return c
 
   def write(self, offset: int, data: bytes) -> None:
+    """A host write (through the BAR or MM_DATA): it sits in the HDP until flushed."""
+    self.device_write(offset, data)
+    self.dirty = True
+
+  def device_write(self, offset: int, data: bytes) -> None:
+    """A write by the GPU's own agents (the fake PSP's responses and fences): no HDP involved."""
     assert 0 <= offset and offset + len(data) <= self.size, f"VRAM write at 0x{offset:x} (+{len(data)}) outside {self.size} bytes"
     pos = 0
     while pos < len(data):
@@ -73,7 +83,7 @@ class FakeVRAM:
       out += c[o:o + k] if c is not None else bytes(k)
     return bytes(out)
 
-  put = write
+  put = device_write        # what was in VRAM before plugrt came
   def read32(self, offset: int) -> int: return struct.unpack("<I", self.read(offset, 4))[0]
   def write32(self, offset: int, value: int) -> None: self.write(offset, struct.pack("<I", value & 0xFFFFFFFF))
 
@@ -90,13 +100,25 @@ class FakeRegisters:
     self.log: list[tuple[str, int, int]] = []
     self.on_write: dict[int, Callable[[int], None]] = {}   # register -> model hook, called after the value is stored
     self.on_read: dict[int, Callable[[], None]] = {}       # register -> model hook, called before the value is read
+    self.on_smn_write: dict[int, Callable[[int], None]] = {}   # the same for SMN byte addresses (through the pair)
+    self.on_smn_read: dict[int, Callable[[], None]] = {}
+    self.hdp_flushes = 0
+    self.on_write[HDP_HOLE >> 2] = self._hdp_flush
+
+  def _hdp_flush(self, value: int) -> None:
+    # the register BAR's last page is HDP_MEM_FLUSH_CNTL once the NBIO's remap register points there
+    if self.regs.get(NBIO_BASES[2] + 0x12D) == HDP_HOLE:
+      self.vram.dirty = False
+      self.hdp_flushes += 1
 
   def _vram_pos(self) -> int: return ((self.regs.get(MM_INDEX_HI, 0) << 31) | (self.regs.get(MM_INDEX, 0) & 0x7FFFFFFF))
 
   def read32(self, offset: int) -> int:
     reg = offset // 4
     if reg == MM_DATA and self.regs.get(MM_INDEX, 0) & (1 << 31): v = self.vram.read32(self._vram_pos())
-    elif reg == self.pair[1]: v = self.smn.get(self.regs.get(self.pair[0], 0), 0)
+    elif reg == self.pair[1]:
+      if (smn_hook := self.on_smn_read.get(addr := self.regs.get(self.pair[0], 0))) is not None: smn_hook()
+      v = self.smn.get(addr, 0)
     else:
       if (hook := self.on_read.get(reg)) is not None: hook()
       v = self.regs.get(reg, 0)
@@ -107,16 +129,52 @@ class FakeRegisters:
     reg = offset // 4
     self.log.append(("w", reg, value))
     if reg == MM_DATA and self.regs.get(MM_INDEX, 0) & (1 << 31): self.vram.write32(self._vram_pos(), value)
-    elif reg == self.pair[1]: self.smn[self.regs.get(self.pair[0], 0)] = value
+    elif reg == self.pair[1]:
+      self.smn[addr := self.regs.get(self.pair[0], 0)] = value
+      if (smn_hook := self.on_smn_write.get(addr)) is not None: smn_hook(value)
     else:
       self.regs[reg] = value
       if (hook := self.on_write.get(reg)) is not None: hook(value)
 
 
+class FakeInvalidation:
+  """A hub's invalidation engine 17 (the GART's, gmc_v11_0_flush_gpu_tlb): a request sets the requested VMIDs'
+  acknowledge bits; with a semaphore (the MMHUB's), it reads 1 (acquired) and a request must come while it is held and
+  be released after. `hang` ("sem", "ack") stops one; `requests` lists what was asked."""
+  def __init__(self, regs: FakeRegisters, sem: int | None, req: int, ack: int):
+    self.r, self.sem, self.req, self.ack = regs, sem, req, ack
+    self.held, self.requests, self.violations = False, [], []
+    self.hang: set[str] = set()
+    if sem is not None:
+      regs.on_read[sem] = self._sem_read
+      regs.on_write[sem] = self._sem_write
+    regs.on_write[req] = self._req
+
+  def _sem_read(self) -> None:
+    if "sem" not in self.hang:
+      self.r.regs[self.sem], self.held = 1, True
+
+  def _sem_write(self, v: int) -> None:
+    if v == 0: self.held = False
+
+  def _req(self, v: int) -> None:
+    if self.sem is not None and not self.held: self.violations.append(f"invalidation request 0x{v:x} without the semaphore")
+    self.requests.append(v)
+    self.r.regs[self.ack] = 0 if "ack" in self.hang else v & 0xFFFF
+
+
+#: engine 17's SEM/REQ/ACK on MMHUB 3.0.0 (segment 0 + 0x751/0x763/0x775 + 17) and GC 11's GFXHUB (0x1699/0x16ab/0x16bd + 17)
+MM_ENG17 = tuple(MMHUB_BASES[0] + off + 17 for off in (0x751, 0x763, 0x775))
+GC_ENG17 = tuple(GC_BASES[0] + off + 17 for off in (0x1699, 0x16AB, 0x16BD))
+
+
 def fake_gpu(blob: bytes | None = None, mib: int = VRAM_MIB, **kw) -> tuple[FakeRegisters, FakeVRAM]:
   vram = FakeVRAM(mib)
   vram.put(vram.size - discovery.DISCOVERY_TMR_OFFSET, table() if blob is None else blob)
-  return FakeRegisters(vram, **kw), vram
+  regs = FakeRegisters(vram, **kw)
+  regs.invalidation = FakeInvalidation(regs, *MM_ENG17)
+  regs.gc_invalidation = FakeInvalidation(regs, None, *GC_ENG17[1:])    # the GFXHUB's flush uses no semaphore
+  return regs, vram
 
 
 # ---- sysfs -----------------------------------------------------------------------------------------------------------
@@ -295,7 +353,7 @@ def fake_amdgpu_init_writes(fake: FakeASM24) -> list[tuple[int, bytes]]:
 # ---- the PSP (MP0) -----------------------------------------------------------------------------------------------------
 
 MC_BASE = 0x8000 << 24            # what MMMC_VM_FB_LOCATION_BASE reports on RDNA3 boards (VRAM at MC 0x80_0000_0000)
-FB_LOCATION_BASE = {(3, 0, 0): 0x8EC, (4, 1, 0): 0x554}     # MMHUB version -> register offset in segment 0
+FB_LOCATION_BASE = {(3, 0, 0): 0x8EC, (3, 0, 2): 0x86C, (4, 1, 0): 0x554}     # MMHUB version -> register offset in segment 0
 # the fake's own copy of the kernel's enums (amdgpu_psp.h, psp_gfx_if.h, amdgpu_ucode.h), kept apart from plugrt_amd.psp
 BL_COMMANDS = {0x80000: "kdb", 0x10000000: "spl", 0x10000: "sys_drv", 0xB0000: "soc_drv", 0xD0000: "intf_drv", 0xC0000: "dbg_drv",
                0xE0000: "ras_drv", 0xF0000: "ipkeymgr_drv", 0x20000: "sos"}
@@ -326,7 +384,8 @@ class FakeMP0:
   frame: the command buffer is decoded (LOAD_TOC checks the TOC bytes and answers `tmr_size`; SETUP_TMR checks
   alignment and size), the response status is written (`status` overrides per command id) and then the fence.
   `bl_error` makes the bootloader report an error code for a component. `hang` stops one stage from answering:
-  "bootloader", "sos", "ring" or "fence". Problems are listed in `violations`."""
+  "bootloader", "sos", "ring" or "fence". Problems are listed in `violations`. `handlers` takes more GFX commands
+  (fake_amdfw.FakeIPFirmware adds LOAD_IP_FW and AUTOLOAD_RLC)."""
 
   def __init__(self, regs: FakeRegisters, vram: FakeVRAM, sos: bytes, mp0: tuple[int, int, int] = (13, 0, 0), mc_base: int = MC_BASE,
                mmhub: tuple[int, int, int] = (3, 0, 0), tmr_size: int = 0x500000, busy_reads: int = 2, sos_alive: int = 0):
@@ -345,6 +404,8 @@ class FakeMP0:
     self.tmr: tuple[int, int, int] | None = None
     self.destroyed = 0
     self.tmr_asked = 0                # the TMR size LOAD_TOC answered (0: no TOC loaded)
+    self.handlers: dict[int, Callable[[bytes], int]] = {}   # more GFX commands: cmd id -> handler(payload) -> status
+    self.check_hdp = True             # a frame must follow an HDP flush of what the CPU wrote (psp_ring_cmd_submit)
     regs.regs[MMHUB_BASES[0] + FB_LOCATION_BASE[mmhub]] = mc_base >> 24
     self.reg(35, 0 if busy_reads else 1 << 31)    # the bootloader comes up ready after `busy_reads` reads, as after power-on
     self.busy = busy_reads
@@ -419,6 +480,7 @@ class FakeMP0:
       self.violations.append("write pointer moved with no ring")
       return
     ring, size = self.ring
+    if self.check_hdp and self.r.vram.dirty: self.violations.append("write pointer moved while CPU writes sit in the HDP (no flush)")
     while self.rptr != wptr:
       frame = self.vram.read(ring + self.rptr * 4, 64)
       lo, hi, _, flo, fhi, fence = struct.unpack_from("<6I", frame)
@@ -440,8 +502,11 @@ class FakeMP0:
         at = (hi << 32 | lo) - self.mc_base
         if at % (1 << 20) or n < self.tmr_asked or not flags & 2: self.violations.append(f"SETUP_TMR: at 0x{at:x} size 0x{n:x} flags {flags}")
         self.tmr = (at, n, phi << 32 | plo)
+      elif (handler := self.handlers.get(cmd_id)) is not None:     # LOAD_IP_FW, AUTOLOAD_RLC: fake_amdfw.FakeIPFirmware
+        answered = handler(payload)
+        status = self.status.get(cmd_id, answered)
       elif cmd_id not in self.status: status = 0x100
       struct.pack_into("<I", buf, 864, status)
       struct.pack_into("<I", buf, 880, tmr)
-      self.vram.write(cmd_at, bytes(buf))
-      if "fence" not in self.hang: self.vram.write32(fence_at, fence)
+      self.vram.device_write(cmd_at, bytes(buf))
+      if "fence" not in self.hang: self.vram.device_write(fence_at, struct.pack("<I", fence))

@@ -6,8 +6,12 @@ and the VRAM BAR (BAR0) mapped from their `resourceN` files, VRAM size read, the
 of VRAM (or through MM_INDEX/MM_DATA when VRAM is not CPU-visible) and validated, the NBIO index/data pair set up, the
 firmware the IP versions call for looked up in /lib/firmware/amdgpu, and, for MP0 13.0.0/13.0.7/13.0.10/14.0.2/14.0.3
 with its sOS file present, the PSP booted (bootloader components and sOS, KM ring, LOAD_TOC and SETUP_TMR; see
-plugrt_amd.psp). What is not: the IP firmwares through the PSP, SMU, GMC/GART, interrupts, MEC/MES queues; so opening
-always ends in `AMDNotImplemented` saying what was done and where it stopped (or in the PSP's typed error), after
+plugrt_amd.psp); with every IP firmware file present, the SMU, SDMA, GC CP/IMU/RLC ucodes loaded through the PSP
+(LOAD_IP_FW in the kernel's order, then AUTOLOAD_RLC; plugrt_amd.psp_load) and the SMU's first messages
+(plugrt_amd.smu), the RLC autoload's completion and the RS64 CP set-up (plugrt_amd.gfx), the HDP flush
+(plugrt_amd.hdp) and the MMHUB 3.0.0 / GC 11 GFXHUB GART and system aperture (plugrt_amd.gmc). What is not: VM
+contexts and page tables, interrupts, MES, MEC queues; so opening always
+ends in `AMDNotImplemented` saying what was done and where it stopped (or in a typed PSP/SMU error), after
 releasing the function. Never chosen automatically (`AMD_IFACE=PCI` or `DEV=PCI+AMD`). The probe
 reads sysfs only. Entry module: standard library and plugrt only.
 """
@@ -24,8 +28,10 @@ NAME = "PCI"
 ACK = "PLUGRT_AMD_ALLOW_UNBIND"
 FIRMWARE = "PLUGRT_AMD_FIRMWARE"
 WOULD = ("opening unbinds the GPU from amdgpu (binding it back on close), maps its BARs through sysfs, reads its IP discovery "
-         "table, checks its firmware files and boots its PSP (MP0 13.0.x/14.0.x with the sOS file present)")
-NOT_YET = ("loading the IP firmwares through the PSP, SMU start-up, GMC/GART set-up and MEC/MES queues are not implemented, "
+         "table, checks its firmware files, boots its PSP (MP0 13.0.x/14.0.x with the sOS file present), loads the SMU, SDMA "
+         "and GC firmware through it, sends the SMU its first messages, waits for the RLC autoload, sets up the CP and programs "
+         "both memory hubs' GART")
+NOT_YET = ("VM contexts and page tables, interrupts and MEC/MES queues are not implemented, "
            "so AMD cannot run kernels through PCI yet")
 HINT = "use the KFD interface (AMD_IFACE=KFD) with the amdgpu driver loaded"
 
@@ -34,7 +40,8 @@ def probe(ctx: PluginContext) -> Probe:
   from plugrt_amd import pci_gpus
   if not (gpus := pci_gpus()):
     return Probe.missing(Reason.NO_DEVICE, "no AMD GPU on PCI: sysfs shows no vendor 0x1002 function of class display (0x03) "
-                         f"or processing accelerator (0x12) (this interface implements bring-up up to the PSP boot; {NOT_YET})",
+                         f"or processing accelerator (0x12) (this interface implements bring-up up to the PSP's firmware loads and the "
+                         f"SMU's first messages; {NOT_YET})",
                          "run on a machine with an AMD GPU")
   found = ", ".join(f"{a} (device 0x{d:04x}, driver {drv or 'none'})" for a, d, _, drv in gpus)
   return Probe.found(len(gpus), f"found {found}; {WOULD} (needs {ACK}=1); {NOT_YET}", gpus=" ".join(a for a, *_ in gpus))
@@ -43,7 +50,7 @@ def probe(ctx: PluginContext) -> Probe:
 @hookimpl
 def plugrt_interfaces() -> list[InterfaceSpec]:
   return [InterfaceSpec(device="AMD", name=NAME, probe=probe, auto=False, priority=0,
-                        description=f"driverless through sysfs: IP discovery and PSP boot, no kernels (never automatic; needs {ACK}=1)")]
+                        description=f"driverless through sysfs: IP discovery, PSP boot, firmware loads, no kernels (never automatic; needs {ACK}=1)")]
 
 
 def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any = None, psp_timeout: float = 2.0) -> Any:
@@ -52,7 +59,8 @@ def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any =
   `root`/`drivers`/`write` are the sysfs seam (tests pass a fake tree); `psp_timeout` bounds each PSP wait.
   AcknowledgementRequired without ACK=1;
   DeviceUnavailable when the function cannot be taken or mapped; DiscoveryError/RegisterError for what the GPU
-  answers; PSPError/PSPFirmwareError from the PSP stage; AMDNotImplemented after the last implemented step."""
+  answers; PSPError/PSPFirmwareError (UcodeError, IPFirmwareRefused) from the PSP stage; SMUError from the SMU's first
+  messages; AMDNotImplemented after the last implemented step."""
   from plugrt.errors import DeviceUnavailable
   from plugrt_amd import pci_gpus
   from plugrt_amd.device import AcknowledgementRequired

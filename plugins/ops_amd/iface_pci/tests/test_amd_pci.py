@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import struct
 import sys
 
 import pytest
@@ -86,12 +87,20 @@ def test_small_vram_bar_falls_back_and_errors_still_rebind(tmp_path) -> None:
 
 
 def test_psp_stage_on_a_gpu_whose_psp_does_not_answer_times_out_and_rebinds(tmp_path) -> None:
-  # the fake sysfs BAR is a plain file: C2PMSG_35 never shows the bootloader ready
+  # the fake sysfs BAR is a plain file: the MMHUB never acquires its invalidation semaphore, C2PMSG_35 never shows the
+  # bootloader ready
+  from plugrt_amd.gmc import GMCTimeout
   from plugrt_amd.psp import PSPTimeout
   devices, drivers, kernel = tree(tmp_path, vram_mib=64, bar0_mib=64)
   fw = tmp_path / "fw"; fw.mkdir(); (fw / "psp_13_0_0_sos.bin").write_bytes(fake_amdgpu.sos_file())
-  with pytest.raises(PSPTimeout, match=r"bootloader not ready before loading kdb \(C2PMSG_35"):
+  def open_() -> None:
     plugrt_amd_pci.open_pci(info(PLUGRT_AMD_ALLOW_UNBIND="1", PLUGRT_AMD_FIRMWARE=str(fw)), devices, drivers, kernel, psp_timeout=0.05)
+  with pytest.raises(GMCTimeout, match=r"invalidation engine 17's semaphore not acquired"): open_()
+  assert kernel.log[-1] == ("drivers/amdgpu/bind", ADDR)
+  with open(os.path.join(devices, ADDR, "resource5"), "r+b") as f:      # the semaphore and VMID 0's acknowledge read 1
+    for reg in (fake_amdgpu.MM_ENG17[0], fake_amdgpu.MM_ENG17[2]):
+      f.seek(reg * 4); f.write(struct.pack("<I", 1))
+  with pytest.raises(PSPTimeout, match=r"bootloader not ready before loading kdb \(C2PMSG_35"): open_()
   assert kernel.log[-1] == ("drivers/amdgpu/bind", ADDR) and os.path.islink(os.path.join(devices, ADDR, "driver"))
 
 
@@ -132,5 +141,8 @@ def test_registry_and_probe(tmp_path, monkeypatch) -> None:
   with pytest.raises(AMDNotImplemented, match=r"AMD:0 through PCI: 0000:03:00\.0: BAR5 mapped.*GC 11\.0\.0"): reg.open("AMD")
   p = plugrt_amd_pci.probe(PluginContext({}))
   assert p.ok and "reads its IP discovery table" in p.detail and "boots its PSP" in p.detail
-  assert "loading the IP firmwares through the PSP" in p.detail and "not implemented" in p.detail
+  assert "loads the SMU, SDMA and GC firmware through it" in p.detail and "sends the SMU its first messages" in p.detail
+  assert "waits for the RLC autoload, sets up the CP and programs both memory hubs' GART" in p.detail
+  assert "VM contexts and page tables, interrupts and MEC/MES queues are not implemented" in p.detail
+  assert "not implemented" in p.detail
   assert sysfs.vfio_available(str(tmp_path / "no-vfio")) is False

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 import fake_amdgpu
 
 from plugrt.errors import Reason
-from plugrt_amd import bringup, discovery, psp, psp_firmware
+from plugrt_amd import bringup, discovery, hdp, psp, psp_firmware
 from plugrt_amd.device import AMDNotImplemented
 from plugrt_amd.psp_firmware import FirmwareToolMissing, PSPFirmwareError
 from plugrt_amd.regs import GPURegisters
@@ -103,12 +103,12 @@ def test_psp_boots_creates_its_ring_and_sets_up_the_tmr(tmp_path) -> None:
   assert mp.destroyed == 1 and mp.ring is None                 # the ring is given back before the function is released
   with pytest.raises(AMDNotImplemented) as e: b.stop()
   msg = str(e.value)
-  for part in ("1 of 8 firmware files", "header v2.0, sos 0x100", "crc32 matches",
+  for part in ("1 of 8 firmware files", "header v2.0, sos 0x100", "crc32 matches", "HDP flush remapped to register BAR offset 0x7f000",
                "PSP bootloader loaded kdb, spl, sys_drv, soc_drv, intf_drv, dbg_drv, ras_drv, sos through a 1 MiB VRAM buffer at MC 0x8001000000",
                "sOS alive (C2PMSG_81 = 0x3a0001)", "PSP KM ring created (4096 bytes at MC 0x8001100000)",
                "GFX_CMD_ID_LOAD_TOC ok: the PSP asks for a 0x500000-byte TMR", "GFX_CMD_ID_SETUP_TMR ok: TMR at VRAM 0x1200000",
                "KM ring destroyed", "next, not implemented: loading the IP firmwares through the PSP ring (GFX_CMD_ID_LOAD_IP_FW",
-               "SMU start-up", "GMC/GART", "MEC/MES"):
+               "SMU start-up", "MMHUB 3.0.0 GART enabled", "the GFXHUB's GART", "MEC/MES"):
     assert part in msg, (part, msg)
   # what the fence and command buffer hold is what the PSP wrote
   assert struct.unpack("<I", vram.read(0x1101000 + 0x1000, 4))[0] == 2
@@ -180,7 +180,9 @@ def test_a_refused_command_decodes_the_status(tmp_path) -> None:
 def test_direct_ring_use_and_limits(tmp_path) -> None:
   r, mp, _ = gpu(tmp_path)
   t = discovery.parse(fake_amdgpu.table())
-  p = psp.PSP(r, t.find("MP0"), 64 << 20, *psp.vram_location(r, t), timeout=0.05)
+  flusher, line = hdp.setup(r, t.find("NBIF"))
+  assert line == "HDP flush remapped to register BAR offset 0x7f000 (as the NBIO's remap_hdp_registers)"
+  p = psp.PSP(r, t.find("MP0"), 64 << 20, *psp.vram_location(r, t), timeout=0.05, flush=flusher.flush)
   with pytest.raises(psp.PSPError, match="before the KM ring exists"): p.submit(psp.GFX_CMD_ID_LOAD_TOC)
   with pytest.raises(PSPFirmwareError, match="more than the 1 MiB buffer"): p.load_component("kdb", bytes((1 << 20) + 4), psp.BL_LOAD_KEY_DATABASE)
   p.boot(psp_firmware.parse(fake_amdgpu.sos_file()))
@@ -188,6 +190,10 @@ def test_direct_ring_use_and_limits(tmp_path) -> None:
   for _ in range(70):                               # more frames than the 4 KiB ring holds: the write pointer wraps
     with pytest.raises(psp.PSPCommandError, match="PSP_ERR_UNKNOWN_COMMAND"): p.submit(0x7F)
   assert mp.violations == [] and len(mp.commands) == 70 and mp.reg(67) == (70 * 16) % 1024
+  assert flusher.flushes == 70 and r.mmio.hdp_flushes == 70            # one HDP flush per frame, before the write pointer
+  p.flush = lambda: None                            # without it the PSP would read frames the HDP still holds
+  with pytest.raises(psp.PSPCommandError): p.submit(0x7F)
+  assert mp.violations == ["write pointer moved while CPU writes sit in the HDP (no flush)"]
   with pytest.raises(psp.PSPError, match="does not fit below"): p.setup_tmr(64 << 20)
   with pytest.raises(psp.PSPError, match="no room"): psp.PSP(r, t.find("MP0"), 16 << 20, 0)
 
@@ -222,3 +228,17 @@ def test_vram_writes_through_mm_index(tmp_path) -> None:
   assert vram.read(0x2000004, 8) == b"\x01\x02\x03\x04\x05\x00\x00\x00" and r.read_vram(0x2000004, 8) == vram.read(0x2000004, 8)
   from plugrt_amd.regs import RegisterError
   with pytest.raises(RegisterError, match="not dword aligned"): r.write_vram(2, b"x")
+
+
+def test_hdp_flush_needs_a_known_nbio_and_a_bar_that_reaches_the_hole() -> None:
+  t = discovery.parse(fake_amdgpu.table())
+  regs, _ = fake_amdgpu.fake_gpu(mib=64)
+  assert hdp.setup(GPURegisters(regs), None)[0] is None
+  nbio23 = discovery.parse(fake_amdgpu.table(nbio=(2, 3, 0))).find("NBIF")
+  flusher, line = hdp.setup(GPURegisters(regs), nbio23)
+  assert flusher is None and "not known for NBIO 2.3.0" in line
+  small, _ = fake_amdgpu.fake_gpu(mib=64, size=256 << 10)
+  flusher, line = hdp.setup(GPURegisters(small), t.find("NBIF"))
+  assert flusher is None and "256 KiB register BAR does not reach the remap hole at 0x7f000" in line
+  flusher, _ = hdp.setup(GPURegisters(regs), t.find("NBIF"))
+  assert regs.regs[fake_amdgpu.NBIO_BASES[2] + 0x12D] == 0x7F000 and regs.regs[fake_amdgpu.NBIO_BASES[2] + 0x12E] == 0x7F004

@@ -1,0 +1,97 @@
+"""The MMHUB's GART and system aperture (plugrt_amd.gmc) on the fake register file: the values the kernel's
+mmhub_v3_0_gart_enable writes for a 64 MiB fake GPU, worked out by hand here from the kernel's field values and the
+mmhub_3_0_0 masks (not from plugrt's tables)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
+import fake_amdgpu
+
+from plugrt_amd import bringup, gmc, gmc_regs
+from plugrt_amd.device import AMDNotImplemented
+from plugrt_amd.regs import GPURegisters
+
+HUB = fake_amdgpu.MMHUB_BASES[0]
+
+
+def run(tmp_path, mmhub=(3, 0, 0), preset: dict[int, int] | None = None):
+  regs, vram = fake_amdgpu.fake_gpu(blob=fake_amdgpu.table(mmhub=mmhub), mib=64)
+  sos = fake_amdgpu.sos_file()
+  (tmp_path / "psp_13_0_0_sos.bin").write_bytes(sos)
+  mp0 = fake_amdgpu.FakeMP0(regs, vram, sos, mmhub=mmhub)
+  for off, v in (preset or {}).items(): regs.regs[HUB + off] = v
+  vram.write(gmc.TABLE_AT, b"\xff" * 64)                   # stale bytes the table must not keep
+  b = bringup.bring_up(GPURegisters(regs, vram), "AMD:0", str(tmp_path))
+  return b, regs, vram, mp0
+
+
+def reg(regs, off: int) -> int: return regs.regs.get(HUB + off, 0)
+
+
+def test_gart_enable_writes_what_the_kernel_writes(tmp_path) -> None:
+  b, regs, vram, mp0 = run(tmp_path, preset={0x700: 0xF0000000, 0x740: 0x100, 0x709: 0x3})
+  assert b.gart and mp0.violations == [] and b.psp_booted
+  # GART: 512 MiB, high below the 48-bit hole on a 4 GiB boundary: 0x7fff00000000-0x7fff1fffffff
+  assert [reg(regs, o) for o in (0x7CB, 0x7CC, 0x7EB, 0x7EC)] == [0xFFF00000, 0x7, 0xFFF1FFFF, 0x7]
+  assert (reg(regs, 0x7AB), reg(regs, 0x7AC)) == (0xC00000 | 1, 0)         # the table's physical address, PTE_VALID
+  assert vram.read(gmc.TABLE_AT, 1 << 20) == bytes(1 << 20)                 # 131072 invalid entries
+  # the FB at MC 0x80_0000_0000, 64 MiB: system aperture in 256 KiB units; no AGP (bottom above top)
+  assert (reg(regs, 0x8F1), reg(regs, 0x8F2)) == (0x200000, 0x2000FF)
+  assert (reg(regs, 0x8F0), reg(regs, 0x8EF), reg(regs, 0x8EE)) == (0, 0xFFFFFF, 0)
+  assert (reg(regs, 0x8D8), reg(regs, 0x8D9)) == (0xD00, 0)                 # default page at VRAM 13 MiB
+  assert HUB + 0x70F not in regs.regs and HUB + 0x710 not in regs.regs      # no system dummy page through sysfs
+  assert reg(regs, 0x709) == 0x3 | 1 << 18                                  # ACTIVE_PAGE_MIGRATION_PTE_READ_RETRY, others kept
+  assert reg(regs, 0x8F3) == 0x1 | 3 << 3 | 1 << 6 | 3 << 11                # L1 TLB on, system access 3, ADM, MTYPE_UC
+  assert reg(regs, 0x700) == 0xF0000000 | 0x1 | 1 << 11 | 1 << 19          # L2 on, page-out to system, identity mode 1
+  assert reg(regs, 0x701) == 0x3                                            # invalidate L1 TLBs and the L2
+  assert (reg(regs, 0x702), reg(regs, 0x718), reg(regs, 0x71E)) == (0x80130009, 0x1, 0x3FE0)   # from the kernel's defaults
+  assert reg(regs, 0x740) == 0x100 | 0x1                                    # context 0 on, depth 0, no retry
+  assert [reg(regs, o) for o in range(0x712, 0x718)] == [0xFFFFFFFF, 0xF, 0, 0, 0, 0]
+  assert [reg(regs, 0x787 + 2 * i) for i in range(18)] == [0xFFFFFFFF] * 18 and [reg(regs, 0x788 + 2 * i) for i in range(18)] == [0x1F] * 18
+  assert len([r for op, r, _ in regs.log if op == "w" and HUB + 0x787 <= r < HUB + 0x7AB]) == 36    # exactly 18 engines
+  # then, as gmc_v11_0_gart_enable: an HDP flush, the protection-fault defaults, the TLB flush of VMID 0 on engine 17
+  writes = [r for op, r, _ in regs.log if op == "w"]
+  at = writes.index(HUB + 0x788 + 34) + 1                                    # after the last gart_enable write
+  assert writes[at:at + 2] == [0x7F000 >> 2, HUB + 0x708] and reg(regs, 0x708) == 0x1FFC
+  assert writes[at + 2:at + 6] == [0x7F000 >> 2, HUB + 0x774, HUB + 0x762, HUB + 0x71B]     # flush, request, release, CID2
+  inv = regs.invalidation
+  assert inv.requests == [0x00F80001] and inv.violations == [] and not inv.held    # VMID 0: L2 PTEs/PDE0-2, L1 PTEs
+  assert reg(regs, 0x71B) == 1 << 25                                         # the private invalidation
+  msg = b.summary()
+  assert "MMHUB 3.0.0 GART enabled (67 register writes" in msg and "512 MiB at MC 0x7fff00000000-0x7fff1fffffff" in msg
+  assert msg.index("GART enabled") < msg.index("PSP bootloader loaded")     # GMC before the PSP, as the kernel
+  with pytest.raises(AMDNotImplemented, match="the GFXHUB's GART and system aperture"): b.stop()
+
+
+def test_other_hubs_are_recorded_not_programmed(tmp_path) -> None:
+  b, regs, _, mp0 = run(tmp_path, mmhub=(3, 0, 2))
+  assert not b.gart and b.psp_booted and mp0.violations == []
+  assert "GART not set up: GART set-up for MMHUB 3.0.2 is not implemented" in b.summary()
+  assert HUB + 0x8F3 not in regs.regs
+  with pytest.raises(AMDNotImplemented, match=r"GMC/GART and VM set-up \(system aperture"): b.stop()
+
+
+def test_ops_and_fields() -> None:
+  lay = gmc.layout(0x8000000000, 64 << 20, 0x100000000, gmc.TABLE_AT, gmc.SCRATCH_AT, dummy_page=0x12345678000)
+  ops = gmc.gart_enable_ops(lay, gmc_regs.MMHUB_V3_0)
+  writes = {o.reg: o.value for o in ops if isinstance(o, gmc.Write)}
+  assert writes["MMVM_L2_PROTECTION_FAULT_DEFAULT_ADDR_LO32"] == 0x12345678 and writes["MMVM_L2_PROTECTION_FAULT_DEFAULT_ADDR_HI32"] == 0
+  assert writes["MMVM_CONTEXT0_PAGE_TABLE_BASE_ADDR_HI32"] == 1 and writes["MMMC_VM_SYSTEM_APERTURE_DEFAULT_ADDR_LSB"] == 0x100D00
+  assert gmc.offset(gmc_regs.MMHUB_V3_0, "MMVM_INVALIDATE_ENG17_ADDR_RANGE_HI32") == 0x788 + 34
+  assert gmc.offset(gmc_regs.GFXHUB_V3_0, "MMVM_INVALIDATE_ENG17_ADDR_RANGE_HI32") == 0x16D0 + 34
+  with pytest.raises(ValueError, match="does not fit"): gmc.field_set("MMVM_CONTEXT0_CNTL", 0, (("PAGE_TABLE_DEPTH", 4),))
+  with pytest.raises(gmc.GMCUnsupported, match=r"MMHUB 4\.1\.0"): gmc.enable(None, (4, 1, 0), 0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("hang, match", [("sem", "invalidation engine 17's semaphore not acquired"), ("ack", "no acknowledge for VMID 0")])
+def test_a_hub_that_does_not_answer_the_tlb_flush_is_a_bounded_typed_error(tmp_path, hang: str, match: str) -> None:
+  regs, vram = fake_amdgpu.fake_gpu(mib=64)
+  (tmp_path / "psp_13_0_0_sos.bin").write_bytes(fake_amdgpu.sos_file())
+  fake_amdgpu.FakeMP0(regs, vram, fake_amdgpu.sos_file())
+  regs.invalidation.hang.add(hang)
+  with pytest.raises(gmc.GMCTimeout, match=match) as e: bringup.bring_up(GPURegisters(regs, vram), "AMD:0", str(tmp_path), psp_timeout=0.05)
+  assert "after 0.05 s" in str(e.value) and "reset the GPU" in e.value.hint
