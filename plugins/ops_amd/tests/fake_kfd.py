@@ -111,6 +111,7 @@ class FakeKFD(FakeDevice, KFDOps):
 
   def __init__(self, props: dict[str, int] | None = None, version: tuple[int, int] = (1, 18), vram: int = 1 << 30):
     self._want: int | None = None
+    self._map_lock = threading.Lock()
     super().__init__(FakeMemory(place=lambda size: self._want))
     self.props = dict(GFX1100 if props is None else props)
     self.version, self.vram_left = version, vram
@@ -234,9 +235,11 @@ class FakeKFD(FakeDevice, KFDOps):
     raise OSError(errno.EINVAL, f"the fake KFD does not map fd {fd} offset {offset:#x}")
 
   def _map(self, va: int, size: int, kind: str) -> int:
-    """Fake memory at va (0: where the kernel puts it)."""
-    self._want = va or None
-    return self.memory.map(size, kind).va
+    """Fake memory at va (0: where the kernel puts it). Under a lock: the address reaches FakeMemory's placement
+    through self._want, and two threads allocating at once would otherwise map at each other's address."""
+    with self._map_lock:
+      self._want = va or None
+      return self.memory.map(size, kind).va
 
   def munmap(self, addr: int, length: int) -> None:
     if addr in self.reserved:
