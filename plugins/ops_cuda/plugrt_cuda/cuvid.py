@@ -16,6 +16,15 @@ conversion kernel on the context's stream, and releases the frame: an event is r
 surface is unmapped once that event has completed. close() stops the worker, unmaps every surface and destroys
 the parser and the decoder, whatever state the stream was in.
 
+Where the map runs (the option map_on; the default "parser" is the above): a map waits until NVDEC has finished the
+picture, and on the parser's thread nothing new is submitted meanwhile. With "thread" the display callback only notes
+the picture (index, fields, timestamp, at most queue_depth of them) and a mapper thread of the decoder maps them in
+display order into the consumer's queue; with "consumer" the consumer's frames() maps them, no thread added. The
+parser, which may decode into a picture index again once its display callback returned, then goes on submitting;
+the decode callback waits only when it is handed an index whose shown picture is not mapped yet (NVIDIA's samples
+keep the same rule with a frame queue: cudaDecodeGL's waitUntilFrameAvailable), so no picture is overwritten before
+its map. cuvidGetDecoderCaps answers are cached per context, codec, chroma format and depth (decoder_caps()).
+
 Struct layouts and constants: NVIDIA's cuviddec.h and nvcuvid.h (Video Codec SDK 13.0), see docs/research/nvdec.md.
 """
 from __future__ import annotations
@@ -477,8 +486,8 @@ class NVDECDecoder:
       return self._map(*item, False)
     finally:
       with self.cond:
-        if (n := self.unmapped[item[0]] - 1): self.unmapped[item[0]] = n
-        else: del self.unmapped[item[0]]
+        if (n := self.unmapped.get(item[0], 1) - 1): self.unmapped[item[0]] = n
+        else: self.unmapped.pop(item[0], None)  # (close() may have cleared it)
         self.cond.notify_all()
 
   def _take_waiting(self, timeout: float) -> Any:

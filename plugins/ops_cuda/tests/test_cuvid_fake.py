@@ -93,6 +93,7 @@ class FakeCuvid:
     self.params = params._obj
     self.ctx, self.fmt, self.packets, self.displayed = av.CodecContext.create("hevc", "r"), None, 0, 0
     self.held: set[int] = set()
+    self.shown_unmapped, self.ready = set(), {}  # a new parser and decoder: nothing of the last one's pictures
     self.pool, self.last = 20, -1  # decode surfaces (until the sequence callback says), the index given last
     self.index_of: dict[int, tuple[int, int]] = {}  # packet number -> (picture index, timestamp)
     self.pic = (ctypes.c_int * 64)()  # CUVIDPICPARAMS: CurrPicIdx at byte 8
@@ -378,3 +379,26 @@ def test_map_on_must_be_known() -> None:
   with pytest.raises(VideoArgumentError, match="map_on must be one of 'parser', 'thread', 'consumer', not 'gpu'"):
     cuvid.NVDECDecoder(Device["CPU"], stream, hevc.scan(stream), {"map_on": "gpu"}, state=FakeState(), lib=lib)
   assert lib.parsers == 0 and lib.caps_calls == 0
+
+
+def test_open_close_cycles_leave_no_thread_or_object() -> None:
+  """Many short lives in every mode (an early close, an exception in the loop, to the end): no worker or mapper
+  thread outlives its decoder, live_objects() comes back, and the capabilities are asked once in all."""
+  stream = make_hevc(96, 64, frames=4)
+  info = hevc.scan(stream)
+  lib, state = FakeCuvid(), FakeState()
+  threads, objects = threading.active_count(), cuvid.live_objects()
+  for i in range(45):
+    dec = cuvid.NVDECDecoder(Device["CPU"], stream, info, {"queue_depth": 2, "map_on": MODES[i % 3]}, state=state, lib=lib)
+    it = dec.frames()
+    try:
+      if i % 5 == 0: next(it).release()
+      elif i % 5 == 1:
+        with pytest.raises(ZeroDivisionError):
+          for _f in it: _ = 1 / 0
+      else:
+        for f in it: f.release()
+    finally: dec.close()
+    assert cuvid.live_objects() == objects, i
+  assert threading.active_count() == threads and lib.caps_calls == 1
+  _nothing_left(lib, state)
