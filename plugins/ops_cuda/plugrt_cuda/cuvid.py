@@ -52,7 +52,7 @@ cudaVideoChromaFormat_420 = 1
 cudaVideoSurfaceFormat_NV12, cudaVideoSurfaceFormat_P016 = 0, 1
 cudaVideoDeinterlaceMode_Weave = 0
 cudaVideoCreate_PreferCUVID = 0x04
-cuvidDecodeStatus_Error, cuvidDecodeStatus_Error_Concealed = 8, 9
+cuvidDecodeStatus_InProgress, cuvidDecodeStatus_Error, cuvidDecodeStatus_Error_Concealed = 1, 8, 9
 CUVID_PKT_ENDOFSTREAM, CUVID_PKT_TIMESTAMP, CUVID_PKT_ENDOFPICTURE = 0x01, 0x02, 0x08
 CUDA_ERROR_NOT_READY = 600
 
@@ -230,6 +230,8 @@ OWN_STREAM = False
 #: bench/video.py --sweep measures the three
 MAP_ON = "parser"
 MAP_ON_CHOICES = ("parser", "thread", "consumer")
+#: the default of the decoder option status_poll_us (0: the map waits for its picture in the driver)
+STATUS_POLL_US = 0
 _PIC_INDEX = 8  # CUVIDPICPARAMS.CurrPicIdx: its third int (cuviddec.h)
 _DISP = struct.Struct("<iiiiq")  # CUVIDPARSERDISPINFO: picture_index, progressive_frame, top_field_first, repeat_first_field, timestamp
 
@@ -241,7 +243,10 @@ class NVDECDecoder:
     """`options`: ``queue_depth`` (surfaces decoded ahead of the consumer, 4; what plugrt.video passes), and the tuning
     knobs bench/video.py --sweep sets directly: ``display_delay`` (the parser's ulMaxDisplayDelay, 2), ``extra_surfaces``
     (decode surfaces beyond the stream's minimum, 4), ``own_stream`` (maps on the decoder's own stream, OWN_STREAM),
-    ``map_on`` (where cuvidMapVideoFrame runs: "parser", "thread" or "consumer", MAP_ON; the module docstring).
+    ``map_on`` (where cuvidMapVideoFrame runs: "parser", "thread" or "consumer", MAP_ON; the module docstring),
+    ``status_poll_us`` (0: off, STATUS_POLL_US; else, before each map, poll cuvidGetDecodeStatus every that many
+    microseconds, sleeping between, until the picture is no longer in progress, so the map does not wait inside the
+    driver: whether a waiting map holds up the other streams' calls is what bench/video.py --sweep measures).
     `state` and `lib` stand in for the device's CUDAState and libnvcuvid in tests (plugins/ops_cuda/tests/test_cuvid_fake.py)."""
     lib = lib or libnvcuvid()
     if lib is None:
@@ -276,6 +281,7 @@ class NVDECDecoder:
     # the stream's minimum
     self.display_delay = int(options.get("display_delay", 2))
     self.extra_surfaces = int(options.get("extra_surfaces", 4))
+    self.status_poll_s = float(options.get("status_poll_us", STATUS_POLL_US)) / 1e6
     self.out_surfaces = self.depth + 4  # queued + held by the consumer + released, waiting for their kernels
     self.stream = ctypes.create_string_buffer(bytes(stream), len(stream))
     self.base = ctypes.addressof(self.stream)
@@ -456,6 +462,9 @@ class NVDECDecoder:
     proc, ptr, pitch, status = self._map_args
     proc.progressive_frame, proc.top_field_first = progressive, tff
     refs = self._map_refs
+    if self.status_poll_s:  # wait for the picture out here, polling, so the map itself does not wait in the driver
+      while self._status_fn(self.decoder, idx, refs[3]) == 0 and status.decodeStatus == cuvidDecodeStatus_InProgress and not self.stopping:
+        time.sleep(self.status_poll_s)
     if parser:
       with self.lock:
         r = self._map_fn(self.decoder, idx, refs[1], refs[2], refs[0])

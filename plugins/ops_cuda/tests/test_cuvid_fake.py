@@ -78,7 +78,7 @@ class FakeCuvid:
     self.reconfigured: list[tuple[int, int]] = []
     self.pictures: dict[int, tuple[Any, int, int]] = {}  # picture index -> (frame, timestamp, display number)
     self.lock = threading.Lock()
-    self.caps_calls = self.submitted = self.submitted_during_maps = self.blocked_maps = self.reused_unmapped = 0
+    self.caps_calls = self.submitted = self.submitted_during_maps = self.blocked_maps = self.reused_unmapped = self.status_calls = 0
     self.ready: dict[int, float] = {}
     self.engine_free = 0.0
     self.shown_unmapped: set[int] = set()
@@ -169,7 +169,10 @@ class FakeCuvid:
     return 0
 
   def cuvidGetDecodeStatus(self, dec: Any, idx: int, st: Any) -> int:
-    st._obj.decodeStatus = cuvid.cuvidDecodeStatus_Error if self.bad_picture is not None and self.pictures[idx][2] == self.bad_picture else 2
+    if self.ready.get(idx, 0.0) > time.perf_counter(): st._obj.decodeStatus = cuvid.cuvidDecodeStatus_InProgress
+    elif self.bad_picture is not None and self.pictures[idx][2] == self.bad_picture: st._obj.decodeStatus = cuvid.cuvidDecodeStatus_Error
+    else: st._obj.decodeStatus = 2  # cuvidDecodeStatus_Success
+    self.status_calls += 1
     return 0
 
   def cuvidMapVideoFrame64(self, dec: Any, idx: int, ptr: Any, pitch: Any, proc: Any) -> int:
@@ -402,3 +405,14 @@ def test_open_close_cycles_leave_no_thread_or_object() -> None:
     assert cuvid.live_objects() == objects, i
   assert threading.active_count() == threads and lib.caps_calls == 1
   _nothing_left(lib, state)
+
+
+@pytest.mark.parametrize("map_on", MODES)
+def test_status_polling_maps_only_finished_pictures(map_on: str) -> None:
+  """status_poll_us: the decoder polls cuvidGetDecodeStatus until a picture is finished, so no map waits in the driver."""
+  stream = make_hevc(96, 64, frames=12)
+  lib, state = FakeCuvid(decode_s=0.004, reuse="cycle"), FakeState()
+  got = _run(stream, lib, state, depth=4, map_on=map_on, status_poll_us=200)
+  _check_against_pyav(stream, got)
+  _nothing_left(lib, state)
+  assert lib.blocked_maps == 0 and lib.status_calls > 2 * 12  # one after each map, and polls before
