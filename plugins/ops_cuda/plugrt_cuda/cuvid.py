@@ -32,7 +32,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import queue
-import struct
 import threading
 import time
 import weakref
@@ -99,7 +98,7 @@ class CUVIDSOURCEDATAPACKET(ctypes.Structure):
 
 SequenceCallback = ctypes.CFUNCTYPE(c_int, c_void_p, ctypes.POINTER(CUVIDEOFORMAT))
 DecodeCallback = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p)  # CUVIDPICPARAMS*: filled by the parser, passed on untouched
-DisplayCallback = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p)  # CUVIDPARSERDISPINFO* (NULL at the end): read with one unpack
+DisplayCallback = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p)  # CUVIDPARSERDISPINFO* (NULL at the end), an int to Python
 
 
 class CUVIDPARSERPARAMS(ctypes.Structure):
@@ -233,7 +232,7 @@ MAP_ON_CHOICES = ("parser", "thread", "consumer")
 #: the default of the decoder option status_poll_us (0: the map waits for its picture in the driver)
 STATUS_POLL_US = 0
 _PIC_INDEX = 8  # CUVIDPICPARAMS.CurrPicIdx: its third int (cuviddec.h)
-_DISP = struct.Struct("<iiiiq")  # CUVIDPARSERDISPINFO: picture_index, progressive_frame, top_field_first, repeat_first_field, timestamp
+_DispInfo = CUVIDPARSERDISPINFO.from_address  # the display callback's argument, read in place (cheaper than a POINTER's .contents)
 
 
 class NVDECDecoder:
@@ -428,7 +427,8 @@ class NVDECDecoder:
     if not disp_p: return 1  # the end of the stream (CUVID_PKT_NOTIFY_EOS)
     if self.stopping: return 0
     try:
-      idx, progressive, tff, _rff, ts = _DISP.unpack(ctypes.string_at(disp_p, 24))
+      d = _DispInfo(disp_p)
+      idx, progressive, tff, ts = d.picture_index, d.progressive_frame, d.top_field_first, d.timestamp
       if self.pending: self._unmap_done(wait=self.mapped >= self.out_surfaces - 1)
       item = self._map(idx, progressive, tff, ts, self.surface, True)
       if not self._put(item):
@@ -443,7 +443,8 @@ class NVDECDecoder:
     """map_on thread/consumer: note the picture for the mapper and return, so the parser goes on submitting."""
     if not disp_p: return 1
     if self.stopping: return 0
-    idx, progressive, tff, _rff, ts = _DISP.unpack(ctypes.string_at(disp_p, 24))
+    d = _DispInfo(disp_p)
+    idx, progressive, tff, ts = d.picture_index, d.progressive_frame, d.top_field_first, d.timestamp
     with self.cond:
       while len(self.waiting) >= self.depth:  # the mapper is queue_depth pictures behind: wait for it
         if self.stopping or self.error is not None: return 0
