@@ -297,10 +297,11 @@ class NVDECDecoder:
     # map_on "thread"/"consumer": the display callback only records (index, fields, timestamp, surface) in `waiting`
     # (at most queue_depth), and `unmapped` counts each picture index shown and not mapped yet: the decode callback
     # waits before decoding into such an index (NVIDIA's rule for a parser whose display callback returns before the
-    # map: the parser reuses an index once its display callback returned). `map_waits` counts those waits.
-    self.cond = threading.Condition()
-    self.waiting: collections.deque[Any] = collections.deque()
+    # map: the parser reuses an index once its display callback returned). `map_waits` counts those waits. All of it
+    # C-level queues and a plain lock: the picture crosses threads without a Python Condition.
+    self.waiting = _Handoff(self.depth)
     self.unmapped: dict[int, int] = {}
+    self.unmapped_lock = threading.Lock()
     self.map_waits = 0
     # own_stream: maps post-process on this decoder's own non-blocking stream, and the context's stream waits for each
     # map's event before the conversion kernel, so several decoders sharing a context do not serialize on one stream
@@ -351,14 +352,13 @@ class NVDECDecoder:
     last = self.error if self.error is not None else _END
     if self.map_on == "parser": self._put(last)
     else:  # after every picture shown: the mapper (or the consumer) passes it on in order
-      with self.cond:
-        self.waiting.append(last)
-        self.cond.notify_all()
+      self.waiting.items.put(last)  # past the bound: the end always goes in
 
   def _put(self, item: Any) -> bool:
     return self.queue.put(item, self._is_stopping)
 
   def _is_stopping(self) -> bool: return self.stopping
+  def _is_stopping_or_failed(self) -> bool: return self.stopping or self.error is not None
 
   def _on_sequence(self, _user: Any, fmt_p: Any) -> int:
     try:
@@ -415,12 +415,11 @@ class NVDECDecoder:
     picture may not be decoded into an index whose earlier picture still waits to be mapped (the map reads it)."""
     if self.stopping: return 0
     idx = c_int.from_address(pic + _PIC_INDEX).value
-    if idx in self.unmapped:
-      with self.cond:
-        self.map_waits += 1
-        while idx in self.unmapped:
-          if self.stopping or self.error is not None: return 0
-          self.cond.wait(0.05)
+    if idx in self.unmapped:  # polled: with the parser cycling through its surfaces, a wait is the exception
+      self.map_waits += 1
+      while idx in self.unmapped:
+        if self.stopping or self.error is not None: return 0
+        time.sleep(0.0001)
     return self._on_decode(user, pic)
 
   def _on_display(self, _user: Any, disp_p: Any) -> int:
@@ -445,13 +444,11 @@ class NVDECDecoder:
     if self.stopping: return 0
     d = _DispInfo(disp_p)
     idx, progressive, tff, ts = d.picture_index, d.progressive_frame, d.top_field_first, d.timestamp
-    with self.cond:
-      while len(self.waiting) >= self.depth:  # the mapper is queue_depth pictures behind: wait for it
-        if self.stopping or self.error is not None: return 0
-        self.cond.wait(0.05)
-      self.waiting.append((idx, progressive, tff, ts, self.surface))
-      self.unmapped[idx] = self.unmapped.get(idx, 0) + 1
-      self.cond.notify_all()
+    with self.unmapped_lock: self.unmapped[idx] = self.unmapped.get(idx, 0) + 1
+    # waits while the mapper is queue_depth pictures behind
+    if not self.waiting.put((idx, progressive, tff, ts, self.surface), self._is_stopping_or_failed):
+      self._mapped_one(idx)
+      return 0
     return 1
 
   # ------------------------------------------------------------ mapping
@@ -494,20 +491,18 @@ class NVDECDecoder:
     try:
       if self.pending: self._unmap_done(wait=self.mapped >= self.out_surfaces - 1)
       return self._map(*item, False)
-    finally:
-      with self.cond:
-        if (n := self.unmapped.get(item[0], 1) - 1): self.unmapped[item[0]] = n
-        else: self.unmapped.pop(item[0], None)  # (close() may have cleared it)
-        self.cond.notify_all()
+    finally: self._mapped_one(item[0])
+
+  def _mapped_one(self, idx: int) -> None:
+    """Picture index `idx` is mapped (or given up): the parser may decode into it again."""
+    with self.unmapped_lock:
+      if (n := self.unmapped.get(idx, 1) - 1): self.unmapped[idx] = n
+      else: self.unmapped.pop(idx, None)  # (close() may have cleared it)
 
   def _take_waiting(self, timeout: float) -> Any:
     """The oldest picture noted by the display callback (or the end), waiting `timeout` at most; None if none came."""
-    with self.cond:
-      if not self.waiting: self.cond.wait(timeout)
-      if not self.waiting: return None
-      item = self.waiting.popleft()
-      self.cond.notify_all()  # a display callback waiting for room
-      return item
+    try: return self.waiting.get(timeout)
+    except queue.Empty: return None
 
   def _mapper(self) -> None:
     """map_on "thread": maps what the display callback noted, in display order, into the consumer's queue."""
@@ -576,7 +571,7 @@ class NVDECDecoder:
     while True:
       item = self._take_waiting(0.1)
       if item is None:
-        if not self.worker.is_alive() and not self.waiting: raise RuntimeError("the NVDEC worker ended without a result")
+        if not self.worker.is_alive() and self.waiting.empty(): raise RuntimeError("the NVDEC worker ended without a result")
         continue
       if item is _END or isinstance(item, BaseException): return item
       try: return self._map_waiting(item)
@@ -612,7 +607,6 @@ class NVDECDecoder:
   def close(self) -> None:
     if self.closed: return
     self.closed = self.stopping = True
-    with self.cond: self.cond.notify_all()
     self.state.make_current()
     try:
       self.worker.join(30)
@@ -621,7 +615,7 @@ class NVDECDecoder:
         try: item = self.queue.get(0)
         except queue.Empty: break
         if isinstance(item, tuple): self.handed[item[0]] = True
-      self.waiting.clear()  # shown, never mapped: nothing to give back
+      while self._take_waiting(0) is not None: pass  # shown, never mapped: nothing to give back
       self.unmapped.clear()
       for ptr in list(self.handed): self._release(ptr)  # a frame the consumer held when it stopped, or got from the queue here
       self._unmap_done(wait=True)
