@@ -461,7 +461,9 @@ class NVDECDecoder:
     proc.progressive_frame, proc.top_field_first = progressive, tff
     refs = self._map_refs
     if self.status_poll_s:  # wait for the picture out here, polling, so the map itself does not wait in the driver
-      while self._status_fn(self.decoder, idx, refs[3]) == 0 and status.decodeStatus == cuvidDecodeStatus_InProgress and not self.stopping:
+      give_up = time.perf_counter() + 0.25  # a driver that never reports the picture done before its map: map anyway
+      while self._status_fn(self.decoder, idx, refs[3]) == 0 and status.decodeStatus == cuvidDecodeStatus_InProgress and \
+          not self.stopping and time.perf_counter() < give_up:
         time.sleep(self.status_poll_s)
     if parser:
       with self.lock:
