@@ -414,12 +414,16 @@ class NVDECDecoder:
     """map_on thread/consumer: the parser reuses a picture index as soon as its display callback returned, so a
     picture may not be decoded into an index whose earlier picture still waits to be mapped (the map reads it)."""
     if self.stopping: return 0
-    idx = c_int.from_address(pic + _PIC_INDEX).value
-    if idx in self.unmapped:  # polled: with the parser cycling through its surfaces, a wait is the exception
-      self.map_waits += 1
-      while idx in self.unmapped:
-        if self.stopping or self.error is not None: return 0
-        time.sleep(0.0001)
+    try:
+      idx = c_int.from_address(pic + _PIC_INDEX).value
+      if idx in self.unmapped:  # polled: with the parser cycling through its surfaces, a wait is the exception
+        self.map_waits += 1
+        while idx in self.unmapped:
+          if self.stopping or self.error is not None: return 0
+          time.sleep(0.0001)
+    except BaseException as e:
+      if self.error is None: self.error = e
+      return 0
     return self._on_decode(user, pic)
 
   def _on_display(self, _user: Any, disp_p: Any) -> int:
@@ -442,14 +446,18 @@ class NVDECDecoder:
     """map_on thread/consumer: note the picture for the mapper and return, so the parser goes on submitting."""
     if not disp_p: return 1
     if self.stopping: return 0
-    d = _DispInfo(disp_p)
-    idx, progressive, tff, ts = d.picture_index, d.progressive_frame, d.top_field_first, d.timestamp
-    with self.unmapped_lock: self.unmapped[idx] = self.unmapped.get(idx, 0) + 1
-    # waits while the mapper is queue_depth pictures behind
-    if not self.waiting.put((idx, progressive, tff, ts, self.surface), self._is_stopping_or_failed):
-      self._mapped_one(idx)
+    try:
+      d = _DispInfo(disp_p)
+      idx, progressive, tff, ts = d.picture_index, d.progressive_frame, d.top_field_first, d.timestamp
+      with self.unmapped_lock: self.unmapped[idx] = self.unmapped.get(idx, 0) + 1
+      # waits while the mapper is queue_depth pictures behind
+      if not self.waiting.put((idx, progressive, tff, ts, self.surface), self._is_stopping_or_failed):
+        self._mapped_one(idx)
+        return 0
+      return 1
+    except BaseException as e:
+      if self.error is None: self.error = e
       return 0
-    return 1
 
   # ------------------------------------------------------------ mapping
   def _map(self, idx: int, progressive: int, tff: int, ts: int, surface: Any, parser: bool) -> tuple[int, int, Any, Any]:
