@@ -202,7 +202,8 @@ class _Handoff:
     for _ in range(size): self.slots.put(None)
 
   def put(self, item: Any, stopping: Any) -> bool:
-    """Put `item` once a slot is free; False (not put) if `stopping()` turns true while waiting."""
+    """Put `item` once a slot is free; False (not put) if `stopping()` is or turns true while waiting."""
+    if stopping(): return False
     while True:
       try:
         self.slots.get(timeout=0.05)
