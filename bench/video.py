@@ -8,7 +8,8 @@
 Targets (issue 12): plugrt NV12 >= 1.0x PyNvVideoCodec's fps; float16 RGB >= 0.9x PyNvVideoCodec's NV12 fps;
 4 streams >= 3x one stream's aggregate rate.
 
-Usage: python bench/video.py [--frames 600] [--quick] [--preset fast] [--json out.json]
+Usage: python bench/video.py [--frames 600] [--quick] [--preset fast] [--json out.json] [--sweep]
+(--sweep: the decoder's options instead, 1 and --streams streams; docs/video.md says what each row is)
 The comparison packages (av, pynvvideocodec) are installed if missing: first from wheels in .video-whl/ (the GPU
 machine has no network: carry them there), then from the package index.
 """
