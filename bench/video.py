@@ -8,7 +8,8 @@
 Targets (issue 12): plugrt NV12 >= 1.0x PyNvVideoCodec's fps; float16 RGB >= 0.9x PyNvVideoCodec's NV12 fps;
 4 streams >= 3x one stream's aggregate rate.
 
-Usage: python bench/video.py [--frames 600] [--quick] [--preset fast] [--json out.json]
+Usage: python bench/video.py [--frames 600] [--quick] [--preset fast] [--json out.json] [--sweep]
+(--sweep: the decoder's options instead, 1 and --streams streams; docs/video.md says what each row is)
 The comparison packages (av, pynvvideocodec) are installed if missing: first from wheels in .video-whl/ (the GPU
 machine has no network: carry them there), then from the package index.
 """
@@ -109,6 +110,9 @@ def pyav_software(clip: bytes, rgb: bool) -> int:
   return n
 
 
+MAP_WAITS = [0]  # decode callbacks that waited for their picture index to be mapped (map_on thread/consumer), summed
+
+
 def plugrt_nv12(clip: bytes, **options: Any) -> int:
   from plugrt import Device
   from plugrt.video import hevc
@@ -121,6 +125,7 @@ def plugrt_nv12(clip: bytes, **options: Any) -> int:
       frame.release()  # the surface as NVDEC mapped it: nothing reads it
       n += 1
   finally: dec.close()
+  MAP_WAITS[0] += dec.map_waits
   return n
 
 
@@ -154,7 +159,7 @@ def pynvvideocodec_many(path: str, streams: int) -> int:
   return sum(counts)
 
 
-def decoder_busy(fn: Any) -> tuple[int, str]:
+def decoder_busy(fn: Any) -> tuple[Any, str]:
   """fn()'s frames, and nvidia-smi's NVDEC utilization (%) sampled every 100 ms while it ran."""
   smi = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.decoder", "--format=csv,noheader,nounits", "-lms", "100"],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -167,31 +172,43 @@ def decoder_busy(fn: Any) -> tuple[int, str]:
 
 
 def sweep(clip: bytes, path: str, streams: int) -> None:
-  """Where NVDEC time goes: the decoder alone, the parser's display delay and decode surfaces, maps on the context's
-  legacy stream or on each decoder's own stream, and `streams` concurrent streams on plugrt and PyNvVideoCodec."""
+  """Where NVDEC time goes: the decoder alone, the parser's display delay and decode surfaces, where the map runs
+  (map_on: the parser's thread, a mapper thread, the consumer's thread; with more decode surfaces; with maps on each
+  decoder's own stream; waiting for the picture by polling its status rather than in the map), on 1 and `streams`
+  concurrent streams, plugrt and PyNvVideoCodec side by side. Each row: one
+  warm run, then the best of two timed runs while nvidia-smi samples the engines (about 2 minutes on the H100)."""
   from plugrt_cuda import cuvid
 
-  def own(fn: Any) -> Any:  # fn with the decoders' own_stream default switched on
-    def run(*a: Any) -> Any:
-      cuvid.OWN_STREAM = True
-      try: return fn(*a)
-      finally: cuvid.OWN_STREAM = False
+  def defaults(fn: Any, **kw: Any) -> Any:  # fn with the decoders' module defaults (MAP_ON, OWN_STREAM) switched for the row
+    def run() -> Any:
+      saved = {k: getattr(cuvid, k) for k in kw}
+      for k, v in kw.items(): setattr(cuvid, k, v)
+      try: return fn()
+      finally:
+        for k, v in saved.items(): setattr(cuvid, k, v)
     return run
   rows: list[tuple[str, Any]] = [("plugrt decode only (no map)", lambda: plugrt_decode_only(clip)),
                                  ("plugrt NV12 display_delay=0 extra_surfaces=12", lambda: plugrt_nv12(clip, display_delay=0, extra_surfaces=12))]
   for k in sorted({1, streams}):
-    rows += [(f"PyNvVideoCodec NV12, {k} streams", lambda k=k: pynvvideocodec_many(path, k)),
-             (f"plugrt NV12, {k} streams", lambda k=k: concurrent(plugrt_nv12, clip, k)),
-             (f"plugrt NV12, {k} streams, own map streams", own(lambda k=k: concurrent(plugrt_nv12, clip, k))),
-             (f"plugrt float16 RGB, {k} streams", lambda k=k: concurrent(plugrt_rgb, clip, k)),
-             (f"plugrt float16 RGB, {k} streams, own map streams", own(lambda k=k: concurrent(plugrt_rgb, clip, k)))]
+    nv12 = [("", {}), (" map_on=thread", {"map_on": "thread"}), (" map_on=consumer", {"map_on": "consumer"}),
+            (" map_on=thread extra_surfaces=12", {"map_on": "thread", "extra_surfaces": 12}),
+            (" map_on=thread own_stream", {"map_on": "thread", "own_stream": True}),
+            (" map_on=thread status_poll_us=100", {"map_on": "thread", "status_poll_us": 100}),
+            (" status_poll_us=100", {"status_poll_us": 100})]
+    rows.append((f"PyNvVideoCodec NV12, {k} streams", lambda k=k: pynvvideocodec_many(path, k)))
+    rows += [(f"plugrt NV12, {k} streams{label}", lambda k=k, o=o: concurrent(lambda c: plugrt_nv12(c, **o), clip, k)) for label, o in nv12]
+    rows += [(f"plugrt float16 RGB, {k} streams{label}", defaults(lambda k=k: concurrent(plugrt_rgb, clip, k), MAP_ON=m))
+             for label, m in (("", "parser"), (" map_on=thread", "thread"), (" map_on=consumer", "consumer"))]
+  t0 = time.perf_counter()
   for name, fn in rows:
     try:
       fn()
-      secs, n = timed(fn, 3)
-      _, busy = decoder_busy(fn)  # once more, sampling the engines
-      print(f"  {name:<50} {n / secs:8.0f} fps  ({n} frames in {secs:.2f} s; {busy})")
-    except Exception as e: print(f"  {name:<50} failed: {type(e).__name__}: {e}")
+      MAP_WAITS[0] = 0
+      (secs, n), busy = decoder_busy(lambda fn=fn: timed(fn, 2))
+      waits = f"; the parser waited for a map {MAP_WAITS[0] // 2} times a run" if "map_on=" in name and "NV12" in name else ""
+      print(f"  {name:<58} {n / secs:8.0f} fps  ({n} frames in {secs:.2f} s; {busy}{waits})", flush=True)
+    except Exception as e: print(f"  {name:<58} failed: {type(e).__name__}: {e}", flush=True)
+  print(f"  (sweep: {len(rows)} rows in {time.perf_counter() - t0:.0f} s)")
 
 
 def plugrt_rgb(clip: bytes) -> int:

@@ -16,6 +16,15 @@ conversion kernel on the context's stream, and releases the frame: an event is r
 surface is unmapped once that event has completed. close() stops the worker, unmaps every surface and destroys
 the parser and the decoder, whatever state the stream was in.
 
+Where the map runs (the option map_on; the default "parser" is the above): a map waits until NVDEC has finished the
+picture, and on the parser's thread nothing new is submitted meanwhile. With "thread" the display callback only notes
+the picture (index, fields, timestamp, at most queue_depth of them) and a mapper thread of the decoder maps them in
+display order into the consumer's queue; with "consumer" the consumer's frames() maps them, no thread added. The
+parser, which may decode into a picture index again once its display callback returned, then goes on submitting;
+the decode callback waits only when it is handed an index whose shown picture is not mapped yet (NVIDIA's samples
+keep the same rule with a frame queue: cudaDecodeGL's waitUntilFrameAvailable), so no picture is overwritten before
+its map. cuvidGetDecoderCaps answers are cached per context, codec, chroma format and depth (decoder_caps()).
+
 Struct layouts and constants: NVIDIA's cuviddec.h and nvcuvid.h (Video Codec SDK 13.0), see docs/research/nvdec.md.
 """
 from __future__ import annotations
@@ -25,6 +34,7 @@ import ctypes
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,7 +51,7 @@ cudaVideoChromaFormat_420 = 1
 cudaVideoSurfaceFormat_NV12, cudaVideoSurfaceFormat_P016 = 0, 1
 cudaVideoDeinterlaceMode_Weave = 0
 cudaVideoCreate_PreferCUVID = 0x04
-cuvidDecodeStatus_Error, cuvidDecodeStatus_Error_Concealed = 8, 9
+cuvidDecodeStatus_InProgress, cuvidDecodeStatus_Error, cuvidDecodeStatus_Error_Concealed = 1, 8, 9
 CUVID_PKT_ENDOFSTREAM, CUVID_PKT_TIMESTAMP, CUVID_PKT_ENDOFPICTURE = 0x01, 0x02, 0x08
 CUDA_ERROR_NOT_READY = 600
 
@@ -88,7 +98,7 @@ class CUVIDSOURCEDATAPACKET(ctypes.Structure):
 
 SequenceCallback = ctypes.CFUNCTYPE(c_int, c_void_p, ctypes.POINTER(CUVIDEOFORMAT))
 DecodeCallback = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p)  # CUVIDPICPARAMS*: filled by the parser, passed on untouched
-DisplayCallback = ctypes.CFUNCTYPE(c_int, c_void_p, ctypes.POINTER(CUVIDPARSERDISPINFO))
+DisplayCallback = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p)  # CUVIDPARSERDISPINFO* (NULL at the end), an int to Python
 
 
 class CUVIDPARSERPARAMS(ctypes.Structure):
@@ -160,16 +170,70 @@ def _check(code: int, call: str) -> None:
     D.check(code, call)
 
 
-def decoder_caps(bit_depth: int) -> CUVIDDECODECAPS:
-  """What NVDEC on the current context's GPU can do with HEVC 4:2:0 at `bit_depth` bits."""
-  caps = CUVIDDECODECAPS(eCodecType=cudaVideoCodec_HEVC, eChromaFormat=cudaVideoChromaFormat_420, nBitDepthMinus8=bit_depth - 8)
-  _check(libnvcuvid().cuvidGetDecoderCaps(ctypes.byref(caps)), "cuvidGetDecoderCaps")
-  return caps
+#: cuvidGetDecoderCaps answers per libnvcuvid, then per (CUDA context, codec, chroma format, bit depth): a GPU's
+#: capabilities do not change while the process runs, so opening a decoder for a known format asks the driver nothing
+_caps_cache: weakref.WeakKeyDictionary[Any, dict[tuple[Any, int, int, int], CUVIDDECODECAPS]] = weakref.WeakKeyDictionary()
+_caps_lock = threading.Lock()
+
+
+def decoder_caps(bit_depth: int, state: Any = None, lib: Any = None, codec: int = cudaVideoCodec_HEVC,
+                 chroma: int = cudaVideoChromaFormat_420) -> CUVIDDECODECAPS:
+  """What NVDEC on `state`'s GPU (default: the context current on this thread) can do with `codec` (HEVC) in `chroma`
+  (4:2:0) at `bit_depth` bits. Asked once per context, codec, chroma format and depth for the process, then cached
+  (the result is shared: read it, do not change it); a failed call is not cached. `lib` stands in for libnvcuvid."""
+  lib = lib or libnvcuvid()
+  key = (getattr(getattr(state, "ctx", None), "value", None), codec, chroma, bit_depth)
+  with _caps_lock:
+    known = _caps_cache.setdefault(lib, {})
+    if (caps := known.get(key)) is not None: return caps
+  caps = CUVIDDECODECAPS(eCodecType=codec, eChromaFormat=chroma, nBitDepthMinus8=bit_depth - 8)
+  _check(lib.cuvidGetDecoderCaps(ctypes.byref(caps)), "cuvidGetDecoderCaps")
+  with _caps_lock: return _caps_cache.setdefault(lib, {}).setdefault(key, caps)
+
+
+class _Handoff:
+  """A bounded queue from one thread to another built on two C-level SimpleQueues (items, and free slots as tokens):
+  a put and a get cost no Python-level Condition, which queue.Queue's do (most of the display callback's CPU time
+  against the fake: bench/cuvid_cpu.py)."""
+
+  def __init__(self, size: int):
+    self.items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    self.slots: queue.SimpleQueue[None] = queue.SimpleQueue()
+    for _ in range(size): self.slots.put(None)
+
+  def put(self, item: Any, stopping: Any) -> bool:
+    """Put `item` once a slot is free; False (not put) if `stopping()` is or turns true while waiting."""
+    if stopping(): return False
+    while True:
+      try:
+        self.slots.get(timeout=0.05)
+        break
+      except queue.Empty:
+        if stopping(): return False
+    self.items.put(item)
+    return True
+
+  def get(self, timeout: float) -> Any:
+    """The oldest item (its slot free again), or raises queue.Empty after `timeout` seconds."""
+    item = self.items.get(timeout=timeout)
+    self.slots.put(None)
+    return item
+
+  def empty(self) -> bool: return self.items.empty()
 
 
 _END = object()
 #: the default of the decoder option own_stream (see NVDECDecoder.__init__); bench/video.py --sweep measures both
 OWN_STREAM = False
+#: the default of the decoder option map_on: "parser" maps in the parser's display callback (what ran on the H100 in
+#: 2026-11), "thread" on a mapper thread of the decoder's own, "consumer" in frames() on the consumer's thread;
+#: bench/video.py --sweep measures the three
+MAP_ON = "parser"
+MAP_ON_CHOICES = ("parser", "thread", "consumer")
+#: the default of the decoder option status_poll_us (0: the map waits for its picture in the driver)
+STATUS_POLL_US = 0
+_PIC_INDEX = 8  # CUVIDPICPARAMS.CurrPicIdx: its third int (cuviddec.h)
+_DispInfo = CUVIDPARSERDISPINFO.from_address  # the display callback's argument, read in place (cheaper than a POINTER's .contents)
 
 
 class NVDECDecoder:
@@ -178,12 +242,21 @@ class NVDECDecoder:
   def __init__(self, device: Any, stream: bytes, info: Any, options: dict[str, Any], state: Any = None, lib: Any = None):
     """`options`: ``queue_depth`` (surfaces decoded ahead of the consumer, 4; what plugrt.video passes), and the tuning
     knobs bench/video.py --sweep sets directly: ``display_delay`` (the parser's ulMaxDisplayDelay, 2), ``extra_surfaces``
-    (decode surfaces beyond the stream's minimum, 4), ``own_stream`` (maps on the decoder's own stream, OWN_STREAM).
+    (decode surfaces beyond the stream's minimum, 4), ``own_stream`` (maps on the decoder's own stream, OWN_STREAM),
+    ``map_on`` (where cuvidMapVideoFrame runs: "parser", "thread" or "consumer", MAP_ON; the module docstring),
+    ``status_poll_us`` (0: off, STATUS_POLL_US; else, before each map, poll cuvidGetDecodeStatus every that many
+    microseconds, sleeping between, until the picture is no longer in progress, so the map does not wait inside the
+    driver: whether a waiting map holds up the other streams' calls is what bench/video.py --sweep measures).
     `state` and `lib` stand in for the device's CUDAState and libnvcuvid in tests (plugins/ops_cuda/tests/test_cuvid_fake.py)."""
     lib = lib or libnvcuvid()
     if lib is None:
       raise VideoDecoderUnavailable("libnvcuvid.so.1 (NVDEC) is not installed with this driver", Reason.NOT_INSTALLED,
                                     "install the NVIDIA driver's video decode library (libnvidia-decode)")
+    self.map_on = options.get("map_on", MAP_ON)
+    if self.map_on not in MAP_ON_CHOICES:
+      from plugrt.video.convert import VideoArgumentError
+      raise VideoArgumentError(f"the NVDEC option map_on must be one of {', '.join(map(repr, MAP_ON_CHOICES))}, not {self.map_on!r}",
+                               'leave it out for the default ("parser")')
     from plugrt.device import Buffer
     from plugrt.dtype import dtypes
     from plugrt_cuda import driver as D
@@ -191,8 +264,7 @@ class NVDECDecoder:
     self.device, self.state, self.info = device, state or device.info.state, info
     self.state.make_current()
     for seq in info.sequences:  # every format the stream switches to, before anything is created
-      caps = CUVIDDECODECAPS(eCodecType=cudaVideoCodec_HEVC, eChromaFormat=cudaVideoChromaFormat_420, nBitDepthMinus8=seq.bit_depth_luma - 8)
-      _check(lib.cuvidGetDecoderCaps(ctypes.byref(caps)), "cuvidGetDecoderCaps")
+      caps = decoder_caps(seq.bit_depth_luma, self.state, lib)
       what = f"HEVC {seq.profile} 4:2:0 {seq.bit_depth_luma}-bit {seq.width}x{seq.height}"
       if seq.chroma_format_idc != 1 or seq.bit_depth_luma != seq.bit_depth_chroma:
         raise VideoDecoderUnavailable(f"NVDEC path decodes 4:2:0 with equal luma and chroma depth, not {what} (chroma_format_idc "
@@ -209,18 +281,29 @@ class NVDECDecoder:
     # the stream's minimum
     self.display_delay = int(options.get("display_delay", 2))
     self.extra_surfaces = int(options.get("extra_surfaces", 4))
+    self.status_poll_s = float(options.get("status_poll_us", STATUS_POLL_US)) / 1e6
     self.out_surfaces = self.depth + 4  # queued + held by the consumer + released, waiting for their kernels
     self.stream = ctypes.create_string_buffer(bytes(stream), len(stream))
     self.base = ctypes.addressof(self.stream)
-    self.queue: queue.Queue[Any] = queue.Queue(self.depth)
+    self.queue = _Handoff(self.depth)
     self.pending: collections.deque[tuple[ctypes.c_void_p, int]] = collections.deque()  # (event, mapped pointer) released
     self.spare_events: list[ctypes.c_void_p] = []
     self.handed: dict[int, bool] = {}  # surfaces given to the consumer and not released yet: close() releases them
     self.lock = threading.Lock()  # decoder calls from the worker (map, decode) and the consumer (unmap)
+    self.unmap_lock = threading.Lock()  # _unmap_done from the mapping thread and the parser's (a reconfiguration)
     self.decoder, self.parser = c_void_p(), c_void_p()
     self.fmt: CUVIDEOFORMAT | None = None
     self.surface: tuple[int, int, int, int, int, int, int, bool, int] | None = None
     self.stopping, self.closed, self.error, self.mapped, self.shown = False, False, None, 0, 0
+    # map_on "thread"/"consumer": the display callback only records (index, fields, timestamp, surface) in `waiting`
+    # (at most queue_depth), and `unmapped` counts each picture index shown and not mapped yet: the decode callback
+    # waits before decoding into such an index (NVIDIA's rule for a parser whose display callback returns before the
+    # map: the parser reuses an index once its display callback returned). `map_waits` counts those waits. All of it
+    # C-level queues and a plain lock: the picture crosses threads without a Python Condition.
+    self.waiting = _Handoff(self.depth)
+    self.unmapped: dict[int, int] = {}
+    self.unmapped_lock = threading.Lock()
+    self.map_waits = 0
     # own_stream: maps post-process on this decoder's own non-blocking stream, and the context's stream waits for each
     # map's event before the conversion kernel, so several decoders sharing a context do not serialize on one stream
     self.map_stream = c_void_p()
@@ -229,12 +312,17 @@ class NVDECDecoder:
       self.D.check(self.state.lib.cuStreamCreate(ctypes.byref(self.map_stream), self.D.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
     self._map_args = (CUVIDPROCPARAMS(output_stream=self.map_stream.value), c_ulonglong(), c_uint(), CUVIDGETDECODESTATUS())
     self._map_refs = tuple(ctypes.byref(a) for a in self._map_args)
-    self._callbacks = (SequenceCallback(self._on_sequence), DecodeCallback(self._on_decode), DisplayCallback(self._on_display))
+    self._decode_fn, self._map_fn, self._status_fn = lib.cuvidDecodePicture, lib.cuvidMapVideoFrame64, lib.cuvidGetDecodeStatus
+    parser_maps = self.map_on == "parser"
+    self._callbacks = (SequenceCallback(self._on_sequence), DecodeCallback(self._on_decode if parser_maps else self._on_decode_after_map),
+                       DisplayCallback(self._on_display if parser_maps else self._on_display_queued))
     params = CUVIDPARSERPARAMS(CodecType=cudaVideoCodec_HEVC, ulMaxNumDecodeSurfaces=1, ulClockRate=0, ulErrorThreshold=0,
                                ulMaxDisplayDelay=self.display_delay, pfnSequenceCallback=self._callbacks[0], pfnDecodePicture=self._callbacks[1],
                                pfnDisplayPicture=self._callbacks[2])
     _check(lib.cuvidCreateVideoParser(ctypes.byref(self.parser), ctypes.byref(params)), "cuvidCreateVideoParser")
     _count("parsers", 1)
+    self.mapper = threading.Thread(target=self._mapper, name="plugrt-nvdec-map", daemon=True) if self.map_on == "thread" else None
+    if self.mapper is not None: self.mapper.start()
     self.worker = threading.Thread(target=self._feed, name="plugrt-nvdec", daemon=True)
     self.worker.start()
 
@@ -246,30 +334,32 @@ class NVDECDecoder:
       pkt = CUVIDSOURCEDATAPACKET()
       units = list(split_nal_units(bytes(self.stream.raw)))
       aus = list(access_units(units))
+      parse, parser, pkt_ref, base = self.lib.cuvidParseVideoData, self.parser, ctypes.byref(pkt), self.base
       for k, au in enumerate(aus):
         if self.stopping or self.error is not None: break
         start = au[0].offset - 3  # with the start code
         end = aus[k + 1][0].offset - 3 if k + 1 < len(aus) else len(self.stream.raw)
         # one access unit a packet: ENDOFPICTURE lets the parser hand the picture on without waiting for the next one
         pkt.flags, pkt.payload_size = CUVID_PKT_TIMESTAMP | CUVID_PKT_ENDOFPICTURE, end - start
-        pkt.payload, pkt.timestamp = self.base + start, au[0].offset
-        r = self.lib.cuvidParseVideoData(self.parser, ctypes.byref(pkt))
+        pkt.payload, pkt.timestamp = base + start, au[0].offset
+        r = parse(parser, pkt_ref)
         if r != 0 and self.error is None and not self.stopping:
           self.error = VideoStreamError(f"the NVDEC parser rejected the access unit (CUresult {r})", au[0].offset)
       if not self.stopping and self.error is None:
         pkt.flags, pkt.payload_size, pkt.payload, pkt.timestamp = CUVID_PKT_ENDOFSTREAM, 0, None, 0
-        self.lib.cuvidParseVideoData(self.parser, ctypes.byref(pkt))
+        parse(parser, pkt_ref)
     except BaseException as e:
       if self.error is None: self.error = e
-    self._put(self.error if self.error is not None else _END)
+    last = self.error if self.error is not None else _END
+    if self.map_on == "parser": self._put(last)
+    else:  # after every picture shown: the mapper (or the consumer) passes it on in order
+      self.waiting.items.put(last)  # past the bound: the end always goes in
 
   def _put(self, item: Any) -> bool:
-    while not self.stopping:
-      try:
-        self.queue.put(item, timeout=0.05)
-        return True
-      except queue.Full: continue
-    return False
+    return self.queue.put(item, self._is_stopping)
+
+  def _is_stopping(self) -> bool: return self.stopping
+  def _is_stopping_or_failed(self) -> bool: return self.stopping or self.error is not None
 
   def _on_sequence(self, _user: Any, fmt_p: Any) -> int:
     try:
@@ -295,7 +385,8 @@ class NVDECDecoder:
         if depth != self.depth_bits:
           raise VideoStreamError(f"the bit depth changes from {self.depth_bits} to {depth} mid-stream, which NVDEC cannot reconfigure",
                                  0, "split the stream at the change")
-        while self.mapped and not self.stopping:  # the decoder's surfaces are reallocated: every mapped one must be back first
+        # the decoder's surfaces are reallocated: every picture shown must be mapped, and every mapped one back, first
+        while (self.mapped or self.unmapped) and not self.stopping:
           self._unmap_done(wait=True)
           time.sleep(0.001)
         rc = CUVIDRECONFIGUREDECODERINFO(ulWidth=fmt.coded_width, ulHeight=fmt.coded_height, ulTargetWidth=tw, ulTargetHeight=th,
@@ -314,61 +405,160 @@ class NVDECDecoder:
 
   def _on_decode(self, _user: Any, pic: Any) -> int:
     if self.stopping: return 0
-    with self.lock: r = self.lib.cuvidDecodePicture(self.decoder, pic)
+    with self.lock: r = self._decode_fn(self.decoder, pic)
     if r != 0:
       if self.error is None: self.error = VideoStreamError(f"cuvidDecodePicture failed (CUresult {r})", 0)
       return 0
     return 1
 
+  def _on_decode_after_map(self, user: Any, pic: Any) -> int:
+    """map_on thread/consumer: the parser reuses a picture index as soon as its display callback returned, so a
+    picture may not be decoded into an index whose earlier picture still waits to be mapped (the map reads it)."""
+    if self.stopping: return 0
+    try:
+      idx = c_int.from_address(pic + _PIC_INDEX).value
+      if idx in self.unmapped:  # polled: with the parser cycling through its surfaces, a wait is the exception
+        self.map_waits += 1
+        while idx in self.unmapped:
+          if self.stopping or self.error is not None: return 0
+          time.sleep(0.0001)
+    except BaseException as e:
+      if self.error is None: self.error = e
+      return 0
+    return self._on_decode(user, pic)
+
   def _on_display(self, _user: Any, disp_p: Any) -> int:
     if not disp_p: return 1  # the end of the stream (CUVID_PKT_NOTIFY_EOS)
     if self.stopping: return 0
     try:
-      disp = disp_p.contents
-      self._unmap_done(wait=self.mapped >= self.out_surfaces - 1)
-      proc, ptr, pitch, status = self._map_args  # this callback runs on the worker thread only: one set of out-structs serves every map
-      proc.progressive_frame, proc.top_field_first = disp.progressive_frame, disp.top_field_first
-      with self.lock:
-        _check(self.lib.cuvidMapVideoFrame64(self.decoder, disp.picture_index, self._map_refs[1], self._map_refs[2], self._map_refs[0]),
-               "cuvidMapVideoFrame64")
-        self.mapped += 1
-        _count("mapped", 1)
-        r = self.lib.cuvidGetDecodeStatus(self.decoder, disp.picture_index, self._map_refs[3])
-      if r == 0 and status.decodeStatus in (cuvidDecodeStatus_Error, cuvidDecodeStatus_Error_Concealed):
-        self._unmap(ptr.value)
-        raise VideoStreamError("NVDEC found an error decoding the picture of the access unit" +
-                               (" (concealed)" if status.decodeStatus == cuvidDecodeStatus_Error_Concealed else ""), int(disp.timestamp))
-      ev = None
-      if self.map_stream.value:
-        ev = self.map_events.popleft() if self.map_events else self._new_event()
-        self.D.check(self.state.lib.cuEventRecord(ev, self.map_stream), "cuEventRecord")
-      if not self._put((ptr.value, pitch.value, self.surface, ev)):
-        self._unmap(ptr.value)
+      d = _DispInfo(disp_p)
+      idx, progressive, tff, ts = d.picture_index, d.progressive_frame, d.top_field_first, d.timestamp
+      if self.pending: self._unmap_done(wait=self.mapped >= self.out_surfaces - 1)
+      item = self._map(idx, progressive, tff, ts, self.surface, True)
+      if not self._put(item):
+        self._drop(item)
         return 0
       return 1
     except BaseException as e:
       if self.error is None: self.error = e
       return 0
 
+  def _on_display_queued(self, _user: Any, disp_p: Any) -> int:
+    """map_on thread/consumer: note the picture for the mapper and return, so the parser goes on submitting."""
+    if not disp_p: return 1
+    if self.stopping: return 0
+    try:
+      d = _DispInfo(disp_p)
+      idx, progressive, tff, ts = d.picture_index, d.progressive_frame, d.top_field_first, d.timestamp
+      with self.unmapped_lock: self.unmapped[idx] = self.unmapped.get(idx, 0) + 1
+      # waits while the mapper is queue_depth pictures behind
+      if not self.waiting.put((idx, progressive, tff, ts, self.surface), self._is_stopping_or_failed):
+        self._mapped_one(idx)
+        return 0
+      return 1
+    except BaseException as e:
+      if self.error is None: self.error = e
+      return 0
+
+  # ------------------------------------------------------------ mapping
+  def _map(self, idx: int, progressive: int, tff: int, ts: int, surface: Any, parser: bool) -> tuple[int, int, Any, Any]:
+    """Map picture `idx` (waits for NVDEC to finish it) and check its decode status: (pointer, pitch, surface, event).
+    One thread maps (the parser's, the mapper or the consumer), so one set of out-structs serves every map. On the
+    parser's thread the map holds self.lock as it always did; elsewhere it does not, so the parser's cuvidDecodePicture
+    runs while a map waits (NVIDIA's programming guide: decode and map on different threads)."""
+    proc, ptr, pitch, status = self._map_args
+    proc.progressive_frame, proc.top_field_first = progressive, tff
+    refs = self._map_refs
+    if self.status_poll_s:  # wait for the picture out here, polling, so the map itself does not wait in the driver
+      give_up = time.perf_counter() + 0.25  # a driver that never reports the picture done before its map: map anyway
+      while self._status_fn(self.decoder, idx, refs[3]) == 0 and status.decodeStatus == cuvidDecodeStatus_InProgress and \
+          not self.stopping and time.perf_counter() < give_up:
+        time.sleep(self.status_poll_s)
+    if parser:
+      with self.lock:
+        r = self._map_fn(self.decoder, idx, refs[1], refs[2], refs[0])
+        if r: _check(r, "cuvidMapVideoFrame64")
+        self.mapped += 1
+        _count("mapped", 1)
+        r = self._status_fn(self.decoder, idx, refs[3])
+    else:
+      r = self._map_fn(self.decoder, idx, refs[1], refs[2], refs[0])
+      if r: _check(r, "cuvidMapVideoFrame64")
+      with self.lock: self.mapped += 1
+      _count("mapped", 1)
+      r = self._status_fn(self.decoder, idx, refs[3])
+    if r == 0 and status.decodeStatus in (cuvidDecodeStatus_Error, cuvidDecodeStatus_Error_Concealed):
+      self._unmap(ptr.value)
+      raise VideoStreamError("NVDEC found an error decoding the picture of the access unit" +
+                             (" (concealed)" if status.decodeStatus == cuvidDecodeStatus_Error_Concealed else ""), int(ts))
+    ev = None
+    if self.map_stream.value:
+      ev = self.map_events.popleft() if self.map_events else self._new_event()
+      self.D.check(self.state.lib.cuEventRecord(ev, self.map_stream), "cuEventRecord")
+    return ptr.value, pitch.value, surface, ev
+
+  def _map_waiting(self, item: tuple[int, int, int, int, Any]) -> tuple[int, int, Any, Any]:
+    """map_on thread/consumer: map a picture the display callback noted; its index is free for the parser after."""
+    try:
+      if self.pending: self._unmap_done(wait=self.mapped >= self.out_surfaces - 1)
+      return self._map(*item, False)
+    finally: self._mapped_one(item[0])
+
+  def _mapped_one(self, idx: int) -> None:
+    """Picture index `idx` is mapped (or given up): the parser may decode into it again."""
+    with self.unmapped_lock:
+      if (n := self.unmapped.get(idx, 1) - 1): self.unmapped[idx] = n
+      else: self.unmapped.pop(idx, None)  # (close() may have cleared it)
+
+  def _take_waiting(self, timeout: float) -> Any:
+    """The oldest picture noted by the display callback (or the end), waiting `timeout` at most; None if none came."""
+    try: return self.waiting.get(timeout)
+    except queue.Empty: return None
+
+  def _mapper(self) -> None:
+    """map_on "thread": maps what the display callback noted, in display order, into the consumer's queue."""
+    try:
+      self.state.make_current()
+      while not self.stopping:
+        item = self._take_waiting(0.05)
+        if item is None: continue
+        if item is _END or isinstance(item, BaseException):
+          self._put(item)
+          return
+        out = self._map_waiting(item)
+        if not self._put(out):
+          self._drop(out)
+          return
+    except BaseException as e:
+      if self.error is None: self.error = e
+      self._put(e)
+
   # ------------------------------------------------------------ surfaces
+  def _drop(self, item: tuple[int, int, Any, Any]) -> None:
+    """A mapped picture nobody will see (closing): unmapped at once, its map event kept for reuse."""
+    if item[3] is not None: self.map_events.append(item[3])
+    self._unmap(item[0])
+
   def _unmap(self, ptr: int) -> None:
-    with self.lock: r = self.lib.cuvidUnmapVideoFrame64(self.decoder, c_ulonglong(ptr))
-    self.mapped -= 1
+    with self.lock:
+      r = self.lib.cuvidUnmapVideoFrame64(self.decoder, c_ulonglong(ptr))
+      self.mapped -= 1
     _count("mapped", -1)
-    _check(r, "cuvidUnmapVideoFrame64")
+    if r: _check(r, "cuvidUnmapVideoFrame64")
 
   def _unmap_done(self, wait: bool = False) -> None:
     """Unmap released surfaces whose conversion finished; with `wait`, wait for the oldest one at least."""
     cuda = self.state.lib
-    while self.pending:
-      ev, ptr = self.pending[0]
-      if cuda.cuEventQuery(ev) == CUDA_ERROR_NOT_READY:
-        if not wait: return
-        cuda.cuEventSynchronize(ev)
-      wait = False
-      self.pending.popleft()
-      self.spare_events.append(ev)
-      self._unmap(ptr)
+    with self.unmap_lock:
+      while self.pending:
+        ev, ptr = self.pending[0]
+        if cuda.cuEventQuery(ev) == CUDA_ERROR_NOT_READY:
+          if not wait: return
+          cuda.cuEventSynchronize(ev)
+        wait = False
+        self.pending.popleft()
+        self.spare_events.append(ev)
+        self._unmap(ptr)
 
   def _new_event(self) -> ctypes.c_void_p:
     ev = c_void_p()
@@ -381,15 +571,32 @@ class NVDECDecoder:
     self.D.check(self.state.lib.cuEventRecord(ev, self.state.stream), "cuEventRecord")
     self.pending.append((ev, ptr))
 
+  def _next_mapped(self) -> Any:
+    """The next mapped picture, _END or an error, as the consumer's loop gets it (map_on "consumer": mapped here)."""
+    if self.map_on != "consumer":
+      feeder = self.mapper or self.worker
+      while True:
+        try: return self.queue.get(timeout=0.1)
+        except queue.Empty:
+          if not feeder.is_alive() and self.queue.empty(): raise RuntimeError("the NVDEC worker ended without a result") from None
+    while True:
+      item = self._take_waiting(0.1)
+      if item is None:
+        if not self.worker.is_alive() and self.waiting.empty(): raise RuntimeError("the NVDEC worker ended without a result")
+        continue
+      if item is _END or isinstance(item, BaseException): return item
+      try: return self._map_waiting(item)
+      except BaseException as e:
+        if self.error is None: self.error = e  # the parser stops too
+        return e
+
   def frames(self) -> Iterator[Any]:
     from plugrt.video import Frame
     from plugrt.video.convert import Surface
     dev, Buffer = self.device, self.Buffer
+    if self.map_on == "consumer": self.state.make_current()  # this thread calls cuvidMapVideoFrame
     while True:
-      try: item = self.queue.get(timeout=0.1)
-      except queue.Empty:
-        if not self.worker.is_alive() and self.queue.empty(): raise RuntimeError("the NVDEC worker ended without a result") from None
-        continue
+      item = self._next_mapped()
       if item is _END: break
       if isinstance(item, BaseException): raise item
       ptr, pitch, (w, h, _tw, th, depth, shift, esize, full, matrix), mapped_ev = item
@@ -414,10 +621,13 @@ class NVDECDecoder:
     self.state.make_current()
     try:
       self.worker.join(30)
+      if self.mapper is not None: self.mapper.join(30)
       while True:
-        try: item = self.queue.get_nowait()
+        try: item = self.queue.get(0)
         except queue.Empty: break
         if isinstance(item, tuple): self.handed[item[0]] = True
+      while self._take_waiting(0) is not None: pass  # shown, never mapped: nothing to give back
+      self.unmapped.clear()
       for ptr in list(self.handed): self._release(ptr)  # a frame the consumer held when it stopped, or got from the queue here
       self._unmap_done(wait=True)
       while self.pending: self._unmap_done(wait=True)

@@ -2,7 +2,8 @@
 the declaration and its probe, and the fallback. With one (marker `gpu`, scripts/gpu-check.sh): every frame of
 PyAV-made streams (8-bit, 10-bit, a resolution change, a cropped size) equals PyAV's software decode through the
 same kernel within 1 level in uint8 (floats: 2**-9 in float16, 1e-6 in float32, both normalized), four streams at
-once, typed errors for cut streams, and 1000 open/close cycles with early closes and exceptions that leak nothing.
+once, each map_on / status_poll_us option, typed errors for cut streams, and 1000 open/close cycles with early closes
+and exceptions that leak nothing.
 """
 from __future__ import annotations
 
@@ -116,6 +117,27 @@ def test_a_picture_below_nvdec_minimum_is_a_typed_refusal(streams: dict[str, byt
   got = decode_annexb_to_tensors_auto(streams["too-small"], dtype=dtypes.uint8, normalize=False, decoder="NVDEC", device="CUDA",
                                       fallback=lambda e: seen.append(e) or "software")
   assert got == "software" and isinstance(seen[0], VideoDecoderUnavailable)
+  assert cuvid.live_objects() == {"decoders": 0, "parsers": 0, "mapped": 0}
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("map_on, poll_us", [("thread", 0), ("consumer", 0), ("thread", 100), ("parser", 100)])
+def test_maps_off_the_parser_thread_match_software(streams: dict[str, bytes], monkeypatch: pytest.MonkeyPatch, map_on: str,
+                                                   poll_us: int) -> None:
+  """The map_on and status_poll_us options (docs/video.md), through decode_annexb_iter's path (the module defaults):
+  every frame as software's, a resolution change, two streams at once, nothing left behind."""
+  monkeypatch.setattr(cuvid, "MAP_ON", map_on)
+  monkeypatch.setattr(cuvid, "STATUS_POLL_US", poll_us)
+  errors: list[BaseException] = []
+
+  def run(s: bytes) -> None:
+    try: _compare(s, dtypes.uint8, False, 1)
+    except BaseException as e: errors.append(e)
+  threads = [threading.Thread(target=run, args=(streams[n],)) for n in ("8bit-bt709", "resolution-change")]
+  for t in threads: t.start()
+  for t in threads: t.join(120)
+  assert not errors, errors
   assert cuvid.live_objects() == {"decoders": 0, "parsers": 0, "mapped": 0}
 
 

@@ -17,7 +17,7 @@ import pytest
 from plugrt import Device, dtypes
 from plugrt.errors import Reason, VideoDecoderUnavailable, VideoStreamError
 from plugrt.video import hevc
-from plugrt.video.convert import convert
+from plugrt.video.convert import VideoArgumentError, convert
 from plugrt_cuda import cuvid
 
 av = pytest.importorskip("av")
@@ -59,26 +59,44 @@ class FakeState:
 
 
 class FakeCuvid:
-  """libnvcuvid's calls in Python. Parsing decodes each packet with PyAV; a picture's surface is host memory."""
+  """libnvcuvid's calls in Python. Parsing decodes each packet with PyAV; a picture's surface is host memory.
 
-  def __init__(self, max_width: int = 8192, bad_picture: int | None = None):
-    self.max_width, self.bad_picture = max_width, bad_picture
+  Like the real parser, each picture is decoded into a picture index that is free again once its display callback
+  returned. `reuse` picks the next one: "lowest" (the lowest index not held, i.e. reused as early as a parser may:
+  the adversarial case) or "cycle" (the next free one after the last, through as many surfaces as the sequence
+  callback asked for: the parser "cycles through" its decode surfaces, nvcuvid.h says).
+  `decode_s` models the engine: a picture is finished `decode_s` after the engine is free for it, and a map blocks
+  until then. The fake counts pictures submitted while a map was blocked (`submitted_during_maps`), and decodes into
+  an index whose shown picture was not mapped yet (`reused_unmapped`: the rule the decoder must keep)."""
+
+  def __init__(self, max_width: int = 8192, bad_picture: int | None = None, decode_s: float = 0.0, reuse: str = "lowest"):
+    self.max_width, self.bad_picture, self.decode_s, self.reuse = max_width, bad_picture, decode_s, reuse
     self.parsers = self.decoders = 0
     self.mapped: dict[int, np.ndarray] = {}
     self.max_mapped = 0
     self.created: list[cuvid.CUVIDDECODECREATEINFO] = []
     self.reconfigured: list[tuple[int, int]] = []
-    self.pictures: dict[int, tuple[Any, int]] = {}
+    self.pictures: dict[int, tuple[Any, int, int]] = {}  # picture index -> (frame, timestamp, display number)
     self.lock = threading.Lock()
+    self.caps_calls = self.submitted = self.submitted_during_maps = self.blocked_maps = self.reused_unmapped = self.status_calls = 0
+    self.ready: dict[int, float] = {}
+    self.engine_free = 0.0
+    self.shown_unmapped: set[int] = set()
 
   def cuvidGetDecoderCaps(self, p: Any) -> int:
+    self.caps_calls += 1
     caps = p._obj
     caps.bIsSupported, caps.nMaxWidth, caps.nMaxHeight, caps.nMaxMBCount, caps.nMinWidth, caps.nMinHeight = 1, self.max_width, 4096, 1 << 20, 48, 16
     return 0
 
   def cuvidCreateVideoParser(self, p: Any, params: Any) -> int:
     self.params = params._obj
-    self.ctx, self.fmt, self.index = av.CodecContext.create("hevc", "r"), None, 0
+    self.ctx, self.fmt, self.packets, self.displayed = av.CodecContext.create("hevc", "r"), None, 0, 0
+    self.held: set[int] = set()
+    self.shown_unmapped, self.ready = set(), {}  # a new parser and decoder: nothing of the last one's pictures
+    self.pool, self.last = 20, -1  # decode surfaces (until the sequence callback says), the index given last
+    self.index_of: dict[int, tuple[int, int]] = {}  # packet number -> (picture index, timestamp)
+    self.pic = (ctypes.c_int * 64)()  # CUVIDPICPARAMS: CurrPicIdx at byte 8
     self.parsers += 1
     p._obj.value = 0xBEEF
     return 0
@@ -86,10 +104,20 @@ class FakeCuvid:
   def cuvidParseVideoData(self, parser: Any, pkt: Any) -> int:
     pk = pkt._obj
     data = ctypes.string_at(pk.payload, pk.payload_size) if pk.payload_size else None
-    frames = list(self.ctx.decode(av.Packet(data) if data else None))
     params = self.params
-    if data: params.pfnDecodePicture(None, ctypes.c_void_p(1))
-    for f in frames:
+    packet = None
+    if data:
+      packet = av.Packet(data)
+      packet.pts = self.packets
+      free = [i for i in range(self.pool) if i not in self.held]
+      idx = min(free) if self.reuse == "lowest" else min(free, key=lambda i: (i - self.last - 1) % self.pool)
+      self.last = idx
+      self.held.add(idx)
+      self.index_of[self.packets] = (idx, pk.timestamp)
+      self.packets += 1
+      self.pic[2] = idx
+      if params.pfnDecodePicture(None, ctypes.addressof(self.pic)) == 0: return 999
+    for f in self.ctx.decode(packet):
       bits = 8 if f.format.name == "yuv420p" else 10
       key = (f.width, f.height, bits)
       if key != self.fmt:
@@ -99,13 +127,16 @@ class FakeCuvid:
         fmt.display_area = cuvid.Rect32(0, 0, f.width, f.height)
         fmt.video_signal_description.video_full_range_flag = int(f.color_range == 2)
         fmt.video_signal_description.matrix_coefficients = int(f.colorspace)
-        if params.pfnSequenceCallback(None, ctypes.pointer(fmt)) == 0: return 999
-        self.fmt = key
-      idx = self.index % 20
-      self.pictures[idx] = (f, pk.timestamp)
-      self.index += 1
-      disp = cuvid.CUVIDPARSERDISPINFO(picture_index=idx, progressive_frame=1, timestamp=pk.timestamp)
-      if params.pfnDisplayPicture(None, ctypes.pointer(disp)) == 0: return 999
+        if (surfaces := params.pfnSequenceCallback(None, ctypes.pointer(fmt))) == 0: return 999
+        self.fmt, self.pool = key, max(surfaces, 1 + max(self.held, default=0))
+      idx, ts = self.index_of.pop(f.pts)
+      self.pictures[idx] = (f, ts, self.displayed)
+      self.displayed += 1
+      self.shown_unmapped.add(idx)
+      disp = cuvid.CUVIDPARSERDISPINFO(picture_index=idx, progressive_frame=1, timestamp=ts)
+      r = params.pfnDisplayPicture(None, ctypes.pointer(disp))
+      self.held.discard(idx)  # the parser may decode into this index again
+      if r == 0: return 999
     return 0
 
   def cuvidDestroyVideoParser(self, p: Any) -> int:
@@ -128,14 +159,30 @@ class FakeCuvid:
     self.decoders -= 1
     return 0
 
-  def cuvidDecodePicture(self, dec: Any, pic: Any) -> int: return 0
+  def cuvidDecodePicture(self, dec: Any, pic: Any) -> int:
+    idx = ctypes.c_int.from_address(pic + 8).value
+    if idx in self.shown_unmapped: self.reused_unmapped += 1  # the picture still waiting to be mapped is overwritten
+    now = time.perf_counter()
+    self.engine_free = max(now, self.engine_free) + self.decode_s
+    self.ready[idx] = self.engine_free
+    self.submitted += 1
+    return 0
 
   def cuvidGetDecodeStatus(self, dec: Any, idx: int, st: Any) -> int:
-    st._obj.decodeStatus = cuvid.cuvidDecodeStatus_Error if self.bad_picture is not None and self.index - 1 == self.bad_picture else 2
+    if self.ready.get(idx, 0.0) > time.perf_counter(): st._obj.decodeStatus = cuvid.cuvidDecodeStatus_InProgress
+    elif self.bad_picture is not None and self.pictures[idx][2] == self.bad_picture: st._obj.decodeStatus = cuvid.cuvidDecodeStatus_Error
+    else: st._obj.decodeStatus = 2  # cuvidDecodeStatus_Success
+    self.status_calls += 1
     return 0
 
   def cuvidMapVideoFrame64(self, dec: Any, idx: int, ptr: Any, pitch: Any, proc: Any) -> int:
-    f, _ = self.pictures[idx]
+    if (wait := self.ready.get(idx, 0.0) - time.perf_counter()) > 0:  # the engine has not finished the picture
+      before = self.submitted
+      time.sleep(wait)
+      self.submitted_during_maps += self.submitted - before
+      self.blocked_maps += 1
+    self.shown_unmapped.discard(idx)
+    f, _, _ = self.pictures[idx]
     limit = self.created[0].ulNumOutputSurfaces
     if len(self.mapped) >= limit: return 999  # CUDA_ERROR_... : more mapped than the decoder was created for
     bits = 8 if f.format.name == "yuv420p" else 10
@@ -161,7 +208,15 @@ class FakeCuvid:
     return 0
 
 
+MODES = cuvid.MAP_ON_CHOICES  # where cuvidMapVideoFrame runs: the parser's thread (default), a mapper thread, the consumer's
+
+
 def _run(stream: bytes, lib: FakeCuvid, state: FakeState | None = None, depth: int = 3, consume: Any = None, **options: Any) -> list[Any]:
+  return _run_dec(stream, lib, state, depth, consume, **options)[0]
+
+
+def _run_dec(stream: bytes, lib: FakeCuvid, state: FakeState | None = None, depth: int = 3, consume: Any = None,
+             **options: Any) -> tuple[list[Any], Any]:
   dev = Device["CPU"]
   dec = cuvid.NVDECDecoder(dev, stream, hevc.scan(stream), {"queue_depth": depth, **options}, state=state or FakeState(), lib=lib)
   out = []
@@ -169,9 +224,9 @@ def _run(stream: bytes, lib: FakeCuvid, state: FakeState | None = None, depth: i
     for frame in dec.frames():
       out.append((frame.timestamp, convert(frame.surface, dtypes.uint8, False, None).numpy()))
       frame.release()
-      if consume: consume(len(out))
+      if consume: consume(len(out), dec)
   finally: dec.close()
-  return out
+  return out, dec
 
 
 def _check_against_pyav(stream: bytes, got: list[Any]) -> None:
@@ -182,66 +237,122 @@ def _check_against_pyav(stream: bytes, got: list[Any]) -> None:
     assert np.abs(img.astype(int) - reference_rgb(y, cb, cr, bits, full, space, False, uint8=True)).max() <= 1
 
 
+def _nothing_left(lib: FakeCuvid, state: FakeState) -> None:
+  assert (lib.parsers, lib.decoders, len(lib.mapped), state.lib.events) == (0, 0, 0, 0)
+  assert lib.reused_unmapped == 0, "a picture index was decoded into while its shown picture still waited to be mapped"
+
+
+@pytest.mark.parametrize("map_on", MODES)
 @pytest.mark.parametrize("bits, tag", [(8, "bt709"), (10, "bt2020")])
-def test_frames_through_the_real_decoder_logic(bits: int, tag: str) -> None:
+def test_frames_through_the_real_decoder_logic(bits: int, tag: str, map_on: str) -> None:
   stream = make_hevc(96, 64, frames=9, bit_depth=bits, tag=tag)
   lib, state = FakeCuvid(), FakeState()
-  got = _run(stream, lib, state)
+  got = _run(stream, lib, state, map_on=map_on)
   _check_against_pyav(stream, got)
   ci = lib.created[0]
   assert ci.OutputFormat == (cuvid.cudaVideoSurfaceFormat_P016 if bits > 8 else cuvid.cudaVideoSurfaceFormat_NV12)
   assert ci.bitDepthMinus8 == bits - 8 and ci.ulNumOutputSurfaces == 3 + 4 and lib.max_mapped <= ci.ulNumOutputSurfaces
-  assert (lib.parsers, lib.decoders, len(lib.mapped), state.lib.events) == (0, 0, 0, 0)
+  _nothing_left(lib, state)
 
 
-def test_own_stream_orders_each_frame_after_its_map() -> None:
+@pytest.mark.parametrize("map_on", MODES)
+def test_own_stream_orders_each_frame_after_its_map(map_on: str) -> None:
   """own_stream: every map is followed by one wait of the context's stream on that map's event, and close() gives
   the stream and every event back."""
   stream = make_hevc(96, 64, frames=9, tag="bt709")
   lib, state = FakeCuvid(), FakeState()
-  got = _run(stream, lib, state, own_stream=True)
+  got = _run(stream, lib, state, own_stream=True, map_on=map_on)
   _check_against_pyav(stream, got)
   assert state.lib.waits == 9 and state.lib.streams == 0 and state.lib.events == 0
 
 
-def test_resolution_change_reconfigures() -> None:
+@pytest.mark.parametrize("map_on", MODES)
+def test_resolution_change_reconfigures(map_on: str) -> None:
   stream = make_hevc(96, 64, frames=4, tag="bt709") + make_hevc(128, 96, frames=5, tag="bt709", seed=2)
-  lib = FakeCuvid()
-  got = _run(stream, lib)
+  lib = FakeCuvid(decode_s=0.002)  # maps lag behind the parser: the reconfiguration must wait for every one
+  got = _run(stream, lib, map_on=map_on)
   _check_against_pyav(stream, got)
   assert len(lib.created) == 1 and lib.reconfigured == [(128, 96)]
   assert (lib.created[0].ulMaxWidth, lib.created[0].ulMaxHeight) == (128, 96)  # sized at open for the largest picture
+  assert lib.reused_unmapped == 0
 
 
-def test_a_slow_consumer_bounds_the_queue_and_slow_kernels_bound_the_mappings() -> None:
-  stream = make_hevc(96, 64, frames=12)
+@pytest.mark.parametrize("map_on", MODES)
+def test_a_slow_consumer_bounds_the_queue_and_slow_kernels_bound_the_mappings(map_on: str) -> None:
+  stream = make_hevc(96, 64, frames=16)
   lib, state = FakeCuvid(), FakeState()
   state.lib.slow = True  # kernels never finish by themselves: every unmap waits for its event
-  got = _run(stream, lib, state, depth=2, consume=lambda n: time.sleep(0.02))
-  assert len(got) == 12 and lib.max_mapped <= 2 + 4 and not lib.mapped
+  ahead: list[int] = []
+
+  def slow(n: int, dec: Any) -> None:
+    time.sleep(0.02)
+    ahead.append(lib.submitted - n)  # pictures the parser submitted beyond those the consumer took
+    assert dec.waiting.items.qsize() <= 2 + 1 and dec.queue.items.qsize() <= 2  # pictures (and the end)
+  got = _run(stream, lib, state, depth=2, consume=slow, map_on=map_on)
+  assert len(got) == 16 and lib.max_mapped <= 2 + 4 and not lib.mapped
+  # decoded ahead at most: the queue, the pictures noted for the mapper, the one being mapped, and the pictures the
+  # parser holds for reordering (a B-pyramid: 3 here)
+  assert max(ahead) <= 2 + (2 + 1 if map_on != "parser" else 0) + 3, ahead
+  _nothing_left(lib, state)
 
 
-def test_early_close_and_exceptions_leave_nothing() -> None:
+@pytest.mark.parametrize("map_on", ["thread", "consumer"])
+def test_the_parser_keeps_submitting_while_a_map_waits(map_on: str) -> None:
+  """Maps off the parser's thread: while a map waits for NVDEC to finish its picture, the parser submits the next
+  pictures (on the parser's thread, nothing is submitted while it waits). Every frame is still right, and no picture
+  index is decoded into while its picture waits to be mapped."""
+  stream = make_hevc(96, 64, frames=16)
+  counts = {}
+  for mode, reuse in (("parser", "cycle"), (map_on, "cycle"), (map_on, "lowest")):
+    lib, state = FakeCuvid(decode_s=0.005, reuse=reuse), FakeState()
+    got, dec = _run_dec(stream, lib, state, depth=4, map_on=mode)
+    _check_against_pyav(stream, got)
+    _nothing_left(lib, state)
+    counts[mode, reuse] = (lib.blocked_maps, lib.submitted_during_maps, dec.map_waits)
+  parser, off, early = counts["parser", "cycle"], counts[map_on, "cycle"], counts[map_on, "lowest"]
+  assert parser[0] > 0 and parser[1] == 0, counts  # maps blocked, and the parser with them
+  assert off[0] > 0 and off[1] > 0, counts  # maps blocked, and the parser went on submitting
+  assert early[2] > 0, counts  # an index reused at once: the parser waited for its map (and nothing was overwritten)
+
+
+def test_the_fake_sees_an_index_decoded_into_before_its_map() -> None:
+  """The check above can fail: a decoder that does not wait for a shown picture's map before reusing its index is
+  caught by the fake (and its frames come out wrong)."""
+  class Careless(cuvid.NVDECDecoder):
+    def _on_decode_after_map(self, user: Any, pic: Any) -> int: return self._on_decode(user, pic)
+  stream = make_hevc(96, 64, frames=16)
+  lib, state = FakeCuvid(decode_s=0.005), FakeState()
+  dec = Careless(Device["CPU"], stream, hevc.scan(stream), {"queue_depth": 4, "map_on": "thread"}, state=state, lib=lib)
+  try: n = sum(1 for f in dec.frames() if f.release() is None)
+  finally: dec.close()
+  assert n == 16 and lib.reused_unmapped > 0
+
+
+@pytest.mark.parametrize("map_on", MODES)
+def test_early_close_and_exceptions_leave_nothing(map_on: str) -> None:
   stream = make_hevc(96, 64, frames=10)
   for stop_after in (0, 1, 5):
-    lib, state = FakeCuvid(), FakeState()
-    dec = cuvid.NVDECDecoder(Device["CPU"], stream, hevc.scan(stream), {"queue_depth": 2}, state=state, lib=lib)
+    lib, state = FakeCuvid(decode_s=0.001), FakeState()
+    dec = cuvid.NVDECDecoder(Device["CPU"], stream, hevc.scan(stream), {"queue_depth": 2, "map_on": map_on}, state=state, lib=lib)
     it = dec.frames()
     for _ in range(stop_after): next(it).release()
     if stop_after == 5:
       with pytest.raises(ZeroDivisionError):
         for _f in it: _ = 1 / 0
     dec.close()
-    assert (lib.parsers, lib.decoders, len(lib.mapped), state.lib.events) == (0, 0, 0, 0), stop_after
-    assert not dec.worker.is_alive()
+    _nothing_left(lib, state)
+    assert not dec.worker.is_alive() and (dec.mapper is None or not dec.mapper.is_alive())
+    assert cuvid.live_objects()["decoders"] == 0
 
 
-def test_decode_status_error_names_the_access_unit() -> None:
+@pytest.mark.parametrize("map_on", MODES)
+def test_decode_status_error_names_the_access_unit(map_on: str) -> None:
   stream = make_hevc(96, 64, frames=6)
-  lib = FakeCuvid(bad_picture=2)
-  with pytest.raises(VideoStreamError, match="NVDEC found an error") as e: _run(stream, lib)
+  lib, state = FakeCuvid(bad_picture=2), FakeState()
+  with pytest.raises(VideoStreamError, match="NVDEC found an error") as e: _run(stream, lib, state, map_on=map_on)
   aus = [au[0].offset for au in hevc.access_units(hevc.split_nal_units(stream))]
-  assert e.value.offset in aus and (lib.parsers, lib.decoders, len(lib.mapped)) == (0, 0, 0)
+  assert e.value.offset in aus
+  _nothing_left(lib, state)
 
 
 def test_capabilities_refuse_before_anything_is_created() -> None:
@@ -250,3 +361,58 @@ def test_capabilities_refuse_before_anything_is_created() -> None:
   with pytest.raises(VideoDecoderUnavailable, match="cannot decode HEVC Main 4:2:0 8-bit 128x64") as e:
     cuvid.NVDECDecoder(Device["CPU"], stream, hevc.scan(stream), {}, state=FakeState(), lib=lib)
   assert e.value.reason is Reason.NO_DEVICE and lib.parsers == 0
+
+
+def test_capabilities_are_asked_once_per_context_and_format() -> None:
+  """cuvidGetDecoderCaps runs once per (context, codec, chroma, bit depth) for the process: a second decoder of a
+  known format asks nothing; another depth or another context asks once more."""
+  s8, s10 = make_hevc(96, 64, frames=2), make_hevc(96, 64, frames=2, bit_depth=10)
+  lib = FakeCuvid()
+  a, b = FakeState(), FakeState()
+  a.ctx, b.ctx = ctypes.c_void_p(0xC0), ctypes.c_void_p(0xC1)
+  for stream, state, calls in ((s8, a, 1), (s8, a, 1), (s10, a, 2), (s10, a, 2), (s8, b, 3), (s8, a, 3)):
+    assert len(_run(stream, lib, state)) == 2
+    assert lib.caps_calls == calls
+  assert cuvid.decoder_caps(8, a, lib).nMaxWidth == 8192 and lib.caps_calls == 3
+
+
+def test_map_on_must_be_known() -> None:
+  stream = make_hevc(96, 64, frames=2)
+  lib = FakeCuvid()
+  with pytest.raises(VideoArgumentError, match="map_on must be one of 'parser', 'thread', 'consumer', not 'gpu'"):
+    cuvid.NVDECDecoder(Device["CPU"], stream, hevc.scan(stream), {"map_on": "gpu"}, state=FakeState(), lib=lib)
+  assert lib.parsers == 0 and lib.caps_calls == 0
+
+
+def test_open_close_cycles_leave_no_thread_or_object() -> None:
+  """Many short lives in every mode (an early close, an exception in the loop, to the end): no worker or mapper
+  thread outlives its decoder, live_objects() comes back, and the capabilities are asked once in all."""
+  stream = make_hevc(96, 64, frames=4)
+  info = hevc.scan(stream)
+  lib, state = FakeCuvid(), FakeState()
+  threads, objects = threading.active_count(), cuvid.live_objects()
+  for i in range(45):
+    dec = cuvid.NVDECDecoder(Device["CPU"], stream, info, {"queue_depth": 2, "map_on": MODES[i % 3]}, state=state, lib=lib)
+    it = dec.frames()
+    try:
+      if i % 5 == 0: next(it).release()
+      elif i % 5 == 1:
+        with pytest.raises(ZeroDivisionError):
+          for _f in it: _ = 1 / 0
+      else:
+        for f in it: f.release()
+    finally: dec.close()
+    assert cuvid.live_objects() == objects, i
+  assert threading.active_count() == threads and lib.caps_calls == 1
+  _nothing_left(lib, state)
+
+
+@pytest.mark.parametrize("map_on", MODES)
+def test_status_polling_maps_only_finished_pictures(map_on: str) -> None:
+  """status_poll_us: the decoder polls cuvidGetDecodeStatus until a picture is finished, so no map waits in the driver."""
+  stream = make_hevc(96, 64, frames=12)
+  lib, state = FakeCuvid(decode_s=0.004, reuse="cycle"), FakeState()
+  got = _run(stream, lib, state, depth=4, map_on=map_on, status_poll_us=200)
+  _check_against_pyav(stream, got)
+  _nothing_left(lib, state)
+  assert lib.blocked_maps == 0 and lib.status_calls > 2 * 12  # one after each map, and polls before
