@@ -268,7 +268,7 @@ class CollectiveEngineSpec(NamedTuple):
   local: bool = False              # one process may drive several devices (Communicator.local)
   priority: int = 0                # automatic choice among usable engines: highest first, then by name
   description: str = ""
-  unique_id: Optional[Callable[[], bytes]] = None  # makes the id ranks share (NCCL's ncclUniqueId), for from_id
+  unique_id: Optional[Callable[[PluginContext], bytes]] = None  # unique_id(ctx): the id ranks share (NCCL's ncclUniqueId), for from_id
 
 
 @hookspec

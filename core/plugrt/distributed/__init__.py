@@ -153,11 +153,12 @@ def unique_id(kind: str = "CUDA", engine: str | None = None) -> bytes:
   """A new id for the ranks of one communicator to share (NCCL's ncclUniqueId), made by the engine that serves `kind`;
   pass it to every rank's from_id (through Ray, a file, a queue: any channel the job has)."""
   from plugrt.registry import current
-  spec = choose(kind.upper(), False, engine, current().load())
+  registry = current().load()
+  spec = choose(kind.upper(), False, engine, registry)
   if spec.unique_id is None:
     from plugrt.errors import UnsupportedError
     raise UnsupportedError(f"the {spec.name} engine needs no shared id", "use from_env or from_mpi")
-  return spec.unique_id()
+  return spec.unique_id(registry.context)  # the plugin reads its settings (PLUGRT_NCCL_LIBRARY) there, as a probe does
 
 
 def from_id(uid: bytes, rank: int, size: int, device: Any = None, *, engine: str | None = None, timeout: float | None = None,

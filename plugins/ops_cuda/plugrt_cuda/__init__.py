@@ -106,11 +106,9 @@ def _open_nccl(request: Any) -> Any:
   return open_engine(request)
 
 
-def _nccl_id() -> bytes:
-  import os
-
+def _nccl_id(ctx: PluginContext) -> bytes:
   from plugrt_cuda.nccl import NCCL, load
-  return NCCL(load(os.environ)).unique_id()
+  return NCCL(load(ctx.env)).unique_id()
 
 
 @hookimpl
