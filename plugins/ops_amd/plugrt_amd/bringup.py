@@ -30,21 +30,21 @@ from plugrt_amd import compute, discovery, firmware, gfx, gmc, hdp, psp, psp_fir
 from plugrt_amd.compute import Compute
 from plugrt_amd.regs import GPURegisters
 
-NOT_IMPLEMENTED = ("PSP firmware loading (SOS, then SMU/SDMA/GC microcode through the PSP ring), SMU start-up, GMC/GART and "
-                   "VM set-up, interrupt handler and MEC compute queues are not implemented")
+NOT_IMPLEMENTED = ("PSP firmware loading (SOS, then SMU/SDMA/GC microcode through the PSP ring) did not run (the reason is above), "
+                   "so neither did SMU start-up, GMC/GART and VM set-up or the MEC compute queue; a device on that queue and the "
+                   "interrupt handler are not implemented")
 AFTER_PSP = ("next, not implemented: loading the IP firmwares through the PSP ring (GFX_CMD_ID_LOAD_IP_FW for SMU, SDMA, "
-             "GC PFP/ME/MEC/RLC/IMU; RLC autoload) needs every IP firmware file; SMU start-up, {gmc}, "
-             "interrupt handler, MEC/MES compute queues")
-AFTER_IP = ("next, not implemented: SMU start-up for this MP1, {rlc}{gmc}, interrupt handler, MEC/MES compute queues")
+             "GC PFP/ME/MEC/RLC/IMU; RLC autoload) needs every IP firmware file; SMU start-up, {gmc}, interrupt handler")
+AFTER_IP = "next, not implemented: SMU start-up for this MP1, {rlc}{gmc}, interrupt handler"
 RLC_TODO = "waiting for the RLC autoload to complete, "
 AFTER_SMU = ("next, not implemented: waiting for the RLC autoload to complete (gfx_v11_0_wait_for_rlc_autoload_complete) and "
-             "the RS64 CP set-up, {gmc}, interrupt handler, MES firmware and MEC/MES compute queues")
+             "the RS64 CP set-up, {gmc}, interrupt handler")
 AFTER_RLC = ("next, not implemented: the RS64 CP set-up (gfx_v11_0_config_gfx_rs64: the CP's ucode start addresses), {gmc}, "
-             "golden registers, interrupt handler, MES firmware and MEC/MES compute queues")
-AFTER_CP = ("next, not implemented: {gmc}, golden registers, interrupt handler, MES firmware and MEC/MES compute queues "
-            "(gfx_v11_0_hw_init's next steps)")
-GMC_TODO = "GMC/GART and VM set-up (system aperture, GART page table)"
-GMC_AFTER_MMHUB = "the GFXHUB's GART and system aperture (gfxhub_v3_0_gart_enable) and VM contexts 1-15"
+             "interrupt handler")
+AFTER_CP = "next, not implemented: {gmc} (gfx_v11_0_hw_init's next steps), interrupt handler"
+GMC_TODO = "GMC/GART and VM set-up (system aperture, GART page table), then the compute queue"
+GMC_AFTER_MMHUB = ("the GFXHUB's GART and system aperture (gfxhub_v3_0_gart_enable), then the golden registers, compute VMIDs, "
+                   "doorbells, VMID 8's page tables and the MEC queue")
 GMC_AFTER_GFXHUB = "the golden registers, compute VMIDs, doorbell routing, VMID 8's page tables and the MEC queue for this GC/NBIO"
 GMC_AFTER_QUEUE = "a plugrt device on the MEC queue"
 AFTER_QUEUE = ("next, not implemented: a plugrt device on this queue (memory API, code-object loading into VRAM, the launch path; "
