@@ -139,6 +139,7 @@ class FakeMEC:
     self.runner = DispatchRunner(VRAMMemory(self.vm, 8))   # type: ignore[arg-type]
     self.kernargs: dict[int, tuple[list[int], int]] = {}
     self.dispatches: list[aql.KernelDispatchPacket] = []
+    self.faults: list[str] = []            # what stopped a queue (a VM fault, a rejected dispatch)
     self.doorbells = FakeDoorbells(self)
     for reg in range(HQD_FIRST, HQD_LAST + 1): regs.on_write[GC_BASES[0] + reg] = lambda v, reg=reg: self._hqd(reg, v)
     for name, off in (("config", 0x9E4), ("bases", 0x9E3)): regs.on_write[GC_BASES[1] + off] = lambda v, name=name: self._sh_mem(name, v)
@@ -196,6 +197,13 @@ class FakeMEC:
     q = self.queues.get(offset)
     if q is None: return self.violations.append(f"doorbell dword {offset} rung with no active queue behind it")
     if self.vram.dirty: self.violations.append("doorbell rung while CPU writes sit in the HDP (no flush)")
+    if q.get("fault"): return
+    try: self._run(q, value)
+    except (Fault, KeyError) as e:        # a VM fault or a dispatch the CP rejects: the queue stops (no IH ring to report it)
+      q["fault"] = str(e)
+      self.faults.append(str(e))
+
+  def _run(self, q: dict[str, int], value: int) -> None:
     vmid, entries = q["vmid"], q["size"] // 64
     wptr = struct.unpack("<Q", self.vm.read(q["wptr_va"], 8, vmid))[0]
     while q["rptr"] <= value and q["rptr"] < wptr:
@@ -212,17 +220,26 @@ class FakeMEC:
 
   def _dispatch(self, p: aql.KernelDispatchPacket, vmid: int) -> None:
     self.dispatches.append(p)
-    kd = aql.KernelDescriptor.from_buffer_copy(self.vm.read(p.kernel_object, 64, vmid))
-    kernel = self.runner.programs[p.kernel_object]
-    offsets, size = self.kernargs[p.kernel_object]
+    ko = p.kernel_object
+    if ko % 64: raise Fault(f"kernel_object 0x{ko:x} is not 64-byte aligned")
+    self.vm.translate(ko, vmid, access="x")
+    kd = aql.KernelDescriptor.from_buffer_copy(self.vm.read(ko, 64, vmid))
+    if ko not in self.runner.programs: raise Fault(f"no program is loaded at kernel_object 0x{ko:x}")
+    kernel = self.runner.programs[ko]
+    offsets, size = self.kernargs[ko]
     if kd.kernarg_size != size: raise Fault(f"{kernel.name}: descriptor kernarg_size {kd.kernarg_size}, the code reads {size}")
+    if size and not kd.kernel_code_properties & aql.KCP_ENABLE_SGPR_KERNARG_SEGMENT_PTR:
+      raise Fault(f"{kernel.name}: arguments but no kernarg segment pointer in the descriptor")
     args = self.vm.read(p.kernarg_address, size, vmid)
     sig = kernel.signature
     nb = len(sig.buffers)
     bufs = [struct.unpack_from("<Q", args, o)[0] for o in offsets[:nb]]
     scalars = self.runner.decode_scalars(sig, lambda i, n: args[offsets[nb + i]:offsets[nb + i] + n])
     block = (p.workgroup_size_x, p.workgroup_size_y, p.workgroup_size_z)
-    grid = tuple(g // b for g, b in zip((p.grid_size_x, p.grid_size_y, p.grid_size_z), block))
+    items = (p.grid_size_x, p.grid_size_y, p.grid_size_z)
+    if any(g % b for g, b in zip(items, block)): raise Fault(f"{kernel.name}: grid {items} is not a multiple of workgroup {block}")
+    grid = tuple(g // b for g, b in zip(items, block))
+    for buf in bufs: self.vm.translate(buf, vmid, access="w")    # each buffer argument must be mapped
     self.runner.run(kernel, bufs, scalars, grid, block)
 
 

@@ -144,6 +144,23 @@ def test_bring_up_to_an_aql_queue_and_run_a_kernel_through_the_pci_path(tmp_path
   assert done == 2 and mecf.doorbells.writes[-1] == (24, 1)
 
 
+def test_a_dispatch_that_faults_stops_the_queue_and_the_wait_says_so(tmp_path) -> None:
+  r, mecf, _ = gpu(tmp_path)
+  c = bringup.bring_up(r, "AMD:0", str(tmp_path)).compute
+  code_va, code_at = c.alloc(4096)
+  kd = aql.KernelDescriptor()
+  kd.kernarg_size, kd.kernel_code_properties = 32, aql.KCP_ENABLE_SGPR_KERNARG_SEGMENT_PTR
+  r.write_vram(code_at, bytes(kd))
+  mecf.load(code_va, axpy())
+  args_va, args_at = c.alloc(4096)
+  r.write_vram(args_at, struct.pack("<QQQfi", 0x7000_0000_0000, args_va, args_va, 1.0, 4))    # out: never mapped
+  done = c.queue.submit(aql.dispatch_packet(code_va, args_va, (4, 1, 1), (4, 1, 1)))
+  with pytest.raises(mec.QueueError, match="0 of 1 submissions done"): c.queue.wait(done, timeout=0.05)
+  assert mecf.faults == ["VA 0x700000000000: PDE at level shift 39 not valid"]
+  done = c.queue.submit(aql.barrier_and_packet())             # the stopped queue runs nothing more
+  with pytest.raises(mec.QueueError): c.queue.wait(done, timeout=0.02)
+
+
 def test_a_queue_the_cp_never_runs_is_a_bounded_typed_error(tmp_path) -> None:
   r, mecf, _ = gpu(tmp_path)
   b = bringup.bring_up(r, "AMD:0", str(tmp_path))
