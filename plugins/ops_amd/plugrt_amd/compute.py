@@ -3,7 +3,7 @@ VMIDs' apertures, doorbell routing, plugrt's address space in VMID 8 and an AQL 
 VRAM for kernels, arguments and buffers, and `queue.submit` / `queue.wait` run packets.
 
 Order (gfx_v11_0_hw_init after gfx_v11_0_gfxhub_enable): init_golden_registers, constants_init (init_compute_vmid),
-nbio gc_doorbell_init, [rlc_resume: under PSP loading the kernel only enables the RLC and waits; not done],
+nbio gc_doorbell_init, rlc_resume (under PSP loading: the SRM enable; the clear-state buffer is not set up),
 cp_resume (compute enable, the queue). plugrt's VM (plugrt_amd.vm) is bound to VMID 8 on both hubs (the CP's
 accesses go through the GFXHUB; the MMHUB's context 8 gets the same tables, as the kernel's VMIDs are per hub) and
 both hubs' TLBs are flushed for it after every change. Never run on an AMD GPU: tested against the fake GPU.
@@ -64,7 +64,7 @@ def start(regs: GPURegisters, table: DiscoveryTable, mc_base: int, phys_base: in
   steps = [gc_init.golden(regs, gc) or f"no golden registers known for GC {gc.version_str}", gc_init.init_compute_vmid(regs, gc)]
   line = doorbell.enable(regs, nbio)
   if line is None: return None, steps + [f"compute not set up: the doorbell routing of NBIO {nbio.version_str if nbio else '(none)'} is not known"]
-  steps.append(line)
+  steps += [line, gc_init.rlc_resume(regs, gc)]
   space = vm.AddressSpace(regs, phys_base)
   lay = mec.Layout()
   space.map(lay.va(0), lay.at, mec.QUEUE_BYTES)

@@ -12,7 +12,11 @@ shader-memory apertures.
   space, bits 63:48), SPI_GDBG_PER_VMID_CNTL.TRAP_EN (bit 3) set; then GDS_VMID<n>_BASE/SIZE (2 dwords apart),
   GDS_GWS_VMID<n> and GDS_OA_VMID<n> zeroed. Offsets: gc_11_0_0_offset.h (SH_MEM_BASES 0x9e3 and SH_MEM_CONFIG 0x9e4 in
   segment 1; SPI_GDBG_PER_VMID_CNTL 0x1f72, GDS_VMID0_BASE 0x20a0, GDS_VMID0_SIZE 0x20a1, GDS_GWS_VMID0 0x20c0,
-  GDS_OA_VMID0 0x20d0 in segment 0). Never run on an AMD GPU: tested against the fake register file.
+  GDS_OA_VMID0 0x20d0 in segment 0).
+- gfx_v11_0_rlc_resume under PSP loading: gfx_v11_0_init_csb (the clear-state buffer's address and length in
+  RLC_CSIB_ADDR_LO/HI/LENGTH: NOT done, it needs the gfx11_cs_data clear-state table the kernel compiles in) and
+  gfx_v11_0_rlc_enable_srm: RLC_SRM_CNTL (segment 1 + 0x4c80) |= SRM_ENABLE (bit 0) | AUTO_INCR_ADDR (bit 1).
+Never run on an AMD GPU: tested against the fake register file.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ FIRST_KFD_VMID, NUM_VMID = 8, 16
 SH_MEM_CONFIG = 0 | 3 << 2 | 3 << 14        # DEFAULT_SH_MEM_CONFIG
 SH_MEM_BASES = 0x1 << 16 | 0x2              # LDS_APP_BASE << SHARED_BASE (16), SCRATCH_APP_BASE (PRIVATE_BASE 0)
 TRAP_EN = 1 << 3                             # SPI_GDBG_PER_VMID_CNTL.TRAP_EN (gc_11_0_0_sh_mask.h)
+RLC_SRM_CNTL, SRM_ENABLE_AUTO_INCR = (0x4C80, 1), 0x3
 REGS = {"SH_MEM_BASES": (0x9E3, 1), "SH_MEM_CONFIG": (0x9E4, 1), "SPI_GDBG_PER_VMID_CNTL": (0x1F72, 0),
         "GDS_VMID0_BASE": (0x20A0, 0), "GDS_VMID0_SIZE": (0x20A1, 0), "GDS_GWS_VMID0": (0x20C0, 0), "GDS_OA_VMID0": (0x20D0, 0)}
 
@@ -59,3 +64,11 @@ def init_compute_vmid(regs: GPURegisters, gc: IPBlock) -> str:
     regs.wreg(at["GDS_OA_VMID0"] + vmid, 0)
   return (f"compute VMIDs {FIRST_KFD_VMID}-{NUM_VMID - 1}: SH_MEM_CONFIG 0x{SH_MEM_CONFIG:x}, SH_MEM_BASES 0x{SH_MEM_BASES:x}, "
           "trap enabled, no GDS/GWS/OA (gfx_v11_0_init_compute_vmid)")
+
+
+def rlc_resume(regs: GPURegisters, gc: IPBlock) -> str:
+  """The PSP-loading branch of gfx_v11_0_rlc_resume, without init_csb: the RLC's save/restore machine enabled."""
+  reg = gc.bases[RLC_SRM_CNTL[1]] + RLC_SRM_CNTL[0]
+  regs.wreg(reg, regs.rreg(reg) | SRM_ENABLE_AUTO_INCR)
+  return "RLC save/restore machine enabled (gfx_v11_0_rlc_enable_srm; the clear-state buffer (init_csb) not set up)"
+

@@ -96,6 +96,7 @@ def test_bring_up_to_an_aql_queue_and_run_a_kernel_through_the_pci_path(tmp_path
   assert regs.regs[GC1 + 0x19A2] == 0x20000000
   assert mecf.sh_mem == {v: (0x3 << 2 | 0x3 << 14, 0x00010002) for v in range(8, 16)}
   assert regs.regs[GC0 + 0x1F72] & 8 and regs.regs[GC0 + 0x20A0 + 16] == 0
+  assert regs.regs[GC1 + 0x4C80] == 0x3                                        # RLC_SRM_CNTL: SRM_ENABLE | AUTO_INCR_ADDR
   # doorbell routing: NBIO seg 2 + 0xc0 bit 0; S2A entries through the SMN pair (segment 3 is beyond the BAR)
   assert regs.regs[fake_amdgpu.NBIO_BASES[2] + 0xC0] & 1
   assert regs.smn[(fake_amdgpu.NBIO_BASES[3] + 0x4F7740) * 4] == 0x30000007 and regs.smn[(fake_amdgpu.NBIO_BASES[3] + 0x4F7743) * 4] == 0x3000000D
