@@ -112,6 +112,15 @@ def test_bring_up_to_an_aql_queue_and_run_a_kernel_through_the_pci_path(tmp_path
   assert (h[R["PERSISTENT"]], h[R["MQD_CONTROL"]], h[R["QUANTUM"]], h[R["IB_CONTROL"]]) == (0x5501, 0x100, 0x111, 3 << 20)
   assert (regs.regs[GC0 + 0x1DFC], regs.regs[GC0 + 0x1DFD]) == (0, 0x8A * 2 * 4) and regs.regs[GC1 + 0x900] == 0
   assert 6 in mecf.queues and mecf.queues[6]["size"] == 0x10000
+  # VMID 8's page directory on both hubs (CONTEXT0 base + 2 * 8), each hub's TLB flushed for VMID 8 (request 0x00f80100)
+  mm = fake_amdgpu.MMHUB_BASES[0]
+  pd = vm.POOL_AT | 1
+  assert (regs.regs[mm + 0x7AB + 16], regs.regs[mm + 0x7AC + 16]) == (pd, 0)
+  assert (regs.regs[GC0 + 0x16F3 + 16], regs.regs[GC0 + 0x16F4 + 16]) == (pd, 0)
+  assert 0x00F80100 in regs.invalidation.requests and 0x00F80100 in regs.gc_invalidation.requests
+  assert regs.invalidation.violations == [] and not regs.invalidation.held          # the MMHUB's semaphore taken and released
+  # the queue's ring, as the CP sees it through VMID 8: 1024 invalid AQL slots
+  assert mecf.vm.read(ring_va, 2, 8) == struct.pack("<H", aql.PACKET_TYPE_INVALID)
   with pytest.raises(AMDNotImplemented, match="next, not implemented: a plugrt device on this queue"): b.stop()
 
   # a kernel: descriptor, arguments and buffers in plugrt's VRAM heap (VMID 8), one dispatch, completion by polling
@@ -143,6 +152,7 @@ def test_bring_up_to_an_aql_queue_and_run_a_kernel_through_the_pci_path(tmp_path
   done = c.queue.submit(aql.dispatch_packet(code_va, args_va, (1024, 1, 1), (256, 1, 1)))
   c.queue.wait(done, timeout=0.5)
   assert done == 2 and mecf.doorbells.writes[-1] == (24, 1)
+  with pytest.raises(vm.VMError, match="no room for"): c.alloc(c.heap_end)
 
 
 def test_a_dispatch_that_faults_stops_the_queue_and_the_wait_says_so(tmp_path) -> None:
