@@ -47,8 +47,9 @@ GMC_AFTER_MMHUB = ("the GFXHUB's GART and system aperture (gfxhub_v3_0_gart_enab
                    "doorbells, VMID 8's page tables and the MEC queue")
 GMC_AFTER_GFXHUB = "the golden registers, compute VMIDs, doorbell routing, VMID 8's page tables and the MEC queue for this GC/NBIO"
 GMC_AFTER_QUEUE = "a plugrt device on the MEC queue"
-AFTER_QUEUE = ("next, not implemented: a plugrt device on this queue (memory API, code-object loading into VRAM, the launch path; "
-               "the PCI interface releases the GPU here), the interrupt handler (completion is polled), CWSR, SDMA queues, MES, "
+AFTER_QUEUE = ("next, not implemented: a plugrt device on this queue (the memory API and launch path of plugrt.open; host "
+               "copies need SDMA queues or DMA, neither implemented; compute.load/launch run a code object when driven directly; "
+               "the PCI interface releases the GPU here), the interrupt handler (completion is polled), CWSR, scratch, MES, "
                "GART mappings of host memory (DMA)")
 HINT = "use AMD_IFACE=KFD with the amdgpu kernel driver loaded"
 

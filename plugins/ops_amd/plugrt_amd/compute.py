@@ -1,6 +1,7 @@
 """The compute half of the driverless bring-up on GC 11.0.0/11.0.2 (after the GFXHUB): golden registers, the compute
 VMIDs' apertures, doorbell routing, plugrt's address space in VMID 8 and an AQL queue on the MEC; then `alloc` maps
-VRAM for kernels, arguments and buffers, and `queue.submit` / `queue.wait` run packets.
+VRAM for arguments and buffers, `load` places a code object (its image relocated to where it lies, as the KFD path's
+Program does), `launch` writes a kernarg block and submits the dispatch, and `queue.wait` polls its completion.
 
 Order (gfx_v11_0_hw_init after gfx_v11_0_gfxhub_enable): init_golden_registers, constants_init (init_compute_vmid),
 nbio gc_doorbell_init, rlc_resume (under PSP loading: the SRM enable; the clear-state buffer is not set up),
@@ -13,12 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from plugrt_amd import doorbell, gc_init, gmc, mec, vm
+from plugrt.errors import UnsupportedError
+from plugrt_amd import aql, codeobject, doorbell, gc_init, gmc, mec, vm
 from plugrt_amd.discovery import DiscoveryTable
 from plugrt_amd.gmc_regs import GFXHUBS, MMHUBS, Hub
 from plugrt_amd.regs import GPURegisters
 
 HEAP_ALIGN = 2 << 20                 # 2 MiB: whole fragments
+KERNARG_SLOT, KERNARG_SLOTS = 4096, 64   # kernarg blocks, one per dispatch in flight (reused once that dispatch is done)
 
 
 @dataclass
@@ -32,6 +35,8 @@ class Compute:
   flush: Callable[[], None] | None = None
   timeout: float = 2.0
   queue: mec.ComputeQueue | None = None
+  kernargs: int = 0                   # VA of the kernarg blocks (0 until the first launch)
+  kernargs_at: int = 0
   allocations: list[tuple[int, int, int]] = field(default_factory=list)   # (VA, VRAM offset, size)
 
   def bind(self) -> None:
@@ -75,3 +80,32 @@ def start(regs: GPURegisters, table: DiscoveryTable, mc_base: int, phys_base: in
   c.queue, qline = mec.setup(regs, gc, lay, mc_base, regs.doorbell, flush)
   steps.append(qline)
   return c, steps
+
+
+def load(c: Compute, blob: bytes) -> tuple[codeobject.CodeObject, int]:
+  """Place a code object in VMID 8: its image, relocated to its VA, written through the VRAM BAR; returns the parsed
+  object and the image's VA (a kernel's kernel_object is VA + its kd_offset)."""
+  co = codeobject.parse(blob)
+  va, at = c.alloc(co.image_size)
+  c.regs.write_vram(at, bytes(co.image(va)))
+  if c.flush is not None: c.flush()
+  return co, va
+
+
+def launch(c: Compute, co: codeobject.CodeObject, va: int, name: str, buffers: list[int], scalars: list[bytes],
+           groups: tuple[int, int, int], local: tuple[int, int, int]) -> int:
+  """One dispatch of kernel `name` of a loaded code object: its kernarg block (codeobject.KernelInfo.kernargs: explicit
+  and hidden arguments) in the next slot, then the AQL packet; returns what `queue.wait` takes."""
+  assert c.queue is not None
+  info = co.kernels[name]
+  if info.private_segment_size or info.descriptor.private_segment_enabled:
+    raise UnsupportedError(f"{name}: needs a private segment (scratch), which the PCI queue does not set up",
+                           "use the KFD interface (AMD_IFACE=KFD) for kernels that spill or use private arrays")
+  if not c.kernargs: c.kernargs, c.kernargs_at = c.alloc(KERNARG_SLOT * KERNARG_SLOTS)
+  n = c.queue.submitted
+  if n >= KERNARG_SLOTS: c.queue.wait(n - KERNARG_SLOTS + 1, c.timeout)      # the slot's previous dispatch is done
+  slot = (n % KERNARG_SLOTS) * KERNARG_SLOT
+  c.regs.write_vram(c.kernargs_at + slot, bytes(info.kernargs(buffers, scalars, groups, local)))
+  grid = (groups[0] * local[0], groups[1] * local[1], groups[2] * local[2])
+  return c.queue.submit(aql.dispatch_packet(va + info.kd_offset, c.kernargs + slot, grid, local, info.group_segment_size))
+

@@ -140,14 +140,37 @@ class FakeMEC:
     self.kernargs: dict[int, tuple[list[int], int]] = {}
     self.dispatches: list[aql.KernelDispatchPacket] = []
     self.faults: list[str] = []            # what stopped a queue (a VM fault, a rejected dispatch)
+    self.registered: dict[bytes, list[Any]] = {}    # kernel descriptor bytes -> (code object, kernel info, IR)
+    self.infos: dict[int, Any] = {}                 # kernel_object -> its code object's kernel info
     self.doorbells = FakeDoorbells(self)
     for reg in range(HQD_FIRST, HQD_LAST + 1): regs.on_write[GC_BASES[0] + reg] = lambda v, reg=reg: self._hqd(reg, v)
     for name, off in (("config", 0x9E4), ("bases", 0x9E3)): regs.on_write[GC_BASES[1] + off] = lambda v, name=name: self._sh_mem(name, v)
 
-  def load(self, kernel_object: int, kernel: Kernel) -> None:
-    """Run dispatches of the descriptor at VA `kernel_object` (VMID 8) as `kernel` (natural kernarg layout)."""
+  def load(self, kernel_object: int, kernel: Kernel, offsets: list[int] | None = None, size: int | None = None) -> None:
+    """Run dispatches of the descriptor at VA `kernel_object` (VMID 8) as `kernel`, its arguments at `offsets` of a
+    `size`-byte kernarg segment (default: natural_kernarg_layout)."""
     self.runner.load(kernel_object, kernel)
-    self.kernargs[kernel_object] = natural_kernarg_layout(kernel.signature)
+    offs, n = natural_kernarg_layout(kernel.signature)
+    self.kernargs[kernel_object] = (offs if offsets is None else offsets, n if size is None else size)
+
+  def register(self, code_object: bytes, kernel: Kernel) -> None:
+    """As fake_kfd.FakeKFD.register: `kernel` is the program of `code_object` wherever its image gets loaded."""
+    from plugrt_amd import codeobject
+    co = codeobject.parse(code_object)
+    info = co.kernels[kernel.name]
+    self.registered.setdefault(info.descriptor.raw, []).append((co, info, kernel))
+
+  def _resolve(self, ko: int, vmid: int) -> None:
+    """The registered program whose image, relocated to where it lies, is the memory around kernel_object `ko`."""
+    kd = self.vm.read(ko, 64, vmid)
+    for co, info, kernel in self.registered.get(kd, ()):
+      base = ko - info.kd_offset
+      if self.vm.read(base, co.image_size, vmid) == bytes(co.image(base)):
+        explicit = info.explicit_args
+        offs = [a.offset for a in explicit if a.kind == "global_buffer"] + [a.offset for a in explicit if a.kind != "global_buffer"]
+        self.load(ko, kernel, offs, info.kernarg_size)
+        self.infos[ko] = info
+        return
 
   def _sel(self) -> tuple[int, int, int, int]:
     v = self.r.regs.get(self.grbm, 0)
@@ -224,6 +247,7 @@ class FakeMEC:
     if ko % 64: raise Fault(f"kernel_object 0x{ko:x} is not 64-byte aligned")
     self.vm.translate(ko, vmid, access="x")
     kd = aql.KernelDescriptor.from_buffer_copy(self.vm.read(ko, 64, vmid))
+    if ko not in self.runner.programs: self._resolve(ko, vmid)
     if ko not in self.runner.programs: raise Fault(f"no program is loaded at kernel_object 0x{ko:x}")
     kernel = self.runner.programs[ko]
     offsets, size = self.kernargs[ko]
@@ -239,6 +263,13 @@ class FakeMEC:
     items = (p.grid_size_x, p.grid_size_y, p.grid_size_z)
     if any(g % b for g, b in zip(items, block)): raise Fault(f"{kernel.name}: grid {items} is not a multiple of workgroup {block}")
     grid = tuple(g // b for g, b in zip(items, block))
+    if (info := self.infos.get(ko)) is not None:       # a code object's hidden arguments must describe this dispatch
+      for axis in range(3):
+        bc, gsz = info.hidden(f"block_count_{'xyz'[axis]}"), info.hidden(f"group_size_{'xyz'[axis]}")
+        if bc is not None and struct.unpack_from("<I", args, bc.offset)[0] != grid[axis]:
+          raise Fault(f"{kernel.name}: hidden_block_count_{'xyz'[axis]} is not the dispatch's {grid[axis]} groups")
+        if gsz is not None and struct.unpack_from("<H", args, gsz.offset)[0] != block[axis]:
+          raise Fault(f"{kernel.name}: hidden_group_size_{'xyz'[axis]} is not the dispatch's workgroup {block[axis]}")
     for buf in bufs: self.vm.translate(buf, vmid, access="w")    # each buffer argument must be mapped
     self.runner.run(kernel, bufs, scalars, grid, block)
 

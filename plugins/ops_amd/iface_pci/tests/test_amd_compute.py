@@ -211,3 +211,39 @@ def test_compute_start_needs_gc11_and_mmhub_3_0_0() -> None:
   t = fake_amdgpu.discovery.parse(fake_amdgpu.table(gc=(11, 0, 3)))
   c, steps = compute.start(None, t, 0, 0, 0, 64 << 20, None)     # type: ignore[arg-type]
   assert c is None and "GC 11.0.0/11.0.2 with MMHUB 3.0.0" in steps[0]
+
+
+def test_a_code_object_from_amd_llvm_loaded_and_launched_through_the_pci_queue(tmp_path) -> None:
+  from plugrt.errors import CompileError, UnsupportedError
+  from plugrt_amd import compiler_for
+  try: comp = compiler_for("gfx1100")
+  except CompileError as e: pytest.skip(f"AMD_LLVM's toolchain is missing here: {e}")
+  k = axpy()
+  lib = comp.compile(comp.render(k))
+  r, mecf, _ = gpu(tmp_path)
+  c = bringup.bring_up(r, "AMD:0", str(tmp_path)).compute
+  mecf.register(lib, k)
+  co, va = compute.load(c, lib)
+  info = co.kernels["axpy"]
+  assert r.read_vram(c.allocations[-1][1], co.image_size) == bytes(co.image(va))      # relocated to its VA
+  n = 1000
+  rng = np.random.default_rng(1)
+  a, bb = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+  bufs = [c.alloc(n * 4) for _ in range(3)]
+  r.write_vram(bufs[1][1], a.tobytes())
+  r.write_vram(bufs[2][1], bb.tobytes())
+  scalars = [struct.pack("<f", 0.5), struct.pack("<i", n)]
+  done = compute.launch(c, co, va, "axpy", [b[0] for b in bufs], scalars, (4, 1, 1), (256, 1, 1))
+  c.queue.wait(done, timeout=0.5)
+  np.testing.assert_allclose(np.frombuffer(r.read_vram(bufs[0][1], n * 4), np.float32), a * np.float32(0.5) + bb, rtol=1e-6)
+  p = mecf.dispatches[-1]
+  assert p.kernel_object == va + info.kd_offset and p.kernarg_address == c.kernargs and mecf.infos[p.kernel_object] == info
+  assert mecf.violations == [] and mecf.faults == []
+  # the second launch takes the next kernarg slot; a kernel needing scratch is refused before anything is written
+  done = compute.launch(c, co, va, "axpy", [b[0] for b in bufs], scalars, (4, 1, 1), (256, 1, 1))
+  c.queue.wait(done, timeout=0.5)
+  assert mecf.dispatches[-1].kernarg_address == c.kernargs + compute.KERNARG_SLOT
+  import dataclasses
+  co.kernels["axpy"] = dataclasses.replace(info, private_segment_size=16)      # as a kernel with a private array says
+  with pytest.raises(UnsupportedError, match="private segment"): compute.launch(c, co, va, "axpy", [], [], (1, 1, 1), (1, 1, 1))
+  assert c.queue.submitted == 2
