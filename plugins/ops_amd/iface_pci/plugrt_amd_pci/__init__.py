@@ -31,7 +31,7 @@ WOULD = ("opening unbinds the GPU from amdgpu (binding it back on close), maps i
          "table, checks its firmware files, boots its PSP (MP0 13.0.x/14.0.x with the sOS file present), loads the SMU, SDMA "
          "and GC firmware through it, sends the SMU its first messages, waits for the RLC autoload, sets up the CP and programs "
          "both memory hubs' GART, and on RDNA3 writes page tables for VMID 8 and loads an AQL queue into the MEC")
-NOT_YET = ("a device on that queue (memory API, code-object loading, the launch path) and interrupts are not implemented, "
+NOT_YET = ("a plugrt device on that queue (memory API, host copies, the launch path) and interrupts are not implemented, "
            "so AMD cannot run kernels through PCI yet")
 HINT = "use the KFD interface (AMD_IFACE=KFD) with the amdgpu driver loaded"
 
