@@ -12,7 +12,9 @@ Steps (each recorded in `BringUp.steps`, in order):
    (`gmc`, as the kernel's GMC hw_init precedes the PSP's); then the PSP (`psp`): bootloader, sOS, KM ring, LOAD_TOC;
    then, when every IP firmware file is present (each split by `ucode`), the SMU, SDMA, CP, IMU and RLC ucodes through
    LOAD_IP_FW in the kernel's order around SETUP_TMR (`psp_load`), AUTOLOAD_RLC after RLC_G; then the SMU's ready flag
-   and first messages (`smu`), the RLC autoload's completion and the RS64 CP set-up (`gfx`), the GFXHUB (`gmc`).
+   and first messages (`smu`), the RLC autoload's completion and the RS64 CP set-up (`gfx`), the GFXHUB (`gmc`, VM
+   contexts 1-15 configured on both hubs); then (`compute`) the golden registers, the compute VMIDs, doorbell routing,
+   plugrt's page tables in VMID 8 (`vm`) and an AQL queue on the MEC (`mec`): `BringUp.compute` runs packets.
 
 Then it stops: `stop()` raises `AMDNotImplemented` saying what was done and naming the next step that is not
 implemented. Never run on an AMD GPU: tested on fake register files (docs/backends/amd.md).
@@ -24,25 +26,31 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from plugrt_amd import discovery, firmware, gfx, gmc, hdp, psp, psp_firmware, psp_load, smu, ucode
+from plugrt_amd import compute, discovery, firmware, gfx, gmc, hdp, psp, psp_firmware, psp_load, smu, ucode
+from plugrt_amd.compute import Compute
 from plugrt_amd.regs import GPURegisters
 
-NOT_IMPLEMENTED = ("PSP firmware loading (SOS, then SMU/SDMA/GC microcode through the PSP ring), SMU start-up, GMC/GART and "
-                   "VM set-up, interrupt handler and MEC compute queues are not implemented")
+NOT_IMPLEMENTED = ("PSP firmware loading (SOS, then SMU/SDMA/GC microcode through the PSP ring) did not run (the reason is above), "
+                   "so neither did SMU start-up, GMC/GART and VM set-up or the MEC compute queue; a device on that queue and the "
+                   "interrupt handler are not implemented")
 AFTER_PSP = ("next, not implemented: loading the IP firmwares through the PSP ring (GFX_CMD_ID_LOAD_IP_FW for SMU, SDMA, "
-             "GC PFP/ME/MEC/RLC/IMU; RLC autoload) needs every IP firmware file; SMU start-up, {gmc}, "
-             "interrupt handler, MEC/MES compute queues")
-AFTER_IP = ("next, not implemented: SMU start-up for this MP1, {rlc}{gmc}, interrupt handler, MEC/MES compute queues")
+             "GC PFP/ME/MEC/RLC/IMU; RLC autoload) needs every IP firmware file; SMU start-up, {gmc}, interrupt handler")
+AFTER_IP = "next, not implemented: SMU start-up for this MP1, {rlc}{gmc}, interrupt handler"
 RLC_TODO = "waiting for the RLC autoload to complete, "
 AFTER_SMU = ("next, not implemented: waiting for the RLC autoload to complete (gfx_v11_0_wait_for_rlc_autoload_complete) and "
-             "the RS64 CP set-up, {gmc}, interrupt handler, MES firmware and MEC/MES compute queues")
+             "the RS64 CP set-up, {gmc}, interrupt handler")
 AFTER_RLC = ("next, not implemented: the RS64 CP set-up (gfx_v11_0_config_gfx_rs64: the CP's ucode start addresses), {gmc}, "
-             "golden registers, interrupt handler, MES firmware and MEC/MES compute queues")
-AFTER_CP = ("next, not implemented: {gmc}, golden registers, interrupt handler, MES firmware and MEC/MES compute queues "
-            "(gfx_v11_0_hw_init's next steps)")
-GMC_TODO = "GMC/GART and VM set-up (system aperture, GART page table)"
-GMC_AFTER_MMHUB = "the GFXHUB's GART and system aperture (gfxhub_v3_0_gart_enable) and VM contexts 1-15"
-GMC_AFTER_GFXHUB = "VM contexts 1-15 and their page tables (setup_vmid_config, amdgpu_vm)"
+             "interrupt handler")
+AFTER_CP = "next, not implemented: {gmc} (gfx_v11_0_hw_init's next steps), interrupt handler"
+GMC_TODO = "GMC/GART and VM set-up (system aperture, GART page table), then the compute queue"
+GMC_AFTER_MMHUB = ("the GFXHUB's GART and system aperture (gfxhub_v3_0_gart_enable), then the golden registers, compute VMIDs, "
+                   "doorbells, VMID 8's page tables and the MEC queue")
+GMC_AFTER_GFXHUB = "the golden registers, compute VMIDs, doorbell routing, VMID 8's page tables and the MEC queue for this GC/NBIO"
+GMC_AFTER_QUEUE = "a plugrt device on the MEC queue"
+AFTER_QUEUE = ("next, not implemented: a plugrt device on this queue (the memory API and launch path of plugrt.open; host "
+               "copies need SDMA queues or DMA, neither implemented; compute.load/launch run a code object when driven directly; "
+               "the PCI interface releases the GPU here), the interrupt handler (completion is polled), CWSR, scratch, MES, "
+               "GART mappings of host memory (DMA)")
 HINT = "use AMD_IFACE=KFD with the amdgpu kernel driver loaded"
 
 
@@ -64,6 +72,10 @@ class BringUp:
   hdp_flush: Callable[[], None] | None = None          # the HDP flush, when plugrt could set it up
   rlc_ready: bool = False               # the RLC autoload completed (CP_STAT 0, BOOTLOAD_COMPLETE)
   cp_ready: bool = False                # the RS64 CP pipes have their program start addresses and were reset
+  mc_base: int = 0                      # VRAM's MC address and physical base (psp.vram_location)
+  phys_base: int = 0
+  heap_at: int = 0                      # first VRAM offset above plugrt's PSP and firmware buffers
+  compute: Compute | None = None        # VMID 8's address space and the MEC queue, once set up
 
 
   def summary(self) -> str:
@@ -76,9 +88,11 @@ class BringUp:
   def next_step(self) -> str:
     """What the open error names as the first step not implemented, from how far bring-up got."""
     if not self.psp_booted: return NOT_IMPLEMENTED
+    if self.compute is not None and self.smu_started: return AFTER_QUEUE
     nxt = (AFTER_PSP if not self.ip_loaded else AFTER_IP if not self.smu_started else AFTER_SMU if not self.rlc_ready
            else AFTER_RLC if not self.cp_ready else AFTER_CP)
-    hubs = GMC_AFTER_GFXHUB if self.gfxhub else GMC_AFTER_MMHUB if self.gart else GMC_TODO
+    hubs = (GMC_AFTER_QUEUE if self.compute is not None else GMC_AFTER_GFXHUB if self.gfxhub else GMC_AFTER_MMHUB if self.gart
+            else GMC_TODO)
     return nxt.format(gmc=hubs, rlc="" if self.rlc_ready else RLC_TODO)
 
 
@@ -123,6 +137,7 @@ def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = p
   except psp.PSPUnsupported as e:
     b.steps.append(f"PSP not booted: {e.message}")
     return
+  b.mc_base, b.phys_base = mc_base, phys
   files = ip_firmware(b)              # split before the GPU is touched: a corrupt file stops here, typed
   flusher, line = hdp.setup(regs, t.find("NBIF"))
   b.steps.append(line)
@@ -134,7 +149,9 @@ def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = p
   size, steps = p.tmr_init(fw)
   b.steps += steps
   loader = psp_load.IPLoader(p, files) if files else None
-  if loader is not None: b.steps.append(loader.place())
+  if loader is not None:
+    b.steps.append(loader.place())
+    b.heap_at = loader.end
   if loader is not None and loader.smu_first_before_tmr: b.steps += loader.load_smu()
   b.steps += p.tmr_load(size)
   if loader is not None:
@@ -211,6 +228,14 @@ def enable_gfxhub(regs: GPURegisters, b: BringUp, gc: discovery.IPBlock, timeout
   else:
     b.steps.append(line)
     b.gfxhub = True
+    start_compute(regs, b, timeout)
+
+
+def start_compute(regs: GPURegisters, b: BringUp, timeout: float) -> None:
+  """After the GFXHUB: golden registers, compute VMIDs, doorbells, VMID 8's page tables and the MEC queue (compute)."""
+  assert b.table is not None
+  b.compute, steps = compute.start(regs, b.table, b.mc_base, b.phys_base, b.heap_at, b.vram_size, b.hdp_flush, timeout)
+  b.steps += steps
 
 
 def start_smu(regs: GPURegisters, b: BringUp, timeout: float) -> None:

@@ -1,7 +1,7 @@
 """The memory hubs' GART and system aperture (GMC), as register writes computed from a memory-controller layout.
 
 What the kernel's gmc_v11_0_gart_enable does on the MMHUB and gfx_v11_0_gfxhub_enable on the GFXHUB (their hubs'
-gart_enable, minus the VM contexts 1-15 that belong to VM set-up; then the HDP flush, the protection-fault defaults and
+gart_enable, the VM contexts 1-15's configuration included (their page tables: plugrt_amd.vm); then the HDP flush, the protection-fault defaults and
 the GART's TLB flush), as data: `gart_enable_ops(layout, hub)` is the list of writes (`Write`: a whole register;
 `Update`: a read-modify-write of named fields, or fields set on a documented default), `apply(regs, base, ops, hub)`
 performs them (register tables: plugrt_amd.gmc_regs). The layout is the kernel's (gmc_v11_0_vram_gtt_location): VRAM
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plugrt.errors import PlugrtError
-from plugrt_amd.gmc_regs import FIELDS, GFXHUBS, MMHUBS, Hub
+from plugrt_amd.gmc_regs import CTX_ADDR_DISTANCE, CTX_DISTANCE, FIELDS, GFXHUBS, MMHUBS, Hub
 from plugrt_amd.regs import GPURegisters
 
 MTYPE_UC = 3                          # soc21_enum.h
@@ -69,6 +69,7 @@ class Update:
   reg: str
   fields: tuple[tuple[str, int], ...]
   base: int | None = None             # None: read the register first; else start from this default
+  field_reg: str | None = None        # the register whose field masks apply (CONTEXT1's for contexts 1-15)
 
 
 def field_set(reg: str, value: int, fields: tuple[tuple[str, int], ...]) -> int:
@@ -81,7 +82,7 @@ def field_set(reg: str, value: int, fields: tuple[tuple[str, int], ...]) -> int:
 
 
 def gart_enable_ops(lay: Layout, hub: Hub) -> list[Write | Update]:
-  """The hub's gart_enable writes (mmhub_v3_0 / gfxhub_v3_0), in their order, without setup_vmid_config (contexts 1-15)."""
+  """The hub's gart_enable writes (mmhub_v3_0 / gfxhub_v3_0), in their order, setup_vmid_config (contexts 1-15) included."""
   pt = lay.table_pa | PTE_VALID
   ops: list[Write | Update] = [
     # init_gart_aperture_regs (with setup_vm_pt_regs for context 0)
@@ -120,10 +121,40 @@ def gart_enable_ops(lay: Layout, hub: Hub) -> list[Write | Update]:
     Write("MMVM_L2_CONTEXT1_IDENTITY_APERTURE_HIGH_ADDR_LO32", 0), Write("MMVM_L2_CONTEXT1_IDENTITY_APERTURE_HIGH_ADDR_HI32", 0),
     Write("MMVM_L2_CONTEXT_IDENTITY_PHYSICAL_OFFSET_LO32", 0), Write("MMVM_L2_CONTEXT_IDENTITY_PHYSICAL_OFFSET_HI32", 0),
   ]
+  ops += vmid_config_ops()
   # program_invalidation: every engine may invalidate the whole range
   for i in range(INVALIDATE_ENGINES):
     ops += [Write(f"MMVM_INVALIDATE_ENG{i}_ADDR_RANGE_LO32", 0xFFFFFFFF), Write(f"MMVM_INVALIDATE_ENG{i}_ADDR_RANGE_HI32", 0x1F)]
   return ops
+
+
+#: GMC 11's VM: 48-bit addresses, 3 directory levels above the page tables, 9-bit blocks, 2 MiB fragments
+#: (gmc_v11_0_sw_init: amdgpu_vm_adjust_size(adev, 256 * 1024, 9, 3, 48)); max_pfn = 2^48 / 4 KiB
+VM_NUM_LEVEL, VM_BLOCK_SIZE, VM_MAX_PFN = 3, 9, 1 << 36
+NORETRY = 1                           # amdgpu_gmc_noretry_set: on by default for GC 10.3 and later
+
+
+def vmid_config_ops() -> list[Write | Update]:
+  """setup_vmid_config (mmhub_v3_0 / gfxhub_v3_0): contexts 1-15 enabled with a 4-level table (depth 3, block size
+  9 - 9 = 0), every protection fault's default action on, no retry, the whole 48-bit range. Their page-table bases
+  are set per VMID when a VM is bound (`set_page_table`)."""
+  ops: list[Write | Update] = []
+  fields = (("ENABLE_CONTEXT", 1), ("PAGE_TABLE_DEPTH", VM_NUM_LEVEL)) + tuple(
+    (f, 1) for f in FIELDS["MMVM_CONTEXT1_CNTL"] if f.endswith("_ENABLE_DEFAULT")) + (
+    ("PAGE_TABLE_BLOCK_SIZE", VM_BLOCK_SIZE - 9), ("RETRY_PERMISSION_OR_INVALID_PAGE_FAULT", int(not NORETRY)))
+  for ctx in range(1, 16):
+    ops += [Update(f"MMVM_CONTEXT{ctx}_CNTL", fields, field_reg="MMVM_CONTEXT1_CNTL"),
+            Write(f"MMVM_CONTEXT{ctx}_PAGE_TABLE_START_ADDR_LO32", 0), Write(f"MMVM_CONTEXT{ctx}_PAGE_TABLE_START_ADDR_HI32", 0),
+            Write(f"MMVM_CONTEXT{ctx}_PAGE_TABLE_END_ADDR_LO32", (VM_MAX_PFN - 1) & 0xFFFFFFFF),
+            Write(f"MMVM_CONTEXT{ctx}_PAGE_TABLE_END_ADDR_HI32", (VM_MAX_PFN - 1) >> 32)]
+  return ops
+
+
+def set_page_table(regs: GPURegisters, base: int, hub: Hub, vmid: int, pd_address: int) -> None:
+  """setup_vm_pt_regs: a VMID's page-directory base (the root table's physical address | PTE_VALID, as
+  amdgpu_gmc_pd_addr makes it) in CONTEXT<vmid>_PAGE_TABLE_BASE_ADDR_LO32/HI32."""
+  regs.wreg(base + offset(hub, f"MMVM_CONTEXT{vmid}_PAGE_TABLE_BASE_ADDR_LO32"), pd_address & 0xFFFFFFFF)
+  regs.wreg(base + offset(hub, f"MMVM_CONTEXT{vmid}_PAGE_TABLE_BASE_ADDR_HI32"), pd_address >> 32)
 
 
 def offset(hub: Hub, reg: str) -> int:
@@ -132,6 +163,9 @@ def offset(hub: Hub, reg: str) -> int:
   if reg.startswith("MMVM_INVALIDATE_ENG"):
     eng, rest = reg[len("MMVM_INVALIDATE_ENG"):].split("_", 1)
     return hub.offsets[f"MMVM_INVALIDATE_ENG0_{rest}"] + int(eng) * ENG_DISTANCE
+  if reg.startswith("MMVM_CONTEXT"):
+    ctx, rest = reg[len("MMVM_CONTEXT"):].split("_", 1)
+    return hub.offsets[f"MMVM_CONTEXT0_{rest}"] + int(ctx) * (CTX_DISTANCE if rest == "CNTL" else CTX_ADDR_DISTANCE)
   raise KeyError(reg)
 
 
@@ -140,7 +174,7 @@ def apply(regs: GPURegisters, base: int, ops: list[Write | Update], hub: Hub) ->
   for op in ops:
     reg = base + offset(hub, op.reg)
     if isinstance(op, Write): value = op.value
-    else: value = field_set(op.reg, regs.rreg(reg) if op.base is None else op.base, op.fields)
+    else: value = field_set(op.field_reg or op.reg, regs.rreg(reg) if op.base is None else op.base, op.fields)
     regs.wreg(reg, value & 0xFFFFFFFF)
   return len(ops)
 
@@ -224,7 +258,7 @@ def enable(regs: GPURegisters, version: tuple[int, int, int], base: int, fb_star
   regs.write_vram(TABLE_AT, bytes(entries * 8))           # every PTE invalid
   regs.write_vram(SCRATCH_AT, bytes(0x1000))
   n = enable_hub(regs, hub, base, lay, flush, timeout)
-  return lay, (f"{hub.name} GART enabled ({n} register writes, as gmc_v11_0_gart_enable without VM contexts 1-15; TLB flushed "
+  return lay, (f"{hub.name} GART enabled ({n} register writes, as gmc_v11_0_gart_enable, VM contexts 1-15 configured; TLB flushed "
                f"on engine {GART_ENGINE}): {(lay.gart_end - lay.gart_start + 1) >> 20} MiB at MC 0x{lay.gart_start:x}-0x{lay.gart_end:x}, "
                f"flat table of {entries} invalid entries at VRAM 0x{TABLE_AT:x}; system aperture MC 0x{lay.fb_start:x}-0x{lay.fb_end:x} "
                f"(default page VRAM 0x{SCRATCH_AT:x}); no AGP aperture; protection-fault default page not set (no DMA mapping "
@@ -238,4 +272,4 @@ def enable_gfxhub(regs: GPURegisters, gc_version: tuple[int, int, int], base: in
     raise GMCUnsupported(f"GART set-up for the GFXHUB of GC {'.'.join(map(str, gc_version))} is not implemented "
                          "(plugrt programs GC 11.0.0 and 11.0.2's gfxhub_v3_0)")
   n = enable_hub(regs, hub, base, lay, flush, timeout)
-  return f"{hub.name} GART enabled ({n} register writes, as gfx_v11_0_gfxhub_enable without VM contexts 1-15): the same GART and aperture"
+  return f"{hub.name} GART enabled ({n} register writes, as gfx_v11_0_gfxhub_enable, VM contexts 1-15 configured): the same GART and aperture"

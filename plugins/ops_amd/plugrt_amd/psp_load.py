@@ -48,6 +48,7 @@ class IPLoader:
     self.order = load_order(files)
     self.at: dict[str, int] = {}
     self.loaded: list[str] = []
+    self.end = 0                      # VRAM offset past the firmware buffer, once placed
 
   @property
   def smu_first_before_tmr(self) -> bool: return self.psp.mp0.version in PMFW_CENTRALIZED
@@ -63,6 +64,7 @@ class IPLoader:
       raise PSPError(f"PSP: the IP firmware buffer ({(pos - base) >> 10} KiB at VRAM 0x{base:x}) does not fit below 0x{self.psp.limit:x}",
                      "a GPU with more VRAM")
     for u in ucodes: self.psp.regs.write_vram(self.at[u.name], u.data)
+    self.end = pos
     return (f"IP firmware buffer: {len(ucodes)} ucodes, {(pos - base) >> 10} KiB at VRAM 0x{base:x} "
             f"(MC 0x{self.psp.mc(base):x}), page-aligned in AMDGPU_UCODE_ID order")
 

@@ -76,10 +76,11 @@ class BufferMMIO:
 
 
 class GPURegisters:
-  """Registers and VRAM of one GPU through `mmio` (the register BAR) and, optionally, `vram` (the VRAM BAR)."""
+  """Registers and VRAM of one GPU through `mmio` (the register BAR) and, optionally, `vram` (the VRAM BAR) and
+  `doorbell` (the doorbell BAR, plugrt_amd.doorbell)."""
 
-  def __init__(self, mmio: MMIO, vram: MMIO | None = None):
-    self.mmio, self.vram = mmio, vram
+  def __init__(self, mmio: MMIO, vram: MMIO | None = None, doorbell: MMIO | None = None):
+    self.mmio, self.vram, self.doorbell = mmio, vram, doorbell
     self.smn_pair: tuple[int, int] | None = None   # (index, data) register dword offsets once use_nbio() ran
 
   def rreg(self, reg: int) -> int:

@@ -49,10 +49,13 @@ class FakeVRAM:
   """VRAM of `mib` MiB, stored sparsely in 64 KiB chunks (untouched memory reads 0). Also usable as a VRAM BAR window."""
   CHUNK = 1 << 16
 
-  def __init__(self, mib: int = VRAM_MIB):
+  def __init__(self, mib: int = VRAM_MIB, dense: bool = False):
     self.size = mib << 20
+    if dense: self.CHUNK = self.size       # one buffer: numpy views of it for the fake MEC's dispatches
     self.chunks: dict[int, bytearray] = {}
     self.dirty = False      # the HDP holds CPU writes not yet flushed (set by host writes, cleared by an HDP flush)
+    self.seq = 0            # host writes so far; stamp: 4 KiB page -> seq of its last host write (the fake TLB checks)
+    self.stamp: dict[int, int] = {}
 
   def _chunk(self, i: int) -> bytearray:
     if (c := self.chunks.get(i)) is None: c = self.chunks[i] = bytearray(self.CHUNK)
@@ -62,6 +65,8 @@ class FakeVRAM:
     """A host write (through the BAR or MM_DATA): it sits in the HDP until flushed."""
     self.device_write(offset, data)
     self.dirty = True
+    self.seq += 1
+    for page in range(offset >> 12, (offset + max(len(data), 1) - 1 >> 12) + 1): self.stamp[page] = self.seq
 
   def device_write(self, offset: int, data: bytes) -> None:
     """A write by the GPU's own agents (the fake PSP's responses and fences): no HDP involved."""
@@ -144,6 +149,7 @@ class FakeInvalidation:
   def __init__(self, regs: FakeRegisters, sem: int | None, req: int, ack: int):
     self.r, self.sem, self.req, self.ack = regs, sem, req, ack
     self.held, self.requests, self.violations = False, [], []
+    self.flushed: dict[int, int] = {}     # VMID -> the VRAM write count at its last invalidation (fake_amdq's TLB check)
     self.hang: set[str] = set()
     if sem is not None:
       regs.on_read[sem] = self._sem_read
@@ -161,6 +167,8 @@ class FakeInvalidation:
     if self.sem is not None and not self.held: self.violations.append(f"invalidation request 0x{v:x} without the semaphore")
     self.requests.append(v)
     self.r.regs[self.ack] = 0 if "ack" in self.hang else v & 0xFFFF
+    for vmid in range(16):
+      if v >> vmid & 1 and "ack" not in self.hang: self.flushed[vmid] = self.r.vram.seq
 
 
 #: engine 17's SEM/REQ/ACK on MMHUB 3.0.0 (segment 0 + 0x751/0x763/0x775 + 17) and GC 11's GFXHUB (0x1699/0x16ab/0x16bd + 17)
@@ -168,8 +176,8 @@ MM_ENG17 = tuple(MMHUB_BASES[0] + off + 17 for off in (0x751, 0x763, 0x775))
 GC_ENG17 = tuple(GC_BASES[0] + off + 17 for off in (0x1699, 0x16AB, 0x16BD))
 
 
-def fake_gpu(blob: bytes | None = None, mib: int = VRAM_MIB, **kw) -> tuple[FakeRegisters, FakeVRAM]:
-  vram = FakeVRAM(mib)
+def fake_gpu(blob: bytes | None = None, mib: int = VRAM_MIB, dense: bool = False, **kw) -> tuple[FakeRegisters, FakeVRAM]:
+  vram = FakeVRAM(mib, dense)
   vram.put(vram.size - discovery.DISCOVERY_TMR_OFFSET, table() if blob is None else blob)
   regs = FakeRegisters(vram, **kw)
   regs.invalidation = FakeInvalidation(regs, *MM_ENG17)

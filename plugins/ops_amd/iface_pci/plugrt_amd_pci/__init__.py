@@ -30,8 +30,8 @@ FIRMWARE = "PLUGRT_AMD_FIRMWARE"
 WOULD = ("opening unbinds the GPU from amdgpu (binding it back on close), maps its BARs through sysfs, reads its IP discovery "
          "table, checks its firmware files, boots its PSP (MP0 13.0.x/14.0.x with the sOS file present), loads the SMU, SDMA "
          "and GC firmware through it, sends the SMU its first messages, waits for the RLC autoload, sets up the CP and programs "
-         "both memory hubs' GART")
-NOT_YET = ("VM contexts and page tables, interrupts and MEC/MES queues are not implemented, "
+         "both memory hubs' GART, and on RDNA3 writes page tables for VMID 8 and loads an AQL queue into the MEC")
+NOT_YET = ("a plugrt device on that queue (memory API, host copies, the launch path) and interrupts are not implemented, "
            "so AMD cannot run kernels through PCI yet")
 HINT = "use the KFD interface (AMD_IFACE=KFD) with the amdgpu driver loaded"
 
@@ -82,14 +82,16 @@ def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any =
     fn.take(allow_unbind=True, ack=ACK)
     from plugrt_amd import bringup
     from plugrt_amd.firmware import FIRMWARE_DIR
-    from plugrt_amd.regs import REGISTER_BAR, VRAM_BAR, GPURegisters
+    from plugrt_amd.regs import DOORBELL_BAR, REGISTER_BAR, VRAM_BAR, GPURegisters
     regs_bar = fn.map_bar(REGISTER_BAR)
     try: vram = fn.map_bar(VRAM_BAR)
     except DeviceUnavailable: vram = None
+    try: bell = fn.map_bar(DOORBELL_BAR)
+    except DeviceUnavailable: bell = None
     took = f"unbound {fn.unbound_driver}, " if fn.unbound_driver else ""
     step = f"{address}: {took}BAR{REGISTER_BAR} mapped ({regs_bar.size >> 10} KiB)" + \
            (f", BAR{VRAM_BAR} ({vram.size >> 20} MiB)" if vram else f", BAR{VRAM_BAR} not mapped (VRAM through MM_INDEX/MM_DATA)")
-    b = bringup.bring_up(GPURegisters(regs_bar, vram), f"{device.name}:{device.index} through PCI",
+    b = bringup.bring_up(GPURegisters(regs_bar, vram, bell), f"{device.name}:{device.index} through PCI",
                          device.context.get(FIRMWARE, FIRMWARE_DIR), psp_timeout)
     b.steps.insert(0, step)
   finally:

@@ -76,6 +76,10 @@ class MappedBAR:
   def read32(self, offset: int) -> int: return struct.unpack_from("<I", self._at(offset, "read"), offset)[0]
   def write32(self, offset: int, value: int) -> None: struct.pack_into("<I", self._at(offset, "write"), offset, value & 0xFFFFFFFF)
   def read(self, offset: int, n: int) -> bytes: return bytes(self._at(offset, "read")[offset:offset + n])
+  def write64(self, offset: int, value: int) -> None:
+    """One 8-byte store (a 64-bit doorbell in BAR2: plugrt_amd.doorbell)."""
+    if offset & 7: self._at(-1, "64-bit write")
+    struct.pack_into("<Q", self._at(offset, "write"), offset, value & 0xFFFFFFFFFFFFFFFF)
 
   def close(self) -> None:
     if self.view is not None:

@@ -53,6 +53,10 @@ def test_gart_enable_writes_what_the_kernel_writes(tmp_path) -> None:
   assert [reg(regs, o) for o in range(0x712, 0x718)] == [0xFFFFFFFF, 0xF, 0, 0, 0, 0]
   assert [reg(regs, 0x787 + 2 * i) for i in range(18)] == [0xFFFFFFFF] * 18 and [reg(regs, 0x788 + 2 * i) for i in range(18)] == [0x1F] * 18
   assert len([r for op, r, _ in regs.log if op == "w" and HUB + 0x787 <= r < HUB + 0x7AB]) == 36    # exactly 18 engines
+  # setup_vmid_config: contexts 1-15 on, depth 3, block size 0, every fault's default action, no retry, 48-bit range
+  assert [reg(regs, 0x740 + c) for c in range(1, 16)] == [0x555407] * 15
+  assert [reg(regs, 0x7CB + 2 * c) for c in range(1, 16)] == [0] * 15 and [reg(regs, 0x7CC + 2 * c) for c in range(1, 16)] == [0] * 15
+  assert [reg(regs, 0x7EB + 2 * c) for c in range(1, 16)] == [0xFFFFFFFF] * 15 and [reg(regs, 0x7EC + 2 * c) for c in range(1, 16)] == [0xF] * 15
   # then, as gmc_v11_0_gart_enable: an HDP flush, the protection-fault defaults, the TLB flush of VMID 0 on engine 17
   writes = [r for op, r, _ in regs.log if op == "w"]
   at = writes.index(HUB + 0x788 + 34) + 1                                    # after the last gart_enable write
@@ -62,9 +66,9 @@ def test_gart_enable_writes_what_the_kernel_writes(tmp_path) -> None:
   assert inv.requests == [0x00F80001] and inv.violations == [] and not inv.held    # VMID 0: L2 PTEs/PDE0-2, L1 PTEs
   assert reg(regs, 0x71B) == 1 << 25                                         # the private invalidation
   msg = b.summary()
-  assert "MMHUB 3.0.0 GART enabled (67 register writes" in msg and "512 MiB at MC 0x7fff00000000-0x7fff1fffffff" in msg
+  assert "MMHUB 3.0.0 GART enabled (142 register writes" in msg and "512 MiB at MC 0x7fff00000000-0x7fff1fffffff" in msg
   assert msg.index("GART enabled") < msg.index("PSP bootloader loaded")     # GMC before the PSP, as the kernel
-  with pytest.raises(AMDNotImplemented, match="the GFXHUB's GART and system aperture"): b.stop()
+  with pytest.raises(AMDNotImplemented, match="the GFXHUB's GART and system aperture"): b.stop()   # no GC firmware here
 
 
 def test_other_hubs_are_recorded_not_programmed(tmp_path) -> None:

@@ -62,8 +62,9 @@ def test_rdna3_loads_every_ip_firmware_in_the_kernels_order_then_starts_the_smu(
                "SMU firmware 0x004e4a00 (program 0, 78.74.0), driver interface 0x3d (the kernel's value)", "KM ring destroyed",
                "RLC autoload complete (CP_STAT 0, RLC_RLCS_BOOTLOAD_STATUS 0x80000018)",
                "RS64 CP set up: PFP start 0x2000 on 2 pipes, ME start 0x3000 on 2 pipes, MEC start 0x500004000 on 4 pipes",
-               "GFXHUB (gfxhub_v3_0) GART enabled (66 register writes, as gfx_v11_0_gfxhub_enable without VM contexts 1-15)",
-               "next, not implemented: VM contexts 1-15 and their page tables", "golden registers"):
+               "GFXHUB (gfxhub_v3_0) GART enabled (141 register writes, as gfx_v11_0_gfxhub_enable, VM contexts 1-15 configured)",
+               "golden registers: TCP_CNTL", "MEC compute queue: ME 1 pipe 0 queue 0, VMID 8, AQL",
+               "next, not implemented: a plugrt device on this queue"):
     assert part in msg, (part, msg)
   assert msg.index("LOAD_TOC ok") < msg.index("SMC (8192") < msg.index("SETUP_TMR ok") < msg.index("AUTOLOAD_RLC ok") < msg.index("SMU ready")
   assert msg.index("SMU firmware") < msg.index("RLC autoload complete") < msg.index("KM ring destroyed")    # gfx hw_init after the SMU's
@@ -73,7 +74,8 @@ def test_rdna3_loads_every_ip_firmware_in_the_kernels_order_then_starts_the_smu(
   assert cp.starts == {(0, 0): {"PFP_START": 0x800, "PFP_START_HI": 0, "ME_START": 0xC00, "ME_START_HI": 0},
                        (0, 1): {"PFP_START": 0x800, "PFP_START_HI": 0, "ME_START": 0xC00, "ME_START_HI": 0},
                        **{(1, p): {"MEC_START": 0x40001000, "MEC_START_HI": 1} for p in range(4)}}
-  assert cp.pulses == {"CP_ME_CNTL": [0x3 << 18, 0, 0x3 << 20, 0], "CP_MEC_RS64_CNTL": [0xF << 16, 0]}
+  # ... then, before the queue, gfx_v11_0_cp_compute_enable: MEC pipes 0-3 active, not halted
+  assert cp.pulses == {"CP_ME_CNTL": [0x3 << 18, 0, 0x3 << 20, 0], "CP_MEC_RS64_CNTL": [0xF << 16, 0, 0xF << 26]}
   assert r.rreg(fake_amdgpu.GC_BASES[1] + 0x900) == 0                       # GRBM selection back to ME 0 pipe 0
   # the GFXHUB (gfx_v11_0_gfxhub_enable) after the CP set-up: the MMHUB's GART and aperture in the GC's registers
   gc = fake_amdgpu.GC_BASES[0]
@@ -82,7 +84,7 @@ def test_rdna3_loads_every_ip_firmware_in_the_kernels_order_then_starts_the_smu(
   assert r.rreg(gc + 0x167F) == 0x1859 and r.rreg(gc + 0x15BE) == 0x80130009 and r.rreg(gc + 0x1688) == 1
   assert r.rreg(gc + 0x1E1F) & 1 << 15 and r.rreg(gc + 0x15C4) == 0x1FFC                  # CP_DEBUG, fault defaults
   inv = r.mmio.gc_invalidation
-  assert inv.requests == [0x00F80001] and inv.violations == []
+  assert inv.requests == [0x00F80001, 0x00F80100] and inv.violations == []      # VMID 0 (GART), then plugrt's VMID 8
 
 
 def test_rdna4_smu_first_no_setup_tmr_rs64_sdma_and_an_smn_mailbox(tmp_path) -> None:

@@ -108,7 +108,7 @@ def test_psp_boots_creates_its_ring_and_sets_up_the_tmr(tmp_path) -> None:
                "sOS alive (C2PMSG_81 = 0x3a0001)", "PSP KM ring created (4096 bytes at MC 0x8001100000)",
                "GFX_CMD_ID_LOAD_TOC ok: the PSP asks for a 0x500000-byte TMR", "GFX_CMD_ID_SETUP_TMR ok: TMR at VRAM 0x1200000",
                "KM ring destroyed", "next, not implemented: loading the IP firmwares through the PSP ring (GFX_CMD_ID_LOAD_IP_FW",
-               "SMU start-up", "MMHUB 3.0.0 GART enabled", "the GFXHUB's GART", "MEC/MES"):
+               "SMU start-up", "MMHUB 3.0.0 GART enabled", "the GFXHUB's GART", "the MEC queue"):
     assert part in msg, (part, msg)
   # what the fence and command buffer hold is what the PSP wrote
   assert struct.unpack("<I", vram.read(0x1101000 + 0x1000, 4))[0] == 2

@@ -1,0 +1,111 @@
+"""The compute half of the driverless bring-up on GC 11.0.0/11.0.2 (after the GFXHUB): golden registers, the compute
+VMIDs' apertures, doorbell routing, plugrt's address space in VMID 8 and an AQL queue on the MEC; then `alloc` maps
+VRAM for arguments and buffers, `load` places a code object (its image relocated to where it lies, as the KFD path's
+Program does), `launch` writes a kernarg block and submits the dispatch, and `queue.wait` polls its completion.
+
+Order (gfx_v11_0_hw_init after gfx_v11_0_gfxhub_enable): init_golden_registers, constants_init (init_compute_vmid),
+nbio gc_doorbell_init, rlc_resume (under PSP loading: the SRM enable; the clear-state buffer is not set up),
+cp_resume (compute enable, the queue). plugrt's VM (plugrt_amd.vm) is bound to VMID 8 on both hubs (the CP's
+accesses go through the GFXHUB; the MMHUB's context 8 gets the same tables, as the kernel's VMIDs are per hub) and
+both hubs' TLBs are flushed for it after every change. Never run on an AMD GPU: tested against the fake GPU.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from plugrt.errors import UnsupportedError
+from plugrt_amd import aql, codeobject, doorbell, gc_init, gmc, mec, vm
+from plugrt_amd.discovery import DiscoveryTable
+from plugrt_amd.gmc_regs import GFXHUBS, MMHUBS, Hub
+from plugrt_amd.regs import GPURegisters
+
+HEAP_ALIGN = 2 << 20                 # 2 MiB: whole fragments
+KERNARG_SLOT, KERNARG_SLOTS = 4096, 64   # kernarg blocks, one per dispatch in flight (reused once that dispatch is done)
+
+
+@dataclass
+class Compute:
+  """plugrt's compute context on one GPU: its address space, queue and VRAM heap."""
+  regs: GPURegisters
+  space: vm.AddressSpace
+  hubs: list[tuple[Hub, int]]
+  heap: int                          # next free VRAM offset for `alloc`
+  heap_end: int
+  flush: Callable[[], None] | None = None
+  timeout: float = 2.0
+  queue: mec.ComputeQueue | None = None
+  kernargs: int = 0                   # VA of the kernarg blocks (0 until the first launch)
+  kernargs_at: int = 0
+  allocations: list[tuple[int, int, int]] = field(default_factory=list)   # (VA, VRAM offset, size)
+
+  def bind(self) -> None:
+    """Write the changed tables, point VMID 8 at them on both hubs and flush both hubs' TLBs for it."""
+    self.space.commit(self.flush)
+    for hub, base in self.hubs:
+      gmc.set_page_table(self.regs, base, hub, mec.VMID, self.space.pd_address)
+      gmc.flush_tlb(self.regs, base, hub, mec.VMID, self.timeout, flush=self.flush)
+
+  def alloc(self, size: int, flags: int = vm.RWX) -> tuple[int, int]:
+    """Map `size` bytes of fresh VRAM in VMID 8; returns (VA, VRAM offset). Write through `regs.write_vram(offset, ...)`."""
+    size = (size + vm.PAGE - 1) & ~(vm.PAGE - 1)
+    at = (self.heap + HEAP_ALIGN - 1) & ~(HEAP_ALIGN - 1) if size >= HEAP_ALIGN else self.heap
+    if at + size > self.heap_end:
+      raise vm.VMError(f"VM: no room for {size} bytes in plugrt's VRAM heap (0x{self.heap:x}-0x{self.heap_end:x})", "allocate less")
+    va = mec.VA_BASE + at
+    self.space.map(va, at, size, flags)
+    self.bind()
+    self.heap = at + size
+    self.allocations.append((va, at, size))
+    return va, at
+
+
+def start(regs: GPURegisters, table: DiscoveryTable, mc_base: int, phys_base: int, heap: int, vram_size: int,
+          flush: Callable[[], None] | None, timeout: float = 2.0) -> tuple[Compute | None, list[str]]:
+  """Everything after the GFXHUB that plugrt implements, for GC 11.0.0/11.0.2 with MMHUB 3.0.0; (None, why) otherwise."""
+  gc, mmhub, nbio = table.find("GC"), table.find("MMHUB"), table.find("NBIF")
+  if gc is None or mmhub is None or gc.version not in GFXHUBS or mmhub.version not in MMHUBS:
+    return None, ["compute not set up: plugrt sets it up on GC 11.0.0/11.0.2 with MMHUB 3.0.0"]
+  steps = [gc_init.golden(regs, gc) or f"no golden registers known for GC {gc.version_str}", gc_init.init_compute_vmid(regs, gc)]
+  line = doorbell.enable(regs, nbio)
+  if line is None: return None, steps + [f"compute not set up: the doorbell routing of NBIO {nbio.version_str if nbio else '(none)'} is not known"]
+  steps += [line, gc_init.rlc_resume(regs, gc)]
+  space = vm.AddressSpace(regs, phys_base)
+  lay = mec.Layout()
+  space.map(lay.va(0), lay.at, mec.QUEUE_BYTES)
+  hubs = [(MMHUBS[mmhub.version], mmhub.bases[0]), (GFXHUBS[gc.version], gc.bases[0])]
+  c = Compute(regs, space, hubs, heap, vram_size - (1 << 20), flush, timeout)
+  c.bind()
+  steps.append(f"VMID {mec.VMID} bound on the MMHUB and GFXHUB, TLBs flushed: {space.describe()}")
+  c.queue, qline = mec.setup(regs, gc, lay, mc_base, regs.doorbell, flush)
+  steps.append(qline)
+  return c, steps
+
+
+def load(c: Compute, blob: bytes) -> tuple[codeobject.CodeObject, int]:
+  """Place a code object in VMID 8: its image, relocated to its VA, written through the VRAM BAR; returns the parsed
+  object and the image's VA (a kernel's kernel_object is VA + its kd_offset)."""
+  co = codeobject.parse(blob)
+  va, at = c.alloc(co.image_size)
+  c.regs.write_vram(at, bytes(co.image(va)))
+  if c.flush is not None: c.flush()
+  return co, va
+
+
+def launch(c: Compute, co: codeobject.CodeObject, va: int, name: str, buffers: list[int], scalars: list[bytes],
+           groups: tuple[int, int, int], local: tuple[int, int, int]) -> int:
+  """One dispatch of kernel `name` of a loaded code object: its kernarg block (codeobject.KernelInfo.kernargs: explicit
+  and hidden arguments) in the next slot, then the AQL packet; returns what `queue.wait` takes."""
+  assert c.queue is not None
+  info = co.kernels[name]
+  if info.private_segment_size or info.descriptor.private_segment_enabled:
+    raise UnsupportedError(f"{name}: needs a private segment (scratch), which the PCI queue does not set up",
+                           "use the KFD interface (AMD_IFACE=KFD) for kernels that spill or use private arrays")
+  if not c.kernargs: c.kernargs, c.kernargs_at = c.alloc(KERNARG_SLOT * KERNARG_SLOTS)
+  n = c.queue.submitted
+  if n >= KERNARG_SLOTS: c.queue.wait(n - KERNARG_SLOTS + 1, c.timeout)      # the slot's previous dispatch is done
+  slot = (n % KERNARG_SLOTS) * KERNARG_SLOT
+  c.regs.write_vram(c.kernargs_at + slot, bytes(info.kernargs(buffers, scalars, groups, local)))
+  grid = (groups[0] * local[0], groups[1] * local[1], groups[2] * local[2])
+  return c.queue.submit(aql.dispatch_packet(va + info.kd_offset, c.kernargs + slot, grid, local, info.group_segment_size))
+
