@@ -73,6 +73,15 @@ def device_rows() -> tuple[list[dict[str, Any]], str | None, str | None]:
   return rows, default, env_error
 
 
+def _collective_rows() -> list[dict[str, Any]]:
+  """plugrt.distributed's collective engines (NCCL, MPI, ...) with their status, like the video decoders'."""
+  try:
+    from plugrt.distributed.engine import engine_rows
+    return engine_rows(_registry())
+  except Exception as e:  # a broken engine declaration must not take the device table down
+    return [{"engine": "?", "device": "-", "package": "-", "available": False, "reason": "hook error", "detail": str(e), "hint": ""}]
+
+
 def _video_rows() -> list[dict[str, Any]]:
   """plugrt.video's decoders (NVDEC, PyAV, ...) with their status, like the devices'."""
   try:
@@ -131,9 +140,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
   if args.json:  # strict JSON on stdout, whatever a plugin prints while it is imported or probed
     with _stdout_only_for_us() as out:
       rows, default, env_error = device_rows()
-      videos = _video_rows()
+      videos, engines = _video_rows(), _collective_rows()
     print(json.dumps({"default": default, "environment_error": env_error, "backends": rows, "plugin_warnings": plugin_warnings(),
-                      "video_decoders": videos}, indent=2), file=out)
+                      "video_decoders": videos, "collective_engines": engines}, indent=2), file=out)
     return 2 if env_error else 0
   rows, default, env_error = device_rows()
   table = [("DEVICE", "PACKAGE", "VERSION", "STATUS", "DEFAULT", "COMPILERS", "INTERFACES")]
@@ -165,6 +174,12 @@ def cmd_devices(args: argparse.Namespace) -> int:
       status = "ready" if v["available"] else v["reason"] or "unavailable"
       print(f"  {v['decoder']:<8} {v['device']:<6} {v['package']:<14} {status}" + (f": {v['detail']}" if v["detail"] else "") +
             (f"\n      fix: {v['hint']}" if v["hint"] and not v["available"] else ""))
+  if engines := _collective_rows():
+    print("\ncollective engines (plugrt.distributed):")
+    for e in engines:
+      status = "ready" if e["available"] else e["reason"] or "unavailable"
+      print(f"  {e['engine']:<8} {e['device']:<6} {e['package']:<14} {status}" + (f": {e['detail']}" if e["detail"] else "") +
+            (f"\n      fix: {e['hint']}" if e["hint"] and not e["available"] else ""))
   if warnings := plugin_warnings():
     print("\nplugin warnings (the plugins load; their authors should fix these):")
     for w in warnings: print(f"  warning: {w['package']} ({w['module']}): {w['warning']}")

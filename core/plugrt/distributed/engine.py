@@ -115,6 +115,19 @@ def engines(registry: Any = None) -> list[tuple[CollectiveEngineSpec, Any]]:
   return found
 
 
+def engine_rows(registry: Any = None) -> list[dict[str, Any]]:
+  """One row per collective engine for `plugrt devices`: name, device, package, available, reason, detail, hint."""
+  from plugrt.registry import current
+  reg = (registry or current()).load()
+  rows = []
+  for spec, rec in engines(reg):
+    p = reg._probe(("collective", spec.name), spec.probe, rec)
+    rows.append({"engine": spec.name, "device": spec.device or "any", "package": rec.package if rec is not None else "plugrt",
+                 "available": p.ok, "local": spec.local, "reason": p.reason.value if p.reason else None, "detail": p.detail,
+                 "hint": p.hint, "description": spec.description})
+  return rows
+
+
 def choose(kind: str, local: bool, engine: str | None, registry: Any = None) -> CollectiveEngineSpec:
   """The engine for devices of `kind`: the one named `engine`, else the first usable one that serves the kind
   (an engine for "" serves every kind). CollectiveUnavailable lists why each was passed over."""

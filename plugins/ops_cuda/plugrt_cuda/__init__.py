@@ -98,7 +98,8 @@ def probe_nccl(ctx: PluginContext) -> Probe:
   paths = library_paths(ctx.env)
   if (found := next((x for x in paths if os.path.exists(x)), None)) is None and ctx.find_library("libnccl.so*") is None:
     return Probe.missing(Reason.MISSING_TOOLCHAIN, "NCCL (libnccl.so.2) is not installed", HINT)
-  return Probe.found(p.count, found or "the system's libnccl")
+  where = found or "the system's libnccl"
+  return Probe.found(p.count, f"{where}; never run on GPUs yet (docs/distributed.md)")
 
 
 def _open_nccl(request: Any) -> Any:
