@@ -239,6 +239,9 @@ class KernelWrites:
       with open(path, "w") as f: f.write(text)
 
 
+SRAM_XDATA, SRAM_BUS = 0xF000, 0x200000     # the fake's own copy of where the bridge's SRAM is seen (docs/research/amd-pci.md)
+
+
 # ---- the USB bridge ----------------------------------------------------------------------------------------------------
 
 class FakeFunction:
@@ -294,15 +297,22 @@ class FakeASM24:
     self.commands = 0
     self.fail_next = 0          # TLP engine error reports to inject before the next completion
     self.tlps: list[tuple[int, int]] = []
+    self.sram = bytearray(0x80000)      # the bridge's SRAM: XDATA 0xF000.. for its controller, bus 0x200000.. for the GPU
+    self.sram_pos, self.sram_last, self.sram_commands = 0, 0, 0
+    self.sram_unacked: list[int] = []
+    self.sram_violations: list[str] = []
 
-  def execute(self, cdb: bytes, read: int = 0) -> bytes:
+  def execute(self, cdb: bytes, read: int = 0, data: bytes = b"") -> bytes:
     self.commands += 1
+    if cdb[0] == 0x8A: return self._write16(cdb, read, data)
+    assert not data, f"data-out phase on {cdb.hex()}"
     op, val, hi, lo, _ = struct.unpack(">BBBHB", cdb)
     addr = ((hi << 16) | lo)
     assert addr & 0xFF0000 in (0x500000, 0x510000), f"XDATA select missing in {cdb.hex()}"
     addr &= 0x1FFFF
     if op == self.a.CDB_XDATA_READ:
       assert read == val
+      if addr >= SRAM_XDATA: return bytes(self.sram[addr - SRAM_XDATA:addr - SRAM_XDATA + val])
       return bytes(self.xdata[addr:addr + val])
     assert op == self.a.CDB_XDATA_WRITE and read == 0, cdb.hex()
     if addr == self.a.TLP_STATUS:
@@ -310,7 +320,36 @@ class FakeASM24:
       elif val == self.a.TLP_ERROR: self.xdata[addr] = 0
       return b""
     self.xdata[addr] = val
+    self._sram_ack(addr, val)
     return b""
+
+  # the SRAM window (plugrt_amd_usb.sram): the fake's model of the burst protocol, inferred from how the public reference
+  # drives it (not documented): a WRITE(16) lands at the burst's write position, which advances; the position returns to 0
+  # when a burst ends (the four 0xCE40.. zero writes, or the acks of a burst of one command of at most 16 KiB)
+  def _write16(self, cdb: bytes, read: int, data: bytes) -> bytes:
+    _, flags, lba, sectors, group, control = struct.unpack(">BBQIBB", cdb)
+    if read or len(data) != sectors * 512 or (flags, lba, group, control) != (0, 0, 0, 0):
+      self.sram_violations.append(f"WRITE(16) {cdb.hex()} with {len(data)} bytes out, {read} in")
+    if self.sram_unacked: self.sram_violations.append("WRITE(16) before the previous one was acknowledged (0x171, 0xCE6E)")
+    if self.sram_pos + len(data) > len(self.sram): raise AssertionError(f"SRAM burst past {len(self.sram)} bytes")
+    self.sram[self.sram_pos:self.sram_pos + len(data)] = data
+    self.sram_pos += len(data)
+    self.sram_unacked, self.sram_last = [0x171, 0x172, 0x173, 0xCE6E, 0xCE6F], len(data)
+    self.sram_commands += 1
+    return b""
+
+  def _sram_ack(self, addr: int, val: int) -> None:
+    if self.sram_unacked and addr == self.sram_unacked[0]:
+      if val != (0xFF if addr < 0x200 else 0): self.sram_violations.append(f"SRAM ack 0x{addr:x} <- 0x{val:02x}")
+      self.sram_unacked.pop(0)
+      if not self.sram_unacked and self.sram_last <= 0x4000 and self.sram_pos == self.sram_last: self.sram_pos = 0
+    elif 0xCE40 <= addr <= 0xCE43:
+      if all(self.xdata[0xCE40 + i] == 0 for i in range(4)) and addr == 0xCE43: self.sram_pos = 0
+
+  def dma_read(self, bus: int, n: int) -> bytes:
+    """What the GPU reads at PCIe bus address `bus` (only the SRAM window answers)."""
+    assert SRAM_BUS <= bus and bus + n <= SRAM_BUS + len(self.sram), f"GPU DMA read at bus 0x{bus:x} (+{n}) outside the SRAM window"
+    return bytes(self.sram[bus - SRAM_BUS:bus - SRAM_BUS + n])
 
   def _route(self, bus: int) -> bool:
     """Bus 0 is the bridge's own; bus n > 0 is reachable when the bridge on bus n-1 forwards to it."""
