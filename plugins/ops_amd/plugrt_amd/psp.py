@@ -5,7 +5,8 @@ loaded *through* it. Three stages, each as the kernel's psp_v13_0.c / psp_v14_0.
 
 1. bootloader: when C2PMSG_81 (the sOS "sign of life") reads 0, for each pre-sOS component the firmware file has
    (kdb, spl, sys_drv, soc_drv, intf_drv, dbg_drv, ras_drv, and ipkeymgr_drv on PSP 14, in the kernel's order): wait
-   for C2PMSG_35 bit 31 (the bootloader is ready), copy the component into a 1 MiB-aligned private VRAM buffer, write
+   for C2PMSG_35 bit 31 (the bootloader is ready), copy the component into a 1 MiB-aligned private VRAM buffer (or,
+   through `Staging`, wherever the interface can put it: the USB bridge's SRAM mapped in the GART), write
    its GPU (MC) address >> 20 to C2PMSG_36 and the load command to C2PMSG_35, wait for ready again (an error code in
    bits 7:0 is a `PSPCommandError`); then the sOS the same way, and wait for C2PMSG_81 to turn non-zero;
 2. the KM ring: C2PMSG_64 bit 31 (sOS ready), ring address to C2PMSG_69/70, size to C2PMSG_71, ring type << 16 to
@@ -198,7 +199,9 @@ class PSP:
   def load_component(self, name: str, data: bytes, command: int) -> None:
     if len(data) > PSP_1_MEG: raise PSPFirmwareError(f"PSP firmware: {name} is {len(data)} bytes, more than the 1 MiB buffer the bootloader reads")
     self.wait_msg(BL_CMD, READY, READY, f"bootloader not ready before loading {name}")
-    self.wmsg(BL_ADDR, self.put(name, data) >> 20)
+    if (addr := self.put(name, data)) % PSP_1_MEG:        # C2PMSG_36 carries address >> 20
+      raise PSPError(f"PSP: {name}'s buffer at MC 0x{addr:x} is not 1 MiB aligned, as the bootloader needs", "a staging buffer bug")
+    self.wmsg(BL_ADDR, addr >> 20)
     self.wmsg(BL_CMD, command)
     if command == BL_LOAD_SOSDRV: return
     done = self.wait_msg(BL_CMD, READY, READY, f"bootloader did not finish loading {name}")

@@ -97,3 +97,14 @@ def test_a_stale_gart_entry_is_seen_by_the_fake(tmp_path, monkeypatch) -> None:
   open_(tmp_path, bridge)
   assert any("after the last TLB flush" in v for v in gart.violations)
   assert any("does not hold the file's kdb" in v for v in mp0.violations)
+
+
+def test_an_unaligned_staging_buffer_is_refused(tmp_path, monkeypatch) -> None:
+  bridge, mp0, *_ = setup(tmp_path, ip=False)
+  real = staging.SRAMStaging.put
+  monkeypatch.setattr(staging.SRAMStaging, "put", lambda self, data: real(self, data) + 0x1000)
+  from plugrt_amd.psp import PSPError
+  with pytest.raises(PSPError, match="kdb's buffer at MC 0x7fff00001000 is not 1 MiB aligned"):
+    plugrt_amd_usb.open_usb(DeviceInfo("AMD", 0, "LLVM", "USB", context=PluginContext(
+      {"PLUGRT_AMD_ALLOW_UNBIND": "1", "PLUGRT_AMD_FIRMWARE": str(tmp_path)})), bridge, psp_timeout=0.2)
+  assert mp0.loaded == []
