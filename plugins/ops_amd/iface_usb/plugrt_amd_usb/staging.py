@@ -35,7 +35,9 @@ class SRAMStaging:
     self.bridge, self.mc, self.puts = bridge, 0, 0
 
   @property
-  def where(self) -> str: return f"the USB bridge's {SRAM_SIZE >> 10} KiB SRAM (bus 0x{SRAM_BUS:x}) at GART MC 0x{self.mc:x}"
+  def where(self) -> str:
+    at = f" at GART MC 0x{self.mc:x}" if self.mc else ""
+    return f"the USB bridge's {SRAM_SIZE >> 10} KiB SRAM (bus 0x{SRAM_BUS:x}){at}"
 
   def attach(self, regs: GPURegisters, lay: gmc.Layout, mmhub: IPBlock | None, flush: Callable[[], None] | None, timeout: float) -> str:
     """Point the GART's first SRAM_SIZE // PAGE entries at the SRAM's pages, then flush the GART's TLB (VMID 0)."""

@@ -108,3 +108,15 @@ def test_an_unaligned_staging_buffer_is_refused(tmp_path, monkeypatch) -> None:
     plugrt_amd_usb.open_usb(DeviceInfo("AMD", 0, "LLVM", "USB", context=PluginContext(
       {"PLUGRT_AMD_ALLOW_UNBIND": "1", "PLUGRT_AMD_FIRMWARE": str(tmp_path)})), bridge, psp_timeout=0.2)
   assert mp0.loaded == []
+
+
+def test_without_a_gart_the_psp_is_not_booted_over_usb(tmp_path) -> None:
+  """An MMHUB whose GART plugrt does not program: over USB the PSP cannot reach the SRAM, so it is not booted (recorded)."""
+  regs, vram = fake_amdgpu.fake_gpu(blob=fake_amdgpu.table(**(RDNA3 | {"mmhub": (3, 0, 2)})), mib=64)
+  sos = fake_amdgpu.sos_file()
+  (tmp_path / "psp_13_0_0_sos.bin").write_bytes(sos)
+  mp0 = fake_amdgpu.FakeMP0(regs, vram, sos, mp0=(13, 0, 0), mmhub=(3, 0, 2))
+  msg = open_(tmp_path, fake_amdgpu.FakeASM24(regs, vram, bar0_size=64 << 20))
+  assert "GART not set up: GART set-up for MMHUB 3.0.2 is not implemented" in msg
+  assert "PSP not booted: the USB bridge's 512 KiB SRAM (bus 0x200000) is reached through the GART, which is not set up" in msg
+  assert mp0.loaded == []
