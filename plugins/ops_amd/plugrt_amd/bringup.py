@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 from plugrt_amd import compute, discovery, firmware, gfx, gmc, hdp, psp, psp_firmware, psp_load, smu, ucode
 from plugrt_amd.compute import Compute
@@ -52,6 +52,12 @@ AFTER_QUEUE = ("next, not implemented: a plugrt device on this queue (the memory
                "the PCI interface releases the GPU here), the interrupt handler (completion is polled), CWSR, scratch, MES, "
                "GART mappings of host memory (DMA)")
 HINT = "use AMD_IFACE=KFD with the amdgpu kernel driver loaded"
+
+
+class USBStaging(psp.Staging, Protocol):
+  """psp.Staging plus its GART mapping, made once the MMHUB's GART is enabled (plugrt_amd_usb.staging)."""
+  def attach(self, regs: GPURegisters, lay: gmc.Layout, mmhub: discovery.IPBlock | None, flush: Callable[[], None] | None,
+             timeout: float) -> str: ...
 
 
 @dataclass
@@ -110,7 +116,7 @@ def read_discovery(regs: GPURegisters, vram_size: int, firmware_dir: str = firmw
   return discovery.parse(blob), path
 
 
-def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = psp.DEFAULT_BASE) -> None:
+def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = psp.DEFAULT_BASE, staging: USBStaging | None = None) -> None:
   """Step 5, in the kernel's order: the HDP flush's remap and the MMHUB's GART (GMC hw_init), the PSP boot and its IP
   firmware loads (PSP hw_init), the SMU's first messages (SMU hw_init), the RLC autoload's completion, the CP set-up and
   the GFXHUB (GFX hw_init); as far as plugrt can, recording why not otherwise. PSP, firmware, GMC, SMU and GFX errors
@@ -142,8 +148,13 @@ def boot_psp(regs: GPURegisters, b: BringUp, timeout: float = 2.0, base: int = p
   flusher, line = hdp.setup(regs, t.find("NBIF"))
   b.steps.append(line)
   flush = b.hdp_flush = flusher.flush if flusher else None
-  enable_gart(regs, b, mc_base, phys, flush, timeout)  # the kernel's GMC hw_init comes before the PSP's
-  p = psp.PSP(regs, mp0, b.vram_size, mc_base, phys, base=base, timeout=timeout, flush=flush)
+  enable_gart(regs, b, mc_base, phys, flush, timeout, gmc.GART_MIN if staging else gmc.GART_SIZE)  # GMC hw_init precedes the PSP's
+  if staging is not None:               # the PSP's buffers reach it through the GART (the USB bridge's SRAM)
+    if b.gmc_layout is None:
+      b.steps.append(f"PSP not booted: {staging.where} is reached through the GART, which is not set up")
+      return
+    b.steps.append(staging.attach(regs, b.gmc_layout, t.find("MMHUB"), flush, timeout))
+  p = psp.PSP(regs, mp0, b.vram_size, mc_base, phys, base=base, timeout=timeout, flush=flush, staging=staging)
   b.steps += p.boot(fw)
   b.steps.append(p.ring_create())
   size, steps = p.tmr_init(fw)
@@ -187,11 +198,11 @@ def ip_firmware(b: BringUp) -> list[ucode.IPFirmware] | None:
 
 
 def enable_gart(regs: GPURegisters, b: BringUp, fb_start: int, phys: int, flush: Callable[[], None] | None = None,
-                timeout: float = 2.0) -> None:
+                timeout: float = 2.0, gart_size: int = gmc.GART_SIZE) -> None:
   """The MMHUB's GART and system aperture (gmc.enable); a hub version plugrt does not program is recorded."""
   mmhub = b.table.find("MMHUB") if b.table else None
   if mmhub is None: return
-  try: b.gmc_layout, line = gmc.enable(regs, mmhub.version, mmhub.bases[0], fb_start, b.vram_size, phys, flush, timeout)
+  try: b.gmc_layout, line = gmc.enable(regs, mmhub.version, mmhub.bases[0], fb_start, b.vram_size, phys, flush, timeout, gart_size)
   except gmc.GMCUnsupported as e: b.steps.append(f"GART not set up: {e}")
   else:
     b.steps.append(line)
@@ -253,9 +264,10 @@ def start_smu(regs: GPURegisters, b: BringUp, timeout: float) -> None:
 
 
 def bring_up(regs: GPURegisters, label: str, firmware_dir: str = firmware.FIRMWARE_DIR, psp_timeout: float = 2.0,
-             psp_skip: str = "") -> BringUp:
+             psp_skip: str = "", staging: USBStaging | None = None) -> BringUp:
   """Run the implemented steps; returns the record (call `.stop()` to raise where bring-up stops). A non-empty
-  `psp_skip` says why this interface does not attempt the PSP step (recorded instead of booting it)."""
+  `psp_skip` says why this interface does not attempt the PSP step (recorded instead of booting it); `staging` is
+  where an interface without bulk VRAM writes puts the PSP's buffers (the USB bridge's SRAM, mapped in the GART)."""
   b = BringUp(label)
   b.vram_size = regs.vram_size()
   b.steps.append(f"VRAM {b.vram_size >> 20} MiB (RCC_CONFIG_MEMSIZE)")
@@ -269,5 +281,5 @@ def bring_up(regs: GPURegisters, label: str, firmware_dir: str = firmware.FIRMWA
   b.firmware, line = firmware.report(t, firmware_dir)
   b.steps.append(line)
   if psp_skip: b.steps.append(psp_skip)
-  else: boot_psp(regs, b, psp_timeout)
+  else: boot_psp(regs, b, psp_timeout, staging=staging)
   return b

@@ -30,6 +30,7 @@ INVALIDATE_ENGINES, ENG_DISTANCE = 18, 2   # address-range registers: 2 dwords p
 GART_ENGINE = 17                           # gmc_v11_0_flush_gpu_tlb: "Use register 17 for GART"; SEM/REQ/ACK 1 dword apart
 PRIVATE_INVALIDATION = 1 << 25             # MMVM_L2_BANK_SELECT_RESERVED_CID2 bit 25 (RSERVED_CACHE_PRIVATE_INVALIDATION)
 GART_SIZE = 512 << 20                 # gmc_v11_0_sw_init: amdgpu_gart_size -1 -> 512 MiB
+GART_MIN = 32 << 20                   # amdgpu_device_check_arguments: a gartsize below 32 (MiB) is refused
 MAX_MC = (1 << 47) - 1                # min(mc_mask 48-bit, AMDGPU_GMC_HOLE_START - 1)
 FOUR_GB = 1 << 32
 AGP_OFF = (0xFFFFFFFFFFFF, 0)         # amdgpu_gmc_set_agp_default: agp_start, agp_end
@@ -248,12 +249,13 @@ def enable_hub(regs: GPURegisters, hub: Hub, base: int, lay: Layout, flush: Call
 
 
 def enable(regs: GPURegisters, version: tuple[int, int, int], base: int, fb_start: int, vram_size: int, phys_base: int,
-           flush: Callable[[], None] | None = None, timeout: float = 2.0) -> tuple[Layout, str]:
+           flush: Callable[[], None] | None = None, timeout: float = 2.0, gart_size: int = GART_SIZE) -> tuple[Layout, str]:
   """The MMHUB's part (gmc_v11_0_gart_enable): zero the GART table and the default page in VRAM, then `enable_hub`;
-  returns the layout (the GFXHUB gets the same later) and the step's text."""
+  returns the layout (the GFXHUB gets the same later) and the step's text. `gart_size`: the USB interface asks for the
+  kernel's smallest (GART_MIN), whose table it can zero through dword TLPs."""
   if (hub := MMHUBS.get(version)) is None:
     raise GMCUnsupported(f"GART set-up for MMHUB {'.'.join(map(str, version))} is not implemented (plugrt programs MMHUB 3.0.0)")
-  lay = layout(fb_start, vram_size, phys_base, TABLE_AT, SCRATCH_AT)
+  lay = layout(fb_start, vram_size, phys_base, TABLE_AT, SCRATCH_AT, gart_size)
   entries = (lay.gart_end - lay.gart_start + 1) >> 12
   regs.write_vram(TABLE_AT, bytes(entries * 8))           # every PTE invalid
   regs.write_vram(SCRATCH_AT, bytes(0x1000))

@@ -5,7 +5,8 @@ loaded *through* it. Three stages, each as the kernel's psp_v13_0.c / psp_v14_0.
 
 1. bootloader: when C2PMSG_81 (the sOS "sign of life") reads 0, for each pre-sOS component the firmware file has
    (kdb, spl, sys_drv, soc_drv, intf_drv, dbg_drv, ras_drv, and ipkeymgr_drv on PSP 14, in the kernel's order): wait
-   for C2PMSG_35 bit 31 (the bootloader is ready), copy the component into a 1 MiB-aligned private VRAM buffer, write
+   for C2PMSG_35 bit 31 (the bootloader is ready), copy the component into a 1 MiB-aligned private VRAM buffer (or,
+   through `Staging`, wherever the interface can put it: the USB bridge's SRAM mapped in the GART), write
    its GPU (MC) address >> 20 to C2PMSG_36 and the load command to C2PMSG_35, wait for ready again (an error code in
    bits 7:0 is a `PSPCommandError`); then the sOS the same way, and wait for C2PMSG_81 to turn non-zero;
 2. the KM ring: C2PMSG_64 bit 31 (sOS ready), ring address to C2PMSG_69/70, size to C2PMSG_71, ring type << 16 to
@@ -28,6 +29,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from plugrt.errors import PlugrtError
 from plugrt_amd.discovery import DiscoveryTable, IPBlock
@@ -120,6 +122,16 @@ def vram_location(regs: GPURegisters, table: DiscoveryTable) -> tuple[int, int]:
   return mc_base, phys
 
 
+class Staging(Protocol):
+  """Where the buffers the PSP is handed (bootloader components, the TOC, IP ucodes) go when not into VRAM: the USB
+  interface's bridge SRAM, mapped through the GART (plugrt_amd_usb.staging). One buffer at a time: `put` overwrites
+  the previous one and returns the MC address (1 MiB aligned) the PSP reads it at."""
+  where: str                  # for the steps' text, e.g. "the USB bridge's 512 KiB SRAM at MC 0x..."
+  limit: int                  # the most bytes one buffer may have
+
+  def put(self, data: bytes) -> int: ...
+
+
 @dataclass(frozen=True)
 class Response:
   cmd_id: int
@@ -132,7 +144,8 @@ class PSP:
   """One GPU's PSP: `boot(firmware)`, `ring_create()`, `submit(...)`, `load_toc`, `setup_tmr`, `ring_destroy()`."""
 
   def __init__(self, regs: GPURegisters, mp0: IPBlock, vram_size: int, mc_base: int, phys_base: int = 0, base: int = DEFAULT_BASE,
-               timeout: float = 2.0, sleep: Callable[[float], None] = time.sleep, flush: Callable[[], None] | None = None):
+               timeout: float = 2.0, sleep: Callable[[float], None] = time.sleep, flush: Callable[[], None] | None = None,
+               staging: Staging | None = None):
     if mp0.version not in SUPPORTED:
       raise PSPUnsupported(f"PSP boot for MP0 {mp0.version_str} is not implemented",
                            f"plugrt boots MP0 {', '.join('.'.join(map(str, v)) for v in sorted(SUPPORTED))}; use AMD_IFACE=KFD")
@@ -148,6 +161,7 @@ class PSP:
     if self.tmr > self.limit: raise PSPError(f"VRAM of {vram_size >> 20} MiB has no room for the PSP buffers at 0x{base:x}")
     self.fence_value = 0
     self.ring_up = False
+    self.staging = staging
     self.tmr_end = self.tmr              # end of the TMR plugrt set up (the IP firmware buffer goes above it)
 
   def reg(self, n: int) -> int: return self.mp0.bases[0] + C2PMSG_BASE + n
@@ -167,12 +181,27 @@ class PSP:
 
   def sos_alive(self) -> bool: return self.rmsg(SOS_ALIVE) != 0
 
+  def put(self, name: str, data: bytes) -> int:
+    """Hand the PSP a buffer: into the 1 MiB VRAM buffer (cleared first, as the kernel does), or through `staging`;
+    returns its MC address."""
+    if self.staging is None:
+      self.regs.write_vram(self.fw_pri, bytes(data) + bytes(PSP_1_MEG - len(data)))
+      return self.mc(self.fw_pri)
+    if len(data) > self.staging.limit:
+      raise PSPFirmwareError(f"PSP firmware: {name} is {len(data)} bytes, more than {self.staging.where} holds ({self.staging.limit} bytes)",
+                             "load it through the PCI interface")
+    return self.staging.put(bytes(data))
+
+  def where(self) -> str:
+    return self.staging.where if self.staging is not None else f"a 1 MiB VRAM buffer at MC 0x{self.mc(self.fw_pri):x}"
+
   # ---- 1. the bootloader ----------------------------------------------------------------------------------------------
   def load_component(self, name: str, data: bytes, command: int) -> None:
     if len(data) > PSP_1_MEG: raise PSPFirmwareError(f"PSP firmware: {name} is {len(data)} bytes, more than the 1 MiB buffer the bootloader reads")
     self.wait_msg(BL_CMD, READY, READY, f"bootloader not ready before loading {name}")
-    self.regs.write_vram(self.fw_pri, bytes(data) + bytes(PSP_1_MEG - len(data)))   # the kernel clears the buffer first
-    self.wmsg(BL_ADDR, self.mc(self.fw_pri) >> 20)
+    if (addr := self.put(name, data)) % PSP_1_MEG:        # C2PMSG_36 carries address >> 20
+      raise PSPError(f"PSP: {name}'s buffer at MC 0x{addr:x} is not 1 MiB aligned, as the bootloader needs", "a staging buffer bug")
+    self.wmsg(BL_ADDR, addr >> 20)
     self.wmsg(BL_CMD, command)
     if command == BL_LOAD_SOSDRV: return
     done = self.wait_msg(BL_CMD, READY, READY, f"bootloader did not finish loading {name}")
@@ -200,7 +229,7 @@ class PSP:
     alive = self._wait("sOS did not start (C2PMSG_81 stays 0)", lambda: self.rmsg(SOS_ALIVE), lambda v: v != 0,
                        "the bootloader refused the sOS (a firmware file for another board, or a failed signature check): "
                        "use the linux-firmware files for this GPU and reset it before retrying")
-    return [f"PSP bootloader loaded {', '.join(loaded + ['sos'])} through a 1 MiB VRAM buffer at MC 0x{self.mc(self.fw_pri):x}; "
+    return [f"PSP bootloader loaded {', '.join(loaded + ['sos'])} through {self.where()}; "
             f"sOS alive (C2PMSG_81 = 0x{alive:x})"]
 
   # ---- 2. the KM ring -------------------------------------------------------------------------------------------------
@@ -259,8 +288,7 @@ class PSP:
   def load_toc(self, toc: bytes) -> int:
     """GFX_CMD_ID_LOAD_TOC: the TOC through the private buffer; returns the TMR size the PSP asks for."""
     if len(toc) > PSP_1_MEG: raise PSPFirmwareError(f"PSP firmware: TOC of {len(toc)} bytes does not fit the 1 MiB buffer")
-    self.regs.write_vram(self.fw_pri, bytes(toc) + bytes(PSP_1_MEG - len(toc)))
-    addr = self.mc(self.fw_pri)
+    addr = self.put("the TOC", toc)
     return self.submit(GFX_CMD_ID_LOAD_TOC, struct.pack("<III", addr & 0xFFFFFFFF, addr >> 32, len(toc))).tmr_size
 
   def setup_tmr(self, size: int) -> int:

@@ -60,6 +60,9 @@ class IPLoader:
     for u in ucodes:
       self.at[u.name] = pos
       pos += _align(u.size, PAGE)
+    if self.psp.staging is not None:      # no VRAM buffer: each ucode goes through the staging buffer as it is loaded
+      self.end = base
+      return f"IP firmware: {len(ucodes)} ucodes, each handed to the PSP through {self.psp.where()} when it is loaded"
     if pos > self.psp.limit:
       raise PSPError(f"PSP: the IP firmware buffer ({(pos - base) >> 10} KiB at VRAM 0x{base:x}) does not fit below 0x{self.psp.limit:x}",
                      "a GPU with more VRAM")
@@ -70,7 +73,7 @@ class IPLoader:
 
   def load(self, u: Ucode) -> None:
     """One GFX_CMD_ID_LOAD_IP_FW for `u`, from where `place()` put it."""
-    addr = self.psp.mc(self.at[u.name])
+    addr = self.psp.mc(self.at[u.name]) if self.psp.staging is None else self.psp.put(u.name, u.data)
     try:
       self.psp.submit(GFX_CMD_ID_LOAD_IP_FW, struct.pack("<IIII", addr & 0xFFFFFFFF, addr >> 32, u.size, u.fw_type))
     except PSPCommandError as e:

@@ -115,12 +115,13 @@ class FakeIPFirmware:
 
   def load_ip_fw(self, payload: bytes) -> int:
     lo, hi, size, fw_type = struct.unpack_from("<4I", payload)
-    at = (hi << 32 | lo) - self.mp0.mc_base
+    mc = hi << 32 | lo
+    at = mc - self.mp0.mc_base
     name, data = self.want.get(fw_type, (f"type {fw_type}", None))
     bad = self.mp0.violations.append
     if data is None: bad(f"LOAD_IP_FW of unexpected GFX_FW_TYPE {fw_type}")
     elif at % 0x1000: bad(f"LOAD_IP_FW {name}: MC address not 4 KiB aligned (VRAM 0x{at:x})")
-    elif size != len(data) or self.mp0.vram.read(at, size) != data: bad(f"LOAD_IP_FW {name}: {size} bytes at VRAM 0x{at:x} are not the file's")
+    elif size != len(data) or self.mp0.read_mc(mc, size) != data: bad(f"LOAD_IP_FW {name}: {size} bytes at MC 0x{mc:x} are not the file's")
     if self.autoloaded: bad(f"LOAD_IP_FW {name} after AUTOLOAD_RLC")
     cmds = [c for c, _ in self.mp0.commands[:-1]]
     if name == "SMC":

@@ -239,6 +239,9 @@ class KernelWrites:
       with open(path, "w") as f: f.write(text)
 
 
+SRAM_XDATA, SRAM_BUS = 0xF000, 0x200000     # the fake's own copy of where the bridge's SRAM is seen (docs/research/amd-pci.md)
+
+
 # ---- the USB bridge ----------------------------------------------------------------------------------------------------
 
 class FakeFunction:
@@ -294,15 +297,22 @@ class FakeASM24:
     self.commands = 0
     self.fail_next = 0          # TLP engine error reports to inject before the next completion
     self.tlps: list[tuple[int, int]] = []
+    self.sram = bytearray(0x80000)      # the bridge's SRAM: XDATA 0xF000.. for its controller, bus 0x200000.. for the GPU
+    self.sram_pos, self.sram_last, self.sram_commands = 0, 0, 0
+    self.sram_unacked: list[int] = []
+    self.sram_violations: list[str] = []
 
-  def execute(self, cdb: bytes, read: int = 0) -> bytes:
+  def execute(self, cdb: bytes, read: int = 0, data: bytes = b"") -> bytes:
     self.commands += 1
+    if cdb[0] == 0x8A: return self._write16(cdb, read, data)
+    assert not data, f"data-out phase on {cdb.hex()}"
     op, val, hi, lo, _ = struct.unpack(">BBBHB", cdb)
     addr = ((hi << 16) | lo)
     assert addr & 0xFF0000 in (0x500000, 0x510000), f"XDATA select missing in {cdb.hex()}"
     addr &= 0x1FFFF
     if op == self.a.CDB_XDATA_READ:
       assert read == val
+      if addr >= SRAM_XDATA: return bytes(self.sram[addr - SRAM_XDATA:addr - SRAM_XDATA + val])
       return bytes(self.xdata[addr:addr + val])
     assert op == self.a.CDB_XDATA_WRITE and read == 0, cdb.hex()
     if addr == self.a.TLP_STATUS:
@@ -310,7 +320,36 @@ class FakeASM24:
       elif val == self.a.TLP_ERROR: self.xdata[addr] = 0
       return b""
     self.xdata[addr] = val
+    self._sram_ack(addr, val)
     return b""
+
+  # the SRAM window (plugrt_amd_usb.sram): the fake's model of the burst protocol, inferred from how the public reference
+  # drives it (not documented): a WRITE(16) lands at the burst's write position, which advances; the position returns to 0
+  # when a burst ends (the four 0xCE40.. zero writes, or the acks of a burst of one command of at most 16 KiB)
+  def _write16(self, cdb: bytes, read: int, data: bytes) -> bytes:
+    _, flags, lba, sectors, group, control = struct.unpack(">BBQIBB", cdb)
+    if read or len(data) != sectors * 512 or (flags, lba, group, control) != (0, 0, 0, 0):
+      self.sram_violations.append(f"WRITE(16) {cdb.hex()} with {len(data)} bytes out, {read} in")
+    if self.sram_unacked: self.sram_violations.append("WRITE(16) before the previous one was acknowledged (0x171, 0xCE6E)")
+    if self.sram_pos + len(data) > len(self.sram): raise AssertionError(f"SRAM burst past {len(self.sram)} bytes")
+    self.sram[self.sram_pos:self.sram_pos + len(data)] = data
+    self.sram_pos += len(data)
+    self.sram_unacked, self.sram_last = [0x171, 0x172, 0x173, 0xCE6E, 0xCE6F], len(data)
+    self.sram_commands += 1
+    return b""
+
+  def _sram_ack(self, addr: int, val: int) -> None:
+    if self.sram_unacked and addr == self.sram_unacked[0]:
+      if val != (0xFF if addr < 0x200 else 0): self.sram_violations.append(f"SRAM ack 0x{addr:x} <- 0x{val:02x}")
+      self.sram_unacked.pop(0)
+      if not self.sram_unacked and self.sram_last <= 0x4000 and self.sram_pos == self.sram_last: self.sram_pos = 0
+    elif 0xCE40 <= addr <= 0xCE43:
+      if all(self.xdata[0xCE40 + i] == 0 for i in range(4)) and addr == 0xCE43: self.sram_pos = 0
+
+  def dma_read(self, bus: int, n: int) -> bytes:
+    """What the GPU reads at PCIe bus address `bus` (only the SRAM window answers)."""
+    assert SRAM_BUS <= bus and bus + n <= SRAM_BUS + len(self.sram), f"GPU DMA read at bus 0x{bus:x} (+{n}) outside the SRAM window"
+    return bytes(self.sram[bus - SRAM_BUS:bus - SRAM_BUS + n])
 
   def _route(self, bus: int) -> bool:
     """Bus 0 is the bridge's own; bus n > 0 is reachable when the bridge on bus n-1 forwards to it."""
@@ -352,6 +391,47 @@ class FakeASM24:
   def _vram_window(self) -> int: return 0     # BAR0 shows VRAM from offset 0
 
 
+class FakeGART:
+  """The MMHUB's context 0 (the GART: a flat table) as the fake PSP's reads outside the FB see it: MC address -> PTE
+  in the VRAM table the context's registers name -> a system page, served by `system(bus, n)` (the fake bridge's SRAM
+  window). Checks the context (enabled, depth 0, range), the PTE (valid, system, readable) and that the table page
+  was TLB-flushed (engine 17, VMID 0) after its last write; problems go to `violations` (the read returns zeros)."""
+  CNTL, BASE, START, END = 0x740, 0x7AB, 0x7CB, 0x7EB     # MMHUB 3.0.0 context-0 registers (segment 0), the fake's own copy
+
+  def __init__(self, regs: FakeRegisters, system: Callable[[int, int], bytes], phys_base: int = 0):
+    self.r, self.system, self.phys = regs, system, phys_base
+    self.violations: list[str] = []
+    self.pages: set[int] = set()          # system pages read through the GART
+
+  def _reg64(self, off: int) -> int:
+    lo = MMHUB_BASES[0] + off
+    return self.r.regs.get(lo, 0) | self.r.regs.get(lo + 1, 0) << 32
+
+  def _page(self, mc: int) -> int | None:
+    cntl = self.r.regs.get(MMHUB_BASES[0] + self.CNTL, 0)
+    start, end, base = self._reg64(self.START), self._reg64(self.END), self._reg64(self.BASE)
+    page = mc >> 12
+    if not cntl & 1 or cntl >> 1 & 3: return self.violations.append(f"GART read at MC 0x{mc:x}: context 0 CNTL 0x{cntl:x}")
+    if not start <= page <= end or not base & 1: return self.violations.append(f"GART read at MC 0x{mc:x}: outside 0x{start:x}-0x{end:x}")
+    at = (base & ~0xFFF) - self.phys + (page - start) * 8
+    pte = self.r.vram.read32(at) | self.r.vram.read32(at + 4) << 32
+    if pte & 0x23 != 0x23: return self.violations.append(f"GART read at MC 0x{mc:x}: PTE 0x{pte:x} not valid+system+readable")
+    if self.r.vram.stamp.get(at >> 12, 0) > self.r.invalidation.flushed.get(0, -1):
+      return self.violations.append(f"GART read at MC 0x{mc:x}: its PTE changed after the last TLB flush of VMID 0")
+    return pte & 0x0000FFFFFFFFF000
+
+  def read(self, mc: int, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+      a = mc + len(out)
+      k = min(0x1000 - (a & 0xFFF), n - len(out))
+      pa = self._page(a)
+      if pa is None: return bytes(n)
+      self.pages.add(pa)
+      out += self.system(pa + (a & 0xFFF), k)
+    return bytes(out)
+
+
 def fake_amdgpu_init_writes(fake: FakeASM24) -> list[tuple[int, bytes]]:
   """The controller set-up writes the bridge saw (CONTROLLER_INIT's addresses, in order), as (address, bytes)."""
   from plugrt_amd_usb.asm24 import CONTROLLER_INIT
@@ -386,7 +466,7 @@ class FakeMP0:
   """The PSP as the kernel's psp_v13_0.c / amdgpu_psp.c expect it to answer, on a FakeRegisters + FakeVRAM.
 
   Bootloader: C2PMSG_35 bit 31 is ready; a command written there is checked (the bootloader was ready, the buffer at
-  C2PMSG_36 << 20 is 1 MiB aligned and holds the file's binary for that command, the kernel's order) and answered by
+  C2PMSG_36 << 20 (an MC address: VRAM, or through `gart`) holds the file's binary for that command, the kernel's order) and answered by
   clearing bit 31 for `busy_reads` reads. The sOS command makes C2PMSG_81 non-zero and C2PMSG_64 ready. Ring: type 2
   << 16 in C2PMSG_64 with C2PMSG_69/70/71 creates it; 0x30000 destroys it. A write of C2PMSG_67 runs each new 64-byte
   frame: the command buffer is decoded (LOAD_TOC checks the TOC bytes and answers `tmr_size`; SETUP_TMR checks
@@ -414,6 +494,8 @@ class FakeMP0:
     self.tmr_asked = 0                # the TMR size LOAD_TOC answered (0: no TOC loaded)
     self.handlers: dict[int, Callable[[bytes], int]] = {}   # more GFX commands: cmd id -> handler(payload) -> status
     self.check_hdp = True             # a frame must follow an HDP flush of what the CPU wrote (psp_ring_cmd_submit)
+    self.gart: Callable[[int, int], bytes] | None = None   # reads outside the FB (the GART: FakeGART.read), when set
+    self.buffers: list[int] = []      # MC addresses of the bootloader's and LOAD_TOC's buffers, in order
     regs.regs[MMHUB_BASES[0] + FB_LOCATION_BASE[mmhub]] = mc_base >> 24
     self.reg(35, 0 if busy_reads else 1 << 31)    # the bootloader comes up ready after `busy_reads` reads, as after power-on
     self.busy = busy_reads
@@ -425,6 +507,12 @@ class FakeMP0:
     regs.on_write[self.at(67)] = self._wptr
 
   def at(self, n: int) -> int: return MP0_BASES[0] + 0x40 + n
+
+  def read_mc(self, mc: int, n: int) -> bytes:
+    """What the PSP reads at MC address `mc`: VRAM inside the FB, else through `gart`."""
+    if self.mc_base <= mc < self.mc_base + self.vram.size: return self.vram.read(mc - self.mc_base, n)
+    if self.gart is None: raise AssertionError(f"PSP read at MC 0x{mc:x}: outside the FB and no GART modelled")
+    return self.gart(mc, n)
   def reg(self, n: int, value: int | None = None) -> int:
     if value is not None: self.r.regs[self.at(n)] = value
     return self.r.regs.get(self.at(n), 0)
@@ -442,11 +530,11 @@ class FakeMP0:
     if self.was_busy or name is None:
       self.violations.append(f"bootloader command 0x{cmd:x} written while busy" if self.was_busy else f"unknown bootloader command 0x{cmd:x}")
       return
-    addr = (self.reg(36) << 20) - self.mc_base
+    addr = self.reg(36) << 20
     src = "kdb" if name == "spl" else name        # both PSP 13 and 14 send the KDB image with the SPL command
     want = self.fw.get(src).data
-    if addr % (1 << 20): self.violations.append(f"{name}: buffer at VRAM 0x{addr:x} not 1 MiB aligned")
-    elif self.vram.read(addr, len(want)) != want: self.violations.append(f"{name}: buffer does not hold the file's {src}")
+    if self.read_mc(addr, len(want)) != want: self.violations.append(f"{name}: buffer does not hold the file's {src}")
+    self.buffers.append(addr)
     if self.reg(81): self.violations.append(f"{name} loaded while the sOS runs")
     self.loaded.append(name)
     if name == "sos":
@@ -503,7 +591,8 @@ class FakeMP0:
       if cmd_id == 0x20:                        # LOAD_TOC
         lo, hi, n = struct.unpack_from("<III", payload)
         toc = self.fw.get("toc").data
-        if n != len(toc) or self.vram.read((hi << 32 | lo) - self.mc_base, n) != toc: self.violations.append("LOAD_TOC: buffer is not the TOC")
+        if n != len(toc) or self.read_mc(hi << 32 | lo, n) != toc: self.violations.append("LOAD_TOC: buffer is not the TOC")
+        self.buffers.append(hi << 32 | lo)
         tmr = self.tmr_asked = self.tmr_size
       elif cmd_id == 0x5:                       # SETUP_TMR
         lo, hi, n, flags, plo, phi = struct.unpack_from("<6I", payload)

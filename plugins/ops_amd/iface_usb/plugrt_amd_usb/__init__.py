@@ -2,11 +2,13 @@
 (ASM2464PD-class enclosures), reached through the bridge's vendor SCSI commands.
 
 What is implemented (docs/backends/amd.md): the bridge's command set (XDATA reads/writes, its PCIe TLP engine:
-configuration and 32-bit memory requests) over a libusb Bulk-Only transport found at run time; the walk from bus 0
-through the PCI-to-PCI bridges to the GPU, its BARs sized and placed; then the same bring-up as the PCI interface
-(VRAM size, IP discovery, NBIO pair, firmware check) over memory TLPs. Not implemented: PSP/SMU firmware loading,
-GMC/GART, MEC queues, DMA from the GPU into the bridge's SRAM; so opening ends in `AMDNotImplemented` saying where
-it stopped. Never chosen automatically (`AMD_IFACE=USB` or `DEV=USB+AMD`); refused unless PLUGRT_AMD_ALLOW_UNBIND=1
+configuration and 32-bit memory requests, its SRAM window written by bulk SCSI WRITE(16)s) over a libusb Bulk-Only
+transport found at run time; the walk from bus 0 through the PCI-to-PCI bridges to the GPU, its BARs sized and
+placed; then the same bring-up as the PCI interface (VRAM size, IP discovery, NBIO pair, firmware check, HDP, the
+MMHUB's GART, the PSP boot and its IP firmware loads, SMU, RLC, CP, GFXHUB, compute queue) over memory TLPs, with
+every buffer the PSP reads handed over through the bridge's SRAM mapped in the GART (plugrt_amd_usb.staging). Not
+implemented: a plugrt device on that queue, copies between the host and VRAM; so opening ends in `AMDNotImplemented`
+saying where it stopped. Never chosen automatically (`AMD_IFACE=USB` or `DEV=USB+AMD`); refused unless PLUGRT_AMD_ALLOW_UNBIND=1
 (the bridge is detached from usb-storage/uas, and re-attached on close). The probe reads sysfs only
 (/sys/bus/usb/devices/*/idVendor, idProduct) and opens no USB device. Entry module: standard library and plugrt only.
 """
@@ -30,11 +32,10 @@ BRIDGES = {(0x174C, 0x2464): "ASMedia ASM2464PD", (0x174C, 0x2463): "ASMedia ASM
 LIBUSB = "PLUGRT_LIBUSB"
 FIRMWARE = "PLUGRT_AMD_FIRMWARE"
 WOULD = ("opening detaches the bridge from its kernel driver (uas or usb-storage; re-attached on close), finds the GPU behind it "
-         "through PCIe configuration requests, reads its IP discovery table and checks its firmware files")
-PSP_SKIP = ("PSP boot not attempted through USB: its 1 MiB firmware buffer would be written into VRAM one dword TLP at a time "
-            "(about 262,000 bridge requests per component); buffers in host memory the GPU reads through the bridge are not implemented")
-NOT_YET = ("PSP/SMU firmware loading, GMC/GART set-up and MEC queues are not implemented, so AMD cannot run kernels "
-           "through USB yet")
+         "through PCIe configuration requests, reads its IP discovery table, checks its firmware files and, with them, boots its PSP "
+         "and loads the IP firmwares through the bridge's SRAM (writing GPU registers and VRAM)")
+NOT_YET = ("a plugrt device on the MEC queue and host<->VRAM copies are not implemented (the PSP boot and the rest of the "
+           "bring-up run, never tried on hardware), so AMD cannot run kernels through USB yet")
 HINT = "put the GPU in a PCIe slot and use the KFD interface (AMD_IFACE=KFD)"
 
 
@@ -56,7 +57,7 @@ def probe(ctx: PluginContext) -> Probe:
   if not (found := bridges()):
     ids = ", ".join(f"{v:04x}:{p:04x}" for v, p in BRIDGES)
     return Probe.missing(Reason.NO_DEVICE, f"no ASM24xx USB-to-PCIe bridge on USB (looked for {ids} in {USB_DEVICES}; this interface "
-                         f"implements the bridge's commands and bring-up up to IP discovery (the PSP boot is PCI-only); {NOT_YET})",
+                         f"implements the bridge's commands, its SRAM window and the bring-up; {NOT_YET})",
                          "plug in an ASM2464PD enclosure holding the GPU, or use the KFD interface")
   listed = ", ".join(f"{n} ({v:04x}:{p:04x}, {what})" for n, v, p, what in found)
   return Probe.found(len(found), f"found {listed}; {WOULD} (needs {ACK}=1); {NOT_YET}", bridges=" ".join(n for n, *_ in found))
@@ -65,10 +66,10 @@ def probe(ctx: PluginContext) -> Probe:
 @hookimpl
 def plugrt_interfaces() -> list[InterfaceSpec]:
   return [InterfaceSpec(device="AMD", name=NAME, probe=probe, auto=False, priority=0,
-                        description=f"an ASM24xx USB3-to-PCIe bridge: IP discovery only, no kernels (never automatic; needs {ACK}=1)")]
+                        description=f"an ASM24xx USB3-to-PCIe bridge: bring-up through the PSP, no kernels (never automatic; needs {ACK}=1)")]
 
 
-def open_usb(device: DeviceInfo, transport: Any = None, root: str = USB_DEVICES) -> Any:
+def open_usb(device: DeviceInfo, transport: Any = None, root: str = USB_DEVICES, psp_timeout: float = 2.0) -> Any:
   """Find the device's bridge, reach the GPU behind it, run the implemented bring-up, and raise where it stops.
 
   `transport` is the SCSI seam (plugrt_amd_usb.asm24.Transport; tests pass a fake bridge); by default libusb."""
@@ -90,6 +91,7 @@ def open_usb(device: DeviceInfo, transport: Any = None, root: str = USB_DEVICES)
     from plugrt_amd.firmware import FIRMWARE_DIR
     from plugrt_amd.regs import REGISTER_BAR, VRAM_BAR, GPURegisters
     from plugrt_amd_usb.asm24 import ASM24Bridge, BridgeMMIO, find_gpu
+    from plugrt_amd_usb.staging import SRAMStaging
     bridge = ASM24Bridge(transport)
     bridge.init()
     gpu = find_gpu(bridge)
@@ -98,7 +100,7 @@ def open_usb(device: DeviceInfo, transport: Any = None, root: str = USB_DEVICES)
     mmio = BridgeMMIO(bridge, *gpu.bars[REGISTER_BAR])
     vram = BridgeMMIO(bridge, *gpu.bars[VRAM_BAR]) if VRAM_BAR in gpu.bars else None
     b = bringup.bring_up(GPURegisters(mmio, vram), f"{device.name}:{device.index} through USB", device.context.get(FIRMWARE, FIRMWARE_DIR),
-                         psp_skip=PSP_SKIP)
+                         psp_timeout=psp_timeout, staging=SRAMStaging(bridge))
     bars = ", ".join(f"BAR{i} at 0x{a:x} ({s >> 10} KiB)" for i, (a, s) in sorted(gpu.bars.items()))
     b.steps.insert(0, f"GPU 0x{gpu.vendor:04x}:0x{gpu.device:04x} at bus {gpu.bus} behind {len(gpu.bridges)} bridge port(s); {bars}")
   finally:

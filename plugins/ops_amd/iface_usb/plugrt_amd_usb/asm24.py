@@ -8,7 +8,7 @@ memory reads/writes; `BridgeMMIO` is a window onto one GPU BAR for plugrt_amd.re
 bring-up code runs over USB as over PCI; `find_gpu` walks the PCI-to-PCI bridges from bus 0 (assigning bus numbers
 and memory windows, by the PCI-to-PCI bridge specification) to the AMD GPU and sizes and places its BARs.
 
-`Transport` is the seam below: `execute(cdb, read)` runs one SCSI command (the libusb transport in
+`Transport` is the seam below: `execute(cdb, read, data)` runs one SCSI command (the libusb transport in
 plugrt_amd_usb.libusb, or a fake bridge in tests). Facts and sources: docs/research/amd-pci.md ("USB"). Never run on
 a real bridge.
 """
@@ -57,8 +57,9 @@ class BridgeError(PlugrtError, RuntimeError):
 class Transport(Protocol):
   """How SCSI commands reach the bridge (plugrt_amd_usb.libusb's Bulk-Only transport; a fake bridge in tests)."""
 
-  def execute(self, cdb: bytes, read: int = 0) -> bytes:
-    """Run one SCSI command; return the `read` bytes of its data-in phase (b"" for none)."""
+  def execute(self, cdb: bytes, read: int = 0, data: bytes = b"") -> bytes:
+    """Run one SCSI command: with `read`, return the `read` bytes of its data-in phase; with `data`, send it as the
+    data-out phase (plugrt_amd_usb.sram's WRITE(16)); a command has at most one of the two."""
     ...
 
 

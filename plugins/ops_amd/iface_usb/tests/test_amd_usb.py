@@ -86,7 +86,7 @@ def test_open_reads_ip_discovery_over_usb(tmp_path) -> None:
   msg = str(e.value)
   for part in ("AMD:0 through USB: GPU 0x1002:0x744c at bus 4 behind 4 bridge port(s); BAR0 at 0x200000000 (8192 KiB)",
                "VRAM 16 MiB", "IP discovery read from VRAM: GC 11.0.0, MP0 13.0.0", "NBIO 4.3.0", "0 of 8 firmware files", "not implemented",
-               "PSP boot not attempted through USB"):
+               "PSP not booted: psp_13_0_0_sos.bin not found"):
     assert part in msg, (part, msg)
   # the table lies beyond the 8 MiB VRAM BAR: it came through MM_INDEX/MM_DATA in the register BAR
   assert any(op == "w" and reg == MM_INDEX for op, reg, _ in regs.log)
