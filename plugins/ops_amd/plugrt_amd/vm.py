@@ -124,6 +124,18 @@ class AddressSpace:
       pos += PAGE << f
     self.mapped.append((va, offset, size, flags))
 
+  def unmap(self, va: int) -> int:
+    """Remove the mapping made at `va` (its PTEs cleared; the tables stay for the next mapping there); returns its
+    size. The caller commits and flushes the TLBs before the range is used again."""
+    k = next((k for k, m in enumerate(self.mapped) if m[0] == va), None)
+    if k is None: raise VMError(f"VM: nothing is mapped at VA 0x{va:x}")
+    n = self.mapped[k][2]
+    for page in range(0, n, PAGE):
+      table, i = self._leaf(va + page)
+      self._set(table, i, 0)
+    del self.mapped[k]
+    return n
+
   def commit(self, flush: Callable[[], None] | None = None) -> int:
     """Write every changed table to VRAM (then the HDP flush, if given); returns how many tables were written."""
     n = len(self.dirty)

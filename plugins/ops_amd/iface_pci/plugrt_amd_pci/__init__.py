@@ -17,6 +17,7 @@ reads sysfs only. Entry module: standard library and plugrt only.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from plugrt.context import PluginContext
@@ -53,14 +54,18 @@ def plugrt_interfaces() -> list[InterfaceSpec]:
                         description=f"driverless through sysfs: IP discovery, PSP boot, firmware loads, no kernels (never automatic; needs {ACK}=1)")]
 
 
-def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any = None, psp_timeout: float = 2.0) -> Any:
-  """Take the device's GPU function, run the implemented bring-up, release it, and raise where bring-up stops.
+def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any = None, psp_timeout: float = 2.0,
+             bars: Callable[[Any, int], Any] | None = None) -> Any:
+  """Take the device's GPU function and run the implemented bring-up. When it reaches the MEC's AQL queue, the GPU
+  stays taken and the returned `plugrt_amd_pci.gpu.PCIGPU` gives it back on `close()`; otherwise the function is
+  released and the error says where bring-up stopped.
 
-  `root`/`drivers`/`write` are the sysfs seam (tests pass a fake tree); `psp_timeout` bounds each PSP wait.
-  AcknowledgementRequired without ACK=1;
-  DeviceUnavailable when the function cannot be taken or mapped; DiscoveryError/RegisterError for what the GPU
-  answers; PSPError/PSPFirmwareError (UcodeError, IPFirmwareRefused) from the PSP stage; SMUError from the SMU's first
-  messages; AMDNotImplemented after the last implemented step."""
+  `root`/`drivers`/`write` are the sysfs seam (tests pass a fake tree); `bars(function, index)` maps a BAR (default
+  `PCIFunction.map_bar`; the fake GPU's session passes its fake register, VRAM and doorbell windows); `psp_timeout`
+  bounds each PSP wait. AcknowledgementRequired without ACK=1; DeviceUnavailable when the function cannot be taken
+  or mapped; DiscoveryError/RegisterError for what the GPU answers; PSPError/PSPFirmwareError (UcodeError,
+  IPFirmwareRefused) from the PSP stage; SMUError from the SMU's first messages; AMDNotImplemented where bring-up
+  stops before a queue."""
   from plugrt.errors import DeviceUnavailable
   from plugrt_amd import pci_gpus
   from plugrt_amd.device import AcknowledgementRequired
@@ -77,25 +82,32 @@ def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any =
     raise AcknowledgementRequired(f"{device.canonical} through PCI: {WOULD}, and {ACK}=1 is not set{bound}",
                                   f"set {ACK}=1 only on a machine where nothing else uses the GPU{cmd}; or {HINT}")
   fn = PCIFunction(address, root, drivers, write)
-  done: list[str] = []
+  mapbar = bars or PCIFunction.map_bar
+  kept = False
   try:
     fn.take(allow_unbind=True, ack=ACK)
     from plugrt_amd import bringup
     from plugrt_amd.firmware import FIRMWARE_DIR
     from plugrt_amd.regs import DOORBELL_BAR, REGISTER_BAR, VRAM_BAR, GPURegisters
-    regs_bar = fn.map_bar(REGISTER_BAR)
-    try: vram = fn.map_bar(VRAM_BAR)
+    regs_bar = mapbar(fn, REGISTER_BAR)
+    try: vram = mapbar(fn, VRAM_BAR)
     except DeviceUnavailable: vram = None
-    try: bell = fn.map_bar(DOORBELL_BAR)
+    try: bell = mapbar(fn, DOORBELL_BAR)
     except DeviceUnavailable: bell = None
     took = f"unbound {fn.unbound_driver}, " if fn.unbound_driver else ""
     step = f"{address}: {took}BAR{REGISTER_BAR} mapped ({regs_bar.size >> 10} KiB)" + \
            (f", BAR{VRAM_BAR} ({vram.size >> 20} MiB)" if vram else f", BAR{VRAM_BAR} not mapped (VRAM through MM_INDEX/MM_DATA)")
-    b = bringup.bring_up(GPURegisters(regs_bar, vram, bell), f"{device.name}:{device.index} through PCI",
-                         device.context.get(FIRMWARE, FIRMWARE_DIR), psp_timeout)
+    label = f"{device.name}:{device.index} through PCI"
+    regs = GPURegisters(regs_bar, vram, bell)
+    b = bringup.bring_up(regs, label, device.context.get(FIRMWARE, FIRMWARE_DIR), psp_timeout)
     b.steps.insert(0, step)
+    if b.compute is not None and b.compute.queue is not None and b.smu_started:
+      from plugrt_amd_pci.gpu import PCIGPU
+      gpu = PCIGPU(label, address, regs, b, vram.size if vram else 0, fn.release)
+      kept = True
+      return gpu
   finally:
-    done = fn.release()
+    done = [] if kept else fn.release()
   if done: b.steps.append("released (" + ", ".join(done) + ")")
   b.stop()
 
