@@ -28,7 +28,7 @@ from plugrt.errors import LaunchError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import queue_timeout
 from plugrt.ir import Signature
-from plugrt.runtime import Allocator, DeviceState, LaunchLimits, Program
+from plugrt.runtime import Allocator, DeviceState, LaunchLimits, Program, check_nbytes
 from plugrt_amd import compute, mec, vm
 from plugrt_amd.runtime import kernel_info
 
@@ -111,7 +111,7 @@ class PCIState(DeviceState):
 class PCIAllocator(Allocator[int]):
   """VRAM in VMID 8; a handle is its GPU address. Copies are CPU copies through the VRAM BAR, after the queue is
   idle (the core orders a copy after the work queued before it)."""
-  supports_wrap = True                 # to refuse with the reason (NoDMA) rather than the core's generic message
+  supports_wrap = False                # no external memory (from_blob): `wrap` says why (NoDMA)
 
   def __init__(self, device: DeviceInfo):
     super().__init__(device)
@@ -149,7 +149,9 @@ class PCIAllocator(Allocator[int]):
       self.state.synchronize()
       self.state.write(dest, self.state.read(src, nbytes))
 
-  def _wrap(self, ptr: int, nbytes: int) -> int:
+  def wrap(self, ptr: int, nbytes: int, image: Any = None) -> int:
+    """Always NoDMA (an UnsupportedError, as the core's refusal), with the reason in place of the core's generic one."""
+    check_nbytes(nbytes)
     raise NoDMA(f"{self.device.canonical} through PCI cannot wrap memory at 0x{ptr:x} (from_blob, DLPack): the GPU reaches only "
                 "its VRAM; the sysfs interface sets up no DMA, so host memory and other runtimes' memory are out of its reach",
                 f"copy the data in with Buffer.copyin (a CPU copy through the VRAM BAR), or {KFD_HINT}")
