@@ -5,6 +5,7 @@ the PCI path refuses (host memory: no DMA; host access beyond a small BAR; scrat
 conformance suite on that path."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -15,14 +16,14 @@ from fake_amdq import Fault
 
 from plugrt import Buffer, dtypes
 from plugrt.context import PluginContext
-from plugrt.errors import EnvError
+from plugrt.errors import EnvError, LaunchError, UnsupportedError
 from plugrt.hwqueue import QueueError
 from plugrt.ir import KernelBuilder
 from plugrt.registry import isolated
 from plugrt.testing import kernels as K
 from plugrt.testing.conformance import ConformanceSuite
 from plugrt_amd import mec
-from plugrt_amd.pcirt import BARTooSmall, NoDMA, PCIAllocator, PCIProgram, PCIState
+from plugrt_amd.pcirt import BARTooSmall, NoDMA, PCIAllocator, PCIProgram, PCIState, check_descriptor
 from plugrt_amd.toolchain import llvm_tool
 
 pytestmark = pytest.mark.skipif(llvm_tool(PluginContext.from_process(), "ld.lld") is None, reason="ld.lld is not installed (apt-get install lld)")
@@ -93,7 +94,7 @@ def test_host_memory_is_refused_without_dma() -> None:
 
 
 def test_a_small_bar_refuses_host_access_beyond_it_and_kernels_still_use_that_vram() -> None:
-  with fake_pci_amd(bar0_mib=32, env={"PLUGRT_ALLOC_CACHE_MB": "0"}) as (fake, dev):
+  with fake_pci_amd(bar0_mib=32, env={"PLUGRT_ALLOC_CACHE_MB": "0"}) as (_, dev):
     st = dev.info.state
     assert st.bar == 32 << 20
     n = 1 << 20
@@ -129,12 +130,8 @@ def test_launch_checks_as_the_kfd_path() -> None:
     prg = dev.program(copy_kernel())
     a = Buffer(dev, 4, dtypes.int32)
     with pytest.raises(TypeError, match="takes 1 scalar"): prg(a, a, global_size=(1, 1, 1), local_size=(4, 1, 1))
-    from plugrt.errors import LaunchError
     with pytest.raises(LaunchError): prg(a, a, global_size=(1, 1, 1), local_size=(2048, 1, 1), vals=(4,))
-    import dataclasses
-    from plugrt_amd.pcirt import check_descriptor
     with pytest.raises(LaunchError, match="kernarg_size"): check_descriptor(dataclasses.replace(prg.info, kernarg_size=8), "copy", 65536)
-    from plugrt.errors import UnsupportedError
     with pytest.raises(UnsupportedError, match="private segment"):
       check_descriptor(dataclasses.replace(prg.info, private_segment_size=16), "copy", 65536)
 
