@@ -143,6 +143,7 @@ def test_registry_and_probe(tmp_path, monkeypatch) -> None:
   assert p.ok and "reads its IP discovery table" in p.detail and "boots its PSP" in p.detail
   assert "loads the SMU, SDMA and GC firmware through it" in p.detail and "sends the SMU its first messages" in p.detail
   assert "waits for the RLC autoload, sets up the CP and programs both memory hubs' GART" in p.detail
-  assert "loads an AQL queue into the MEC" in p.detail and "the launch path) and interrupts are not implemented" in p.detail
+  assert "loads an AQL queue into the MEC and keeps the GPU for the device" in p.detail
+  assert "only against the fake GPU, never on hardware" in p.detail and "host memory (from_blob), SDMA copies" in p.detail
   assert "not implemented" in p.detail
   assert sysfs.vfio_available(str(tmp_path / "no-vfio")) is False
