@@ -52,18 +52,18 @@ class Compute:
     offset). Sizes of 2 MiB or more are 2 MiB aligned (whole fragments). Write through `regs.write_vram(offset, ...)`."""
     size = (size + vm.PAGE - 1) & ~(vm.PAGE - 1)
     align = HEAP_ALIGN if size >= HEAP_ALIGN else vm.PAGE
-    at = next((a for h, n in self.holes if (a := (h + align - 1) & ~(align - 1)) + size <= h + n), None)
-    if at is None:
-      at = (self.heap + align - 1) & ~(align - 1)
-      if at + size > self.heap_end:
-        free = sum(n for _, n in self.holes) + self.heap_end - self.heap
-        raise vm.VMError(f"VM: no room for {size} bytes in plugrt's VRAM heap (0x{self.heap:x}-0x{self.heap_end:x}; {free} bytes "
-                         "free, not in one range)", "allocate less")
-      if at > self.heap: self._give(self.heap, at - self.heap)      # the alignment gap stays usable
-      self.heap = at + size
-    else: self._take(at, size)
+    hole = next((a for h, n in self.holes if (a := (h + align - 1) & ~(align - 1)) + size <= h + n), None)
+    at = hole if hole is not None else (self.heap + align - 1) & ~(align - 1)
+    if hole is None and at + size > self.heap_end:
+      free = sum(n for _, n in self.holes) + self.heap_end - self.heap
+      raise vm.VMError(f"VM: no room for {size} bytes in plugrt's VRAM heap (0x{self.heap:x}-0x{self.heap_end:x}; {free} bytes "
+                       "free, not in one range)", "allocate less")
     va = mec.VA_BASE + at
-    self.space.map(va, at, size, flags)
+    self.space.map(va, at, size, flags)     # first: a VMError (no page table left) leaves the heap as it was
+    if hole is not None: self._take(at, size)
+    else:
+      top, self.heap = self.heap, at + size
+      if at > top: self._give(top, at - top)      # the alignment gap stays usable
     self.bind()
     self.allocations.append((va, at, size))
     return va, at

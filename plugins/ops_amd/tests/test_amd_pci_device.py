@@ -74,6 +74,17 @@ def test_freed_vram_is_unmapped_and_reused() -> None:
     assert fake.mec.vm.read(va + 12345, 1, 8) == b"\x07"
 
 
+def test_a_full_page_table_pool_is_out_of_memory_and_changes_nothing() -> None:
+  from plugrt.errors import OutOfMemoryError
+  with fake_pci_amd(env={"PLUGRT_ALLOC_CACHE_MB": "0"}) as (fake, dev):
+    c = dev.info.state.compute
+    c.space.pool_end = c.space.next                               # no page table left
+    heap, holes, mapped = c.heap, list(c.holes), list(c.space.mapped)
+    with pytest.raises(OutOfMemoryError, match="no page table left"): Buffer(dev, 8 << 20, dtypes.uint8)
+    assert (c.heap, c.holes, c.space.mapped) == (heap, holes, mapped)
+    with pytest.raises(Fault, match="not valid"): fake.mec.vm.translate(mec.VA_BASE + heap, 8)
+
+
 def test_copies_are_byte_exact_through_the_bar() -> None:
   with fake_pci_amd() as (_, dev):
     x = np.arange(4099, dtype=np.uint8)
