@@ -126,7 +126,11 @@ def test_function_layer(tmp_path) -> None:
   assert bar.read32(0x10) == 0xDEADBEEF and fn.map_bar(5) is bar
   from plugrt_amd.regs import RegisterError
   with pytest.raises(RegisterError, match="outside BAR5"): bar.read32(512 << 10)
+  bar.write(0x21, b"\x01\x02\x03")                        # byte-exact stores (the PCI device's copies through BAR0)
+  assert bar.read(0x20, 5) == b"\x00\x01\x02\x03\x00"
+  with pytest.raises(RegisterError, match=r"write of 2 bytes at 0x7ffff outside BAR5"): bar.write((512 << 10) - 1, b"ab")
   assert fn.release() == [] and bar.view is None
+  with pytest.raises(DeviceUnavailable, match="BAR5 is unmapped"): bar.read(0, 1)
   with open(os.path.join(devices, ADDR, "resource5"), "rb") as f: f.seek(0x10); assert f.read(4) == bytes.fromhex("efbeadde")
   with pytest.raises(DeviceUnavailable, match=r"no PCI function 0000:09:00\.0"): sysfs.PCIFunction("0000:09:00.0", devices, drivers)
   with pytest.raises(DeviceUnavailable, match="returned 0 of 4 bytes"): fn.config(4096)
