@@ -1,7 +1,8 @@
 """The compute half of the driverless bring-up on GC 11.0.0/11.0.2 (after the GFXHUB): golden registers, the compute
 VMIDs' apertures, doorbell routing, plugrt's address space in VMID 8 and an AQL queue on the MEC; then `alloc` maps
 VRAM for arguments and buffers (`free` unmaps it and keeps the range for reuse: the PCI device's allocator), `load`
-places a code object (its image relocated to where it lies, as the KFD path's Program does), `launch` writes a kernarg block and submits the dispatch, and `queue.wait` polls its completion.
+places a code object (its image relocated to where it lies, as the KFD path's Program does), `launch` writes a
+kernarg block and submits the dispatch, and `queue.wait` polls its completion.
 
 Order (gfx_v11_0_hw_init after gfx_v11_0_gfxhub_enable): init_golden_registers, constants_init (init_compute_vmid),
 nbio gc_doorbell_init, rlc_resume (under PSP loading: the SRM enable; the clear-state buffer is not set up),
