@@ -8,7 +8,9 @@ gfx90a, gfx942, gfx1100 and gfx1201 here). `plugrt_amd.codeobject` parses what t
 The way to the GPU is an interface plugin: KFD (plugrt-amd-kfd, the amdgpu kernel driver's /dev/kfd), PCI
 (plugrt-amd-pci, driverless) or USB (plugrt-amd-usb, through an ASM24xx USB3-to-PCIe bridge); PCI and USB are
 never chosen automatically. Through KFD, AMD allocates, copies (SDMA) and dispatches (AQL) from user space
-(plugrt_amd.runtime), tested against a fake KFD only: none of it has run on AMD hardware. This entry module
+(plugrt_amd.runtime), tested against a fake KFD only; through PCI, on a GPU plugrt brought up itself, it allocates
+VRAM in its own VMID, copies by CPU through the VRAM BAR and dispatches on its own MEC queue (plugrt_amd.pcirt),
+tested against a fake GPU only: none of it has run on AMD hardware. This entry module
 imports only the standard library and plugrt; the probe reads sysfs and /dev file names only.
 """
 from __future__ import annotations
@@ -80,7 +82,8 @@ def probe_amd(ctx: PluginContext) -> Probe:
                        "never run on AMD hardware: the KFD path is tested against a fake KFD only", archs=archs)
   if (pci := pci_gpus()):
     return Probe.found(len(pci), f"{len(pci)} AMD GPU function{'s' if len(pci) != 1 else ''} on PCI ({', '.join(a for a, *_ in pci)}) "
-                       "but no KFD node for them; never run", pci=" ".join(a for a, *_ in pci))
+                       "but no KFD node for them (the KFD interface needs amdgpu loaded; AMD_IFACE=PCI brings an RDNA3 GPU up without it, "
+                       "run against the fake GPU only, never on hardware)", pci=" ".join(a for a, *_ in pci))
   return Probe.missing(Reason.NO_DEVICE, "no AMD GPU: /dev/kfd lists none and sysfs shows no AMD (0x1002) display or accelerator "
                        "function on PCI", DRIVER_HINT)
 
@@ -108,7 +111,8 @@ def plugrt_backends() -> list[BackendSpec]:
   return [BackendSpec(name="AMD", api_version="1.2", probe=probe_amd, priority=40,
                       compilers=(CompilerSpec("LLVM", "LLVM IR through LLVM's AMDGPU target (llvmlite), ld.lld to a code object v5", probe_llvm),
                                  CompilerSpec("HIP", "HIP C through ROCm's hiprtc", probe_hip)),
-                      description="AMD GPUs from user space through KFD (AQL dispatch, SDMA copies; never run on AMD hardware)")]
+                      description="AMD GPUs from user space through KFD (AQL dispatch, SDMA copies), or driverless through PCI (AQL dispatch, "
+                                  "CPU copies through the VRAM BAR); neither has run on AMD hardware")]
 
 
 @hookimpl
@@ -119,6 +123,9 @@ def plugrt_open_device(device: DeviceInfo) -> Any:
 
 @hookimpl
 def plugrt_allocator(device: DeviceInfo) -> Any:
+  if getattr(device.state, "driverless", False):   # opened through PCI: plugrt_amd.pcirt
+    from plugrt_amd.pcirt import PCIAllocator
+    return PCIAllocator(device)
   from plugrt_amd.runtime import AMDAllocator
   return AMDAllocator(device)
 
@@ -131,6 +138,9 @@ def plugrt_compiler(device: DeviceInfo, compiler: str) -> Any:
 
 @hookimpl
 def plugrt_program(device: DeviceInfo) -> Any:
+  if getattr(device.state, "driverless", False):
+    from plugrt_amd.pcirt import PCIProgram
+    return PCIProgram
   from plugrt_amd.runtime import AMDProgram
   return AMDProgram
 

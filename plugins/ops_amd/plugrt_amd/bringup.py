@@ -49,8 +49,8 @@ GMC_AFTER_GFXHUB = "the golden registers, compute VMIDs, doorbell routing, VMID 
 GMC_AFTER_QUEUE = "a plugrt device on the MEC queue"
 AFTER_QUEUE = ("next, not implemented: a plugrt device on this queue (the memory API and launch path of plugrt.open; host "
                "copies need SDMA queues or DMA, neither implemented; compute.load/launch run a code object when driven directly; "
-               "the PCI interface releases the GPU here), the interrupt handler (completion is polled), CWSR, scratch, MES, "
-               "GART mappings of host memory (DMA)")
+               "only the PCI interface keeps the GPU here and opens plugrt_amd.pcirt's device on it), the interrupt handler "
+               "(completion is polled), CWSR, scratch, MES, GART mappings of host memory (DMA)")
 HINT = "use AMD_IFACE=KFD with the amdgpu kernel driver loaded"
 
 

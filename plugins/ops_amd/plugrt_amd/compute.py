@@ -1,7 +1,8 @@
 """The compute half of the driverless bring-up on GC 11.0.0/11.0.2 (after the GFXHUB): golden registers, the compute
 VMIDs' apertures, doorbell routing, plugrt's address space in VMID 8 and an AQL queue on the MEC; then `alloc` maps
-VRAM for arguments and buffers, `load` places a code object (its image relocated to where it lies, as the KFD path's
-Program does), `launch` writes a kernarg block and submits the dispatch, and `queue.wait` polls its completion.
+VRAM for arguments and buffers (`free` unmaps it and keeps the range for reuse: the PCI device's allocator), `load`
+places a code object (its image relocated to where it lies, as the KFD path's Program does), `launch` writes a
+kernarg block and submits the dispatch, and `queue.wait` polls its completion.
 
 Order (gfx_v11_0_hw_init after gfx_v11_0_gfxhub_enable): init_golden_registers, constants_init (init_compute_vmid),
 nbio gc_doorbell_init, rlc_resume (under PSP loading: the SRM enable; the clear-state buffer is not set up),
@@ -30,7 +31,7 @@ class Compute:
   regs: GPURegisters
   space: vm.AddressSpace
   hubs: list[tuple[Hub, int]]
-  heap: int                          # next free VRAM offset for `alloc`
+  heap: int                          # the top of the heap: VRAM above it is free
   heap_end: int
   flush: Callable[[], None] | None = None
   timeout: float = 2.0
@@ -38,6 +39,7 @@ class Compute:
   kernargs: int = 0                   # VA of the kernarg blocks (0 until the first launch)
   kernargs_at: int = 0
   allocations: list[tuple[int, int, int]] = field(default_factory=list)   # (VA, VRAM offset, size)
+  holes: list[tuple[int, int]] = field(default_factory=list)   # freed VRAM below `heap`: (offset, size), sorted, merged
 
   def bind(self) -> None:
     """Write the changed tables, point VMID 8 at them on both hubs and flush both hubs' TLBs for it."""
@@ -47,18 +49,49 @@ class Compute:
       gmc.flush_tlb(self.regs, base, hub, mec.VMID, self.timeout, flush=self.flush)
 
   def alloc(self, size: int, flags: int = vm.RWX) -> tuple[int, int]:
-    """Map `size` bytes of fresh VRAM in VMID 8; returns (VA, VRAM offset). Write through `regs.write_vram(offset, ...)`."""
+    """Map `size` bytes of VRAM in VMID 8 (a freed range first, first fit, else above the heap's top); returns (VA, VRAM
+    offset). Sizes of 2 MiB or more are 2 MiB aligned (whole fragments). Write through `regs.write_vram(offset, ...)`."""
     size = (size + vm.PAGE - 1) & ~(vm.PAGE - 1)
-    at = (self.heap + HEAP_ALIGN - 1) & ~(HEAP_ALIGN - 1) if size >= HEAP_ALIGN else self.heap
-    if at + size > self.heap_end:
-      raise vm.VMError(f"VM: no room for {size} bytes in plugrt's VRAM heap (0x{self.heap:x}-0x{self.heap_end:x})", "allocate less")
+    align = HEAP_ALIGN if size >= HEAP_ALIGN else vm.PAGE
+    hole = next((a for h, n in self.holes if (a := (h + align - 1) & ~(align - 1)) + size <= h + n), None)
+    at = hole if hole is not None else (self.heap + align - 1) & ~(align - 1)
+    if hole is None and at + size > self.heap_end:
+      free = sum(n for _, n in self.holes) + self.heap_end - self.heap
+      raise vm.VMError(f"VM: no room for {size} bytes in plugrt's VRAM heap (0x{self.heap:x}-0x{self.heap_end:x}; {free} bytes "
+                       "free, not in one range)", "allocate less")
     va = mec.VA_BASE + at
-    self.space.map(va, at, size, flags)
+    self.space.map(va, at, size, flags)     # first: a VMError (no page table left) leaves the heap as it was
+    if hole is not None: self._take(at, size)
+    else:
+      top, self.heap = self.heap, at + size
+      if at > top: self._give(top, at - top)      # the alignment gap stays usable
     self.bind()
-    self.heap = at + size
     self.allocations.append((va, at, size))
     return va, at
 
+  def free(self, va: int) -> None:
+    """Unmap the allocation at `va` (TLBs flushed) and keep its VRAM for the next `alloc`. The caller makes sure no
+    queued work still uses it."""
+    k = next((k for k, (a, _, _) in enumerate(self.allocations) if a == va), None)
+    if k is None: raise vm.VMError(f"VM: no allocation at VA 0x{va:x}", "free only what alloc returned, once")
+    _, at, size = self.allocations.pop(k)
+    self.space.unmap(va)
+    self.bind()
+    self._give(at, size)
+
+  def _give(self, at: int, size: int) -> None:
+    """A free range back: merged with its neighbours, and with the heap's top when it reaches it."""
+    holes = sorted([*self.holes, (at, size)])
+    merged: list[tuple[int, int]] = []
+    for h, n in holes:
+      if merged and merged[-1][0] + merged[-1][1] == h: merged[-1] = (merged[-1][0], merged[-1][1] + n)
+      else: merged.append((h, n))
+    if merged and merged[-1][0] + merged[-1][1] == self.heap: self.heap = merged.pop()[0]
+    self.holes = merged
+
+  def _take(self, at: int, size: int) -> None:
+    k, (h, n) = next((k, hn) for k, hn in enumerate(self.holes) if hn[0] <= at and at + size <= hn[0] + hn[1])
+    self.holes[k:k + 1] = [r for r in ((h, at - h), (at + size, h + n - at - size)) if r[1]]
 
 def start(regs: GPURegisters, table: DiscoveryTable, mc_base: int, phys_base: int, heap: int, vram_size: int,
           flush: Callable[[], None] | None, timeout: float = 2.0) -> tuple[Compute | None, list[str]]:

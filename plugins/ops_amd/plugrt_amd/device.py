@@ -1,7 +1,8 @@
 """Opening AMD: through the KFD interface (plugrt-amd-kfd returns its KFDDevice) the device state, allocator and
-programs are plugrt_amd.runtime's; PCI and USB (guarded by an acknowledgement) run the driverless bring-up as far as
-it is implemented (plugrt_amd.bringup) and raise AMDNotImplemented where it stops, and an interface that returns
-something other than a KFD device is refused here with a typed reason. Nothing has run on AMD hardware
+programs are plugrt_amd.runtime's; through PCI (guarded by an acknowledgement), once the driverless bring-up
+(plugrt_amd.bringup) reached the MEC queue, plugrt_amd.pcirt's (the interface returns its held GPU); PCI and USB raise
+AMDNotImplemented where bring-up stops, and an interface that returns anything else is refused here with a typed
+reason. Nothing has run on AMD hardware
 (docs/backends/amd.md). The compilers need no device.
 """
 from __future__ import annotations
@@ -11,8 +12,9 @@ from typing import Any, NoReturn
 from plugrt.errors import UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 
-NOT_YET = ("AMD dispatches only through the KFD interface (plugrt-amd-kfd): this interface gave the device no KFD queue layer "
-           "(memory, AQL queues, doorbells, signals)")
+NOT_YET = ("AMD dispatches through the KFD interface (plugrt-amd-kfd), or on a GPU the PCI interface brought up to its MEC "
+           "queue: this interface gave the device neither a KFD queue layer "
+           "(memory, AQL queues, doorbells, signals) nor a brought-up GPU")
 HINT = "compile for AMD without a device (plugrt_amd.compiler_for), or use another device"
 
 
@@ -29,9 +31,17 @@ def refuse(device: DeviceInfo) -> NoReturn:
 
 
 def open_device(device: DeviceInfo) -> Any:
-  if not hasattr(device.iface_object, "compute_queue"): refuse(device)
-  from plugrt_amd.runtime import AMDState
-  return AMDState(device)
+  iface = device.iface_object
+  if hasattr(iface, "compute_queue"):
+    from plugrt_amd.runtime import AMDState
+    return AMDState(device)
+  if getattr(iface, "bringup", None) is not None:     # the PCI interface's GPU, brought up to its MEC queue
+    from plugrt_amd.pcirt import PCIState
+    try: return PCIState(device)
+    except BaseException:
+      iface.close()                                    # the GPU goes back to its driver
+      raise
+  refuse(device)
 
 
 def make_compiler(device: DeviceInfo, name: str) -> Any:

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from plugrt.errors import PlugrtError
+from plugrt.hwqueue import QueueError as _QueueError
 from plugrt_amd import aql, doorbell
 from plugrt_amd.discovery import IPBlock
 from plugrt_amd.gfx import grbm_select
@@ -72,8 +72,9 @@ VMID, ME, PIPE, QUEUE = 8, 1, 0, 0
 VA_BASE = 1 << 40                               # plugrt maps VRAM offset o at VA VA_BASE + o in its VMID
 
 
-class QueueError(PlugrtError, RuntimeError):
-  """The compute queue could not be set up or did not complete a packet."""
+class QueueError(_QueueError):
+  """The compute queue could not be set up or did not complete a packet (a plugrt.hwqueue.QueueError, as the KFD
+  path's errors are)."""
 
 
 def log2(n: int) -> int: return n.bit_length() - 1
@@ -189,9 +190,11 @@ class ComputeQueue:
     end = time.monotonic() + timeout
     while (done := self.completed()) < value:
       if time.monotonic() >= end:
+        ptrs = f"read pointer {self._rptr()}, write pointer {self.put}"
         raise QueueError(f"MEC queue (ME {ME} pipe {PIPE} queue {QUEUE}, VMID {VMID}): {done} of {value} submissions done after "
-                         f"{timeout:g} s (read pointer {self._rptr()}, write pointer {self.put})",
-                         "the CP did not run the packets: check the doorbell routing and the queue's VM mappings, and reset the GPU")
+                         f"{timeout:g} s ({ptrs})",
+                         "the CP did not run the packets: check the doorbell routing and the queue's VM mappings, and reset the GPU",
+                         reason=ptrs, value=value, timed_out=True)
       sleep(0.0002)
 
 

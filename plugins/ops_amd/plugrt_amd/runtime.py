@@ -149,6 +149,21 @@ def _release_program(state: AMDState, mem: Any) -> None:
   except Exception: pass  # interpreter shutdown, or a device that failed meanwhile
 
 
+def kernel_info(name: str, lib: bytes, signature: Signature, max_kernarg: int) -> tuple[codeobject.CodeObject, Any]:
+  """The code object and its kernel `name`, checked against the signature (argument sizes) and the kernarg block
+  size; CompileError or UnsupportedError otherwise. Shared by the KFD and the PCI programs."""
+  co = codeobject.parse(lib)
+  if (info := co.kernels.get(name)) is None:
+    raise CompileError(f"the code object for {name} holds no kernel {name} (it has {', '.join(co.kernels) or 'none'})")
+  explicit = info.explicit_args
+  want = [8] * len(signature.buffers) + [dt.itemsize for dt in signature.scalars]
+  got = [a.size for a in explicit if a.kind == "global_buffer"] + [a.size for a in explicit if a.kind != "global_buffer"]
+  if got != want: raise CompileError(f"code object for {name} takes arguments of sizes {got}, its signature needs {want}")
+  if info.kernarg_size > max_kernarg:
+    raise UnsupportedError(f"kernel {name} takes {info.kernarg_size} bytes of arguments; AMD passes up to {max_kernarg}")
+  return co, info
+
+
 class AMDProgram(Program):
   """An HSA code object loaded into executable VRAM (its image relocated to the load address, copied by SDMA); its
   descriptor checked once against the code object's kernarg size and the GPU's LDS (KFDDevice.check_dispatch). A
@@ -160,15 +175,7 @@ class AMDProgram(Program):
     super().__init__(device, name, lib, signature)
     st: AMDState = device.info.state
     self.state = st
-    co = codeobject.parse(lib)
-    if (info := co.kernels.get(name)) is None:
-      raise CompileError(f"the code object for {name} holds no kernel {name} (it has {', '.join(co.kernels) or 'none'})")
-    explicit = info.explicit_args
-    want = [8] * self.nbufs + [dt.itemsize for dt in signature.scalars]
-    got = [a.size for a in explicit if a.kind == "global_buffer"] + [a.size for a in explicit if a.kind != "global_buffer"]
-    if got != want: raise CompileError(f"code object for {name} takes arguments of sizes {got}, its signature needs {want}")
-    if info.kernarg_size > KERNARG_SLOT:
-      raise UnsupportedError(f"kernel {name} takes {info.kernarg_size} bytes of arguments; AMD passes up to {KERNARG_SLOT}")
+    co, info = kernel_info(name, lib, signature, KERNARG_SLOT)
     st.kfd.check_dispatch(info.descriptor, info.kernarg_size, (1, 1, 1), 0, name)  # static LDS only: plugrt has no dynamic LDS
     if info.private_segment_size or info.descriptor.compute_pgm_rsrc2 & 1:  # ENABLE_PRIVATE_SEGMENT: the queue's scratch, on demand
       with st.lock: st.compute.ensure_scratch(max(info.private_segment_size, 4))

@@ -115,14 +115,33 @@ class AddressSpace:
     if va + size > 1 << VA_BITS: raise VMError(f"VM: VA 0x{va:x}+0x{size:x} is beyond the 48-bit address space")
     for a, _o, n, _ in self.mapped:
       if va < a + n and a < va + size: raise VMError(f"VM: VA 0x{va:x}+0x{size:x} overlaps the mapping at 0x{a:x}+0x{n:x}")
-    pos = 0
-    while pos < size:                  # run by run: every page of a 2^f-page run carries fragment f (amdgpu_vm_ptes_update)
-      f = fragment(va + pos, self.phys_base + offset + pos, size - pos)
-      for page in range(pos, pos + (PAGE << f), PAGE):
+    pos = done = 0
+    try:
+      while pos < size:                # run by run: every page of a 2^f-page run carries fragment f (amdgpu_vm_ptes_update)
+        f = fragment(va + pos, self.phys_base + offset + pos, size - pos)
+        for page in range(pos, pos + (PAGE << f), PAGE):
+          table, i = self._leaf(va + page)
+          self._set(table, i, pte(self.phys_base + offset + page, flags, f, mtype))
+          done = page + PAGE
+        pos += PAGE << f
+    except VMError:                    # no table left: clear the pages already mapped, so nothing half-mapped stays
+      for page in range(0, done, PAGE):
         table, i = self._leaf(va + page)
-        self._set(table, i, pte(self.phys_base + offset + page, flags, f, mtype))
-      pos += PAGE << f
+        self._set(table, i, 0)
+      raise
     self.mapped.append((va, offset, size, flags))
+
+  def unmap(self, va: int) -> int:
+    """Remove the mapping made at `va` (its PTEs cleared; the tables stay for the next mapping there); returns its
+    size. The caller commits and flushes the TLBs before the range is used again."""
+    k = next((k for k, m in enumerate(self.mapped) if m[0] == va), None)
+    if k is None: raise VMError(f"VM: nothing is mapped at VA 0x{va:x}")
+    n = self.mapped[k][2]
+    for page in range(0, n, PAGE):
+      table, i = self._leaf(va + page)
+      self._set(table, i, 0)
+    del self.mapped[k]
+    return n
 
   def commit(self, flush: Callable[[], None] | None = None) -> int:
     """Write every changed table to VRAM (then the HDP flush, if given); returns how many tables were written."""

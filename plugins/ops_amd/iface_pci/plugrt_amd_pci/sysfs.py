@@ -75,7 +75,20 @@ class MappedBAR:
 
   def read32(self, offset: int) -> int: return struct.unpack_from("<I", self._at(offset, "read"), offset)[0]
   def write32(self, offset: int, value: int) -> None: struct.pack_into("<I", self._at(offset, "write"), offset, value & 0xFFFFFFFF)
-  def read(self, offset: int, n: int) -> bytes: return bytes(self._at(offset, "read")[offset:offset + n])
+  def read(self, offset: int, n: int) -> bytes:
+    return bytes(self._span(offset, n, "read")[offset:offset + n])
+
+  def write(self, offset: int, data: bytes) -> None:
+    """Byte-exact CPU stores (a buffer's bytes through the VRAM BAR: plugrt_amd.pcirt copies)."""
+    self._span(offset, len(data), "write")[offset:offset + len(data)] = data
+
+  def _span(self, offset: int, n: int, what: str) -> memoryview:
+    if self.view is None: raise DeviceUnavailable(f"BAR{self.index} is unmapped", Reason.NO_DEVICE)
+    if offset < 0 or n < 0 or offset + n > self.size:
+      from plugrt_amd.regs import RegisterError
+      raise RegisterError(f"{what} of {n} bytes at 0x{offset:x} outside BAR{self.index} ({self.size} bytes)")
+    return self.view
+
   def write64(self, offset: int, value: int) -> None:
     """One 8-byte store (a 64-bit doorbell in BAR2: plugrt_amd.doorbell)."""
     if offset & 7: self._at(-1, "64-bit write")

@@ -126,7 +126,11 @@ def test_function_layer(tmp_path) -> None:
   assert bar.read32(0x10) == 0xDEADBEEF and fn.map_bar(5) is bar
   from plugrt_amd.regs import RegisterError
   with pytest.raises(RegisterError, match="outside BAR5"): bar.read32(512 << 10)
+  bar.write(0x21, b"\x01\x02\x03")                        # byte-exact stores (the PCI device's copies through BAR0)
+  assert bar.read(0x20, 5) == b"\x00\x01\x02\x03\x00"
+  with pytest.raises(RegisterError, match=r"write of 2 bytes at 0x7ffff outside BAR5"): bar.write((512 << 10) - 1, b"ab")
   assert fn.release() == [] and bar.view is None
+  with pytest.raises(DeviceUnavailable, match="BAR5 is unmapped"): bar.read(0, 1)
   with open(os.path.join(devices, ADDR, "resource5"), "rb") as f: f.seek(0x10); assert f.read(4) == bytes.fromhex("efbeadde")
   with pytest.raises(DeviceUnavailable, match=r"no PCI function 0000:09:00\.0"): sysfs.PCIFunction("0000:09:00.0", devices, drivers)
   with pytest.raises(DeviceUnavailable, match="returned 0 of 4 bytes"): fn.config(4096)
@@ -143,6 +147,7 @@ def test_registry_and_probe(tmp_path, monkeypatch) -> None:
   assert p.ok and "reads its IP discovery table" in p.detail and "boots its PSP" in p.detail
   assert "loads the SMU, SDMA and GC firmware through it" in p.detail and "sends the SMU its first messages" in p.detail
   assert "waits for the RLC autoload, sets up the CP and programs both memory hubs' GART" in p.detail
-  assert "loads an AQL queue into the MEC" in p.detail and "the launch path) and interrupts are not implemented" in p.detail
+  assert "loads an AQL queue into the MEC and keeps the GPU for the device" in p.detail
+  assert "only against the fake GPU, never on hardware" in p.detail and "host memory (from_blob), SDMA copies" in p.detail
   assert "not implemented" in p.detail
   assert sysfs.vfio_available(str(tmp_path / "no-vfio")) is False
