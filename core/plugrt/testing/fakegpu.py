@@ -52,7 +52,7 @@ from plugrt.hwqueue import libc
 from plugrt.ir import Kernel, Signature
 
 PAGE = 4096
-_PROT_RW, _MAP_PRIVATE_ANON, _MAP_FIXED_NOREPLACE = 3, 0x02 | 0x20, 0x100000
+_PROT_RW, _MAP_PRIVATE_ANON, _MAP_FIXED, _MAP_FIXED_NOREPLACE = 3, 0x02 | 0x20, 0x10, 0x100000
 
 
 @dataclass(frozen=True)
@@ -76,10 +76,12 @@ class FakeMemory:
     self.lock = threading.Lock()
     self._libc = libc()
 
-  def map(self, size: int, kind: str = "device") -> Mapping:
+  def map(self, size: int, kind: str = "device", replace: bool = False) -> Mapping:
+    """`replace`: the placed range is the caller's own reservation (a PROT_NONE mapping), replaced in one mmap call;
+    unmapping it first would let another thread's mapping land in the hole before this one."""
     size = (max(size, 1) + self.page - 1) // self.page * self.page
     want = self.place(size) if self.place is not None else None
-    flags = _MAP_PRIVATE_ANON | (_MAP_FIXED_NOREPLACE if want is not None else 0)
+    flags = _MAP_PRIVATE_ANON | ((_MAP_FIXED if replace else _MAP_FIXED_NOREPLACE) if want is not None else 0)
     addr = self._libc.mmap(want, size, _PROT_RW, flags, -1, 0)
     if addr in (None, ctypes.c_void_p(-1).value) or (want is not None and addr != want):
       raise MemoryError(f"the fake GPU could not map {size} bytes" + (f" at {want:#x}" if want is not None else ""))

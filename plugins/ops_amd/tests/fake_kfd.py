@@ -234,12 +234,13 @@ class FakeKFD(FakeDevice, KFDOps):
       return self.doorbell_pages[offset]
     raise OSError(errno.EINVAL, f"the fake KFD does not map fd {fd} offset {offset:#x}")
 
-  def _map(self, va: int, size: int, kind: str) -> int:
-    """Fake memory at va (0: where the kernel puts it). Under a lock: the address reaches FakeMemory's placement
-    through self._want, and two threads allocating at once would otherwise map at each other's address."""
+  def _map(self, va: int, size: int, kind: str, replace: bool = False) -> int:
+    """Fake memory at va (0: where the kernel puts it; `replace`: over the caller's reservation there, in one call).
+    Under a lock: the address reaches FakeMemory's placement through self._want, and two threads allocating at once
+    would otherwise map at each other's address."""
     with self._map_lock:
       self._want = va or None
-      return self.memory.map(size, kind).va
+      return self.memory.map(size, kind, replace=replace).va
 
   def munmap(self, addr: int, length: int) -> None:
     if addr in self.reserved:
@@ -354,8 +355,8 @@ class FakeKFD(FakeDevice, KFDOps):
         self.vram_left -= a.size
       if self.reserved.get(a.va_addr) != a.size:
         raise OSError(errno.EINVAL, f"ALLOC at {a.va_addr:#x}: the caller reserved no {a.size:#x} bytes there")
-      self._libc.munmap(a.va_addr, self.reserved.pop(a.va_addr))  # the fake's memory takes the reserved range's place
-      self._map(a.va_addr, a.size, kind)
+      self.reserved.pop(a.va_addr)  # the fake's memory takes the reserved range's place, atomically (no hole to race into)
+      self._map(a.va_addr, a.size, kind, replace=True)
     handle = next(self._ids)
     bo = BO(a.va_addr, a.size, kind, handle, a.va_addr if kind == "userptr" else 1 << 40 | handle << 16)
     self.bos[bo.va], self.handles[handle] = bo, bo
