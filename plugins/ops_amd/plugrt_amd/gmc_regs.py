@@ -148,8 +148,8 @@ GC_12_0_0 = {
 #: GMC 12's field masks where they moved (mmhub_4_1_0_sh_mask.h; gc_12_0_0_sh_mask.h's GCMC_VM_MX_L1_TLB_CNTL and
 #: GCVM_CONTEXT0/1_CNTL agree): the L1 TLB's MTYPE is 2 bits at 11; RETRY_PERMISSION_OR_INVALID_PAGE_FAULT is bit 8;
 #: PAGE_TABLE_BLOCK_SIZE is bits 4-7; each *_ENABLE_DEFAULT sits one bit above its *_ENABLE_INTERRUPT. The L2 CNTL,
-#: fault-control and invalidation-request fields are where GMC 11 has them (mmhub_4_1_0_sh_mask.h; for the GCVM_ copies
-#: and CP_DEBUG.CPG_UTCL1_ERROR_HALT_DISABLE taken as the same: not read from gc_12_0_0_sh_mask.h)
+#: fault-control and invalidation-request fields are where GMC 11 has them (mmhub_4_1_0_sh_mask.h; the GCVM_ copies taken
+#: as the same: not read from gc_12_0_0_sh_mask.h), as is CP_DEBUG.CPG_UTCL1_ERROR_HALT_DISABLE (0x8000, read there)
 FIELDS_12 = FIELDS | {
   "MMMC_VM_MX_L1_TLB_CNTL": FIELDS["MMMC_VM_MX_L1_TLB_CNTL"] | {"MTYPE": 0x1800},
   "MMVM_CONTEXT0_CNTL": {"ENABLE_CONTEXT": 0x1, "PAGE_TABLE_DEPTH": 0x6, "RETRY_PERMISSION_OR_INVALID_PAGE_FAULT": 0x100},
