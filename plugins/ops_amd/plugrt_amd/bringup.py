@@ -39,11 +39,11 @@ AFTER_IP = "next, not implemented: SMU start-up for this MP1, {rlc}{gmc}, interr
 RLC_TODO = "waiting for the RLC autoload to complete, "
 AFTER_SMU = ("next, not implemented: waiting for the RLC autoload to complete (gfx_v11_0_wait_for_rlc_autoload_complete) and "
              "the RS64 CP set-up, {gmc}, interrupt handler")
-AFTER_RLC = ("next, not implemented: the RS64 CP set-up (gfx_v11_0_config_gfx_rs64: the CP's ucode start addresses), {gmc}, "
+AFTER_RLC = ("next, not implemented: the RS64 CP set-up (gfx_v11_0/v12_0_config_gfx_rs64: the CP's ucode start addresses), {gmc}, "
              "interrupt handler")
-AFTER_CP = "next, not implemented: {gmc} (gfx_v11_0_hw_init's next steps), interrupt handler"
+AFTER_CP = "next, not implemented: {gmc} (gfx_v11_0/v12_0_hw_init's next steps), interrupt handler"
 GMC_TODO = "GMC/GART and VM set-up (system aperture, GART page table), then the compute queue"
-GMC_AFTER_MMHUB = ("the GFXHUB's GART and system aperture (gfxhub_v3_0_gart_enable), then the golden registers, compute VMIDs, "
+GMC_AFTER_MMHUB = ("the GFXHUB's GART and system aperture (gfxhub_v3_0/v12_0_gart_enable), then the golden registers, compute VMIDs, "
                    "doorbells, VMID 8's page tables and the MEC queue")
 GMC_AFTER_GFXHUB = "the golden registers, compute VMIDs, doorbell routing, VMID 8's page tables and the MEC queue for this GC/NBIO"
 GMC_AFTER_QUEUE = "a plugrt device on the MEC queue"

@@ -62,7 +62,7 @@ RS64_ENGINES = (("PFP", 0, 2, "CP_ME_CNTL", 0x3 << 18), ("ME", 0, 2, "CP_ME_CNTL
 
 
 def grbm_select(me: int, pipe: int, queue: int = 0, vmid: int = 0) -> int:
-  """GRBM_GFX_CNTL's value for soc21_grbm_select: PIPEID bits 0-1, MEID 2-3, VMID 4-7, QUEUEID 8-10."""
+  """GRBM_GFX_CNTL's value for soc21_grbm_select and soc24_grbm_select: PIPEID bits 0-1, MEID 2-3, VMID 4-7, QUEUEID 8-10."""
   return pipe | me << 2 | vmid << 4 | queue << 8
 
 
