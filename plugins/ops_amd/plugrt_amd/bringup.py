@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
-from plugrt_amd import compute, discovery, firmware, gfx, gmc, hdp, psp, psp_firmware, psp_load, smu, ucode
+from plugrt_amd import compute, discovery, firmware, gc_init, gfx, gmc, hdp, psp, psp_firmware, psp_load, smu, ucode
 from plugrt_amd.compute import Compute
 from plugrt_amd.regs import GPURegisters
 
@@ -39,11 +39,11 @@ AFTER_IP = "next, not implemented: SMU start-up for this MP1, {rlc}{gmc}, interr
 RLC_TODO = "waiting for the RLC autoload to complete, "
 AFTER_SMU = ("next, not implemented: waiting for the RLC autoload to complete (gfx_v11_0_wait_for_rlc_autoload_complete) and "
              "the RS64 CP set-up, {gmc}, interrupt handler")
-AFTER_RLC = ("next, not implemented: the RS64 CP set-up (gfx_v11_0_config_gfx_rs64: the CP's ucode start addresses), {gmc}, "
+AFTER_RLC = ("next, not implemented: the RS64 CP set-up (gfx_v11_0/v12_0_config_gfx_rs64: the CP's ucode start addresses), {gmc}, "
              "interrupt handler")
-AFTER_CP = "next, not implemented: {gmc} (gfx_v11_0_hw_init's next steps), interrupt handler"
+AFTER_CP = "next, not implemented: {gmc} (gfx_v11_0/v12_0_hw_init's next steps), interrupt handler"
 GMC_TODO = "GMC/GART and VM set-up (system aperture, GART page table), then the compute queue"
-GMC_AFTER_MMHUB = ("the GFXHUB's GART and system aperture (gfxhub_v3_0_gart_enable), then the golden registers, compute VMIDs, "
+GMC_AFTER_MMHUB = ("the GFXHUB's GART and system aperture (gfxhub_v3_0/v12_0_gart_enable), then the golden registers, compute VMIDs, "
                    "doorbells, VMID 8's page tables and the MEC queue")
 GMC_AFTER_GFXHUB = "the golden registers, compute VMIDs, doorbell routing, VMID 8's page tables and the MEC queue for this GC/NBIO"
 GMC_AFTER_QUEUE = "a plugrt device on the MEC queue"
@@ -220,11 +220,13 @@ def wait_rlc(regs: GPURegisters, b: BringUp, timeout: float, files: list[ucode.I
     return
   b.steps.append(line)
   b.rlc_ready = True
+  if gc.version[0] >= 12:             # gfx_v12_0_hw_init: the golden registers right after the autoload, before the CP set-up
+    b.steps.append(gc_init.golden(regs, gc, b.table.find("NBIF") if b.table else None) or f"no golden registers known for GC {gc.version_str}")
   starts = {f.kind.upper(): f.start_addr for f in files if f.kind in ("pfp", "me", "mec") and f.start_addr is not None}
   if len(starts) != 3:
     b.steps.append("CP not set up: the PFP/ME/MEC files are not RS64 (gfx v2) files; the F32 CP set-up is not implemented")
   elif (line := gfx.config_rs64(regs, gc, starts)) is None:
-    b.steps.append(f"CP not set up: the RS64 CP set-up for GC {gc.version_str} is not implemented (plugrt sets up GC 11)")
+    b.steps.append(f"CP not set up: the RS64 CP set-up for GC {gc.version_str} is not implemented (plugrt sets up GC 11 and 12)")
   else:
     b.steps.append(line)
     b.cp_ready = True
@@ -232,7 +234,7 @@ def wait_rlc(regs: GPURegisters, b: BringUp, timeout: float, files: list[ucode.I
 
 
 def enable_gfxhub(regs: GPURegisters, b: BringUp, gc: discovery.IPBlock, timeout: float) -> None:
-  """gfx_v11_0_gfxhub_enable after the CP set-up, with the MMHUB's layout; a GC whose GFXHUB plugrt lacks is recorded."""
+  """gfx_v11_0/v12_0_gfxhub_enable after the CP set-up, with the MMHUB's layout; a GC whose GFXHUB plugrt lacks is recorded."""
   if b.gmc_layout is None: return
   try: line = gmc.enable_gfxhub(regs, gc.version, gc.bases[0], b.gmc_layout, b.hdp_flush, timeout)
   except gmc.GMCUnsupported as e: b.steps.append(f"GFXHUB not set up: {e}")

@@ -1,4 +1,4 @@
-"""The compute half of the driverless bring-up on GC 11.0.0/11.0.2 (after the GFXHUB): golden registers, the compute
+"""The compute half of the driverless bring-up on GC 11.0.0/11.0.2 and 12.0.0/12.0.1 (after the GFXHUB): golden registers, the compute
 VMIDs' apertures, doorbell routing, plugrt's address space in VMID 8 and an AQL queue on the MEC; then `alloc` maps
 VRAM for arguments and buffers (`free` unmaps it and keeps the range for reuse: the PCI device's allocator), `load`
 places a code object (its image relocated to where it lies, as the KFD path's Program does), `launch` writes a
@@ -8,7 +8,10 @@ Order (gfx_v11_0_hw_init after gfx_v11_0_gfxhub_enable): init_golden_registers, 
 nbio gc_doorbell_init, rlc_resume (under PSP loading: the SRM enable; the clear-state buffer is not set up),
 cp_resume (compute enable, the queue). plugrt's VM (plugrt_amd.vm) is bound to VMID 8 on both hubs (the CP's
 accesses go through the GFXHUB; the MMHUB's context 8 gets the same tables, as the kernel's VMIDs are per hub) and
-both hubs' TLBs are flushed for it after every change. Never run on an AMD GPU: tested against the fake GPU.
+both hubs' TLBs are flushed for it after every change. GC 12 (gfx_v12_0_hw_init) differs in order and format only: its golden
+registers come before the CP set-up (plugrt_amd.bringup runs them there), its page tables use GMC 12's PTE MTYPE field
+(plugrt_amd.vm), and its MQD and HQD registers are GC 11's (plugrt_amd.mec). Never run on an AMD GPU: tested against the
+fake GPU.
 """
 from __future__ import annotations
 
@@ -95,15 +98,19 @@ class Compute:
 
 def start(regs: GPURegisters, table: DiscoveryTable, mc_base: int, phys_base: int, heap: int, vram_size: int,
           flush: Callable[[], None] | None, timeout: float = 2.0) -> tuple[Compute | None, list[str]]:
-  """Everything after the GFXHUB that plugrt implements, for GC 11.0.0/11.0.2 with MMHUB 3.0.0; (None, why) otherwise."""
+  """Everything after the GFXHUB that plugrt implements, for GC 11.0.0/11.0.2 with MMHUB 3.0.0 and GC 12.0.0/12.0.1
+  with MMHUB 4.1.0; (None, why) otherwise."""
   gc, mmhub, nbio = table.find("GC"), table.find("MMHUB"), table.find("NBIF")
-  if gc is None or mmhub is None or gc.version not in GFXHUBS or mmhub.version not in MMHUBS:
-    return None, ["compute not set up: plugrt sets it up on GC 11.0.0/11.0.2 with MMHUB 3.0.0"]
-  steps = [gc_init.golden(regs, gc) or f"no golden registers known for GC {gc.version_str}", gc_init.init_compute_vmid(regs, gc)]
+  if (gc is None or mmhub is None or gc.version not in GFXHUBS or mmhub.version not in MMHUBS
+      or GFXHUBS[gc.version].gmc != MMHUBS[mmhub.version].gmc):
+    return None, ["compute not set up: plugrt sets it up on GC 11.0.0/11.0.2 with MMHUB 3.0.0 and GC 12.0.0/12.0.1 with MMHUB 4.1.0"]
+  gmc_gen = GFXHUBS[gc.version].gmc
+  steps = [] if gmc_gen >= 12 else [gc_init.golden(regs, gc) or f"no golden registers known for GC {gc.version_str}"]
+  steps.append(gc_init.init_compute_vmid(regs, gc))
   line = doorbell.enable(regs, nbio)
   if line is None: return None, steps + [f"compute not set up: the doorbell routing of NBIO {nbio.version_str if nbio else '(none)'} is not known"]
   steps += [line, gc_init.rlc_resume(regs, gc)]
-  space = vm.AddressSpace(regs, phys_base)
+  space = vm.AddressSpace(regs, phys_base, gmc=gmc_gen)
   lay = mec.Layout()
   space.map(lay.va(0), lay.at, mec.QUEUE_BYTES)
   hubs = [(MMHUBS[mmhub.version], mmhub.bases[0]), (GFXHUBS[gc.version], gc.bases[0])]

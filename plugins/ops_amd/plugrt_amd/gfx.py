@@ -53,20 +53,25 @@ RS64_11 = {"PFP_START": (0x1E44, 0), "PFP_START_HI": (0x1E59, 0), "ME_START": (0
            "GRBM_GFX_CNTL": (0x900, 1)}
 #: (engine, GRBM ME id, pipes, pipe-reset register, reset bits): CP_ME_CNTL PFP_PIPE0/1_RESET bits 18/19, ME_PIPE0/1_RESET
 #: 20/21; CP_MEC_RS64_CNTL MEC_PIPE0-3_RESET 16-19 (gc_11_0_0 sh_mask, as tinygrad's autogen lists them)
+#: GC 12 (gc_12_0_0_offset.h): the same offsets; gfx_v12_0_config_gfx_rs64 programs the same pipes (PFP 0-1, ME 0-1,
+#: MEC 0-3) and pulses the same reset fields (their bits taken as GC 11's: gc_12_0_0_sh_mask.h's CP_ME_CNTL and
+#: CP_MEC_RS64_CNTL were not read)
+RS64_12 = dict(RS64_11)
+RS64 = {11: RS64_11, 12: RS64_12}
 RS64_ENGINES = (("PFP", 0, 2, "CP_ME_CNTL", 0x3 << 18), ("ME", 0, 2, "CP_ME_CNTL", 0x3 << 20), ("MEC", 1, 4, "CP_MEC_RS64_CNTL", 0xF << 16))
 
 
 def grbm_select(me: int, pipe: int, queue: int = 0, vmid: int = 0) -> int:
-  """GRBM_GFX_CNTL's value for soc21_grbm_select: PIPEID bits 0-1, MEID 2-3, VMID 4-7, QUEUEID 8-10."""
+  """GRBM_GFX_CNTL's value for soc21_grbm_select and soc24_grbm_select: PIPEID bits 0-1, MEID 2-3, VMID 4-7, QUEUEID 8-10."""
   return pipe | me << 2 | vmid << 4 | queue << 8
 
 
 def config_rs64(regs: GPURegisters, gc: IPBlock, starts: dict[str, int]) -> str | None:
-  """gfx_v11_0_config_gfx_rs64: every PFP/ME/MEC pipe's program counter start (from the RS64 headers' ucode start
+  """gfx_v11_0_config_gfx_rs64 / gfx_v12_0_config_gfx_rs64: every PFP/ME/MEC pipe's program counter start (from the RS64 headers' ucode start
   address: (hi << 30 | lo >> 2) and hi >> 2), each engine's pipes reset and released. `starts` maps "PFP", "ME", "MEC"
-  to the 64-bit start address. None for a GC other than 11 (recorded by the caller)."""
-  if gc.version[0] != 11 or len(gc.bases) < 2: return None
-  reg = {name: gc.bases[seg] + off for name, (off, seg) in RS64_11.items()}
+  to the 64-bit start address. None for a GC other than 11 or 12 (recorded by the caller)."""
+  if (table := RS64.get(gc.version[0])) is None or len(gc.bases) < 2: return None
+  reg = {name: gc.bases[seg] + off for name, (off, seg) in table.items()}
   for engine, me, pipes, cntl, reset in RS64_ENGINES:
     lo, hi = starts[engine] & 0xFFFFFFFF, starts[engine] >> 32
     for pipe in range(pipes):

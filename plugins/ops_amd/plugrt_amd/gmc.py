@@ -73,9 +73,10 @@ class Update:
   field_reg: str | None = None        # the register whose field masks apply (CONTEXT1's for contexts 1-15)
 
 
-def field_set(reg: str, value: int, fields: tuple[tuple[str, int], ...]) -> int:
+def field_set(reg: str, value: int, fields: tuple[tuple[str, int], ...], masks: dict[str, dict[str, int]] = FIELDS) -> int:
+  """`value` with each named field of `reg` set (masks: the hub's table, `Hub.masks`; GMC 11's by default)."""
   for name, v in fields:
-    mask = FIELDS[reg][name]
+    mask = masks[reg][name]
     shift = (mask & -mask).bit_length() - 1
     if v << shift & ~mask: raise ValueError(f"{reg}.{name} = {v} does not fit its mask 0x{mask:x}")
     value = (value & ~mask) | (v << shift)
@@ -122,7 +123,7 @@ def gart_enable_ops(lay: Layout, hub: Hub) -> list[Write | Update]:
     Write("MMVM_L2_CONTEXT1_IDENTITY_APERTURE_HIGH_ADDR_LO32", 0), Write("MMVM_L2_CONTEXT1_IDENTITY_APERTURE_HIGH_ADDR_HI32", 0),
     Write("MMVM_L2_CONTEXT_IDENTITY_PHYSICAL_OFFSET_LO32", 0), Write("MMVM_L2_CONTEXT_IDENTITY_PHYSICAL_OFFSET_HI32", 0),
   ]
-  ops += vmid_config_ops()
+  ops += vmid_config_ops(hub)
   # program_invalidation: every engine may invalidate the whole range
   for i in range(INVALIDATE_ENGINES):
     ops += [Write(f"MMVM_INVALIDATE_ENG{i}_ADDR_RANGE_LO32", 0xFFFFFFFF), Write(f"MMVM_INVALIDATE_ENG{i}_ADDR_RANGE_HI32", 0x1F)]
@@ -135,13 +136,14 @@ VM_NUM_LEVEL, VM_BLOCK_SIZE, VM_MAX_PFN = 3, 9, 1 << 36
 NORETRY = 1                           # amdgpu_gmc_noretry_set: on by default for GC 10.3 and later
 
 
-def vmid_config_ops() -> list[Write | Update]:
+def vmid_config_ops(hub: Hub | None = None) -> list[Write | Update]:
   """setup_vmid_config (mmhub_v3_0 / gfxhub_v3_0): contexts 1-15 enabled with a 4-level table (depth 3, block size
   9 - 9 = 0), every protection fault's default action on, no retry, the whole 48-bit range. Their page-table bases
   are set per VMID when a VM is bound (`set_page_table`)."""
   ops: list[Write | Update] = []
+  masks = hub.masks if hub is not None else FIELDS
   fields = (("ENABLE_CONTEXT", 1), ("PAGE_TABLE_DEPTH", VM_NUM_LEVEL)) + tuple(
-    (f, 1) for f in FIELDS["MMVM_CONTEXT1_CNTL"] if f.endswith("_ENABLE_DEFAULT")) + (
+    (f, 1) for f in masks["MMVM_CONTEXT1_CNTL"] if f.endswith("_ENABLE_DEFAULT")) + (
     ("PAGE_TABLE_BLOCK_SIZE", VM_BLOCK_SIZE - 9), ("RETRY_PERMISSION_OR_INVALID_PAGE_FAULT", int(not NORETRY)))
   for ctx in range(1, 16):
     ops += [Update(f"MMVM_CONTEXT{ctx}_CNTL", fields, field_reg="MMVM_CONTEXT1_CNTL"),
@@ -175,7 +177,7 @@ def apply(regs: GPURegisters, base: int, ops: list[Write | Update], hub: Hub) ->
   for op in ops:
     reg = base + offset(hub, op.reg)
     if isinstance(op, Write): value = op.value
-    else: value = field_set(op.field_reg or op.reg, regs.rreg(reg) if op.base is None else op.base, op.fields)
+    else: value = field_set(op.field_reg or op.reg, regs.rreg(reg) if op.base is None else op.base, op.fields, hub.masks)
     regs.wreg(reg, value & 0xFFFFFFFF)
   return len(ops)
 
@@ -193,11 +195,11 @@ class GMCTimeout(PlugrtError, RuntimeError):
   """The memory hub did not answer a TLB flush (its semaphore or acknowledge) within the bound."""
 
 
-def invalidate_req(vmid: int, flush_type: int = 0) -> int:
-  """mmhub_v3_0_get_invalidate_req: legacy invalidation of one VMID's L2 PTEs/PDEs and L1 PTEs."""
+def invalidate_req(vmid: int, flush_type: int = 0, masks: dict[str, dict[str, int]] = FIELDS) -> int:
+  """mmhub_v3_0/v4_1_0_get_invalidate_req: legacy invalidation of one VMID's L2 PTEs/PDEs and L1 PTEs."""
   return field_set("MMVM_INVALIDATE_ENG0_REQ", 0, (("PER_VMID_INVALIDATE_REQ", 1 << vmid), ("FLUSH_TYPE", flush_type),
                    ("INVALIDATE_L2_PTES", 1), ("INVALIDATE_L2_PDE0", 1), ("INVALIDATE_L2_PDE1", 1), ("INVALIDATE_L2_PDE2", 1),
-                   ("INVALIDATE_L1_PTES", 1), ("CLEAR_PROTECTION_FAULT_STATUS_ADDR", 0)))
+                   ("INVALIDATE_L1_PTES", 1), ("CLEAR_PROTECTION_FAULT_STATUS_ADDR", 0)), masks)
 
 
 def flush_tlb(regs: GPURegisters, base: int, hub: Hub, vmid: int = 0, timeout: float = 2.0,
@@ -218,7 +220,7 @@ def flush_tlb(regs: GPURegisters, base: int, hub: Hub, vmid: int = 0, timeout: f
       sleep(0.0005)
 
   if hub.semaphore: wait(f"invalidation engine {GART_ENGINE}'s semaphore not acquired", sem, 1)
-  regs.wreg(req, invalidate_req(vmid))
+  regs.wreg(req, invalidate_req(vmid, masks=hub.masks))
   wait(f"no acknowledge for VMID {vmid}", ack, 1 << vmid)
   writes = 1
   if hub.semaphore:
@@ -236,7 +238,7 @@ def fault_defaults(hub: Hub) -> list[Write | Update]:
   """set_fault_enable_default(true) (amdgpu_vm_fault_stop's default): every *_PROTECTION_FAULT_ENABLE_DEFAULT on; the
   GFXHUB's also keeps the CP from halting on UTCL1 errors (CP_DEBUG)."""
   ops: list[Write | Update] = [Update("CP_DEBUG", (("CPG_UTCL1_ERROR_HALT_DISABLE", 1),))] if hub.cp_debug else []
-  return ops + [Update("MMVM_L2_PROTECTION_FAULT_CNTL", tuple((f, 1) for f in FIELDS["MMVM_L2_PROTECTION_FAULT_CNTL"]))]
+  return ops + [Update("MMVM_L2_PROTECTION_FAULT_CNTL", tuple((f, 1) for f in hub.masks["MMVM_L2_PROTECTION_FAULT_CNTL"]))]
 
 
 def enable_hub(regs: GPURegisters, hub: Hub, base: int, lay: Layout, flush: Callable[[], None] | None = None, timeout: float = 2.0) -> int:
@@ -254,13 +256,14 @@ def enable(regs: GPURegisters, version: tuple[int, int, int], base: int, fb_star
   returns the layout (the GFXHUB gets the same later) and the step's text. `gart_size`: the USB interface asks for the
   kernel's smallest (GART_MIN), whose table it can zero through dword TLPs."""
   if (hub := MMHUBS.get(version)) is None:
-    raise GMCUnsupported(f"GART set-up for MMHUB {'.'.join(map(str, version))} is not implemented (plugrt programs MMHUB 3.0.0)")
+    raise GMCUnsupported(f"GART set-up for MMHUB {'.'.join(map(str, version))} is not implemented (plugrt programs MMHUB 3.0.0 "
+                         "and 4.1.0)")
   lay = layout(fb_start, vram_size, phys_base, TABLE_AT, SCRATCH_AT, gart_size)
   entries = (lay.gart_end - lay.gart_start + 1) >> 12
   regs.write_vram(TABLE_AT, bytes(entries * 8))           # every PTE invalid
   regs.write_vram(SCRATCH_AT, bytes(0x1000))
   n = enable_hub(regs, hub, base, lay, flush, timeout)
-  return lay, (f"{hub.name} GART enabled ({n} register writes, as gmc_v11_0_gart_enable, VM contexts 1-15 configured; TLB flushed "
+  return lay, (f"{hub.name} GART enabled ({n} register writes, as gmc_v{hub.gmc}_0_gart_enable, VM contexts 1-15 configured; TLB flushed "
                f"on engine {GART_ENGINE}): {(lay.gart_end - lay.gart_start + 1) >> 20} MiB at MC 0x{lay.gart_start:x}-0x{lay.gart_end:x}, "
                f"flat table of {entries} invalid entries at VRAM 0x{TABLE_AT:x}; system aperture MC 0x{lay.fb_start:x}-0x{lay.fb_end:x} "
                f"(default page VRAM 0x{SCRATCH_AT:x}); no AGP aperture; protection-fault default page not set (no DMA mapping "
@@ -272,6 +275,6 @@ def enable_gfxhub(regs: GPURegisters, gc_version: tuple[int, int, int], base: in
   """gfx_v11_0_gfxhub_enable on the GFXHUB (GC segment 0 at `base`), with the MMHUB's layout and GART table."""
   if (hub := GFXHUBS.get(gc_version)) is None:
     raise GMCUnsupported(f"GART set-up for the GFXHUB of GC {'.'.join(map(str, gc_version))} is not implemented "
-                         "(plugrt programs GC 11.0.0 and 11.0.2's gfxhub_v3_0)")
+                         "(plugrt programs GC 11.0.0 and 11.0.2's gfxhub_v3_0, GC 12.0.0 and 12.0.1's gfxhub_v12_0)")
   n = enable_hub(regs, hub, base, lay, flush, timeout)
-  return f"{hub.name} GART enabled ({n} register writes, as gfx_v11_0_gfxhub_enable, VM contexts 1-15 configured): the same GART and aperture"
+  return f"{hub.name} GART enabled ({n} register writes, as gfx_v{hub.gmc}_0_gfxhub_enable, VM contexts 1-15 configured): the same GART and aperture"

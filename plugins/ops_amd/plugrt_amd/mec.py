@@ -72,6 +72,16 @@ VMID, ME, PIPE, QUEUE = 8, 1, 0, 0
 VA_BASE = 1 << 40                               # plugrt maps VRAM offset o at VA VA_BASE + o in its VMID
 
 
+#: GC 12: v12_compute_mqd has the same layout where plugrt writes it (v12_structs.h: only reserved/GDS dwords and
+#: compute_static_thread_mgmt_se8 (dword 59, left 0 as the KFD's init_mqd leaves it) differ), the HQD registers are at
+#: the same offsets (gc_12_0_0_offset.h), CP_MEC_RS64_CNTL too (its bits taken as GC 11's: gc_12_0_0_sh_mask.h not
+#: read). The KFD has no hqd_load on GFX12 (gfx_v12_kfd2kgd: user queues go through MES only); the register sequence
+#: is gfx_v12_0_kiq_init_register's, which loads the kernel's own KIQ directly and is the same as GC 11's.
+#: Not copied from the KFD's v12 MQD: cp_hqd_hq_status0 bit 14 (the debugger's DISPATCH_PTR) and UNORD_DISPATCH in
+#: CP_HQD_PQ_CONTROL, neither set by plugrt's GC 11 queue either.
+HQD_LOAD = {11: "hqd_load_v11", 12: "gfx_v12_0_kiq_init_register"}
+
+
 class QueueError(_QueueError):
   """The compute queue could not be set up or did not complete a packet (a plugrt.hwqueue.QueueError, as the KFD
   path's errors are)."""
@@ -208,5 +218,6 @@ def setup(regs: GPURegisters, gc: IPBlock, lay: Layout, mc_base: int, bell: MMIO
   n = hqd_load(regs, gc, mqd)
   return q, (f"MEC compute queue: ME {ME} pipe {PIPE} queue {QUEUE}, VMID {VMID}, AQL, {RING_BYTES >> 10} KiB ring at VA "
              f"0x{lay.va(RING_OFF):x}, MQD at MC 0x{mc_base + lay.at:x}, doorbell {doorbell.MEC_RING0} (BAR2 offset "
-             f"0x{doorbell.MEC_RING0 * 8:x}); MEC enabled, HQD loaded ({n} register writes, as hqd_load_v11); completion by polling "
+             f"0x{doorbell.MEC_RING0 * 8:x}); MEC enabled, HQD loaded ({n} register writes, as {HQD_LOAD.get(gc.version[0], 'hqd_load_v11')}); "
+             "completion by polling "
              "the packet's signal (no interrupt handler)")

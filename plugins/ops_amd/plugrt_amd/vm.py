@@ -30,6 +30,11 @@ PTE_VALID, PTE_SYSTEM, PTE_SNOOPED, PTE_TMZ = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 PTE_EXECUTABLE, PTE_READABLE, PTE_WRITEABLE = 1 << 4, 1 << 5, 1 << 6
 FRAG_SHIFT, FRAG_MASK = 7, 0x1F << 7
 MTYPE_SHIFT, MTYPE_MASK = 48, 0x7 << 48
+#: GMC 12 (gmc_v12_0.c's PTE format, amdgpu_vm.h AMDGPU_PTE_MTYPE_GFX12): MTYPE is 2 bits at 54-55; the rest of a
+#: 4 KiB PTE (address, fragment, permissions, VALID) and of a PDE is where GMC 11 has it. Bit 63 (AMDGPU_PTE_IS_PTE /
+#: AMDGPU_PDE_PTE_GFX12) marks a directory entry used as a huge-page PTE: plugrt makes none. MTYPE values: NC 0, UC 3
+#: (soc24_enum.h TCC_MTYPE / MTYPE), the same numbers as GMC 11's.
+MTYPE_FORMAT = {11: (48, 0x7), 12: (54, 0x3)}    # GMC generation -> (shift, mask)
 MTYPE_NC, MTYPE_WC, MTYPE_CC, MTYPE_UC = 0, 1, 2, 3
 PTE_ADDR_MASK = 0x0000FFFFFFFFF000
 PDE_ADDR_MASK = 0x0000FFFFFFFFFFC0
@@ -44,10 +49,12 @@ class VMError(PlugrtError, ValueError):
   """A mapping that cannot be made: misaligned, outside the 48-bit space, over an existing page, or no table left."""
 
 
-def pte(pa: int, flags: int = RWX, fragment: int = 0, mtype: int = MTYPE_NC) -> int:
-  """A GMC 11 page-table entry for physical address `pa` (VRAM: vram_base_offset + offset)."""
+def pte(pa: int, flags: int = RWX, fragment: int = 0, mtype: int = MTYPE_NC, gmc: int = 11) -> int:
+  """A GMC 11 (or `gmc` 12) page-table entry for physical address `pa` (VRAM: vram_base_offset + offset)."""
   if pa & (PAGE - 1) or pa & ~PTE_ADDR_MASK: raise VMError(f"PTE address 0x{pa:x} is not a 4 KiB-aligned 48-bit address")
-  return pa | flags | PTE_VALID | (fragment & 0x1F) << FRAG_SHIFT | (mtype & 7) << MTYPE_SHIFT
+  shift, mask = MTYPE_FORMAT[gmc]
+  if mtype & ~mask: raise VMError(f"MTYPE {mtype} does not fit GMC {gmc}'s {mask.bit_length()}-bit field")
+  return pa | flags | PTE_VALID | (fragment & 0x1F) << FRAG_SHIFT | mtype << shift
 
 
 def pde(pa: int) -> int:
@@ -68,8 +75,9 @@ class AddressSpace:
   """One VMID's page tables. `map(va, offset, size)` maps VRAM at `offset` (physical `phys_base + offset`);
   `commit()` writes the changed tables; `pd_address` is what the context's page-table base register takes."""
 
-  def __init__(self, regs: GPURegisters, phys_base: int, pool_at: int = POOL_AT, pool_size: int = POOL_SIZE):
-    self.regs, self.phys_base = regs, phys_base
+  def __init__(self, regs: GPURegisters, phys_base: int, pool_at: int = POOL_AT, pool_size: int = POOL_SIZE, gmc: int = 11):
+    if gmc not in MTYPE_FORMAT: raise VMError(f"VM: the page-table format of GMC {gmc} is not known (plugrt writes GMC 11 and 12's)")
+    self.regs, self.phys_base, self.gmc = regs, phys_base, gmc
     self.pool_at, self.pool_end = pool_at, pool_at + pool_size
     self.next = pool_at
     self.tables: dict[int, bytearray] = {}   # VRAM offset -> the table's bytes
@@ -121,7 +129,7 @@ class AddressSpace:
         f = fragment(va + pos, self.phys_base + offset + pos, size - pos)
         for page in range(pos, pos + (PAGE << f), PAGE):
           table, i = self._leaf(va + page)
-          self._set(table, i, pte(self.phys_base + offset + page, flags, f, mtype))
+          self._set(table, i, pte(self.phys_base + offset + page, flags, f, mtype, self.gmc))
           done = page + PAGE
         pos += PAGE << f
     except VMError:                    # no table left: clear the pages already mapped, so nothing half-mapped stays

@@ -174,14 +174,20 @@ class FakeInvalidation:
 #: engine 17's SEM/REQ/ACK on MMHUB 3.0.0 (segment 0 + 0x751/0x763/0x775 + 17) and GC 11's GFXHUB (0x1699/0x16ab/0x16bd + 17)
 MM_ENG17 = tuple(MMHUB_BASES[0] + off + 17 for off in (0x751, 0x763, 0x775))
 GC_ENG17 = tuple(GC_BASES[0] + off + 17 for off in (0x1699, 0x16AB, 0x16BD))
+#: the same on GMC 12: MMHUB 4.1.0 (0x575/0x587/0x599 + 17) and GC 12's GFXHUB (0x1635/0x1647/0x1659 + 17)
+MM_ENG17_12 = tuple(MMHUB_BASES[0] + off + 17 for off in (0x575, 0x587, 0x599))
+GC_ENG17_12 = tuple(GC_BASES[0] + off + 17 for off in (0x1635, 0x1647, 0x1659))
 
 
-def fake_gpu(blob: bytes | None = None, mib: int = VRAM_MIB, dense: bool = False, **kw) -> tuple[FakeRegisters, FakeVRAM]:
+def fake_gpu(blob: bytes | None = None, mib: int = VRAM_MIB, dense: bool = False, gmc: int = 11, **kw) -> tuple[FakeRegisters, FakeVRAM]:
+  """A fake GPU whose hubs answer TLB flushes where GMC `gmc` (11: RDNA3, 12: RDNA4) has its engine-17 registers."""
   vram = FakeVRAM(mib, dense)
   vram.put(vram.size - discovery.DISCOVERY_TMR_OFFSET, table() if blob is None else blob)
   regs = FakeRegisters(vram, **kw)
-  regs.invalidation = FakeInvalidation(regs, *MM_ENG17)
-  regs.gc_invalidation = FakeInvalidation(regs, None, *GC_ENG17[1:])    # the GFXHUB's flush uses no semaphore
+  regs.gmc = gmc
+  mm, gc = (MM_ENG17, GC_ENG17) if gmc == 11 else (MM_ENG17_12, GC_ENG17_12)
+  regs.invalidation = FakeInvalidation(regs, *mm)
+  regs.gc_invalidation = FakeInvalidation(regs, None, *gc[1:])    # the GFXHUB's flush uses no semaphore
   return regs, vram
 
 

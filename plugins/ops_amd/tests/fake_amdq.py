@@ -4,7 +4,8 @@ tables plugrt wrote in VRAM and translates addresses), the MEC's hardware queue 
 queue is activated; then, on a doorbell, the AQL packets of the ring, read through the queue's VMID).
 
 The page-table and MQD formats are written out here from the kernel's headers (amdgpu_vm.h, v11_structs.h,
-gc_11_0_0 offsets), apart from plugrt_amd.vm / plugrt_amd.mec, so that a wrong bit in one is caught by the other.
+gc_11_0_0 offsets; GMC 12: gmc_v12_0.c, mmhub_4_1_0 and gc_12_0_0 offsets), apart from plugrt_amd.vm /
+plugrt_amd.mec, so that a wrong bit in one is caught by the other.
 Dispatches run with the fake KFD's machinery: plugrt_amd.aql decodes the packets and kernel descriptors and
 plugrt.testing.fakegpu.DispatchRunner runs the kernel's IR (registered with `load`, as fake_kfd.FakeKFD.load) on
 numpy views of the fake VRAM (hence a dense FakeVRAM).
@@ -24,6 +25,11 @@ from plugrt_amd import aql
 
 #: the hubs' context registers (segment 0): CONTEXT0_CNTL, PAGE_TABLE_BASE_ADDR_LO32, START_ADDR_LO32, END_ADDR_LO32
 HUB_REGS = {"MMHUB": (MMHUB_BASES[0], 0x740, 0x7AB, 0x7CB, 0x7EB), "GFXHUB": (GC_BASES[0], 0x1688, 0x16F3, 0x1713, 0x1733)}
+#: GMC 12: mmhub_4_1_0_offset.h and gc_12_0_0_offset.h
+HUB_REGS_12 = {"MMHUB": (MMHUB_BASES[0], 0x564, 0x5CF, 0x5EF, 0x60F), "GFXHUB": (GC_BASES[0], 0x1624, 0x168F, 0x16AF, 0x16CF)}
+#: per GMC generation: CONTEXTn_CNTL's PAGE_TABLE_BLOCK_SIZE shift (mmhub_3_0_0 / mmhub_4_1_0 sh_mask) and the PTE's
+#: MTYPE (shift, mask) (amdgpu_vm.h: AMDGPU_PTE_MTYPE_NV10 bits 48-50, AMDGPU_PTE_MTYPE_GFX12 bits 54-55)
+GMC_FORMAT = {11: (3, 48, 0x7), 12: (4, 54, 0x3)}
 
 
 class Fault(Exception):
@@ -36,10 +42,12 @@ class FakeVM:
 
   def __init__(self, regs: FakeRegisters, vram: FakeVRAM, phys_base: int = 0):
     self.r, self.vram, self.phys = regs, vram, phys_base
-    self.walks, self.last_pte = 0, 0
+    self.walks, self.last_pte, self.last_mtype = 0, 0, 0
+    self.gmc = getattr(regs, "gmc", 11)
+    self.hubs = HUB_REGS if self.gmc == 11 else HUB_REGS_12
 
   def reg(self, hub: str, which: int, vmid: int) -> int:
-    base, cntl, *addr = HUB_REGS[hub]
+    base, cntl, *addr = self.hubs[hub]
     if which == 0: return self.r.regs.get(base + cntl + vmid, 0)
     lo = base + addr[which - 1] + 2 * vmid
     return self.r.regs.get(lo, 0) | self.r.regs.get(lo + 1, 0) << 32
@@ -53,7 +61,9 @@ class FakeVM:
     """The VRAM offset `va` reaches in `vmid` (a 4-level walk, GMC 11's format), or a Fault saying why not."""
     cntl = self.reg(hub, 0, vmid)
     if not cntl & 1: raise Fault(f"{hub} context {vmid} is not enabled")
-    if (cntl >> 1 & 3, cntl >> 3 & 0xF) != (3, 0): raise Fault(f"{hub} context {vmid}: depth {cntl >> 1 & 3}, block size {cntl >> 3 & 0xF}")
+    bs_shift, mtype_shift, mtype_mask = GMC_FORMAT[self.gmc]
+    if (cntl >> 1 & 3, cntl >> bs_shift & 0xF) != (3, 0):
+      raise Fault(f"{hub} context {vmid}: depth {cntl >> 1 & 3}, block size {cntl >> bs_shift & 0xF}")
     page = va >> 12
     if not self.reg(hub, 2, vmid) <= page <= self.reg(hub, 3, vmid): raise Fault(f"VA 0x{va:x} outside context {vmid}'s range")
     base = self.reg(hub, 1, vmid)
@@ -70,6 +80,8 @@ class FakeVM:
     e = self.read64(table + (va >> 12 & 511) * 8)
     if not e & 1: raise Fault(f"VA 0x{va:x}: PTE not valid")
     if e & 2: raise Fault(f"VA 0x{va:x}: a system page (no DMA in the fake)")
+    if e >> 48 & 0xFFFF & ~(mtype_mask << (mtype_shift - 48)):
+      raise Fault(f"VA 0x{va:x}: PTE 0x{e:x} sets bits 48-63 outside GMC {self.gmc}'s MTYPE field")
     need = {"r": 1 << 5, "w": 1 << 6, "x": 1 << 4}[access]
     if not e & need: raise Fault(f"VA 0x{va:x}: PTE 0x{e:x} lacks the {access} permission")
     frag, pa = e >> 7 & 0x1F, e & 0x0000FFFFFFFFF000
@@ -77,7 +89,7 @@ class FakeVM:
     for t in walked:
       if self.vram.stamp.get((t - self.phys) >> 12, 0) > inv.flushed.get(vmid, -1):
         raise Fault(f"{hub} context {vmid}: a page table at 0x{t:x} changed after the last TLB flush of VMID {vmid}")
-    self.walks, self.last_pte = self.walks + 1, e
+    self.walks, self.last_pte, self.last_mtype = self.walks + 1, e, e >> mtype_shift & mtype_mask
     return pa - self.phys + (va & 0xFFF)
 
   def read(self, va: int, n: int, vmid: int) -> bytes:
@@ -125,7 +137,7 @@ R |= {"PQ_CONTROL": 0x1FBA, "EOP_BASE": 0x1FCE, "EOP_BASE_HI": 0x1FCF, "EOP_CONT
 
 
 class FakeMEC:
-  """MEC 1 of a GC 11 fake: HQD registers kept per (ME, pipe, queue) from GRBM_GFX_CNTL, SH_MEM_* per VMID, and the
+  """MEC 1 of a GC 11 or 12 fake (the same HQD registers): HQD registers kept per (ME, pipe, queue) from GRBM_GFX_CNTL, SH_MEM_* per VMID, and the
   queues that CP_HQD_ACTIVE started (`queues`); `doorbells` is the BAR2 window. Problems: `violations`."""
 
   def __init__(self, regs: FakeRegisters, vram: FakeVRAM, mc_base: int, phys_base: int = 0):
@@ -210,7 +222,7 @@ class FakeMEC:
     if not h.get(R["EOP_RPTR"], 0) & 1 << 31: bad("EOP fetcher not started (CP_HQD_EOP_RPTR.INIT_FETCHER)")
     vmid = h.get(R["VMID"], 0)
     if self.sh_mem.get(vmid) != (0xC00C, 0x10002): bad(f"VMID {vmid}'s SH_MEM_CONFIG/BASES are {self.sh_mem.get(vmid)}")
-    if not self.r.regs.get(GC_BASES[0] + 0x1688 + vmid, 0) & 1: bad(f"GFXHUB context {vmid} not enabled")
+    if not self.r.regs.get(GC_BASES[0] + self.vm.hubs["GFXHUB"][1] + vmid, 0) & 1: bad(f"GFXHUB context {vmid} not enabled")
     self.queues[offset] = {"vmid": vmid, "ring": (h[R["PQ_BASE"]] | h[R["PQ_BASE_HI"]] << 32) << 8, "size": 4 * (2 << (ctl & 0x3F)),
                            "rptr_va": h[R["RPTR_REPORT"]] | h[R["RPTR_REPORT_HI"]] << 32,
                            "wptr_va": h[R["WPTR_POLL"]] | h[R["WPTR_POLL_HI"]] << 32, "rptr": 0}

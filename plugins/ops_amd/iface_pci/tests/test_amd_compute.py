@@ -25,16 +25,25 @@ from plugrt_amd.regs import GPURegisters
 GC0, GC1 = fake_amdgpu.GC_BASES[0], fake_amdgpu.GC_BASES[1]
 
 
-def gpu(tmp_path, nbio=(4, 3, 0)):
-  """An RDNA3-like fake with every firmware file, a dense VRAM, the fake MEC and its doorbell BAR."""
+#: an RDNA4-like board (RX 9070's IP versions; the fake's bases are RDNA3's, synthetic either way)
+RDNA4 = dict(gc=(12, 0, 0), mp0=(14, 0, 2), mp1=(14, 0, 2), sdma=(7, 0, 0), mmhub=(4, 1, 0), nbio=(6, 3, 1))
+SOS14 = ("sos", "sys_drv", "kdb", "toc", "spl", "soc_drv", "intf_drv", "dbg_drv", "ras_drv", "ipkeymgr_drv")
+
+
+def gpu(tmp_path, nbio=(4, 3, 0), board: dict | None = None):
+  """An RDNA3-like fake (or `board`: RDNA4) with every firmware file, a dense VRAM, the fake MEC and its doorbell BAR."""
   kw = {"pair": (0xE, 0xF)} if nbio[:2] == (7, 4) else {}          # NBIO 7.4's PCIE_INDEX2/DATA2 in segment 0
-  regs, vram = fake_amdgpu.fake_gpu(blob=fake_amdgpu.table(nbio=nbio), mib=64, dense=True, **kw)
-  sos = fake_amdgpu.sos_file()
-  (tmp_path / "psp_13_0_0_sos.bin").write_bytes(sos)
-  blobs, want = fake_amdfw.ip_files()
+  v = board or {"nbio": nbio}
+  gen = v.get("gc", (11,))[0]
+  regs, vram = fake_amdgpu.fake_gpu(blob=fake_amdgpu.table(**v), mib=64, dense=True, gmc=gen, **kw)
+  sos = fake_amdgpu.sos_file(parts=SOS14) if gen == 12 else fake_amdgpu.sos_file()
+  mp0v = v.get("mp0", (13, 0, 0))
+  (tmp_path / f"psp_{'_'.join(map(str, mp0v))}_sos.bin").write_bytes(sos)
+  blobs, want = fake_amdfw.ip_files(v["gc"], v["mp1"], v["sdma"], 4) if gen == 12 else fake_amdfw.ip_files()
   for name, blob in blobs.items(): (tmp_path / name).write_bytes(blob)
-  mp0 = fake_amdgpu.FakeMP0(regs, vram, sos)
-  fake_amdfw.FakeIPFirmware(mp0, want, fake_amdfw.FakeMP1(regs), fake_amdfw.FakeRLC(regs))
+  mp0 = fake_amdgpu.FakeMP0(regs, vram, sos, mp0=mp0v, mmhub=v.get("mmhub", (3, 0, 0)))
+  mp1 = fake_amdfw.FakeMP1(regs, v.get("mp1", (13, 0, 0)), if_version=0x26 if gen == 12 else 0x3D)
+  fake_amdfw.FakeIPFirmware(mp0, want, mp1, fake_amdfw.FakeRLC(regs, v.get("gc", (11, 0, 0))))
   fake_amdfw.FakeCP(regs)
   mecf = fake_amdq.FakeMEC(regs, vram, fake_amdgpu.MC_BASE)
   return GPURegisters(regs, vram, mecf.doorbells), mecf, mp0
@@ -207,10 +216,59 @@ def test_an_nbio_without_known_doorbell_routing_stops_before_the_queue(tmp_path)
   with pytest.raises(AMDNotImplemented, match="the golden registers, compute VMIDs, doorbell routing"): b.stop()
 
 
-def test_compute_start_needs_gc11_and_mmhub_3_0_0() -> None:
-  t = fake_amdgpu.discovery.parse(fake_amdgpu.table(gc=(11, 0, 3)))
-  c, steps = compute.start(None, t, 0, 0, 0, 64 << 20, None)     # type: ignore[arg-type]
-  assert c is None and "GC 11.0.0/11.0.2 with MMHUB 3.0.0" in steps[0]
+def test_compute_start_needs_a_gc_and_mmhub_of_one_generation() -> None:
+  for kw in (dict(gc=(11, 0, 3)), dict(gc=(12, 0, 0)), dict(gc=(11, 0, 0), mmhub=(4, 1, 0))):
+    t = fake_amdgpu.discovery.parse(fake_amdgpu.table(**kw))
+    c, steps = compute.start(None, t, 0, 0, 0, 64 << 20, None)     # type: ignore[arg-type]
+    assert c is None and "GC 11.0.0/11.0.2 with MMHUB 3.0.0 and GC 12.0.0/12.0.1 with MMHUB 4.1.0" in steps[0], kw
+
+
+def test_rdna4_brings_up_to_an_aql_queue_and_runs_a_kernel_through_the_pci_path(tmp_path) -> None:
+  """The RDNA4 board end to end on the fakes: GMC 12 page tables (MTYPE bits 54-55), both hubs' GMC 12 registers, the
+  NBIF 6.3.1 doorbell entries, no GDS, the same MQD/HQD as GC 11 (v12_compute_mqd), and a dispatch that runs."""
+  r, mecf, mp0 = gpu(tmp_path, board=RDNA4)
+  b = bringup.bring_up(r, "AMD:0", str(tmp_path))
+  assert mp0.violations == [] and mecf.violations == [] and b.compute is not None and b.compute.queue is not None, b.summary()
+  regs = r.mmio
+  nb = fake_amdgpu.NBIO_BASES
+  assert regs.regs[nb[2] + 0xC0] & 1 and (regs.regs[nb[2] + 0x1CB], regs.regs[nb[2] + 0x1CE]) == (0x30000007, 0x3000000D)
+  assert (nb[3] + 0x4F7740) * 4 not in regs.smn and (nb[3] + 0x4F7743) * 4 not in regs.smn          # not NBIO 4.3's entries
+  assert mecf.sh_mem == {v: (0xC00C, 0x10002) for v in range(8, 16)} and GC0 + 0x20A0 + 16 not in regs.regs     # no GDS writes
+  mm, pd = fake_amdgpu.MMHUB_BASES[0], vm.POOL_AT | 1
+  assert regs.regs[mm + 0x5CF + 16] == pd and regs.regs[GC0 + 0x168F + 16] == pd            # VMID 8 on both GMC 12 hubs
+  assert b.compute.space.gmc == 12
+  c, k, n = b.compute, axpy(), 512
+  code_va, code_at = c.alloc(4096)
+  kd = aql.KernelDescriptor()
+  kd.kernarg_size, kd.kernel_code_properties = 32, aql.KCP_ENABLE_SGPR_KERNARG_SEGMENT_PTR
+  r.write_vram(code_at, bytes(kd))
+  mecf.load(code_va, k)
+  a, bb = np.arange(n, dtype=np.float32), np.ones(n, np.float32)
+  bufs = [c.alloc(n * 4) for _ in range(3)]
+  r.write_vram(bufs[1][1], a.tobytes())
+  r.write_vram(bufs[2][1], bb.tobytes())
+  args_va, args_at = c.alloc(4096)
+  r.write_vram(args_at, struct.pack("<QQQfi", bufs[0][0], bufs[1][0], bufs[2][0], 3.0, n))
+  c.queue.wait(c.queue.submit(aql.dispatch_packet(code_va, args_va, (n, 1, 1), (128, 1, 1))), timeout=0.5)
+  np.testing.assert_array_equal(np.frombuffer(r.read_vram(bufs[0][1], n * 4), np.float32), a * 3 + 1)
+  assert mecf.faults == [] and mecf.vm.last_mtype == vm.MTYPE_NC
+  # an uncached mapping lands in GMC 12's field (bits 54-55); GMC 11's place (48-50) would be a fault in the fake hub
+  va = 1 << 39
+  c.space.map(va, 0x200000, 0x1000, mtype=vm.MTYPE_UC)
+  c.bind()
+  mecf.vm.translate(va, 8)
+  assert mecf.vm.last_pte >> 54 & 3 == vm.MTYPE_UC and mecf.vm.last_pte >> 48 & 0x3F == 0
+  old = vm.AddressSpace(r, 0, pool_at=40 << 20, pool_size=16 << 12, gmc=11)        # GMC 11's format on a GMC 12 hub
+  old.map(va, 0x200000, 0x1000, mtype=vm.MTYPE_UC)
+  old.commit(b.hdp_flush)
+  hub12 = gmc.GFXHUBS[(12, 0, 0)]
+  gmc.set_page_table(r, GC0, hub12, 9, old.pd_address)
+  gmc.flush_tlb(r, GC0, hub12, 9)
+  with pytest.raises(fake_amdq.Fault, match="outside GMC 12's MTYPE field"): mecf.vm.translate(va, 9)
+  assert vm.pte(0x5000, mtype=vm.MTYPE_UC, gmc=12) == 0x5000 | 1 | 0x70 | 3 << 54
+  with pytest.raises(vm.VMError, match="does not fit GMC 12's 2-bit field"): vm.pte(0x5000, mtype=4, gmc=12)
+  with pytest.raises(vm.VMError, match="page-table format of GMC 13"): vm.AddressSpace(r, 0, gmc=13)
+  with pytest.raises(AMDNotImplemented, match="next, not implemented: a plugrt device on this queue"): b.stop()
 
 
 def test_a_code_object_from_amd_llvm_loaded_and_launched_through_the_pci_queue(tmp_path) -> None:

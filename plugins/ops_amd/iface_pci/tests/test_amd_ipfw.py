@@ -18,7 +18,7 @@ from plugrt_amd.device import AMDNotImplemented
 from plugrt_amd.regs import GPURegisters
 
 RDNA3 = dict(gc=(11, 0, 0), mp0=(13, 0, 0), mp1=(13, 0, 0), sdma=(6, 0, 0), mmhub=(3, 0, 0))
-RDNA4 = dict(gc=(12, 0, 0), mp0=(14, 0, 2), mp1=(14, 0, 2), sdma=(7, 0, 0), mmhub=(4, 1, 0))
+RDNA4 = dict(gc=(12, 0, 0), mp0=(14, 0, 2), mp1=(14, 0, 2), sdma=(7, 0, 0), mmhub=(4, 1, 0), nbio=(6, 3, 1))
 SOS14 = ("sos", "sys_drv", "kdb", "toc", "spl", "soc_drv", "intf_drv", "dbg_drv", "ras_drv", "ipkeymgr_drv")
 # the kernel's order (enum AMDGPU_UCODE_ID) for an RDNA3 board: SDMA, RS64 CP ucodes, their stacks, IMU, RLC parts, RLC_G
 GC11_ORDER = ["SDMA_UCODE_TH0", "SDMA_UCODE_TH1", "CP_RS64_PFP", "CP_RS64_ME", "CP_RS64_MEC", "CP_RS64_PFP_P0_STACK",
@@ -29,7 +29,7 @@ LOAD, AUTOLOAD, TOC, TMR = psp.GFX_CMD_ID_LOAD_IP_FW, psp_load.GFX_CMD_ID_AUTOLO
 
 
 def gpu(tmp_path, v: dict = RDNA3, rlc_minor: int = 3, skip: tuple[str, ...] = (), if_version: int = 0x3D, **files):
-  regs, vram = fake_amdgpu.fake_gpu(blob=fake_amdgpu.table(**v), mib=64)
+  regs, vram = fake_amdgpu.fake_gpu(blob=fake_amdgpu.table(**v), mib=64, gmc=v["gc"][0])
   sos = fake_amdgpu.sos_file(parts=SOS14) if v["mp0"][0] == 14 else fake_amdgpu.sos_file()
   (tmp_path / f"psp_{'_'.join(map(str, v['mp0']))}_sos.bin").write_bytes(sos)
   blobs, want = fake_amdfw.ip_files(v["gc"], v["mp1"], v["sdma"], rlc_minor)
@@ -97,10 +97,34 @@ def test_rdna4_smu_first_no_setup_tmr_rs64_sdma_and_an_smn_mailbox(tmp_path) -> 
                         "SE1_TAP_DELAYS", "SE2_TAP_DELAYS", "SE3_TAP_DELAYS", "RLC_RESTORE_LIST_CNTL", "RLC_RESTORE_LIST_GPM_MEM",
                         "RLC_RESTORE_LIST_SRM_MEM", "RLC_IRAM", "RLC_DRAM", "RLC_G"]           # v2.4 has no RLC_P/RLC_V part
   assert mp1.msg_reg * 4 >= fake_amdgpu.REG_BAR_SIZE and mp1.messages == [(1, 0), (2, 0), (3, 0)]
-  assert "SMC (8192 bytes from smu_14_0_2.bin) first of the IP firmwares" in b.summary() and b.rlc_ready and not b.cp_ready
-  assert "CP not set up: the RS64 CP set-up for GC 12.0.0 is not implemented" in b.summary()
-  with pytest.raises(AMDNotImplemented, match=r"next, not implemented: the RS64 CP set-up"): b.stop()
+  assert "SMC (8192 bytes from smu_14_0_2.bin) first of the IP firmwares" in b.summary() and b.rlc_ready and b.cp_ready and b.gfxhub
   assert "driver interface 0x2e (the kernel expects 0x26 (it only logs a difference; so does plugrt))" in b.summary()
+  msg = b.summary()
+  # gfx_v12_0_hw_init's order: autoload wait, golden registers (rev id 0 here), RS64 CP set-up, GFXHUB, then compute
+  order = ["RLC autoload complete", "golden registers: DB_MEM_CONFIG &0x0000000f |0x0000000f, CB_HW_CONTROL_1",
+           "RS64 CP set up: PFP start 0x2000 on 2 pipes, ME start 0x3000 on 2 pipes, MEC start 0x500004000 on 4 pipes",
+           "GFXHUB (gfxhub_v12_0) GART enabled (141 register writes, as gfx_v12_0_gfxhub_enable", "no GDS on this GC (gfx_v12_0_init_compute_vmid)",
+           "(nbif_v6_3_1_enable_doorbell_aperture, nbif_v6_3_1_gc_doorbell_init)", "gfx_v12_0_rlc_enable_srm",
+           "HQD loaded (63 register writes, as gfx_v12_0_kiq_init_register)", "KM ring destroyed"]
+  assert [msg.index(p) for p in order] == sorted(msg.index(p) for p in order), msg
+  assert "MMHUB 4.1.0 GART enabled (142 register writes, as gmc_v12_0_gart_enable" in msg    # + the private invalidation
+  with pytest.raises(AMDNotImplemented, match=r"next, not implemented: a plugrt device on this queue"): b.stop()
+  # config_gfx_rs64 (GC 12: the same registers and pipes as GC 11), under each pipe's GRBM selection
+  assert ipf.cp.starts[(1, 3)] == {"MEC_START": 0x40001000, "MEC_START_HI": 1}
+  assert set(ipf.cp.starts) == {(0, 0), (0, 1), (1, 0), (1, 1), (1, 2), (1, 3)}
+  # GMC 12's registers (mmhub_4_1_0 / gc_12_0_0 offsets) with GMC 12's fields: CONTEXT0 enabled flat, CONTEXT1-15 at depth 3
+  mm, gc, regs = fake_amdgpu.MMHUB_BASES[0], fake_amdgpu.GC_BASES[0], r.mmio
+  assert regs.regs[mm + 0x564] == 1 and regs.regs[gc + 0x1624] == 1 and regs.regs[mm + 0x55B] == 0x59 | 3 << 11
+  assert regs.regs[mm + 0x565 + 7] == regs.regs[gc + 0x1625 + 7] == 0xAAA807                       # VMID 8: worked out from the masks
+  assert [regs.regs[gc + o] for o in (0x16AF, 0x16B0, 0x1619, 0x161A)] == [0xFFF00000, 0x7, 0x200000, 0x2000FF]
+  assert regs.regs[gc + 0x15C6] == 0x80130009 and regs.regs[gc + 0x1E1F] & 1 << 15 and regs.regs[gc + 0x15CC] == 0x1FFC
+  assert regs.invalidation.requests == regs.gc_invalidation.requests == [0x00F80001, 0x00F80100] and regs.invalidation.violations == []
+  # golden registers only on rev id 0 (RCC_STRAP0_RCC_DEV0_EPF0_STRAP0 bits 24-27)
+  r, *_ = gpu(tmp_path, RDNA4, rlc_minor=4, if_version=0x2E)
+  r.mmio.regs[fake_amdgpu.NBIO_BASES[2] + 0x1C] = 0x1 << 24
+  b = bringup.bring_up(r, "AMD:0", str(tmp_path))
+  assert "golden registers not programmed: rev id 1 (the kernel programs them on rev id 0 only, gfx_v12_0_init_golden_registers)" in b.summary()
+  assert fake_amdgpu.GC_BASES[0] + 0x13D2 not in r.mmio.regs
 
 
 def test_psp_13_0_10_loads_the_smu_after_setup_tmr(tmp_path) -> None:

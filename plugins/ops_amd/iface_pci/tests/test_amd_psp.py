@@ -85,7 +85,7 @@ def test_compressed_files(tmp_path, monkeypatch) -> None:
 # ---- the PSP on the fake MP0 -------------------------------------------------------------------------------------------
 
 def gpu(tmp_path, sos: bytes | None = None, mp0=(13, 0, 0), mmhub=(3, 0, 0), window: bool = True, **kw):
-  regs, vram = fake_amdgpu.fake_gpu(blob=fake_amdgpu.table(mp0=mp0, mmhub=mmhub), mib=64)
+  regs, vram = fake_amdgpu.fake_gpu(blob=fake_amdgpu.table(mp0=mp0, mmhub=mmhub), mib=64, gmc=12 if mmhub[0] == 4 else 11)
   sos = fake_amdgpu.sos_file() if sos is None else sos
   (tmp_path / f"psp_{'_'.join(map(str, mp0))}_sos.bin").write_bytes(sos)
   mp = fake_amdgpu.FakeMP0(regs, vram, sos, mp0=mp0, mmhub=mmhub, **kw)
