@@ -135,6 +135,16 @@ def _stdout_only_for_us() -> Iterator[Any]:
       os.close(saved)
 
 
+def _print_extras(title: str, rows: list[dict[str, Any]], name: str) -> None:
+  """The decoders' or engines' section of `plugrt devices`: one line each, with its status, and the fix when unusable."""
+  if not rows: return
+  print(f"\n{title}:")
+  for r in rows:
+    status = "ready" if r["available"] else r["reason"] or "unavailable"
+    print(f"  {r[name]:<8} {r['device']:<6} {r['package']:<14} {status}" + (f": {r['detail']}" if r["detail"] else "") +
+          (f"\n      fix: {r['hint']}" if r["hint"] and not r["available"] else ""))
+
+
 def cmd_devices(args: argparse.Namespace) -> int:
   """The table; exits 2 when the environment leaves no usable default device (the table still lists everything)."""
   if args.json:  # strict JSON on stdout, whatever a plugin prints while it is imported or probed
@@ -168,18 +178,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
   if notes:
     print("\nwhy some are unavailable:")
     for what, detail, hint in notes: print(f"  {what}: {detail}" + (f"\n      fix: {hint}" if hint else ""))
-  if videos := _video_rows():
-    print("\nvideo decoders (plugrt.video):")
-    for v in videos:
-      status = "ready" if v["available"] else v["reason"] or "unavailable"
-      print(f"  {v['decoder']:<8} {v['device']:<6} {v['package']:<14} {status}" + (f": {v['detail']}" if v["detail"] else "") +
-            (f"\n      fix: {v['hint']}" if v["hint"] and not v["available"] else ""))
-  if engines := _collective_rows():
-    print("\ncollective engines (plugrt.distributed):")
-    for e in engines:
-      status = "ready" if e["available"] else e["reason"] or "unavailable"
-      print(f"  {e['engine']:<8} {e['device']:<6} {e['package']:<14} {status}" + (f": {e['detail']}" if e["detail"] else "") +
-            (f"\n      fix: {e['hint']}" if e["hint"] and not e["available"] else ""))
+  _print_extras("video decoders (plugrt.video)", _video_rows(), "decoder")
+  _print_extras("collective engines (plugrt.distributed)", _collective_rows(), "engine")
   if warnings := plugin_warnings():
     print("\nplugin warnings (the plugins load; their authors should fix these):")
     for w in warnings: print(f"  warning: {w['package']} ({w['module']}): {w['warning']}")
