@@ -21,7 +21,7 @@ import time
 import weakref
 from _thread import RLock
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from plugrt.device import Buffer
 from plugrt.errors import LaunchError, UnsupportedError
@@ -59,7 +59,7 @@ class PCIState(DeviceState):
     self.lock = RLock()
     self.timeout = c.timeout = queue_timeout(info.context, "PLUGRT_AMD_TIMEOUT")   # c's: kernarg-slot and TLB-flush waits
     self.flush = gpu.bringup.hdp_flush or (lambda: None)
-    self.bar = gpu.vram_bar_size
+    self.path: HostPath = getattr(gpu, "host_path", None) or BARPath(gpu.regs, gpu.vram_bar_size)
     gc = gpu.bringup.table.gc if gpu.bringup.table is not None else None
     self.max_lds = gc.lds_size * 1024 if gc is not None and gc.lds_size else 65536
     self.broken = ""
@@ -81,31 +81,52 @@ class PCIState(DeviceState):
       if not self.broken: self.synchronize()
     finally: self.gpu.close()
 
-  # ---- CPU access to VRAM through the BAR
-  def _host_range(self, va: int, n: int, what: str) -> int:
-    at = va - mec.VA_BASE
-    if at + n > self.bar:
-      raise BARTooSmall(f"{self.label}: cannot {what} {n} bytes at VRAM 0x{at:x}: the VRAM BAR (BAR0) shows the CPU only the first "
-                        f"{self.bar >> 20} MiB of VRAM, and the PCI interface has no DMA to reach the rest (the buffer stays usable "
+  # ---- host access to VRAM: the interface's copy path (gpu.host_path), by default CPU copies through the VRAM BAR
+  def read(self, va: int, n: int) -> bytes: return self.path.read(va - mec.VA_BASE, n, self.label)
+
+  def write(self, va: int, data: bytes | memoryview) -> None:
+    self.path.write(va - mec.VA_BASE, data, self.label)
+    self.flush()                       # out of the HDP before the GPU reads it
+
+
+class HostPath(Protocol):
+  """How the host reads and writes VRAM at an offset (byte-exact, any alignment): the seam between the device
+  (PCIState) and an interface's data path. `where` names it in errors and docs."""
+  where: str
+
+  def read(self, at: int, n: int, label: str) -> bytes: ...
+  def write(self, at: int, data: bytes | memoryview, label: str) -> None: ...
+
+
+class BARPath:
+  """CPU copies through the VRAM BAR (`regs.vram`): byte-exact where the window copies bytes (a sysfs mapping), dword
+  by dword with the edge dwords' other bytes kept where it has only dword accesses (a window of TLPs); VRAM past the
+  BAR's `size` bytes is `BARTooSmall`."""
+  where = "the VRAM BAR"
+
+  def __init__(self, regs: Any, size: int):
+    self.regs, self.size = regs, size
+
+  def _check(self, at: int, n: int, what: str, label: str) -> None:
+    if at + n > self.size:
+      raise BARTooSmall(f"{label}: cannot {what} {n} bytes at VRAM 0x{at:x}: the VRAM BAR (BAR0) shows the CPU only the first "
+                        f"{self.size >> 20} MiB of VRAM, and the PCI interface has no DMA to reach the rest (the buffer stays usable "
                         "by kernels)", "enable Resizable BAR (and Above 4G Decoding) in the firmware setup so BAR0 covers all "
                         f"VRAM, keep host-visible buffers small, or {KFD_HINT}")
-    return at
 
-  def read(self, va: int, n: int) -> bytes:
-    at = self._host_range(va, n, "read")
+  def read(self, at: int, n: int, label: str) -> bytes:
+    self._check(at, n, "read", label)
     if (read := getattr(self.regs.vram, "read", None)) is not None: return read(at, n)
     lo = at & ~3
     return self.regs.read_vram(lo, (at + n - lo + 3) & ~3)[at - lo:at - lo + n]
 
-  def write(self, va: int, data: bytes | memoryview) -> None:
-    at = self._host_range(va, len(data), "write")
-    if (write := getattr(self.regs.vram, "write", None)) is not None: write(at, bytes(data))
-    else:                              # dword windows only: keep the neighbouring bytes of the edge dwords
-      lo, hi = at & ~3, (at + len(data) + 3) & ~3
-      buf = bytearray(self.regs.read_vram(lo, hi - lo))
-      buf[at - lo:at - lo + len(data)] = data
-      self.regs.write_vram(lo, bytes(buf))
-    self.flush()                       # out of the HDP before the GPU reads it
+  def write(self, at: int, data: bytes | memoryview, label: str) -> None:
+    self._check(at, len(data), "write", label)
+    if (write := getattr(self.regs.vram, "write", None)) is not None: return write(at, bytes(data))
+    lo, hi = at & ~3, (at + len(data) + 3) & ~3    # dword windows only: keep the neighbouring bytes of the edge dwords
+    buf = bytearray(self.regs.read_vram(lo, hi - lo)) if (lo, hi) != (at, at + len(data)) else bytearray(hi - lo)
+    buf[at - lo:at - lo + len(data)] = data
+    self.regs.write_vram(lo, bytes(buf))
 
 
 class PCIAllocator(Allocator[int]):
