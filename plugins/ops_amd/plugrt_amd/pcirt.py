@@ -60,6 +60,7 @@ class PCIState(DeviceState):
     self.timeout = c.timeout = queue_timeout(info.context, "PLUGRT_AMD_TIMEOUT")   # c's: kernarg-slot and TLB-flush waits
     self.flush = gpu.bringup.hdp_flush or (lambda: None)
     self.path: HostPath = getattr(gpu, "host_path", None) or BARPath(gpu.regs, gpu.vram_bar_size)
+    if (attach := getattr(self.path, "attach", None)) is not None: attach(self, info)    # e.g. the SRAM mapped in VMID 8
     gc = gpu.bringup.table.gc if gpu.bringup.table is not None else None
     self.max_lds = gc.lds_size * 1024 if gc is not None and gc.lds_size else 65536
     self.broken = ""
