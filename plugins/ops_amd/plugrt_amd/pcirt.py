@@ -1,14 +1,15 @@
-"""AMD's runtime objects on a GPU brought up without a driver (the PCI interface: `plugrt_amd_pci.gpu.PCIGPU`, used by
-its attributes only): the device state, the allocator and programs on plugrt's own VMID 8 and MEC queue
-(plugrt_amd.compute, mec, vm).
+"""AMD's runtime objects on a GPU brought up without a driver (the PCI interface's `plugrt_amd_pci.gpu.PCIGPU`, or the
+USB interface's `plugrt_amd_usb.gpu.USBGPU`, used by their attributes only): the device state, the allocator and
+programs on plugrt's own VMID 8 and MEC queue (plugrt_amd.compute, mec, vm).
 
 Memory: VRAM from plugrt's heap above the bring-up area (Compute.alloc: freed ranges reused first), each allocation
-mapped into VMID 8 read/write/execute at VA `mec.VA_BASE + its VRAM offset`, TLBs flushed on both hubs. The CPU reaches
-VRAM only through the VRAM BAR (BAR0): a sysfs mapping gives no DMA, so host copies are CPU copies through that
-mapping (after the queue is idle, then an HDP flush), device-to-device copies too (no copy kernel, no SDMA queue:
-the CPU reads the source through the BAR and writes the destination). VRAM beyond a small BAR is usable by kernels,
-and refused for host access with `BARTooSmall`. Host memory is never reachable by the GPU here (no GART mappings of
-system pages without an IOMMU/DMA mapping): `from_blob` and every wrap is `NoDMA`.
+mapped into VMID 8 read/write/execute at VA `mec.VA_BASE + its VRAM offset`, TLBs flushed on both hubs. The CPU
+reaches VRAM only through the VRAM BAR (BAR0): a sysfs mapping gives no DMA, so host copies are CPU copies through
+that mapping (the interface may bring its own copy path instead, `gpu.host_path`, a `HostPath`: USB's goes through the
+bridge's SRAM window), after the queue is idle, then an HDP flush; device-to-device copies too (no SDMA queue: the
+host reads the source whole through that path and writes the destination). VRAM beyond a small BAR is usable by
+kernels, and refused for host access with `BARTooSmall`. Host memory is never reachable by the GPU here (no GART
+mappings of system pages without an IOMMU/DMA mapping): `from_blob` and every wrap is `NoDMA`.
 
 Launches: the code object's image relocated into VRAM (compute.load), one kernarg block per dispatch in flight
 (compute.launch), the AQL packet on the MEC queue whose completion signal lives in VRAM, waits polled and bounded by
@@ -174,9 +175,11 @@ class PCIAllocator(Allocator[int]):
   def wrap(self, ptr: int, nbytes: int, image: Any = None) -> int:
     """Always NoDMA (an UnsupportedError, as the core's refusal), with the reason in place of the core's generic one."""
     check_nbytes(nbytes)
-    raise NoDMA(f"{self.device.canonical} through PCI cannot wrap memory at 0x{ptr:x} (from_blob, DLPack): the GPU reaches only "
-                "its VRAM; the sysfs interface sets up no DMA, so host memory and other runtimes' memory are out of its reach",
-                f"copy the data in with Buffer.copyin (a CPU copy through the VRAM BAR), or {KFD_HINT}")
+    via = self.device.interface or "PCI"
+    raise NoDMA(f"{self.device.canonical} through {via} cannot wrap memory at 0x{ptr:x} (from_blob, DLPack): the GPU reaches only "
+                f"its VRAM{' and the bridge SRAM' if via == 'USB' else ''}; the {via} interface sets up no DMA to host memory, so host "
+                "memory and other runtimes' memory are out of its reach",
+                f"copy the data in with Buffer.copyin ({self.state.path.where}), or {KFD_HINT}")
 
 
 def _release_program(state: PCIState, va: int) -> None:

@@ -13,7 +13,7 @@ from plugrt import Buffer, dtypes
 from plugrt.context import PluginContext
 from plugrt.testing import kernels as K
 from plugrt_amd import mec
-from plugrt_amd.pcirt import PCIState
+from plugrt_amd.pcirt import NoDMA, PCIState
 from plugrt_amd.toolchain import llvm_tool
 from plugrt_amd_usb import sram
 from plugrt_amd_usb.gpu import BULK_MIN, SRAM_VA, USBGPU, SRAMPath, TLPPath
@@ -92,3 +92,10 @@ def test_bridge_commands_per_mib_both_ways() -> None:
     # measured on the fake: about 3,200 commands in and 400,000 out through the SRAM; 4.2 M each way by TLPs (16 a dword)
     assert sram_in < 4000 and tlp_in > 4_000_000 and sram_out < 450_000 and tlp_out > 4_000_000, (sram_in, sram_out, tlp_in, tlp_out)
     clean(fake)
+
+
+def test_host_memory_is_refused_over_usb_and_the_hint_names_the_copy_path() -> None:
+  with fake_usb_amd() as (_, dev):
+    host = np.zeros(16, np.float32)
+    with pytest.raises(NoDMA, match="through USB cannot wrap") as e: Buffer.from_blob(host.ctypes.data, 16, dtypes.float32, dev)
+    assert "the USB bridge's SRAM window" in e.value.hint and "AMD_IFACE=KFD" in e.value.hint
