@@ -54,7 +54,7 @@ class PCIState(DeviceState):
     gpu = info.iface_object
     c = gpu.bringup.compute
     if c is None or c.queue is None:
-      raise UnsupportedError(f"{info.canonical}: the PCI interface opened without a compute queue", KFD_HINT)
+      raise UnsupportedError(f"{info.canonical}: the {info.interface or 'PCI'} interface opened without a compute queue", KFD_HINT)
     self.gpu, self.compute, self.queue, self.regs = gpu, c, c.queue, gpu.regs
     self.index, self.label = info.index, f"AMD:{info.index}"
     self.lock = RLock()

@@ -11,6 +11,7 @@ from amd_usb_fixtures import fake_usb_amd
 
 from plugrt import Buffer, dtypes
 from plugrt.context import PluginContext
+from plugrt.hwqueue import QueueError
 from plugrt.testing import kernels as K
 from plugrt_amd import mec
 from plugrt_amd.pcirt import NoDMA, PCIState
@@ -99,3 +100,17 @@ def test_host_memory_is_refused_over_usb_and_the_hint_names_the_copy_path() -> N
     host = np.zeros(16, np.float32)
     with pytest.raises(NoDMA, match="through USB cannot wrap") as e: Buffer.from_blob(host.ctypes.data, 16, dtypes.float32, dev)
     assert "the USB bridge's SRAM window" in e.value.hint and "AMD_IFACE=KFD" in e.value.hint
+
+
+def test_a_copy_the_queue_never_runs_is_bounded_and_breaks_the_device() -> None:
+  """The SRAM path's copy kernel waits like any launch: bounded by PLUGRT_AMD_TIMEOUT, then every copy through the SRAM
+  is refused at once (small ones still go by TLPs, which need no queue)."""
+  with fake_usb_amd(env={"PLUGRT_AMD_TIMEOUT": "0.05", "PLUGRT_ALLOC_CACHE_MB": "0"}) as (fake, dev):
+    buf = Buffer(dev, 4096, dtypes.int32)
+    buf.copyin(np.zeros(4096, np.int32))                        # the copy kernel loaded and run once
+    fake.mec.queues.clear()                                      # the doorbell reaches nothing: the CP never runs the copy
+    with pytest.raises(QueueError, match=r"0\.05 s") as e: buf.copyin(np.ones(4096, np.int32))
+    assert e.value.timed_out
+    with pytest.raises(QueueError, match="AMD:0: the MEC queue stopped"): buf.numpy()         # the device's wait says it
+    with pytest.raises(QueueError, match="cannot copy through the SRAM: the MEC queue stopped"):       # and the path itself
+      dev.info.state.path.read(buf.handle - mec.VA_BASE, 4096, "AMD:0")

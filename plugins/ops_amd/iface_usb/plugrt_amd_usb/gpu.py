@@ -91,6 +91,7 @@ class SRAMPath(TLPPath):
   def _copy(self, dst: int, src: int, dwords: int) -> None:
     """dwords words from VA src to VA dst on the MEC queue, waited for (the caller holds the device's lock)."""
     st = self.state
+    if st.broken: raise mec.QueueError(f"{st.label} cannot copy through the SRAM: {st.broken}", "restart the process (and reset the GPU)")
     if self.program is None:
       if self.compiler is None:
         from plugrt_amd.llvm import AMDLLVMCompiler
