@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 from plugrt.errors import UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 
-NOT_YET = ("AMD dispatches through the KFD interface (plugrt-amd-kfd), or on a GPU the PCI interface brought up to its MEC "
+NOT_YET = ("AMD dispatches through the KFD interface (plugrt-amd-kfd), or on a GPU the PCI or USB interface brought up to its MEC "
            "queue: this interface gave the device neither a KFD queue layer "
            "(memory, AQL queues, doorbells, signals) nor a brought-up GPU")
 HINT = "compile for AMD without a device (plugrt_amd.compiler_for), or use another device"
