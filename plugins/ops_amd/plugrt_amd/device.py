@@ -1,9 +1,9 @@
 """Opening AMD: through the KFD interface (plugrt-amd-kfd returns its KFDDevice) the device state, allocator and
-programs are plugrt_amd.runtime's; through PCI (guarded by an acknowledgement), once the driverless bring-up
-(plugrt_amd.bringup) reached the MEC queue, plugrt_amd.pcirt's (the interface returns its held GPU); PCI and USB raise
-AMDNotImplemented where bring-up stops, and an interface that returns anything else is refused here with a typed
-reason. Nothing has run on AMD hardware
-(docs/backends/amd.md). The compilers need no device.
+programs are plugrt_amd.runtime's; through PCI or USB (guarded by an acknowledgement), once the driverless bring-up
+(plugrt_amd.bringup) reached the MEC queue, plugrt_amd.pcirt's (the interface returns its held GPU, USB's with its own
+host copy path); PCI and USB raise AMDNotImplemented where bring-up stops, and an interface that returns anything else
+is refused here with a typed reason. Nothing has run on AMD hardware (docs/backends/amd.md). The compilers need no
+device.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 from plugrt.errors import UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 
-NOT_YET = ("AMD dispatches through the KFD interface (plugrt-amd-kfd), or on a GPU the PCI interface brought up to its MEC "
+NOT_YET = ("AMD dispatches through the KFD interface (plugrt-amd-kfd), or on a GPU the PCI or USB interface brought up to its MEC "
            "queue: this interface gave the device neither a KFD queue layer "
            "(memory, AQL queues, doorbells, signals) nor a brought-up GPU")
 HINT = "compile for AMD without a device (plugrt_amd.compiler_for), or use another device"
@@ -35,7 +35,7 @@ def open_device(device: DeviceInfo) -> Any:
   if hasattr(iface, "compute_queue"):
     from plugrt_amd.runtime import AMDState
     return AMDState(device)
-  if getattr(iface, "bringup", None) is not None:     # the PCI interface's GPU, brought up to its MEC queue
+  if getattr(iface, "bringup", None) is not None:     # the PCI or USB interface's GPU, brought up to its MEC queue
     from plugrt_amd.pcirt import PCIState
     try: return PCIState(device)
     except BaseException:

@@ -1,14 +1,15 @@
-"""AMD's runtime objects on a GPU brought up without a driver (the PCI interface: `plugrt_amd_pci.gpu.PCIGPU`, used by
-its attributes only): the device state, the allocator and programs on plugrt's own VMID 8 and MEC queue
-(plugrt_amd.compute, mec, vm).
+"""AMD's runtime objects on a GPU brought up without a driver (the PCI interface's `plugrt_amd_pci.gpu.PCIGPU`, or the
+USB interface's `plugrt_amd_usb.gpu.USBGPU`, used by their attributes only): the device state, the allocator and
+programs on plugrt's own VMID 8 and MEC queue (plugrt_amd.compute, mec, vm).
 
 Memory: VRAM from plugrt's heap above the bring-up area (Compute.alloc: freed ranges reused first), each allocation
-mapped into VMID 8 read/write/execute at VA `mec.VA_BASE + its VRAM offset`, TLBs flushed on both hubs. The CPU reaches
-VRAM only through the VRAM BAR (BAR0): a sysfs mapping gives no DMA, so host copies are CPU copies through that
-mapping (after the queue is idle, then an HDP flush), device-to-device copies too (no copy kernel, no SDMA queue:
-the CPU reads the source through the BAR and writes the destination). VRAM beyond a small BAR is usable by kernels,
-and refused for host access with `BARTooSmall`. Host memory is never reachable by the GPU here (no GART mappings of
-system pages without an IOMMU/DMA mapping): `from_blob` and every wrap is `NoDMA`.
+mapped into VMID 8 read/write/execute at VA `mec.VA_BASE + its VRAM offset`, TLBs flushed on both hubs. The CPU
+reaches VRAM only through the VRAM BAR (BAR0): a sysfs mapping gives no DMA, so host copies are CPU copies through
+that mapping (the interface may bring its own copy path instead, `gpu.host_path`, a `HostPath`: USB's goes through the
+bridge's SRAM window), after the queue is idle, then an HDP flush; device-to-device copies too (no SDMA queue: the
+host reads the source whole through that path and writes the destination). VRAM beyond a small BAR is usable by
+kernels, and refused for host access with `BARTooSmall`. Host memory is never reachable by the GPU here (no GART
+mappings of system pages without an IOMMU/DMA mapping): `from_blob` and every wrap is `NoDMA`.
 
 Launches: the code object's image relocated into VRAM (compute.load), one kernarg block per dispatch in flight
 (compute.launch), the AQL packet on the MEC queue whose completion signal lives in VRAM, waits polled and bounded by
@@ -21,7 +22,7 @@ import time
 import weakref
 from _thread import RLock
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from plugrt.device import Buffer
 from plugrt.errors import LaunchError, UnsupportedError
@@ -53,13 +54,14 @@ class PCIState(DeviceState):
     gpu = info.iface_object
     c = gpu.bringup.compute
     if c is None or c.queue is None:
-      raise UnsupportedError(f"{info.canonical}: the PCI interface opened without a compute queue", KFD_HINT)
+      raise UnsupportedError(f"{info.canonical}: the {info.interface or 'PCI'} interface opened without a compute queue", KFD_HINT)
     self.gpu, self.compute, self.queue, self.regs = gpu, c, c.queue, gpu.regs
     self.index, self.label = info.index, f"AMD:{info.index}"
     self.lock = RLock()
     self.timeout = c.timeout = queue_timeout(info.context, "PLUGRT_AMD_TIMEOUT")   # c's: kernarg-slot and TLB-flush waits
     self.flush = gpu.bringup.hdp_flush or (lambda: None)
-    self.bar = gpu.vram_bar_size
+    self.path: HostPath = getattr(gpu, "host_path", None) or BARPath(gpu.regs, gpu.vram_bar_size)
+    if (attach := getattr(self.path, "attach", None)) is not None: attach(self, info)    # e.g. the SRAM mapped in VMID 8
     gc = gpu.bringup.table.gc if gpu.bringup.table is not None else None
     self.max_lds = gc.lds_size * 1024 if gc is not None and gc.lds_size else 65536
     self.broken = ""
@@ -81,31 +83,52 @@ class PCIState(DeviceState):
       if not self.broken: self.synchronize()
     finally: self.gpu.close()
 
-  # ---- CPU access to VRAM through the BAR
-  def _host_range(self, va: int, n: int, what: str) -> int:
-    at = va - mec.VA_BASE
-    if at + n > self.bar:
-      raise BARTooSmall(f"{self.label}: cannot {what} {n} bytes at VRAM 0x{at:x}: the VRAM BAR (BAR0) shows the CPU only the first "
-                        f"{self.bar >> 20} MiB of VRAM, and the PCI interface has no DMA to reach the rest (the buffer stays usable "
+  # ---- host access to VRAM: the interface's copy path (gpu.host_path), by default CPU copies through the VRAM BAR
+  def read(self, va: int, n: int) -> bytes: return self.path.read(va - mec.VA_BASE, n, self.label)
+
+  def write(self, va: int, data: bytes | memoryview) -> None:
+    self.path.write(va - mec.VA_BASE, data, self.label)
+    self.flush()                       # out of the HDP before the GPU reads it
+
+
+class HostPath(Protocol):
+  """How the host reads and writes VRAM at an offset (byte-exact, any alignment): the seam between the device
+  (PCIState) and an interface's data path. `where` names it in errors and docs."""
+  where: str
+
+  def read(self, at: int, n: int, label: str) -> bytes: ...
+  def write(self, at: int, data: bytes | memoryview, label: str) -> None: ...
+
+
+class BARPath:
+  """CPU copies through the VRAM BAR (`regs.vram`): byte-exact where the window copies bytes (a sysfs mapping), dword
+  by dword with the edge dwords' other bytes kept where it has only dword accesses (a window of TLPs); VRAM past the
+  BAR's `size` bytes is `BARTooSmall`."""
+  where = "the VRAM BAR"
+
+  def __init__(self, regs: Any, size: int):
+    self.regs, self.size = regs, size
+
+  def _check(self, at: int, n: int, what: str, label: str) -> None:
+    if at + n > self.size:
+      raise BARTooSmall(f"{label}: cannot {what} {n} bytes at VRAM 0x{at:x}: the VRAM BAR (BAR0) shows the CPU only the first "
+                        f"{self.size >> 20} MiB of VRAM, and the PCI interface has no DMA to reach the rest (the buffer stays usable "
                         "by kernels)", "enable Resizable BAR (and Above 4G Decoding) in the firmware setup so BAR0 covers all "
                         f"VRAM, keep host-visible buffers small, or {KFD_HINT}")
-    return at
 
-  def read(self, va: int, n: int) -> bytes:
-    at = self._host_range(va, n, "read")
+  def read(self, at: int, n: int, label: str) -> bytes:
+    self._check(at, n, "read", label)
     if (read := getattr(self.regs.vram, "read", None)) is not None: return read(at, n)
     lo = at & ~3
     return self.regs.read_vram(lo, (at + n - lo + 3) & ~3)[at - lo:at - lo + n]
 
-  def write(self, va: int, data: bytes | memoryview) -> None:
-    at = self._host_range(va, len(data), "write")
-    if (write := getattr(self.regs.vram, "write", None)) is not None: write(at, bytes(data))
-    else:                              # dword windows only: keep the neighbouring bytes of the edge dwords
-      lo, hi = at & ~3, (at + len(data) + 3) & ~3
-      buf = bytearray(self.regs.read_vram(lo, hi - lo))
-      buf[at - lo:at - lo + len(data)] = data
-      self.regs.write_vram(lo, bytes(buf))
-    self.flush()                       # out of the HDP before the GPU reads it
+  def write(self, at: int, data: bytes | memoryview, label: str) -> None:
+    self._check(at, len(data), "write", label)
+    if (write := getattr(self.regs.vram, "write", None)) is not None: return write(at, bytes(data))
+    lo, hi = at & ~3, (at + len(data) + 3) & ~3    # dword windows only: keep the neighbouring bytes of the edge dwords
+    buf = bytearray(self.regs.read_vram(lo, hi - lo)) if (lo, hi) != (at, at + len(data)) else bytearray(hi - lo)
+    buf[at - lo:at - lo + len(data)] = data
+    self.regs.write_vram(lo, bytes(buf))
 
 
 class PCIAllocator(Allocator[int]):
@@ -152,9 +175,11 @@ class PCIAllocator(Allocator[int]):
   def wrap(self, ptr: int, nbytes: int, image: Any = None) -> int:
     """Always NoDMA (an UnsupportedError, as the core's refusal), with the reason in place of the core's generic one."""
     check_nbytes(nbytes)
-    raise NoDMA(f"{self.device.canonical} through PCI cannot wrap memory at 0x{ptr:x} (from_blob, DLPack): the GPU reaches only "
-                "its VRAM; the sysfs interface sets up no DMA, so host memory and other runtimes' memory are out of its reach",
-                f"copy the data in with Buffer.copyin (a CPU copy through the VRAM BAR), or {KFD_HINT}")
+    via = self.device.interface or "PCI"
+    raise NoDMA(f"{self.device.canonical} through {via} cannot wrap memory at 0x{ptr:x} (from_blob, DLPack): the GPU reaches only "
+                f"its VRAM{' and the bridge SRAM' if via == 'USB' else ''}; the {via} interface sets up no DMA to host memory, so host "
+                "memory and other runtimes' memory are out of its reach",
+                f"copy the data in with Buffer.copyin ({self.state.path.where}), or {KFD_HINT}")
 
 
 def _release_program(state: PCIState, va: int) -> None:

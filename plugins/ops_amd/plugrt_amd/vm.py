@@ -117,7 +117,8 @@ class AddressSpace:
     return table, va >> LEVEL_SHIFTS[-1] & (ENTRIES - 1)
 
   def map(self, va: int, offset: int, size: int, flags: int = RWX, mtype: int = MTYPE_NC) -> None:
-    """Map `size` bytes of VRAM at `offset` at virtual address `va` (all 4 KiB multiples)."""
+    """Map `size` bytes of VRAM at `offset` at virtual address `va` (all 4 KiB multiples). With PTE_SYSTEM in `flags`,
+    `offset` is a bus address instead (a system page: over USB, the bridge's SRAM window), not VRAM's."""
     if (va | offset | size) & (PAGE - 1) or size <= 0:
       raise VMError(f"VM: map of 0x{size:x} bytes at VA 0x{va:x} from VRAM 0x{offset:x} is not in whole 4 KiB pages")
     if va + size > 1 << VA_BITS: raise VMError(f"VM: VA 0x{va:x}+0x{size:x} is beyond the 48-bit address space")
@@ -126,10 +127,11 @@ class AddressSpace:
     pos = done = 0
     try:
       while pos < size:                # run by run: every page of a 2^f-page run carries fragment f (amdgpu_vm_ptes_update)
-        f = fragment(va + pos, self.phys_base + offset + pos, size - pos)
+        base = offset if flags & PTE_SYSTEM else self.phys_base + offset
+        f = fragment(va + pos, base + pos, size - pos)
         for page in range(pos, pos + (PAGE << f), PAGE):
           table, i = self._leaf(va + page)
-          self._set(table, i, pte(self.phys_base + offset + page, flags, f, mtype, self.gmc))
+          self._set(table, i, pte(base + page, flags, f, mtype, self.gmc))
           done = page + PAGE
         pos += PAGE << f
     except VMError:                    # no table left: clear the pages already mapped, so nothing half-mapped stays

@@ -44,25 +44,50 @@ class BARWindow:
   def write32(self, offset: int, value: int) -> None: self._check(offset, 4); self.vram.write32(offset, value)
 
 
-class FakePCIGPU:
-  """One fake RDNA3 GPU (GC 11.0.0, MP0 13.0.0, NBIO 4.3.0) on a fake PCI bus, every firmware file present."""
+#: the fake boards by GC major version: 11 is RDNA3 (the RX 7900's IP versions), 12 RDNA4 (the RX 9070's); the
+#: register bases are the fake's own (RDNA3's) either way
+BOARDS: dict[int, dict[str, tuple[int, int, int]]] = {
+  11: dict(gc=(11, 0, 0), mp0=(13, 0, 0), mp1=(13, 0, 0), sdma=(6, 0, 0), mmhub=(3, 0, 0), nbio=(4, 3, 0)),
+  12: dict(gc=(12, 0, 0), mp0=(14, 0, 2), mp1=(14, 0, 2), sdma=(7, 0, 0), mmhub=(4, 1, 0), nbio=(6, 3, 1))}
+#: the sOS file's parts on MP0 14 (RDNA4 adds the IP key manager driver)
+SOS14 = ("sos", "sys_drv", "kdb", "toc", "spl", "soc_drv", "intf_drv", "dbg_drv", "ras_drv", "ipkeymgr_drv")
+GENS = tuple(BOARDS)
 
-  def __init__(self, vram_mib: int = VRAM_MIB, bar0_mib: int | None = None):
+
+class FakeBoard:
+  """A fake GPU of generation `gen` (BOARDS): registers, dense VRAM, PSP, IP firmware loader, SMU, RLC and CP, every
+  firmware file written into `firmware`. What FakePCIGPU and the USB session's bridge put behind their BARs."""
+
+  def __init__(self, firmware: str, vram_mib: int = VRAM_MIB, gen: int = 11):
+    if gen not in BOARDS: raise ValueError(f"no fake board of GC generation {gen} (have {', '.join(map(str, GENS))})")
+    b = self.board = BOARDS[gen]
+    self.gen, self.firmware = gen, firmware
+    sos = fake_amdgpu.sos_file(parts=SOS14) if gen == 12 else fake_amdgpu.sos_file()
+    with open(os.path.join(firmware, f"psp_{'_'.join(map(str, b['mp0']))}_sos.bin"), "wb") as f: f.write(sos)
+    blobs, want = fake_amdfw.ip_files(b["gc"], b["mp1"], b["sdma"], 4) if gen == 12 else fake_amdfw.ip_files()
+    for name, blob in blobs.items():
+      with open(os.path.join(firmware, name), "wb") as f: f.write(blob)
+    table = fake_amdgpu.table(**b) if gen == 12 else None
+    self.regs, self.vram = fake_amdgpu.fake_gpu(blob=table, mib=vram_mib, dense=True, gmc=gen)
+    self.mp0 = fake_amdgpu.FakeMP0(self.regs, self.vram, sos, mp0=b["mp0"], mmhub=b["mmhub"])
+    mp1 = fake_amdfw.FakeMP1(self.regs, b["mp1"], if_version=0x26 if gen == 12 else 0x3D)
+    fake_amdfw.FakeIPFirmware(self.mp0, want, mp1, fake_amdfw.FakeRLC(self.regs, b["gc"]))
+    fake_amdfw.FakeCP(self.regs)
+    self.mec = fake_amdq.FakeMEC(self.regs, self.vram, fake_amdgpu.MC_BASE)
+
+
+class FakePCIGPU:
+  """One fake GPU on a fake PCI bus, every firmware file present: RDNA3 (GC 11.0.0, MP0 13.0.0, NBIO 4.3.0) by
+  default, RDNA4 (GC 12.0.0, MP0 14.0.2, MMHUB 4.1.0, NBIF 6.3.1) with gen=12."""
+
+  def __init__(self, vram_mib: int = VRAM_MIB, bar0_mib: int | None = None, gen: int = 11):
     self.dir = tempfile.mkdtemp(prefix="plugrt-fake-pci-")
     self.devices, self.drivers = fake_amdgpu.make_sysfs(os.path.join(self.dir, "sys"), vram_mib=vram_mib)
     self.kernel = fake_amdgpu.KernelWrites(self.devices, self.drivers)
     self.firmware = os.path.join(self.dir, "firmware")
     os.makedirs(self.firmware)
-    sos = fake_amdgpu.sos_file()
-    with open(os.path.join(self.firmware, "psp_13_0_0_sos.bin"), "wb") as f: f.write(sos)
-    blobs, want = fake_amdfw.ip_files()
-    for name, blob in blobs.items():
-      with open(os.path.join(self.firmware, name), "wb") as f: f.write(blob)
-    self.regs, self.vram = fake_amdgpu.fake_gpu(mib=vram_mib, dense=True)
-    self.mp0 = fake_amdgpu.FakeMP0(self.regs, self.vram, sos)
-    fake_amdfw.FakeIPFirmware(self.mp0, want, fake_amdfw.FakeMP1(self.regs), fake_amdfw.FakeRLC(self.regs))
-    fake_amdfw.FakeCP(self.regs)
-    self.mec = fake_amdq.FakeMEC(self.regs, self.vram, fake_amdgpu.MC_BASE)
+    board = self.board = FakeBoard(self.firmware, vram_mib, gen)
+    self.gen, self.regs, self.vram, self.mp0, self.mec = gen, board.regs, board.vram, board.mp0, board.mec
     self.vram_bar = self.vram if bar0_mib is None else BARWindow(self.vram, bar0_mib << 20)
     self.mapped: list[int] = []
 

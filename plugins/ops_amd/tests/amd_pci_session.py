@@ -6,6 +6,9 @@ through the VRAM BAR, code objects from AMD_LLVM in VRAM, AQL dispatches on the 
 
     PYTHONPATH=$PYTHONPATH:plugins/ops_amd/tests python -m pytest -p amd_pci_session tests/test_dsl.py tests/test_tensor.py -k AMD
 
+`--amd-pci-gen 12` (or PLUGRT_FAKE_AMD_GEN=12) makes the fake GPU an RDNA4 board (GC 12.0.0, MP0 14.0.2, MMHUB 4.1.0,
+NBIF 6.3.1: GMC 12 hubs and page tables); the default, 11, is RDNA3 (GC 11.0.0).
+
 The registry is the usual one with plugrt-amd's, plugrt-amd-kfd's and plugrt-amd-pci's own entry points disabled and
 the fake-backed AMD (amd_pci_fixtures.fake_pci_plugins) in their place, AMD_IFACE=PCI."""
 from __future__ import annotations
@@ -17,11 +20,27 @@ _undo: list[Callable[[], None]] = []
 _fake: list[Any] = []
 
 
+def pytest_addoption(parser: Any) -> None:
+  from amd_pci_fixtures import GENS
+  parser.addoption("--amd-pci-gen", type=int, choices=GENS, default=None,
+                   help="GC generation of the fake AMD GPU: 11 (RDNA3, default) or 12 (RDNA4); or PLUGRT_FAKE_AMD_GEN")
+
+
+def fake_gen(config: Any) -> int:
+  """The fake board's generation: the option, else PLUGRT_FAKE_AMD_GEN, else 11."""
+  import os
+
+  from amd_pci_fixtures import GENS
+  gen = config.getoption("--amd-pci-gen", None) or int(os.environ.get("PLUGRT_FAKE_AMD_GEN") or 11)
+  if gen not in GENS: raise ValueError(f"PLUGRT_FAKE_AMD_GEN={gen}: the fake AMD boards are GC {' and '.join(map(str, GENS))}")
+  return gen
+
+
 def pytest_configure(config: Any) -> None:
   from amd_pci_fixtures import FakePCIGPU, env_for, fake_pci_plugins
 
   from plugrt.testing.fakegpu import use_fake_for_session
-  fake = FakePCIGPU()
+  fake = FakePCIGPU(gen=fake_gen(config))
   _fake.append(fake)
   env = {k: v for k, v in env_for(fake).items() if k not in ("AMD", "AMD_LLVM")}
   _undo.append(use_fake_for_session(fake, fake_pci_plugins(fake)[:2], env, ("plugrt-amd", "plugrt-amd-kfd", "plugrt-amd-pci")))
@@ -37,7 +56,8 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     session.config.get_terminal_writer().line(f"amd_pci_session: the PCI path did not run cleanly: {where}", red=True)
     session.exitstatus = 1
   else:
-    session.config.get_terminal_writer().line(f"amd_pci_session: {len(fake.mec.dispatches)} dispatches ran through the PCI queue on the fake GPU")
+    session.config.get_terminal_writer().line(f"amd_pci_session: {len(fake.mec.dispatches)} dispatches ran through the PCI queue on the fake "
+                                              f"GC {'.'.join(map(str, fake.board.board['gc']))} GPU")
 
 
 def pytest_unconfigure(config: Any) -> None:

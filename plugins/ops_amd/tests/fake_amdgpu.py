@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable
+from typing import Any
 
 from plugrt_amd import discovery
 from plugrt_amd.discovery import GCInfo, IPBlock
@@ -307,6 +308,8 @@ class FakeASM24:
     self.sram_pos, self.sram_last, self.sram_commands = 0, 0, 0
     self.sram_unacked: list[int] = []
     self.sram_violations: list[str] = []
+    self.doorbells: Any = None          # BAR2's target (a FakeMEC's FakeDoorbells), when a test gives one
+    self.SRAM_BUS = SRAM_BUS
 
   def execute(self, cdb: bytes, read: int = 0, data: bytes = b"") -> bytes:
     self.commands += 1
@@ -382,8 +385,9 @@ class FakeASM24:
       count = bin(be).count("1")
       target = None
       if gpu.memory and self._route(self.gpu_bus):
-        for i, dev_ in ((5, self.regs), (0, self.vram)):
-          if gpu.bar(i) <= address < gpu.bar(i) + gpu.bars[i][0]: target = (dev_, address - gpu.bar(i) + (0 if i == 5 else self._vram_window()))
+        for i, dev_ in ((5, self.regs), (0, self.vram), (2, self.doorbells)):
+          if dev_ is not None and gpu.bar(i) <= address < gpu.bar(i) + gpu.bars[i][0]:
+            target = (dev_, address - gpu.bar(i) + (self._vram_window() if i == 0 else 0))
       if target is None: status = 1
       elif fmt == self.a.MWR32: target[0].write32(target[1], data)
       else: out = target[0].read32(target[1])
@@ -403,11 +407,13 @@ class FakeGART:
   window). Checks the context (enabled, depth 0, range), the PTE (valid, system, readable) and that the table page
   was TLB-flushed (engine 17, VMID 0) after its last write; problems go to `violations` (the read returns zeros)."""
   CNTL, BASE, START, END = 0x740, 0x7AB, 0x7CB, 0x7EB     # MMHUB 3.0.0 context-0 registers (segment 0), the fake's own copy
+  REGS_12 = (0x564, 0x5CF, 0x5EF, 0x60F)                  # MMHUB 4.1.0's (GMC 12), as fake_amdq.HUB_REGS_12
 
   def __init__(self, regs: FakeRegisters, system: Callable[[int, int], bytes], phys_base: int = 0):
     self.r, self.system, self.phys = regs, system, phys_base
     self.violations: list[str] = []
     self.pages: set[int] = set()          # system pages read through the GART
+    if getattr(regs, "gmc", 11) == 12: self.CNTL, self.BASE, self.START, self.END = self.REGS_12
 
   def _reg64(self, off: int) -> int:
     lo = MMHUB_BASES[0] + off

@@ -45,6 +45,8 @@ class FakeVM:
     self.walks, self.last_pte, self.last_mtype = 0, 0, 0
     self.gmc = getattr(regs, "gmc", 11)
     self.hubs = HUB_REGS if self.gmc == 11 else HUB_REGS_12
+    self.system: Any = None          # what system pages reach (a FakeASM24: its SRAM window); None: a system page faults
+    self.last_system = False
 
   def reg(self, hub: str, which: int, vmid: int) -> int:
     base, cntl, *addr = self.hubs[hub]
@@ -57,8 +59,10 @@ class FakeVM:
     if not 0 <= off < self.vram.size: raise Fault(f"table at physical 0x{pa:x} is outside VRAM")
     return struct.unpack("<Q", self.vram.read(off, 8))[0]
 
-  def translate(self, va: int, vmid: int, hub: str = "GFXHUB", access: str = "r") -> int:
-    """The VRAM offset `va` reaches in `vmid` (a 4-level walk, GMC 11's format), or a Fault saying why not."""
+  def translate(self, va: int, vmid: int, hub: str = "GFXHUB", access: str = "r", system: bool = False) -> int:
+    """The VRAM offset `va` reaches in `vmid` (a 4-level walk, GMC 11's format), or a Fault saying why not. With
+    `system`, a system page is allowed when `self.system` serves its bus address: then that bus address is returned
+    and `last_system` is set."""
     cntl = self.reg(hub, 0, vmid)
     if not cntl & 1: raise Fault(f"{hub} context {vmid} is not enabled")
     bs_shift, mtype_shift, mtype_mask = GMC_FORMAT[self.gmc]
@@ -79,7 +83,7 @@ class FakeVM:
     walked.append(table)
     e = self.read64(table + (va >> 12 & 511) * 8)
     if not e & 1: raise Fault(f"VA 0x{va:x}: PTE not valid")
-    if e & 2: raise Fault(f"VA 0x{va:x}: a system page (no DMA in the fake)")
+    if e & 2 and not (system and self.system is not None): raise Fault(f"VA 0x{va:x}: a system page (no DMA in the fake)")
     if e >> 48 & 0xFFFF & ~(mtype_mask << (mtype_shift - 48)):
       raise Fault(f"VA 0x{va:x}: PTE 0x{e:x} sets bits 48-63 outside GMC {self.gmc}'s MTYPE field")
     need = {"r": 1 << 5, "w": 1 << 6, "x": 1 << 4}[access]
@@ -90,6 +94,10 @@ class FakeVM:
       if self.vram.stamp.get((t - self.phys) >> 12, 0) > inv.flushed.get(vmid, -1):
         raise Fault(f"{hub} context {vmid}: a page table at 0x{t:x} changed after the last TLB flush of VMID {vmid}")
     self.walks, self.last_pte, self.last_mtype = self.walks + 1, e, e >> mtype_shift & mtype_mask
+    self.last_system = bool(e & 2)
+    if e & 2:
+      if self.last_mtype != 3 or e & 4: raise Fault(f"VA 0x{va:x}: the bridge's SRAM mapped cached or snooped (PTE 0x{e:x}), not UC")
+      return pa + (va & 0xFFF)
     return pa - self.phys + (va & 0xFFF)
 
   def read(self, va: int, n: int, vmid: int) -> bytes:
@@ -118,13 +126,18 @@ class VRAMMemory:
     self.vm, self.vmid = vm, vmid
 
   def array(self, addr: int, dtype: Any) -> np.ndarray:
-    start = self.vm.translate(addr, self.vmid, access="w")
+    start = self.vm.translate(addr, self.vmid, access="w", system=True)
+    system = self.vm.last_system
     end, a = start - (addr & 0xFFF) + 0x1000, (addr & ~0xFFF) + 0x1000
     while True:
-      try: nxt = self.vm.translate(a, self.vmid, access="w")
+      try: nxt = self.vm.translate(a, self.vmid, access="w", system=True)
       except Fault: break
-      if nxt != end: break
+      if nxt != end or self.vm.last_system != system: break
       end, a = end + 0x1000, a + 0x1000
+    if system:                         # the bridge's SRAM (bus SRAM_BUS..), read and written by the GPU's own DMA
+      sram, bus = self.vm.system.sram, self.vm.system.SRAM_BUS
+      if not (bus <= start and end <= bus + len(sram)): raise Fault(f"VA 0x{addr:x}: system page at bus 0x{start:x} outside the SRAM")
+      return np.frombuffer(sram, dtype=dtype.numpy, count=(end - start) // dtype.itemsize, offset=start - bus)
     return np.frombuffer(self.vm.vram.chunks[0], dtype=dtype.numpy, count=(end - start) // dtype.itemsize, offset=start)
 
 
@@ -282,7 +295,7 @@ class FakeMEC:
           raise Fault(f"{kernel.name}: hidden_block_count_{'xyz'[axis]} is not the dispatch's {grid[axis]} groups")
         if gsz is not None and struct.unpack_from("<H", args, gsz.offset)[0] != block[axis]:
           raise Fault(f"{kernel.name}: hidden_group_size_{'xyz'[axis]} is not the dispatch's workgroup {block[axis]}")
-    for buf in bufs: self.vm.translate(buf, vmid, access="w")    # each buffer argument must be mapped
+    for buf in bufs: self.vm.translate(buf, vmid, access="w", system=True)    # each buffer argument must be mapped
     self.runner.run(kernel, bufs, scalars, grid, block)
 
 

@@ -56,6 +56,23 @@ def test_open_runs_kernels_and_close_gives_the_gpu_back() -> None:
   assert [w for w, _ in fake.kernel.log][2:] == [f"devices/{ADDR}/enable", "drivers/amdgpu/bind"]   # disabled, bound back
 
 
+def test_the_rdna4_board_is_the_same_device_on_gmc12_page_tables() -> None:
+  """gen=12: GC 12.0.0, MP0 14.0.2, MMHUB 4.1.0, NBIF 6.3.1. The device's buffers live in GMC 12 page tables (MTYPE at
+  bits 54-55; a GMC 11 PTE would fault in the fake's GMC 12 hub) and its kernels run on the MEC queue."""
+  with fake_pci_amd(gen=12) as (fake, dev):
+    st = dev.info.state
+    assert isinstance(st, PCIState) and st.compute.space.gmc == 12 and fake.regs.gmc == 12
+    assert fake.mp0.version == (14, 0, 2)
+    prg = dev.program(copy_kernel())
+    x = np.arange(-500, 500, dtype=np.int32)
+    out, xb = Buffer(dev, 1000, dtypes.int32), Buffer.from_numpy(x, dev)
+    prg(out, xb, global_size=(4, 1, 1), local_size=(256, 1, 1), vals=(1000,), wait=True)
+    assert np.array_equal(out.numpy(), x + 1)
+    pte = fake.mec.vm.translate(out.handle, 8)
+    assert pte >= 0 and fake.mec.vm.last_pte >> 48 & 0x3F == 0          # nothing in GMC 11's MTYPE field
+    assert fake.mec.violations == [] and fake.mec.faults == [] and fake.mp0.violations == []
+
+
 def test_freed_vram_is_unmapped_and_reused() -> None:
   with fake_pci_amd(env={"PLUGRT_ALLOC_CACHE_MB": "0"}) as (fake, dev):
     c = dev.info.state.compute
@@ -107,7 +124,7 @@ def test_host_memory_is_refused_without_dma() -> None:
 def test_a_small_bar_refuses_host_access_beyond_it_and_kernels_still_use_that_vram() -> None:
   with fake_pci_amd(bar0_mib=32, env={"PLUGRT_ALLOC_CACHE_MB": "0"}) as (_, dev):
     st = dev.info.state
-    assert st.bar == 32 << 20
+    assert st.path.size == 32 << 20
     n = 1 << 20
     near = Buffer(dev, n, dtypes.int32).copyin(np.arange(n, dtype=np.int32))     # inside the BAR
     pad = Buffer(dev, (32 << 20) - (near.handle - mec.VA_BASE), dtypes.uint8)      # pushes the next one past 32 MiB
@@ -118,7 +135,7 @@ def test_a_small_bar_refuses_host_access_beyond_it_and_kernels_still_use_that_vr
     with pytest.raises(BARTooSmall): far.numpy()
     prg = dev.program(copy_kernel())
     prg(far, near, global_size=(n // 256, 1, 1), local_size=(256, 1, 1), vals=(n,))
-    if back.handle - mec.VA_BASE + 4 * n > st.bar: back = near                      # a host-visible one to read it through
+    if back.handle - mec.VA_BASE + 4 * n > st.path.size: back = near                      # a host-visible one to read it through
     prg(back, far, global_size=(n // 256, 1, 1), local_size=(256, 1, 1), vals=(n,), wait=True)
     assert np.array_equal(back.numpy(), np.arange(n, dtype=np.int32) + 2) and pad.handle
 

@@ -5,11 +5,12 @@ PLUGRT_AMD_ALLOW_UNBIND=1, and bound back when the interface closes; the functio
 the VRAM BAR (BAR0) and the doorbell BAR (BAR2) mapped from their `resourceN` files, then the driverless bring-up
 (plugrt_amd.bringup: IP discovery, firmware files, PSP boot and IP firmware loads for MP0 13.0.x/14.0.x, the SMU's
 first messages, RLC autoload, RS64 CP, HDP flush, both hubs' GART, and on GC 11.0.0/11.0.2 with MMHUB 3.0.0 and
-NBIO 4.3 VMID 8's page tables and an AQL queue on the MEC). When bring-up reaches that queue, `open_pci` returns the
-held GPU (`plugrt_amd_pci.gpu.PCIGPU`) and plugrt_amd.pcirt runs the device on it (VRAM allocations, CPU copies
-through the VRAM BAR, AQL dispatches); anywhere short of it, the function is released and the open ends in
-`AMDNotImplemented` (or a typed PSP/SMU error) saying what was done and where it stopped. **Kernels have run through
-this interface only against the fake GPU (plugins/ops_amd/tests), never on hardware**; what needs DMA (host memory,
+NBIO 4.3, or GC 12.0.0/12.0.1 with MMHUB 4.1.0 and NBIF 6.3.1, VMID 8's page tables and an AQL queue on the MEC).
+When bring-up reaches that queue, `open_pci` returns the held GPU (`plugrt_amd_pci.gpu.PCIGPU`) and plugrt_amd.pcirt
+runs the device on it (VRAM allocations, CPU copies through the VRAM BAR, AQL dispatches); anywhere short of it, the
+function is released and the open ends in `AMDNotImplemented` (or a typed PSP/SMU error) saying what was done and
+where it stopped. **Kernels have run through this interface only against the fake GPUs (plugins/ops_amd/tests), never
+on hardware**; what needs DMA (host memory,
 from_blob, SDMA) is refused. Never chosen automatically (`AMD_IFACE=PCI` or `DEV=PCI+AMD`). The probe reads sysfs
 only. Entry module: standard library and plugrt only.
 """
@@ -29,8 +30,8 @@ FIRMWARE = "PLUGRT_AMD_FIRMWARE"
 WOULD = ("opening unbinds the GPU from amdgpu (binding it back on close), maps its BARs through sysfs, reads its IP discovery "
          "table, checks its firmware files, boots its PSP (MP0 13.0.x/14.0.x with the sOS file present), loads the SMU, SDMA "
          "and GC firmware through it, sends the SMU its first messages, waits for the RLC autoload, sets up the CP and programs "
-         "both memory hubs' GART, and on RDNA3 (GC 11.0.0/11.0.2) writes page tables for VMID 8, loads an AQL queue into the "
-         "MEC and keeps the GPU for the device: VRAM buffers, CPU copies through the VRAM BAR, kernels on that queue")
+         "both memory hubs' GART, and on RDNA3 (GC 11.0.0/11.0.2) or RDNA4 (GC 12.0.0/12.0.1) writes page tables for VMID 8, "
+         "loads an AQL queue into the MEC and keeps the GPU for the device: VRAM buffers, CPU copies through the VRAM BAR, kernels on that queue")
 NOT_YET = ("kernels have run through PCI only against the fake GPU, never on hardware; no DMA: host memory (from_blob), SDMA "
            "copies and VRAM beyond a small VRAM BAR (host access) are refused; scratch, interrupts and GPU timestamps are not implemented")
 HINT = "use the KFD interface (AMD_IFACE=KFD) with the amdgpu driver loaded"
@@ -40,7 +41,7 @@ def probe(ctx: PluginContext) -> Probe:
   from plugrt_amd import pci_gpus
   if not (gpus := pci_gpus()):
     return Probe.missing(Reason.NO_DEVICE, "no AMD GPU on PCI: sysfs shows no vendor 0x1002 function of class display (0x03) "
-                         f"or processing accelerator (0x12) (this interface brings an RDNA3 GPU up to an AQL queue and runs kernels on it; "
+                         f"or processing accelerator (0x12) (this interface brings an RDNA3 or RDNA4 GPU up to an AQL queue and runs kernels on it; "
                          f"{NOT_YET})",
                          "run on a machine with an AMD GPU")
   found = ", ".join(f"{a} (device 0x{d:04x}, driver {drv or 'none'})" for a, d, _, drv in gpus)
@@ -50,8 +51,8 @@ def probe(ctx: PluginContext) -> Probe:
 @hookimpl
 def plugrt_interfaces() -> list[InterfaceSpec]:
   return [InterfaceSpec(device="AMD", name=NAME, probe=probe, auto=False, priority=0,
-                        description=f"driverless through sysfs: PSP boot, firmware loads, an AQL queue on RDNA3; kernels run against the fake GPU "
-                                    f"only, never on hardware; no DMA (never automatic; needs {ACK}=1)")]
+                        description=f"driverless through sysfs: PSP boot, firmware loads, an AQL queue on RDNA3/RDNA4; kernels run "
+                                    f"against the fake GPU only, never on hardware; no DMA (never automatic; needs {ACK}=1)")]
 
 
 def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any = None, psp_timeout: float = 2.0,

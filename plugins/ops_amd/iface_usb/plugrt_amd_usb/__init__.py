@@ -6,11 +6,15 @@ configuration and 32-bit memory requests, its SRAM window written by bulk SCSI W
 transport found at run time; the walk from bus 0 through the PCI-to-PCI bridges to the GPU, its BARs sized and
 placed; then the same bring-up as the PCI interface (VRAM size, IP discovery, NBIO pair, firmware check, HDP, the
 MMHUB's GART, the PSP boot and its IP firmware loads, SMU, RLC, CP, GFXHUB, compute queue) over memory TLPs, with
-every buffer the PSP reads handed over through the bridge's SRAM mapped in the GART (plugrt_amd_usb.staging). Not
-implemented: a plugrt device on that queue, copies between the host and VRAM; so opening ends in `AMDNotImplemented`
-saying where it stopped. Never chosen automatically (`AMD_IFACE=USB` or `DEV=USB+AMD`); refused unless PLUGRT_AMD_ALLOW_UNBIND=1
-(the bridge is detached from usb-storage/uas, and re-attached on close). The probe reads sysfs only
-(/sys/bus/usb/devices/*/idVendor, idProduct) and opens no USB device. Entry module: standard library and plugrt only.
+every buffer the PSP reads handed over through the bridge's SRAM mapped in the GART (plugrt_amd_usb.staging). When
+the bring-up reaches the MEC queue, `open_usb` keeps the bridge and returns `plugrt_amd_usb.gpu.USBGPU`, on which
+plugrt_amd.pcirt runs the device (VRAM buffers in VMID 8, AQL dispatches rung by doorbell TLPs) with host copies
+that fit a bridge (`SRAMPath`: bulk writes into the SRAM then a copy kernel, reads through the SRAM's first 4 KiB,
+TLPs for small parts); short of it, the open ends in `AMDNotImplemented` saying where it stopped. **Kernels have run
+through USB only against the fake bridge and GPU, never on a bridge or hardware.** Never chosen automatically
+(`AMD_IFACE=USB` or `DEV=USB+AMD`); refused unless PLUGRT_AMD_ALLOW_UNBIND=1 (the bridge is detached from
+usb-storage/uas, and re-attached on close). The probe reads sysfs only (/sys/bus/usb/devices/*/idVendor, idProduct)
+and opens no USB device. Entry module: standard library and plugrt only.
 """
 from __future__ import annotations
 
@@ -34,8 +38,8 @@ FIRMWARE = "PLUGRT_AMD_FIRMWARE"
 WOULD = ("opening detaches the bridge from its kernel driver (uas or usb-storage; re-attached on close), finds the GPU behind it "
          "through PCIe configuration requests, reads its IP discovery table, checks its firmware files and, with them, boots its PSP "
          "and loads the IP firmwares through the bridge's SRAM (writing GPU registers and VRAM)")
-NOT_YET = ("a plugrt device on the MEC queue and host<->VRAM copies are not implemented (the PSP boot and the rest of the "
-           "bring-up run, never tried on hardware), so AMD cannot run kernels through USB yet")
+NOT_YET = ("kernels have run through USB only against the fake bridge and GPU, never on a bridge or hardware; host memory "
+           "(from_blob), SDMA, scratch, interrupts and GPU timestamps are not implemented")
 HINT = "put the GPU in a PCIe slot and use the KFD interface (AMD_IFACE=KFD)"
 
 
@@ -66,13 +70,17 @@ def probe(ctx: PluginContext) -> Probe:
 @hookimpl
 def plugrt_interfaces() -> list[InterfaceSpec]:
   return [InterfaceSpec(device="AMD", name=NAME, probe=probe, auto=False, priority=0,
-                        description=f"an ASM24xx USB3-to-PCIe bridge: bring-up through the PSP, no kernels (never automatic; needs {ACK}=1)")]
+                        description=f"an ASM24xx USB3-to-PCIe bridge: bring-up through the PSP, an AQL queue, copies through the bridge's SRAM; "
+                                    f"kernels run against the fake bridge only, never on hardware (never automatic; needs {ACK}=1)")]
 
 
 def open_usb(device: DeviceInfo, transport: Any = None, root: str = USB_DEVICES, psp_timeout: float = 2.0) -> Any:
-  """Find the device's bridge, reach the GPU behind it, run the implemented bring-up, and raise where it stops.
+  """Find the device's bridge, reach the GPU behind it and run the bring-up. When it reaches the MEC queue, return the
+  kept GPU (`plugrt_amd_usb.gpu.USBGPU`; its `close()` closes the transport plugrt opened); otherwise raise where it
+  stopped (the transport closed).
 
-  `transport` is the SCSI seam (plugrt_amd_usb.asm24.Transport; tests pass a fake bridge); by default libusb."""
+  `transport` is the SCSI seam (plugrt_amd_usb.asm24.Transport; tests pass a fake bridge, which stays the caller's);
+  by default libusb."""
   from plugrt.errors import DeviceUnavailable
   from plugrt_amd.device import AcknowledgementRequired
   if not device.context.flag(ACK):
@@ -86,10 +94,11 @@ def open_usb(device: DeviceInfo, transport: Any = None, root: str = USB_DEVICES,
     _, vendor, product, _ = found[device.index]
     from plugrt_amd_usb.libusb import LibUSBTransport, load
     transport = LibUSBTransport(vendor, product, allow_detach=True, lib=load(device.context.get(LIBUSB)))
+  kept = False
   try:
     from plugrt_amd import bringup
     from plugrt_amd.firmware import FIRMWARE_DIR
-    from plugrt_amd.regs import REGISTER_BAR, VRAM_BAR, GPURegisters
+    from plugrt_amd.regs import DOORBELL_BAR, REGISTER_BAR, VRAM_BAR, GPURegisters
     from plugrt_amd_usb.asm24 import ASM24Bridge, BridgeMMIO, find_gpu
     from plugrt_amd_usb.staging import SRAMStaging
     bridge = ASM24Bridge(transport)
@@ -99,12 +108,18 @@ def open_usb(device: DeviceInfo, transport: Any = None, root: str = USB_DEVICES,
       raise DeviceUnavailable(f"{device.canonical} through USB: the GPU at bus {gpu.bus} has no BAR{REGISTER_BAR}", Reason.NO_DEVICE)
     mmio = BridgeMMIO(bridge, *gpu.bars[REGISTER_BAR])
     vram = BridgeMMIO(bridge, *gpu.bars[VRAM_BAR]) if VRAM_BAR in gpu.bars else None
-    b = bringup.bring_up(GPURegisters(mmio, vram), f"{device.name}:{device.index} through USB", device.context.get(FIRMWARE, FIRMWARE_DIR),
-                         psp_timeout=psp_timeout, staging=SRAMStaging(bridge))
+    bell = BridgeMMIO(bridge, *gpu.bars[DOORBELL_BAR]) if DOORBELL_BAR in gpu.bars else None   # doorbells: posted TLPs too
+    label = f"{device.name}:{device.index} through USB"
+    regs = GPURegisters(mmio, vram, bell)
+    b = bringup.bring_up(regs, label, device.context.get(FIRMWARE, FIRMWARE_DIR), psp_timeout=psp_timeout, staging=SRAMStaging(bridge))
     bars = ", ".join(f"BAR{i} at 0x{a:x} ({s >> 10} KiB)" for i, (a, s) in sorted(gpu.bars.items()))
     b.steps.insert(0, f"GPU 0x{gpu.vendor:04x}:0x{gpu.device:04x} at bus {gpu.bus} behind {len(gpu.bridges)} bridge port(s); {bars}")
+    if b.compute is not None and b.compute.queue is not None and b.smu_started:
+      from plugrt_amd_usb.gpu import USBGPU
+      kept = True
+      return USBGPU(label, bridge, regs, b, vram.size if vram else 0, transport.close if own else None)
   finally:
-    if own: transport.close()
+    if own and not kept: transport.close()
   b.stop()
 
 

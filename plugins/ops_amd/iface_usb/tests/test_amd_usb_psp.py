@@ -19,6 +19,7 @@ from plugrt.context import DeviceInfo, PluginContext
 from plugrt_amd.device import AMDNotImplemented
 from plugrt_amd.psp_firmware import PSPFirmwareError
 from plugrt_amd_usb import sram, staging
+from plugrt_amd_usb.gpu import USBGPU
 
 RDNA3 = dict(gc=(11, 0, 0), mp0=(13, 0, 0), mp1=(13, 0, 0), sdma=(6, 0, 0), mmhub=(3, 0, 0))
 GART_START = 0x7FFF00000000           # the 32 MiB GART's start: (2^47 - 32 MiB) rounded down to 4 GiB
@@ -42,8 +43,14 @@ def setup(tmp_path, ip: bool = True, sos: bytes | None = None):
   return bridge, mp0, ipf, mp1, gart
 
 
-def open_(tmp_path, bridge) -> str:
+def open_(tmp_path, bridge, reaches_queue: bool = False) -> str:
+  """What the open did: the error where bring-up stopped, or (`reaches_queue`) the kept GPU's bring-up record."""
   dev = DeviceInfo("AMD", 0, "LLVM", "USB", context=PluginContext({"PLUGRT_AMD_ALLOW_UNBIND": "1", "PLUGRT_AMD_FIRMWARE": str(tmp_path)}))
+  if reaches_queue:
+    gpu = plugrt_amd_usb.open_usb(dev, bridge, psp_timeout=0.2)
+    assert isinstance(gpu, USBGPU) and gpu.bringup.compute.queue is not None
+    gpu.close()
+    return gpu.bringup.summary()
   with pytest.raises(AMDNotImplemented) as e: plugrt_amd_usb.open_usb(dev, bridge, psp_timeout=0.2)
   return str(e.value)
 
@@ -51,7 +58,7 @@ def open_(tmp_path, bridge) -> str:
 def test_psp_boot_and_ip_firmware_over_usb(tmp_path) -> None:
   bridge, mp0, ipf, mp1, gart = setup(tmp_path)
   t0 = time.monotonic()
-  msg = open_(tmp_path, bridge)
+  msg = open_(tmp_path, bridge, reaches_queue=True)
   assert mp0.violations == [] and gart.violations == [] and bridge.sram_violations == [] and mp1.violations == [], (mp0.violations, gart.violations)
   # the PCI path's order, every buffer read by the fake PSP from the bridge's SRAM through the GART's first page
   assert mp0.loaded == ["kdb", "spl", "sys_drv", "soc_drv", "intf_drv", "dbg_drv", "ras_drv", "sos"]
@@ -65,7 +72,7 @@ def test_psp_boot_and_ip_firmware_over_usb(tmp_path) -> None:
                "PSP bootloader loaded kdb, spl, sys_drv, soc_drv, intf_drv, dbg_drv, ras_drv, sos through the USB bridge's 512 KiB SRAM",
                "GFX_CMD_ID_LOAD_TOC ok", "IP firmware: 24 ucodes, each handed to the PSP through the USB bridge's 512 KiB SRAM",
                "GFX_CMD_ID_LOAD_IP_FW ok: SMC", "GFX_CMD_ID_SETUP_TMR ok", "GFX_CMD_ID_AUTOLOAD_RLC ok", "SMU ready", "RLC autoload complete",
-               "RS64 CP set up", "GFXHUB (gfxhub_v3_0) GART enabled", "MEC compute queue", "next, not implemented: a plugrt device on this queue"):
+               "RS64 CP set up", "GFXHUB (gfxhub_v3_0) GART enabled", "MEC compute queue"):
     assert part in msg, (part, msg)
   assert time.monotonic() - t0 < 60
 
