@@ -2,7 +2,8 @@
 VMIDs' apertures, doorbell routing, plugrt's address space in VMID 8 and an AQL queue on the MEC; then `alloc` maps
 VRAM for arguments and buffers (`free` unmaps it and keeps the range for reuse: the PCI device's allocator), `load`
 places a code object (its image relocated to where it lies, as the KFD path's Program does), `launch` writes a
-kernarg block and submits the dispatch, and `queue.wait` polls its completion.
+kernarg block and submits the dispatch (scratch made or grown first where the kernel needs it: plugrt_amd.scratch),
+and `queue.wait` polls its completion.
 
 Order (gfx_v11_0_hw_init after gfx_v11_0_gfxhub_enable): init_golden_registers, constants_init (init_compute_vmid),
 nbio gc_doorbell_init, rlc_resume (under PSP loading: the SRM enable; the clear-state buffer is not set up),
@@ -18,9 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from plugrt.errors import UnsupportedError
-from plugrt_amd import aql, codeobject, doorbell, gc_init, gmc, mec, vm
-from plugrt_amd.discovery import DiscoveryTable
+from plugrt_amd import aql, codeobject, doorbell, gc_init, gmc, mec, scratch, vm
+from plugrt_amd.discovery import DiscoveryTable, GCInfo
 from plugrt_amd.gmc_regs import GFXHUBS, MMHUBS, Hub
 from plugrt_amd.regs import GPURegisters
 
@@ -43,6 +43,10 @@ class Compute:
   kernargs_at: int = 0
   allocations: list[tuple[int, int, int]] = field(default_factory=list)   # (VA, VRAM offset, size)
   holes: list[tuple[int, int]] = field(default_factory=list)   # freed VRAM below `heap`: (offset, size), sorted, merged
+  gc: GCInfo | None = None            # the discovery table's GC info (CUs, shader engines: scratch sizing)
+  major: int = 11                     # the GC generation
+  scratch: tuple[int, int] | None = None   # the queue's scratch (VA, bytes), made on demand by plugrt_amd.scratch
+  scratch_per_item: int = 0
 
   def bind(self) -> None:
     """Write the changed tables, point VMID 8 at them on both hubs and flush both hubs' TLBs for it."""
@@ -114,7 +118,7 @@ def start(regs: GPURegisters, table: DiscoveryTable, mc_base: int, phys_base: in
   lay = mec.Layout()
   space.map(lay.va(0), lay.at, mec.QUEUE_BYTES)
   hubs = [(MMHUBS[mmhub.version], mmhub.bases[0]), (GFXHUBS[gc.version], gc.bases[0])]
-  c = Compute(regs, space, hubs, heap, vram_size - (1 << 20), flush, timeout)
+  c = Compute(regs, space, hubs, heap, vram_size - (1 << 20), flush, timeout, gc=table.gc, major=gc.version[0])
   c.bind()
   steps.append(f"VMID {mec.VMID} bound on the MMHUB and GFXHUB, TLBs flushed: {space.describe()}")
   c.queue, qline = mec.setup(regs, gc, lay, mc_base, regs.doorbell, flush)
@@ -138,14 +142,13 @@ def launch(c: Compute, co: codeobject.CodeObject, va: int, name: str, buffers: l
   and hidden arguments) in the next slot, then the AQL packet; returns what `queue.wait` takes."""
   assert c.queue is not None
   info = co.kernels[name]
-  if info.private_segment_size or info.descriptor.private_segment_enabled:
-    raise UnsupportedError(f"{name}: needs a private segment (scratch), which the PCI queue does not set up",
-                           "use the KFD interface (AMD_IFACE=KFD) for kernels that spill or use private arrays")
+  if info.private_segment_size or info.descriptor.private_segment_enabled: scratch.ensure(c, info.private_segment_size)
   if not c.kernargs: c.kernargs, c.kernargs_at = c.alloc(KERNARG_SLOT * KERNARG_SLOTS)
   n = c.queue.submitted
   if n >= KERNARG_SLOTS: c.queue.wait(n - KERNARG_SLOTS + 1, c.timeout)      # the slot's previous dispatch is done
   slot = (n % KERNARG_SLOTS) * KERNARG_SLOT
   c.regs.write_vram(c.kernargs_at + slot, bytes(info.kernargs(buffers, scalars, groups, local)))
   grid = (groups[0] * local[0], groups[1] * local[1], groups[2] * local[2])
-  return c.queue.submit(aql.dispatch_packet(va + info.kd_offset, c.kernargs + slot, grid, local, info.group_segment_size))
+  return c.queue.submit(aql.dispatch_packet(va + info.kd_offset, c.kernargs + slot, grid, local, info.group_segment_size,
+                                            info.private_segment_size))
 

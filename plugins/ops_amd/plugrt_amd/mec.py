@@ -69,6 +69,9 @@ HQD = {"CP_MQD_BASE_ADDR": 0x1FA9, "CP_MQD_BASE_ADDR_HI": 0x1FAA, "CP_HQD_ACTIVE
 QUEUE_AT, MQD_OFF, EOP_OFF, PTRS_OFF, RING_OFF = 15 << 20, 0x0, 0x1000, 0x2000, 0x10000
 RING_BYTES, EOP_BYTES, QUEUE_BYTES = 0x10000, 0x1000, 0x20000
 VMID, ME, PIPE, QUEUE = 8, 1, 0, 0
+#: the GPU timestamp counter's rate the signal's start_ts/end_ts count in: 100 MHz, what amdgpu reports as
+#: gpu_counter_freq for gfx9..gfx12 dGPUs (the VBIOS reference clock, soc21_get_xclk); assumed, not read from the VBIOS
+TIMESTAMP_HZ = 100_000_000
 VA_BASE = 1 << 40                               # plugrt maps VRAM offset o at VA VA_BASE + o in its VMID
 
 
@@ -162,6 +165,12 @@ class ComputeQueue:
     self.regs.write_vram(at + EOP_OFF, bytes(EOP_BYTES))
     desc = aql.AmdQueue()
     desc.read_dispatch_id_field_base_byte_offset = aql.AmdQueue.read_dispatch_id.offset
+    desc.hsa_queue.features, desc.hsa_queue.base_address = aql.HSA_QUEUE_FEATURE_KERNEL_DISPATCH, self.lay.va(RING_OFF)
+    desc.hsa_queue.size = self.entries
+    desc.queue_properties = aql.AMD_QUEUE_PROPERTIES_IS_PTR64 | aql.AMD_QUEUE_PROPERTIES_ENABLE_PROFILING   # timestamps
+    # the apertures gc_init's SH_MEM_BASES gives VMID 8 (SHARED_BASE 1, PRIVATE_BASE 2: bits 48-63), as the KFD path
+    # gives those KFD reports; scratch itself comes later, on demand (plugrt_amd.scratch)
+    desc.group_segment_aperture_base_hi, desc.private_segment_aperture_base_hi = 1 << 16, 2 << 16
     self.regs.write_vram(at + PTRS_OFF, bytes(desc))
     sig = aql.AmdSignal()
     sig.kind = aql.AMD_SIGNAL_KIND_USER
@@ -191,6 +200,19 @@ class ComputeQueue:
     doorbell.ring(self.bell, doorbell.MEC_RING0, self.put - 1)
     if signal: self.submitted += 1
     return self.submitted
+
+  def clear_timestamps(self) -> None:
+    """Zero the completion signal's start_ts/end_ts, so what a wait on the next dispatch reads is that dispatch's
+    (the queue runs in order: the last packet to complete writes them last)."""
+    self.regs.write_vram(self.lay.signal_off + aql.AmdSignal.start_ts.offset, bytes(16))
+    self.flush()
+
+  def gpu_seconds(self) -> float | None:
+    """The last completed packet's duration by the GPU's clock: the completion signal's end_ts - start_ts, which the
+    packet processor writes because amd_queue_t's ENABLE_PROFILING is set, at TIMESTAMP_HZ; None where it wrote none."""
+    start, end = struct.unpack("<QQ", self.regs.read_vram(self.lay.signal_off + aql.AmdSignal.start_ts.offset, 16))
+    if not start or end < start: return None
+    return (end - start) / TIMESTAMP_HZ
 
   def _rptr(self) -> int:
     return struct.unpack("<Q", self.regs.read_vram(self.lay.at + PTRS_OFF + aql.AmdQueue.read_dispatch_id.offset, 8))[0]

@@ -13,7 +13,9 @@ mappings of system pages without an IOMMU/DMA mapping): `from_blob` and every wr
 
 Launches: the code object's image relocated into VRAM (compute.load), one kernarg block per dispatch in flight
 (compute.launch), the AQL packet on the MEC queue whose completion signal lives in VRAM, waits polled and bounded by
-PLUGRT_AMD_TIMEOUT (mec.QueueError, a plugrt.hwqueue.QueueError). A queue that timed out is broken: later work is
+PLUGRT_AMD_TIMEOUT (mec.QueueError, a plugrt.hwqueue.QueueError); `wait=True` returns the GPU's time (the
+completion signal's start_ts/end_ts, mec.ComputeQueue.gpu_seconds), the host's where none was written. Kernels with
+a private segment get the queue's scratch in VRAM (plugrt_amd.scratch), made or grown at load. A queue that timed out is broken: later work is
 refused at once. **Never run on AMD hardware**: tested against the fake GPU (plugins/ops_amd/tests, amd_pci_session).
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import queue_timeout
 from plugrt.ir import Signature
 from plugrt.runtime import Allocator, DeviceState, LaunchLimits, Program, check_nbytes
-from plugrt_amd import compute, mec, vm
+from plugrt_amd import compute, mec, scratch, vm
 from plugrt_amd.runtime import kernel_info
 
 U32 = 1 << 32
@@ -193,16 +195,13 @@ def _release_program(state: PCIState, va: int) -> None:
 
 def check_descriptor(info: Any, name: str, max_lds: int) -> None:
   """What the KFD path's check_dispatch refuses once per program, for the PCI queue: arguments of another size than
-  the descriptor's kernarg_size, more LDS than the GPU has; and what this queue cannot run: scratch."""
+  the descriptor's kernarg_size, more LDS than the GPU has. Scratch is the queue's (plugrt_amd.scratch), not refused."""
   d = info.descriptor
   if info.kernarg_size != d.kernarg_size:
     raise LaunchError(f"{name}: its arguments take {info.kernarg_size} bytes, its kernel descriptor's kernarg_size is {d.kernarg_size}",
                       "the kernarg layout must be the code object's (its .args metadata): recompile")
   if d.group_segment_fixed_size > max_lds:
     raise LaunchError(f"{name}: {d.group_segment_fixed_size} bytes of LDS, the GPU has {max_lds}", "use less shared memory")
-  if info.private_segment_size or d.private_segment_enabled:
-    raise UnsupportedError(f"{name}: needs a private segment (scratch), which the PCI queue does not set up",
-                           "use the KFD interface (AMD_IFACE=KFD) for kernels that spill or use private arrays")
 
 
 class PCIProgram(Program):
@@ -215,6 +214,11 @@ class PCIProgram(Program):
     self.state = st
     _, info = kernel_info(name, lib, signature, compute.KERNARG_SLOT)
     check_descriptor(info, name, st.max_lds)
+    if info.private_segment_size or info.descriptor.private_segment_enabled:   # the queue's scratch, made or grown now
+      with st.lock:
+        if st.broken: raise mec.QueueError(f"{st.label} cannot load {name}: {st.broken}", "restart the process (and reset the GPU)")
+        st.synchronize()                 # a queue that stops here breaks the device, as every wait does
+        scratch.ensure(st.compute, info.private_segment_size)
     with st.lock: self.code, self.va = compute.load(st.compute, lib)
     self.info = info
     self.max_threads = min(1024, info.max_flat_workgroup_size or 1024)
@@ -231,12 +235,15 @@ class PCIProgram(Program):
     st = self.state
     with st.lock:
       if st.broken: raise mec.QueueError(f"{st.label} cannot run {self.name}: {st.broken}", "restart the process (and reset the GPU)")
+      if wait: st.queue.clear_timestamps()
       t = time.perf_counter()
       value = compute.launch(st.compute, self.code, self.va, self.name, [b.handle for b in bufs],
                              [p(v) for p, v in zip(self.pack, vals)], gs, ls)
       if not wait: return None
       st.wait(value)
-      return time.perf_counter() - t   # host time: the MEC queue's packets carry no profiling timestamps here
+      host = time.perf_counter() - t
+      gpu = st.queue.gpu_seconds()     # the packet processor's start_ts/end_ts (amd_queue_t profiles); None where it wrote none
+      return host if gpu is None else gpu
 
 
 def _packer(dt: Any) -> Any:

@@ -13,6 +13,7 @@ numpy views of the fake VRAM (hence a dense FakeVRAM).
 from __future__ import annotations
 
 import struct
+import time
 from typing import Any
 
 import numpy as np
@@ -168,6 +169,8 @@ class FakeMEC:
     self.registered: dict[bytes, list[Any]] = {}    # kernel descriptor bytes -> (code object, kernel info, IR)
     self.infos: dict[int, Any] = {}                 # kernel_object -> its code object's kernel info
     self.doorbells = FakeDoorbells(self)
+    self.profiled: list[tuple[int, int]] = []       # (start_ts, end_ts) written into completion signals
+    self.scratch_checked = 0                        # dispatches whose scratch set-up was checked
     for reg in range(HQD_FIRST, HQD_LAST + 1): regs.on_write[GC_BASES[0] + reg] = lambda v, reg=reg: self._hqd(reg, v)
     for name, off in (("config", 0x9E4), ("bases", 0x9E3)): regs.on_write[GC_BASES[1] + off] = lambda v, name=name: self._sh_mem(name, v)
 
@@ -258,16 +261,52 @@ class FakeMEC:
       raw = self.vm.read(q["ring"] + (q["rptr"] % entries) * 64, 64, vmid)
       if aql.packet_type(raw) == aql.PACKET_TYPE_INVALID: break
       p = aql.decode_packet(raw)
-      if isinstance(p, aql.KernelDispatchPacket): self._dispatch(p, vmid)
+      start = gpu_ticks()
+      if isinstance(p, aql.KernelDispatchPacket): self._dispatch(p, q)
       q["rptr"] += 1
       self.vm.write(q["rptr_va"], struct.pack("<Q", q["rptr"]), vmid)
       if p.completion_signal:
+        d = self.amd_queue(q)
+        if d is not None and d.queue_properties & aql.AMD_QUEUE_PROPERTIES_ENABLE_PROFILING:   # before the value, as fake_kfd
+          end = max(gpu_ticks(), start + 1)
+          self.vm.write(p.completion_signal + aql.AmdSignal.start_ts.offset, struct.pack("<QQ", start, end), vmid)
+          self.profiled.append((start, end))
         value_at = p.completion_signal + 8
         (v,) = struct.unpack("<q", self.vm.read(value_at, 8, vmid))
         self.vm.write(value_at, struct.pack("<q", v - 1), vmid)
 
-  def _dispatch(self, p: aql.KernelDispatchPacket, vmid: int) -> None:
+  def amd_queue(self, q: dict[str, int]) -> aql.AmdQueue | None:
+    """The queue's amd_queue_t, found as the packet processor finds it: its read pointer report address is the
+    struct's read_dispatch_id, and read_dispatch_id_field_base_byte_offset says how far in that is."""
+    off = aql.AmdQueue.read_dispatch_id.offset
+    d = aql.AmdQueue.from_buffer_copy(self.vm.read(q["rptr_va"] - off, aql.AMD_QUEUE_SIZE, q["vmid"]))
+    return d if d.read_dispatch_id_field_base_byte_offset == off else None
+
+  def _check_scratch(self, name: str, p: aql.KernelDispatchPacket, q: dict[str, int]) -> None:
+    """As fake_kfd's: the amd_queue_t must describe scratch mapped writable in the queue's VMID, large enough for
+    p.private_segment_size bytes a work-item for the waves COMPUTE_TMPRING_SIZE lets hold it, and the apertures
+    SH_MEM_BASES gives the VMID."""
+    d, need, vmid = self.amd_queue(q), p.private_segment_size, q["vmid"]
+    if d is None: raise Fault(f"{name}: needs scratch, and the read pointer is not an amd_queue_t's read_dispatch_id")
+    major = 12 if self.r.gmc == 12 else 11
+    loc, size = d.scratch_backing_memory_location, d.scratch_backing_memory_byte_size
+    if not loc or not size: raise Fault(f"{name}: needs {need} bytes of scratch a work-item; the queue's amd_queue_t gives none")
+    for a in range(loc, loc + size, 0x1000): self.vm.translate(a, vmid, access="w")     # every page mapped, writable, VRAM
+    waves, wave_bytes = aql.tmpring_fields(d.compute_tmpring_size, major)
+    if d.scratch_wave64_lane_byte_size < need or wave_bytes < need * aql.SCRATCH_LANES or not waves or waves * wave_bytes > size:
+      raise Fault(f"{name}: needs {need} bytes of scratch a work-item; amd_queue_t gives {d.scratch_wave64_lane_byte_size} a lane, "
+                  f"{waves} waves of {wave_bytes} bytes in {size}")
+    srd = list(d.scratch_resource_descriptor)
+    if srd[0] != loc & 0xFFFFFFFF or srd[1] & 0xFFFF != loc >> 32 & 0xFFFF or srd[2] < size & 0xFFFFFFFF:
+      raise Fault(f"{name}: the scratch resource descriptor {[hex(w) for w in srd]} does not describe the scratch at {loc:#x}")
+    bases = (self.sh_mem.get(vmid) or (None, 0))[1] or 0
+    if d.private_segment_aperture_base_hi != (bases & 0xFFFF) << 16:
+      raise Fault(f"{name}: amd_queue_t's private aperture 0x{d.private_segment_aperture_base_hi:x} is not SH_MEM_BASES' 0x{bases:x}")
+    self.scratch_checked += 1
+
+  def _dispatch(self, p: aql.KernelDispatchPacket, q: dict[str, int]) -> None:
     self.dispatches.append(p)
+    vmid = q["vmid"]
     ko = p.kernel_object
     if ko % 64: raise Fault(f"kernel_object 0x{ko:x} is not 64-byte aligned")
     self.vm.translate(ko, vmid, access="x")
@@ -279,6 +318,9 @@ class FakeMEC:
     if kd.kernarg_size != size: raise Fault(f"{kernel.name}: descriptor kernarg_size {kd.kernarg_size}, the code reads {size}")
     if size and not kd.kernel_code_properties & aql.KCP_ENABLE_SGPR_KERNARG_SEGMENT_PTR:
       raise Fault(f"{kernel.name}: arguments but no kernarg segment pointer in the descriptor")
+    if p.private_segment_size < kd.private_segment_fixed_size:
+      raise Fault(f"{kernel.name}: private_segment_size {p.private_segment_size} < the descriptor's {kd.private_segment_fixed_size}")
+    if kd.private_segment_fixed_size or kd.compute_pgm_rsrc2 & aql.RSRC2_ENABLE_PRIVATE_SEGMENT: self._check_scratch(kernel.name, p, q)
     args = self.vm.read(p.kernarg_address, size, vmid)
     sig = kernel.signature
     nb = len(sig.buffers)
@@ -297,6 +339,11 @@ class FakeMEC:
           raise Fault(f"{kernel.name}: hidden_group_size_{'xyz'[axis]} is not the dispatch's workgroup {block[axis]}")
     for buf in bufs: self.vm.translate(buf, vmid, access="w", system=True)    # each buffer argument must be mapped
     self.runner.run(kernel, bufs, scalars, grid, block)
+
+
+def gpu_ticks() -> int:
+  """The GPU timestamp counter: the host's monotonic clock at 100 MHz (what plugrt_amd.mec.TIMESTAMP_HZ assumes)."""
+  return time.perf_counter_ns() // 10
 
 
 class FakeDoorbells:

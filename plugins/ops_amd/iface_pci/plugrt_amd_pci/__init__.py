@@ -33,7 +33,8 @@ WOULD = ("opening unbinds the GPU from amdgpu (binding it back on close), maps i
          "both memory hubs' GART, and on RDNA3 (GC 11.0.0/11.0.2) or RDNA4 (GC 12.0.0/12.0.1) writes page tables for VMID 8, "
          "loads an AQL queue into the MEC and keeps the GPU for the device: VRAM buffers, CPU copies through the VRAM BAR, kernels on that queue")
 NOT_YET = ("kernels have run through PCI only against the fake GPU, never on hardware; no DMA: host memory (from_blob), SDMA "
-           "copies and VRAM beyond a small VRAM BAR (host access) are refused; scratch, interrupts and GPU timestamps are not implemented")
+           "copies and VRAM beyond a small VRAM BAR (host access) are refused; interrupts are not implemented; scratch and GPU "
+           "timestamps are checked against the fake only")
 HINT = "use the KFD interface (AMD_IFACE=KFD) with the amdgpu driver loaded"
 
 

@@ -18,7 +18,7 @@ import fake_amdq
 
 from plugrt import dtypes
 from plugrt.ir import KernelBuilder
-from plugrt_amd import aql, bringup, compute, doorbell, gmc, mec, vm
+from plugrt_amd import aql, bringup, compute, doorbell, gmc, mec, scratch, vm
 from plugrt_amd.device import AMDNotImplemented
 from plugrt_amd.regs import GPURegisters
 
@@ -272,7 +272,7 @@ def test_rdna4_brings_up_to_an_aql_queue_and_runs_a_kernel_through_the_pci_path(
 
 
 def test_a_code_object_from_amd_llvm_loaded_and_launched_through_the_pci_queue(tmp_path) -> None:
-  from plugrt.errors import CompileError, UnsupportedError
+  from plugrt.errors import CompileError
   from plugrt_amd import compiler_for
   try: comp = compiler_for("gfx1100")
   except CompileError as e: pytest.skip(f"AMD_LLVM's toolchain is missing here: {e}")
@@ -297,11 +297,13 @@ def test_a_code_object_from_amd_llvm_loaded_and_launched_through_the_pci_queue(t
   p = mecf.dispatches[-1]
   assert p.kernel_object == va + info.kd_offset and p.kernarg_address == c.kernargs and mecf.infos[p.kernel_object] == info
   assert mecf.violations == [] and mecf.faults == []
-  # the second launch takes the next kernarg slot; a kernel needing scratch is refused before anything is written
+  # the second launch takes the next kernarg slot; a kernel with a private segment gets the queue's scratch first
   done = compute.launch(c, co, va, "axpy", [b[0] for b in bufs], scalars, (4, 1, 1), (256, 1, 1))
   c.queue.wait(done, timeout=0.5)
-  assert mecf.dispatches[-1].kernarg_address == c.kernargs + compute.KERNARG_SLOT
+  assert mecf.dispatches[-1].kernarg_address == c.kernargs + compute.KERNARG_SLOT and c.scratch is None
   import dataclasses
   co.kernels["axpy"] = dataclasses.replace(info, private_segment_size=16)      # as a kernel with a private array says
-  with pytest.raises(UnsupportedError, match="private segment"): compute.launch(c, co, va, "axpy", [], [], (1, 1, 1), (1, 1, 1))
-  assert c.queue.submitted == 2
+  done = compute.launch(c, co, va, "axpy", [b[0] for b in bufs], scalars, (4, 1, 1), (256, 1, 1))
+  c.queue.wait(done, timeout=0.5)
+  assert c.scratch is not None and scratch.read_desc(c.queue).scratch_backing_memory_location == c.scratch[0]
+  assert mecf.dispatches[-1].private_segment_size == 16 and c.queue.submitted == 3 and mecf.faults == []

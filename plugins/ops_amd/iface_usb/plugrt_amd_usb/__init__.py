@@ -39,7 +39,7 @@ WOULD = ("opening detaches the bridge from its kernel driver (uas or usb-storage
          "through PCIe configuration requests, reads its IP discovery table, checks its firmware files and, with them, boots its PSP "
          "and loads the IP firmwares through the bridge's SRAM (writing GPU registers and VRAM)")
 NOT_YET = ("kernels have run through USB only against the fake bridge and GPU, never on a bridge or hardware; host memory "
-           "(from_blob), SDMA, scratch, interrupts and GPU timestamps are not implemented")
+           "(from_blob), SDMA and interrupts are not implemented; scratch and GPU timestamps are checked against the fake only")
 HINT = "put the GPU in a PCIe slot and use the KFD interface (AMD_IFACE=KFD)"
 
 
