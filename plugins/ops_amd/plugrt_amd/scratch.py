@@ -3,7 +3,8 @@ KFD, done on plugrt's own VMID 8. For an AQL queue the packet processor takes a 
 queue's amd_queue_t (amd_hsa_queue.h; ROCr's AqlQueue fills the same fields): scratch_backing_memory_location and
 _byte_size, scratch_wave64_lane_byte_size, the buffer resource descriptor scratch_resource_descriptor and
 compute_tmpring_size (COMPUTE_TMPRING_SIZE: WAVES, WAVESIZE), and the private aperture's high dword. The MQD is left
-as kfd_mqd_manager_v11.c init_mqd leaves it for an AQL queue (no scratch register in the HQD block plugrt loads).
+as kfd_mqd_manager_v11.c init_mqd leaves it for an AQL queue: v11_compute_mqd's compute_tmpring_size (dword 25, saved
+dispatch state outside the HQD registers hqd_load writes) stays 0, as no public KFD source assigns it.
 
 Size: per-item bytes (the descriptor's private_segment_fixed_size, rounded to WAVESIZE units) x 64 lanes x 32 scratch
 wave slots per CU (what KFD's topology reports as max_slots_scratch_cu) x the CUs the discovery table's GC info
