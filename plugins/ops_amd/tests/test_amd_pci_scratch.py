@@ -35,8 +35,9 @@ def run_pick(dev, prg, seed: int = 0) -> np.ndarray:
   return x
 
 
-def test_a_kernel_with_a_private_array_runs_on_the_pci_queue_with_its_scratch() -> None:
-  with fake_pci_amd() as (fake, dev):
+@pytest.mark.parametrize("gen", [11, 12])
+def test_a_kernel_with_a_private_array_runs_on_the_pci_queue_with_its_scratch(gen: int) -> None:
+  with fake_pci_amd(gen=gen) as (fake, dev):
     c = dev.info.state.compute
     assert c.scratch is None                       # none until a kernel needs it
     prg = load_pick(fake, dev)
@@ -44,18 +45,18 @@ def test_a_kernel_with_a_private_array_runs_on_the_pci_queue_with_its_scratch() 
     assert need >= 256 and prg.info.descriptor.private_segment_fixed_size == need
     va, size = c.scratch
     d = scratch.read_desc(c.queue)
-    per_item = aql.scratch_per_item(need, 11)
+    per_item = aql.scratch_per_item(need, gen)
     assert (d.scratch_backing_memory_location, d.scratch_backing_memory_byte_size, d.scratch_wave64_lane_byte_size) == (va, size, per_item)
     assert size == per_item * 64 * scratch.SLOTS_PER_CU * scratch.cu_count(c.gc) and scratch.cu_count(c.gc) == 96  # 6 SEs x 2 SAs x 4 WGPs x 2
-    waves, wave_bytes = aql.tmpring_fields(d.compute_tmpring_size, 11)
-    assert wave_bytes == 64 * per_item and 0 < waves and waves * wave_bytes <= size
+    waves, wave_bytes = aql.tmpring_fields(d.compute_tmpring_size, gen)
+    assert c.major == gen and wave_bytes == 64 * per_item and 0 < waves and waves * wave_bytes <= size
     assert list(d.scratch_resource_descriptor)[:3] == [va & 0xFFFFFFFF, (va >> 32) | 1 << 30, size]
     assert (va, va - mec.VA_BASE, size) in c.allocations                # VRAM of plugrt's heap, mapped in VMID 8
     fake.mec.vm.translate(va + size - 1, mec.VMID, access="w")
     run_pick(dev, prg)
     assert fake.mec.dispatches[-1].private_segment_size == need and fake.mec.scratch_checked == 1 and fake.mec.faults == []
     # the scratch gone from amd_queue_t: the fake CP stops the queue, and the device reports it (typed, bounded)
-    scratch.describe(c.queue, 0, 0, 0, 11, 1, 1)
+    scratch.describe(c.queue, 0, 0, 0, gen, 1, 1)
     dev.info.state.timeout = 0.2
     with pytest.raises(QueueError): run_pick(dev, prg)
     assert "needs" in fake.mec.faults[-1] and "scratch" in fake.mec.faults[-1]
