@@ -106,18 +106,23 @@ class FakePCIGPU:
   def shutdown(self) -> None: shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def fake_pci_plugins(fake: FakePCIGPU) -> list[Any]:
-  found = lambda *a: Probe.found(1, "fake PCI GPU")
-  mod = types.ModuleType("fake_plugrt_amd_pci_backend")
-  spec = plugrt_amd.plugrt_backends()[0]._replace(probe=found)
+def fake_driverless_plugins(fake: Any, iface: str, found: str, description: str) -> list[Any]:
+  """plugrt-amd's real hooks behind a probe that finds `fake`, and an interface plugin for `iface` (PCI, USB) whose
+  open is the fake's: what the PCI and USB sessions and tests load (the compiler records IR for the fake MEC)."""
+  probe = lambda *a: Probe.found(1, found)
+  mod = types.ModuleType(f"fake_plugrt_amd_{iface.lower()}_backend")
+  spec = plugrt_amd.plugrt_backends()[0]._replace(probe=probe)
   mod.plugrt_backends = hookimpl(lambda: [spec])  # type: ignore[attr-defined]
   for hook in ("plugrt_open_device", "plugrt_allocator", "plugrt_program"): setattr(mod, hook, getattr(plugrt_amd, hook))
   mod.plugrt_compiler = hookimpl(lambda device, compiler: recording_compiler(device, fake))  # type: ignore[attr-defined]
-  iface = types.ModuleType("fake_plugrt_amd_pci")
-  iface.plugrt_interfaces = hookimpl(lambda: [InterfaceSpec("AMD", "PCI", found, auto=False,  # type: ignore[attr-defined]
-                                                            description="the fake GPU on a fake sysfs tree")])
-  iface.plugrt_open_interface = hookimpl(lambda device, interface: fake.open(device))  # type: ignore[attr-defined]
-  return [mod, iface, "plugrt.reference"]
+  plugin = types.ModuleType(f"fake_plugrt_amd_{iface.lower()}")
+  plugin.plugrt_interfaces = hookimpl(lambda: [InterfaceSpec("AMD", iface, probe, auto=False, description=description)])  # type: ignore[attr-defined]
+  plugin.plugrt_open_interface = hookimpl(lambda device, interface: fake.open(device))  # type: ignore[attr-defined]
+  return [mod, plugin, "plugrt.reference"]
+
+
+def fake_pci_plugins(fake: FakePCIGPU) -> list[Any]:
+  return fake_driverless_plugins(fake, "PCI", "fake PCI GPU", "the fake GPU on a fake sysfs tree")
 
 
 def env_for(fake: FakePCIGPU, env: dict[str, str] | None = None) -> dict[str, str]:

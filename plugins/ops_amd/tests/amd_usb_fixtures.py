@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import fake_amdgpu
 from amd_fixtures import recording_compiler
-from amd_pci_fixtures import ENV, FakeBoard
+from amd_pci_fixtures import ENV, FakeBoard, fake_driverless_plugins
 
-import plugrt_amd
 import plugrt_amd_usb
 from plugrt.context import PluginContext
-from plugrt.hookspecs import InterfaceSpec, Probe, hookimpl
 from plugrt.registry import isolated
 
 USB_ENV = {**ENV, "AMD_IFACE": "USB"}
@@ -55,17 +52,7 @@ class FakeUSBGPU:
 
 
 def fake_usb_plugins(fake: FakeUSBGPU) -> list[Any]:
-  found = lambda *a: Probe.found(1, "fake USB bridge")
-  mod = types.ModuleType("fake_plugrt_amd_usb_backend")
-  spec = plugrt_amd.plugrt_backends()[0]._replace(probe=found)
-  mod.plugrt_backends = hookimpl(lambda: [spec])  # type: ignore[attr-defined]
-  for hook in ("plugrt_open_device", "plugrt_allocator", "plugrt_program"): setattr(mod, hook, getattr(plugrt_amd, hook))
-  mod.plugrt_compiler = hookimpl(lambda device, compiler: recording_compiler(device, fake))  # type: ignore[attr-defined]
-  iface = types.ModuleType("fake_plugrt_amd_usb")
-  iface.plugrt_interfaces = hookimpl(lambda: [InterfaceSpec("AMD", "USB", found, auto=False,  # type: ignore[attr-defined]
-                                                            description="the fake GPU behind a fake ASM24xx bridge")])
-  iface.plugrt_open_interface = hookimpl(lambda device, interface: fake.open(device))  # type: ignore[attr-defined]
-  return [mod, iface, "plugrt.reference"]
+  return fake_driverless_plugins(fake, "USB", "fake USB bridge", "the fake GPU behind a fake ASM24xx bridge")
 
 
 def env_for(fake: FakeUSBGPU, env: dict[str, str] | None = None) -> dict[str, str]:
