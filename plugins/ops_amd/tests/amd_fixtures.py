@@ -13,11 +13,22 @@ from fake_kfd import FakeKFD
 
 import plugrt_amd
 import plugrt_amd_kfd
+from plugrt import dtypes
 from plugrt.hookspecs import InterfaceSpec, Probe, hookimpl
-from plugrt.ir import Kernel
+from plugrt.ir import Kernel, KernelBuilder
 from plugrt.registry import isolated
 
 ENV = {"AMD": "1", "AMD_LLVM": "1", "PLUGRT_AMD_TIMEOUT": "20"}
+
+
+def axpy_kernel() -> Kernel:
+  """out[i] = a[i] * s + b[i] on float32, i < n: the kernel the queue-level tests (KFD, PCI) dispatch by hand."""
+  b = KernelBuilder("axpy")
+  out, x, y = b.buffer("out", dtypes.float32), b.buffer("a", dtypes.float32), b.buffer("b", dtypes.float32)
+  s, n = b.scalar("s", dtypes.float32), b.scalar("n", dtypes.int32)
+  i = b.global_id(0)
+  with b.if_(i < n): out[i] = x[i] * s + y[i]
+  return b.finish()
 
 
 def recording_compiler(device: Any, fake: FakeKFD) -> Any:

@@ -11,11 +11,10 @@ import time
 
 import numpy as np
 import pytest
+from amd_fixtures import axpy_kernel
 from fake_kfd import GFX942, GFX1100, GPU_ID, FakeKFD, expected_cwsr, natural_kernarg_layout
 
-from plugrt import dtypes
 from plugrt.errors import DeviceUnavailable
-from plugrt.ir import KernelBuilder
 from plugrt_amd import aql, sdma
 from plugrt_amd_kfd import kfd
 from plugrt_amd_kfd.kfdev import (
@@ -228,16 +227,6 @@ def test_kfd_refuses_wrong_cwsr_sizes(fake, dev, monkeypatch):
 
 
 # ---------------------------------------------------------------- dispatch
-
-def axpy_kernel():
-  """out[i] = a[i] * s + b[i] on float32, i < n."""
-  b = KernelBuilder("axpy")
-  out, x, y = b.buffer("out", dtypes.float32), b.buffer("a", dtypes.float32), b.buffer("b", dtypes.float32)
-  s, n = b.scalar("s", dtypes.float32), b.scalar("n", dtypes.int32)
-  i = b.global_id(0)
-  with b.if_(i < n): out[i] = x[i] * s + y[i]
-  return b.finish()
-
 
 def kernel_descriptor(kernarg_size: int, group: int = 0, wave32: bool = True) -> bytes:
   """A minimal code-object-v5 kernel descriptor (AMDGPUUsage's table), as the compiler would emit it for a kernel

@@ -15,9 +15,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 import fake_amdfw
 import fake_amdgpu
 import fake_amdq
+from amd_fixtures import axpy_kernel
 
-from plugrt import dtypes
-from plugrt.ir import KernelBuilder
 from plugrt_amd import aql, bringup, compute, doorbell, gmc, mec, scratch, vm
 from plugrt_amd.device import AMDNotImplemented
 from plugrt_amd.regs import GPURegisters
@@ -87,15 +86,6 @@ def test_fragments_and_refusals() -> None:
   with pytest.raises(vm.VMError, match="not a 64-byte-aligned"): vm.pde(0x1010)
 
 
-def axpy():
-  b = KernelBuilder("axpy")
-  out, x, y = b.buffer("out", dtypes.float32), b.buffer("a", dtypes.float32), b.buffer("b", dtypes.float32)
-  s, n = b.scalar("s", dtypes.float32), b.scalar("n", dtypes.int32)
-  i = b.global_id(0)
-  with b.if_(i < n): out[i] = x[i] * s + y[i]
-  return b.finish()
-
-
 def test_bring_up_to_an_aql_queue_and_run_a_kernel_through_the_pci_path(tmp_path) -> None:
   r, mecf, mp0 = gpu(tmp_path)
   b = bringup.bring_up(r, "AMD:0", str(tmp_path))
@@ -134,7 +124,7 @@ def test_bring_up_to_an_aql_queue_and_run_a_kernel_through_the_pci_path(tmp_path
 
   # a kernel: descriptor, arguments and buffers in plugrt's VRAM heap (VMID 8), one dispatch, completion by polling
   c = b.compute
-  k = axpy()
+  k = axpy_kernel()
   n = 1000
   code_va, code_at = c.alloc(4096)
   kd = aql.KernelDescriptor()
@@ -171,7 +161,7 @@ def test_a_dispatch_that_faults_stops_the_queue_and_the_wait_says_so(tmp_path) -
   kd = aql.KernelDescriptor()
   kd.kernarg_size, kd.kernel_code_properties = 32, aql.KCP_ENABLE_SGPR_KERNARG_SEGMENT_PTR
   r.write_vram(code_at, bytes(kd))
-  mecf.load(code_va, axpy())
+  mecf.load(code_va, axpy_kernel())
   args_va, args_at = c.alloc(4096)
   r.write_vram(args_at, struct.pack("<QQQfi", 0x7000_0000_0000, args_va, args_va, 1.0, 4))    # out: never mapped
   done = c.queue.submit(aql.dispatch_packet(code_va, args_va, (4, 1, 1), (4, 1, 1)))
@@ -237,7 +227,7 @@ def test_rdna4_brings_up_to_an_aql_queue_and_runs_a_kernel_through_the_pci_path(
   mm, pd = fake_amdgpu.MMHUB_BASES[0], vm.POOL_AT | 1
   assert regs.regs[mm + 0x5CF + 16] == pd and regs.regs[GC0 + 0x168F + 16] == pd            # VMID 8 on both GMC 12 hubs
   assert b.compute.space.gmc == 12
-  c, k, n = b.compute, axpy(), 512
+  c, k, n = b.compute, axpy_kernel(), 512
   code_va, code_at = c.alloc(4096)
   kd = aql.KernelDescriptor()
   kd.kernarg_size, kd.kernel_code_properties = 32, aql.KCP_ENABLE_SGPR_KERNARG_SEGMENT_PTR
@@ -276,7 +266,7 @@ def test_a_code_object_from_amd_llvm_loaded_and_launched_through_the_pci_queue(t
   from plugrt_amd import compiler_for
   try: comp = compiler_for("gfx1100")
   except CompileError as e: pytest.skip(f"AMD_LLVM's toolchain is missing here: {e}")
-  k = axpy()
+  k = axpy_kernel()
   lib = comp.compile(comp.render(k))
   r, mecf, _ = gpu(tmp_path)
   c = bringup.bring_up(r, "AMD:0", str(tmp_path)).compute
