@@ -54,6 +54,14 @@ SOS14 = ("sos", "sys_drv", "kdb", "toc", "spl", "soc_drv", "intf_drv", "dbg_drv"
 GENS = tuple(BOARDS)
 
 
+def fake_gen(config: Any, option: str) -> int:
+  """The fake board's generation for a session plugin: its `option` (--amd-pci-gen, --amd-usb-gen), else
+  PLUGRT_FAKE_AMD_GEN, else 11."""
+  gen = config.getoption(option, None) or int(os.environ.get("PLUGRT_FAKE_AMD_GEN") or 11)
+  if gen not in GENS: raise ValueError(f"PLUGRT_FAKE_AMD_GEN={gen}: the fake AMD boards are GC {' and '.join(map(str, GENS))}")
+  return gen
+
+
 class FakeBoard:
   """A fake GPU of generation `gen` (BOARDS): registers, dense VRAM, PSP, IP firmware loader, SMU, RLC and CP, every
   firmware file written into `firmware`. What FakePCIGPU and the USB session's bridge put behind their BARs."""

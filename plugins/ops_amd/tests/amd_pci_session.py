@@ -26,21 +26,11 @@ def pytest_addoption(parser: Any) -> None:
                    help="GC generation of the fake AMD GPU: 11 (RDNA3, default) or 12 (RDNA4); or PLUGRT_FAKE_AMD_GEN")
 
 
-def fake_gen(config: Any) -> int:
-  """The fake board's generation: the option, else PLUGRT_FAKE_AMD_GEN, else 11."""
-  import os
-
-  from amd_pci_fixtures import GENS
-  gen = config.getoption("--amd-pci-gen", None) or int(os.environ.get("PLUGRT_FAKE_AMD_GEN") or 11)
-  if gen not in GENS: raise ValueError(f"PLUGRT_FAKE_AMD_GEN={gen}: the fake AMD boards are GC {' and '.join(map(str, GENS))}")
-  return gen
-
-
 def pytest_configure(config: Any) -> None:
-  from amd_pci_fixtures import FakePCIGPU, env_for, fake_pci_plugins
+  from amd_pci_fixtures import FakePCIGPU, env_for, fake_gen, fake_pci_plugins
 
   from plugrt.testing.fakegpu import use_fake_for_session
-  fake = FakePCIGPU(gen=fake_gen(config))
+  fake = FakePCIGPU(gen=fake_gen(config, "--amd-pci-gen"))
   _fake.append(fake)
   env = {k: v for k, v in env_for(fake).items() if k not in ("AMD", "AMD_LLVM")}
   _undo.append(use_fake_for_session(fake, fake_pci_plugins(fake)[:2], env, ("plugrt-amd", "plugrt-amd-kfd", "plugrt-amd-pci")))

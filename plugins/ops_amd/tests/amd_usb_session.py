@@ -25,13 +25,11 @@ def pytest_addoption(parser: Any) -> None:
 
 
 def pytest_configure(config: Any) -> None:
-  import os
-
+  from amd_pci_fixtures import fake_gen
   from amd_usb_fixtures import FakeUSBGPU, env_for, fake_usb_plugins
 
   from plugrt.testing.fakegpu import use_fake_for_session
-  gen = config.getoption("--amd-usb-gen", None) or int(os.environ.get("PLUGRT_FAKE_AMD_GEN") or 11)
-  fake = FakeUSBGPU(gen=gen)
+  fake = FakeUSBGPU(gen=fake_gen(config, "--amd-usb-gen"))
   _fake.append(fake)
   env = {k: v for k, v in env_for(fake).items() if k not in ("AMD", "AMD_LLVM")}
   _undo.append(use_fake_for_session(fake, fake_usb_plugins(fake)[:2], env,
