@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from plugrt.errors import PlugrtError
 from plugrt_amd.discovery import IPBlock
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd.regs import GPURegisters, poll
 
 CP_STAT = (0xF40, 0)
 #: GC version -> (dword offset, segment) of RLC_RLCS_BOOTLOAD_STATUS
@@ -35,16 +35,12 @@ def wait_autoload(regs: GPURegisters, gc: IPBlock, timeout: float = 2.0, sleep: 
   """Wait for the RLC autoload to complete; None when plugrt does not know this GC's registers (the caller records it)."""
   if (where := BOOTLOAD_STATUS.get(gc.version)) is None or len(gc.bases) <= max(where[1], CP_STAT[1]): return None
   cp, status = gc.bases[CP_STAT[1]] + CP_STAT[0], gc.bases[where[1]] + where[0]
-  end = time.monotonic() + timeout
-  while True:
-    busy, boot = regs.rreg(cp), regs.rreg(status)
-    if busy == 0 and boot & BOOTLOAD_COMPLETE: return f"RLC autoload complete (CP_STAT 0, RLC_RLCS_BOOTLOAD_STATUS 0x{boot:08x})"
-    if time.monotonic() >= end:
-      raise GFXTimeout(f"GFX: the RLC autoload did not complete: CP_STAT 0x{busy:08x}, RLC_RLCS_BOOTLOAD_STATUS 0x{boot:08x} "
-                       f"(want 0 and bit 31) after {timeout:g} s",
-                       "the RLC did not boot the command processors from the loaded firmware: check that the GC firmware "
-                       "files match this GPU and the sOS, and reset the GPU")
-    sleep(0.0005)
+  ok, (busy, boot) = poll(lambda: (regs.rreg(cp), regs.rreg(status)), lambda v: v[0] == 0 and v[1] & BOOTLOAD_COMPLETE, timeout, sleep)
+  if ok: return f"RLC autoload complete (CP_STAT 0, RLC_RLCS_BOOTLOAD_STATUS 0x{boot:08x})"
+  raise GFXTimeout(f"GFX: the RLC autoload did not complete: CP_STAT 0x{busy:08x}, RLC_RLCS_BOOTLOAD_STATUS 0x{boot:08x} "
+                   f"(want 0 and bit 31) after {timeout:g} s",
+                   "the RLC did not boot the command processors from the loaded firmware: check that the GC firmware "
+                   "files match this GPU and the sOS, and reset the GPU")
 
 
 #: GC 11 (gc_11_0_0_offset.h) registers of the RS64 CP set-up: (dword offset, segment)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from plugrt.errors import PlugrtError
 from plugrt_amd.gmc_regs import CTX_ADDR_DISTANCE, CTX_DISTANCE, FIELDS, GFXHUBS, MMHUBS, Hub
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd.regs import GPURegisters, poll
 
 MTYPE_UC = 3                          # soc21_enum.h
 INVALIDATE_ENGINES, ENG_DISTANCE = 18, 2   # address-range registers: 2 dwords per engine
@@ -212,12 +212,10 @@ def flush_tlb(regs: GPURegisters, base: int, hub: Hub, vmid: int = 0, timeout: f
   if flush is not None: flush()
 
   def wait(what: str, reg: int, bit: int) -> None:
-    end = time.monotonic() + timeout
-    while not (v := regs.rreg(reg)) & bit:
-      if time.monotonic() >= end:
-        raise GMCTimeout(f"GMC: {hub.name} TLB flush: {what} (dword 0x{reg:x} & 0x{bit:x}): still 0x{v:08x} after {timeout:g} s",
-                         "the memory hub is not answering: reset the GPU")
-      sleep(0.0005)
+    ok, v = poll(lambda: regs.rreg(reg), lambda v: v & bit, timeout, sleep)
+    if not ok:
+      raise GMCTimeout(f"GMC: {hub.name} TLB flush: {what} (dword 0x{reg:x} & 0x{bit:x}): still 0x{v:08x} after {timeout:g} s",
+                       "the memory hub is not answering: reset the GPU")
 
   if hub.semaphore: wait(f"invalidation engine {GART_ENGINE}'s semaphore not acquired", sem, 1)
   regs.wreg(req, invalidate_req(vmid, masks=hub.masks))

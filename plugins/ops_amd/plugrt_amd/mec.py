@@ -42,7 +42,7 @@ from plugrt.hwqueue import QueueError as _QueueError
 from plugrt_amd import aql, doorbell
 from plugrt_amd.discovery import IPBlock
 from plugrt_amd.gfx import grbm_select
-from plugrt_amd.regs import MMIO, GPURegisters
+from plugrt_amd.regs import MMIO, GPURegisters, poll
 
 HQD_FIRST, HQD_LAST = 0x1FA9, 0x1FE0            # CP_MQD_BASE_ADDR .. CP_HQD_PQ_WPTR_HI, GC segment 0
 MQD_HQD = 128                                    # v11_compute_mqd.cp_mqd_base_addr_lo
@@ -219,15 +219,13 @@ class ComputeQueue:
 
   def wait(self, value: int, timeout: float = 2.0, sleep: Callable[[float], None] = time.sleep) -> None:
     """Poll the completion signal until `value` submissions are done (no interrupt handler: polling is the design)."""
-    end = time.monotonic() + timeout
-    while (done := self.completed()) < value:
-      if time.monotonic() >= end:
-        ptrs = f"read pointer {self._rptr()}, write pointer {self.put}"
-        raise QueueError(f"MEC queue (ME {ME} pipe {PIPE} queue {QUEUE}, VMID {VMID}): {done} of {value} submissions done after "
-                         f"{timeout:g} s ({ptrs})",
-                         "the CP did not run the packets: check the doorbell routing and the queue's VM mappings, and reset the GPU",
-                         reason=ptrs, value=value, timed_out=True)
-      sleep(0.0002)
+    ok, done = poll(self.completed, lambda done: done >= value, timeout, sleep, interval=0.0002)
+    if not ok:
+      ptrs = f"read pointer {self._rptr()}, write pointer {self.put}"
+      raise QueueError(f"MEC queue (ME {ME} pipe {PIPE} queue {QUEUE}, VMID {VMID}): {done} of {value} submissions done after "
+                       f"{timeout:g} s ({ptrs})",
+                       "the CP did not run the packets: check the doorbell routing and the queue's VM mappings, and reset the GPU",
+                       reason=ptrs, value=value, timed_out=True)
 
 
 def setup(regs: GPURegisters, gc: IPBlock, lay: Layout, mc_base: int, bell: MMIO | None,

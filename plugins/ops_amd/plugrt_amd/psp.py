@@ -34,7 +34,7 @@ from typing import Protocol
 from plugrt.errors import PlugrtError
 from plugrt_amd.discovery import DiscoveryTable, IPBlock
 from plugrt_amd.psp_firmware import PSPFirmware, PSPFirmwareError
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd.regs import GPURegisters, poll
 
 C2PMSG_BASE = 0x40                       # C2PMSG_n = 0x40 + n (segment 0 of MP0)
 BL_CMD, BL_ADDR = 35, 36                 # bootloader command/status, buffer address >> 20
@@ -170,11 +170,9 @@ class PSP:
   def mc(self, offset: int) -> int: return self.mc_base + offset
 
   def _wait(self, what: str, read: Callable[[], int], done: Callable[[int], bool], hint: str) -> int:
-    end = time.monotonic() + self.timeout
-    while True:
-      if done(v := read()): return v
-      if time.monotonic() >= end: raise PSPTimeout(f"PSP: {what}: still 0x{v:08x} after {self.timeout:g} s", hint)
-      self.sleep(0.0005)
+    ok, v = poll(read, done, self.timeout, self.sleep)
+    if not ok: raise PSPTimeout(f"PSP: {what}: still 0x{v:08x} after {self.timeout:g} s", hint)
+    return v
 
   def wait_msg(self, n: int, mask: int, value: int, what: str, hint: str = "the PSP is hung or was left mid-boot: reset the GPU") -> int:
     return self._wait(f"{what} (C2PMSG_{n} & 0x{mask:08x} == 0x{value:08x})", lambda: self.rmsg(n), lambda v: v & mask == value, hint)

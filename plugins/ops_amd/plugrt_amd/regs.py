@@ -18,7 +18,9 @@ Constants and their sources: docs/research/amd-pci.md. Nothing here has run on a
 from __future__ import annotations
 
 import struct
-from typing import Protocol
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from plugrt.errors import PlugrtError
 
@@ -44,6 +46,20 @@ DOORBELL_BAR = 2
 
 class RegisterError(PlugrtError, RuntimeError):
   """A register or VRAM access that cannot be made (out of range, no index/data pair known, the GPU not answering)."""
+
+
+_T = TypeVar("_T")
+
+
+def poll(read: Callable[[], _T], done: Callable[[_T], Any], timeout: float, sleep: Callable[[float], None] = time.sleep,
+         interval: float = 0.0005) -> tuple[bool, _T]:
+  """Read until `done(value)` or `timeout` seconds: (True, the value that was done), or (False, the last value read),
+  for the caller's typed timeout error. The bounded wait of every bring-up step (PSP, SMU, hubs, RLC, the MEC queue)."""
+  end = time.monotonic() + timeout
+  while True:
+    if done(v := read()): return True, v
+    if time.monotonic() >= end: return False, v
+    sleep(interval)
 
 
 class MMIO(Protocol):

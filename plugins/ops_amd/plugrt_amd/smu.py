@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from plugrt.errors import PlugrtError
 from plugrt_amd.discovery import IPBlock
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd.regs import GPURegisters, poll
 
 MP1_FIRMWARE_FLAGS = 0x03B00000 | 0x3010024   # MP1_Public | smnMP1_FIRMWARE_FLAGS (smu_v13_0.h, smu_v14_0.h)
 INTERRUPTS_ENABLED = 1 << 0                    # MP1_FIRMWARE_FLAGS__INTERRUPTS_ENABLED_MASK (mp_13_0_0_sh_mask.h)
@@ -81,11 +81,9 @@ class SMU:
     self.sent = 0
 
   def _wait(self, what: str, read: Callable[[], int], done: Callable[[int], bool]) -> int:
-    end = time.monotonic() + self.timeout
-    while True:
-      if done(v := read()): return v
-      if time.monotonic() >= end: raise SMUTimeout(f"SMU: {what}: still 0x{v:08x} after {self.timeout:g} s", RESET_HINT)
-      self.sleep(0.0005)
+    ok, v = poll(read, done, self.timeout, self.sleep)
+    if not ok: raise SMUTimeout(f"SMU: {what}: still 0x{v:08x} after {self.timeout:g} s", RESET_HINT)
+    return v
 
   def wait_ready(self) -> str:
     v = self._wait(f"not ready (MP1_FIRMWARE_FLAGS at SMN 0x{MP1_FIRMWARE_FLAGS:x}, bit 0 INTERRUPTS_ENABLED)",
