@@ -173,6 +173,7 @@ class Registry:
     self.context = PluginContext(os.environ if env is None else self.env, lambda: self.selection.targets(),
                                  lambda device: [i.name for i, _ in self.interfaces.get(device, ())])
     self._plugin_manager: Any = None
+    self._declared: dict[str, list[tuple[Any, PluginRecord]]] = {}  # optional declaration hook -> (spec, plugin), read once
 
   # ------------------------------------------------------------ discovery
   def load(self) -> Registry:
@@ -305,6 +306,22 @@ class Registry:
                                             install_hint(*package.split()))
 
   # ------------------------------------------------------------ calling one plugin's hooks
+  def declared(self, hook: str, kind: type) -> list[tuple[Any, PluginRecord]]:
+    """(spec, plugin) for each `kind` that a loaded plugin's optional declaration hook `hook` returns
+    (plugrt_video_decoders, plugrt_collective_engines), in plugin order, read once per registry. A hook that raises
+    hides that plugin's declarations only, never the others'."""
+    self.load()
+    with self._lock:
+      if (found := self._declared.get(hook)) is None:
+        found = []
+        for rec in self.plugins:
+          if rec.reason is not None or rec.hooks is None: continue
+          try: specs = self.call_hook(rec, hook) or ()
+          except Exception: continue
+          found += [(s, rec) for s in specs if isinstance(s, kind)]
+        self._declared[hook] = found
+    return found
+
   def call_hook(self, rec: PluginRecord, hook: str, **kwargs: Any) -> Any:
     """Call plugin `rec`'s implementation of `hook` directly (no pluggy dispatch), or return None when it has none.
     It gets the arguments it names, as pluggy passes them. Only for building objects: nothing calls a hook per launch."""

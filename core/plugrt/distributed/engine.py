@@ -103,12 +103,7 @@ def engines(registry: Any = None) -> list[tuple[CollectiveEngineSpec, Any]]:
   from plugrt.registry import current
   reg = (registry or current()).load()
   if (found := _DECLARED.get(reg)) is None:
-    found = []
-    for rec in reg.plugins:
-      if rec.reason is not None or getattr(rec, "hooks", None) is None: continue
-      try: specs = reg.call_hook(rec, "plugrt_collective_engines") or ()
-      except Exception: continue  # a broken declaration hides that plugin's engines, never the others'
-      found += [(s, rec) for s in specs if isinstance(s, CollectiveEngineSpec)]
+    found = list(reg.declared("plugrt_collective_engines", CollectiveEngineSpec))
     found.append((MPI_SPEC, None))
     found.sort(key=lambda e: (not e[0].device, -e[0].priority, e[0].name))
     _DECLARED[reg] = found

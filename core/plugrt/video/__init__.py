@@ -74,12 +74,7 @@ def decoders(registry: Any = None) -> list[DecoderRecord]:
   from plugrt.registry import current
   reg = (registry or current()).load()
   if (found := _DECLARED.get(reg)) is None:
-    found = []
-    for rec in reg.plugins:
-      if rec.reason is not None or getattr(rec, "hooks", None) is None: continue
-      try: specs = reg.call_hook(rec, "plugrt_video_decoders") or ()
-      except Exception: continue  # a broken declaration hides that plugin's decoders, never the others'
-      found += [DecoderRecord(s, rec, rec.package) for s in specs if isinstance(s, VideoDecoderSpec)]
+    found = [DecoderRecord(s, rec, rec.package) for s, rec in reg.declared("plugrt_video_decoders", VideoDecoderSpec)]
     found.append(DecoderRecord(_software_spec(), None, "plugrt"))
     found.sort(key=lambda d: (not d.hardware, -d.spec.priority, d.spec.name))
     _DECLARED[reg] = found
