@@ -14,6 +14,8 @@ trap pack EXIT; trap 'exit 143' TERM INT
 QUICK=""; ONLY=""
 for a in "$@"; do case "$a" in --quick) QUICK="--quick";; --only=*) ONLY="${a#--only=}";; esac; done
 export PYTHONUNBUFFERED=1 PLUGRT_CACHE_DIR=/tmp/plugrt-cache
+# NVLink multicast stays off on shared multi-GPU hosts (it can take the host's GPUs out of service): kept set for every child
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY=${PY:-python3}
 echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 $PY -c "import sys, numpy, pluggy; print(sys.version.split()[0], 'numpy', numpy.__version__, 'pluggy', pluggy.__version__)"
