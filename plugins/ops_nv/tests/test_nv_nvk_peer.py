@@ -1,6 +1,6 @@
 """The NVK interface's peer calls without a driver: the ioctls are recorded (and answered) in place of the kernel's, so
 what the shared client and the interface send for P2P caps, peer access, a peer mapping and a GPU's teardown is
-checked field by field. Whether the driver accepts them has never been tried (no two-GPU machine yet)."""
+checked field by field. An NVLink pair of H200s ran them (docs/hardware.md); a PCIe pair has not."""
 from __future__ import annotations
 
 import pytest
@@ -27,7 +27,7 @@ class Calls:
 
 def fake_client() -> C.Client:
   c = object.__new__(C.Client)
-  c.fds, c.refs, c._handle, c.peers, c.gpus = [], 1, 0x2000, {}, []
+  c.fds, c.refs, c._handle, c.peers, c.gpus, c.enabled = [], 1, 0x2000, {}, [], set()
   c.ctl, c.uvm, c.uvm2, c.root, c.driver, c.L = 3, 4, 5, 0xC1D00001, "580.95.05", rm.layout(580)
   import threading
   c.lock = threading.RLock()
@@ -44,17 +44,17 @@ def gpu(c: C.Client, n: int) -> nvk.NVKInterface:
   return g
 
 
-def caps(reads: bool, status: int = 0):
+def caps(reads: bool, status: int = 0, nvlink: bool = False):
   def answer(name, params):
     if isinstance(params, rm.NVOS54) and params.cmd == rm.CTRL_P2P_CAPS_V2:
       p = rm.P2P_CAPS_V2.from_address(params.params)
       assert (p.gpuCount, p.gpuIds[0], p.gpuIds[1]) == (2, 0x100, 0x200)  # the two GPUs' ids, as CARD_INFO gives them
-      p.p2pCaps = rm.P2P_READS | rm.P2P_WRITES | rm.P2P_NVLINK if reads else 0
+      p.p2pCaps = (rm.P2P_READS | rm.P2P_WRITES | (rm.P2P_NVLINK if nvlink else rm.P2P_PCI)) if reads else 0
       p.p2pCapsStatus[rm.P2P_INDEX_READ] = status
   return answer
 
 
-def test_peer_access_asks_rm_then_uvm_once_a_pair(monkeypatch):
+def test_peer_access_asks_rm_then_uvm_once_a_pcie_pair(monkeypatch):
   calls = Calls(monkeypatch, caps(True))
   c = fake_client()
   a, b = gpu(c, 1), gpu(c, 2)
@@ -63,6 +63,21 @@ def test_peer_access_asks_rm_then_uvm_once_a_pair(monkeypatch):
   ctl, enable = calls.log[0][1], calls.log[1][1]
   assert (ctl.hClient, ctl.hObject, ctl.paramsSize) == (c.root, c.root, 8348)
   assert bytes(enable.gpuUuidA) == a.uuid and bytes(enable.gpuUuidB) == b.uuid
+
+
+def test_an_nvlink_pair_is_enabled_by_uvm_already(monkeypatch):
+  """UVM enables an NVLink pair when the second GPU registers, and answers a second enable with NV_ERR_INVALID_DEVICE
+  (an H200 pair did): plugrt asks RM alone, and at close leaves the disabling to the GPU's unregistering."""
+  calls = Calls(monkeypatch, caps(True, nvlink=True))
+  monkeypatch.setattr(C, "release", lambda cl: None)
+  c = fake_client()
+  c.refs = 2
+  a, b = gpu(c, 1), gpu(c, 2)
+  assert a.peer_access(b) == "" and b.peer_access(a) == ""
+  assert calls.names() == ["ESC_RM_CONTROL"]
+  del calls.log[:]
+  a.close()
+  assert "UVM_DISABLE_PEER_ACCESS" not in calls.names() and not c.peers and not c.enabled
 
 
 def test_no_peer_reads_gives_the_drivers_reason_and_no_uvm_call(monkeypatch):

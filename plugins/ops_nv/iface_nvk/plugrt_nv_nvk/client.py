@@ -27,6 +27,7 @@ class Client:
     self.refs = 0
     self._handle = 0x2000          # handles the caller picks (host memory objects): unique within the client
     self.peers: dict[frozenset[bytes], str] = {}  # a pair of GPU UUIDs -> "" (peer access enabled) or why not
+    self.enabled: set[frozenset[bytes]] = set()   # the pairs this client enabled itself (UVM_ENABLE_PEER_ACCESS): disabled at close
     self.gpus: list[Any] = []      # the GPUs (NVKInterfaces) open on this client
     try:
       self.ctl = self._open("/dev/nvidiactl")
@@ -64,8 +65,10 @@ class Client:
 
   def peer_access(self, a: Any, b: Any) -> str:
     """Enable peer access between GPUs a and b (NVKInterfaces on this client), once per pair: "" when enabled, else why
-    not. RM says whether the pair can (NV0000_CTRL_CMD_SYSTEM_GET_P2P_CAPS_V2: peer reads over NVLink or PCIe), then
-    UVM enables it (UVM_ENABLE_PEER_ACCESS), after which UVM maps one GPU's memory into the other's VA space."""
+    not. RM says whether the pair can (NV0000_CTRL_CMD_SYSTEM_GET_P2P_CAPS_V2: peer reads over NVLink or PCIe). An
+    NVLink pair UVM enabled itself when the second GPU's VA space was registered (uvm_va_space.c, register_gpu_peers),
+    and it refuses to enable it again (NV_ERR_INVALID_DEVICE, as an H200 pair answered); a PCIe pair is enabled here
+    (UVM_ENABLE_PEER_ACCESS). Then UVM maps one GPU's memory into the other's VA space."""
     key = frozenset((a.uuid, b.uuid))
     with self.lock:
       if key in self.peers: return self.peers[key]
@@ -77,10 +80,11 @@ class Client:
         if not caps.p2pCaps & rm.P2P_READS:
           status = caps.p2pCapsStatus[rm.P2P_INDEX_READ]
           why = f"the driver reports no peer reads between them: {rm.P2P_STATUS.get(status, f'status {status}')}"
-        else:
+        elif not caps.p2pCaps & rm.P2P_NVLINK:
           p = rm.UVM_PEER_ACCESS_PARAMS()
           p.gpuUuidA[:], p.gpuUuidB[:] = list(a.uuid), list(b.uuid)
           rm.uvm_ioctl(self.uvm, rm.UVM_ENABLE_PEER_ACCESS, p, "UVM_ENABLE_PEER_ACCESS")
+          self.enabled.add(key)
       except NVError as e: why = e.message
       self.peers[key] = why
       return why
@@ -94,7 +98,9 @@ class Client:
       for g in self.gpus:
         for m in g.mems: m.private.get("peers", set()).discard(uuid)
       for key in [k for k in self.peers if uuid in k]:
-        if not self.peers.pop(key) and len(key) == 2:
+        self.peers.pop(key)
+        if key in self.enabled and len(key) == 2:  # an NVLink pair goes with the GPU's unregistering
+          self.enabled.discard(key)
           a, b = sorted(key)
           p = rm.UVM_PEER_ACCESS_PARAMS()
           p.gpuUuidA[:], p.gpuUuidB[:] = list(a), list(b)
