@@ -5,9 +5,10 @@ the core calls before the first copy): the interface enables peer access for the
 UVM_ENABLE_PEER_ACCESS), and each GPU's timeline page is mapped into the other's VA space, so each queue can wait
 on the other's timeline. If anything refuses, the link keeps the reason and copies are staged (`path` says so).
 
-A peer copy runs on D's copy channel: S's buffer is mapped into D's VA space at its own address (once per buffer,
-kept until the buffer is freed: the process-wide GPU address range keeps the two GPUs' addresses apart), and one
-copy-engine command moves the bytes. It is ordered on the GPUs, without the host waiting:
+A peer copy runs on D: S's buffer is mapped into D's VA space at its own address (once per buffer, kept until the
+buffer is freed: the process-wide GPU address range keeps the two GPUs' addresses apart), and one copy-engine command
+moves the bytes, or from 1 MiB D's copy kernel (the SMs reach NVLink's rate; one copy engine does not).
+It is ordered on the GPUs, without the host waiting:
 - D's submission first waits until S's timeline reaches S's last submitted value (the copy sees S's queued kernels);
 - S's next submission, on either channel, first waits until D's timeline reaches the copy's value (a later kernel
   or copy on S cannot overwrite what the copy still reads): NVState.wait_for;
@@ -55,9 +56,11 @@ class PeerLink:
     except NVError as e: return e.message
     return ""
 
-  def copy(self, dest: int, src: int, nbytes: int, mem: Mem) -> bool:
+  def copy(self, dest: int, src: int, nbytes: int, mem: Mem, kernel: Any = None) -> bool:
     """Copy `nbytes` from `src` (inside `mem`, an allocation of the source GPU) to `dest` on the destination GPU;
-    False (nothing done) when this buffer cannot be mapped: the caller stages it, and `path` says why from then on."""
+    False (nothing done) when this buffer cannot be mapped: the caller stages it, and `path` says why from then on.
+    `kernel(dest, src, nbytes)`, when given, queues the copy as a kernel on the destination's compute channel instead
+    of one copy-engine command (either way on the destination's timeline, so the ordering below holds for both)."""
     s, d = self.src, self.dst
     with locked(s, d):
       for st in (s, d):
@@ -70,7 +73,10 @@ class PeerLink:
           return False
         self.mapped.add(mem.va)
       if s.completed() < s.value: d.wait_for(s.sem, s.value)  # the copy sees what S's queued work writes
-      value = d.submit(d.copy, cmd.copy(dest, src, nbytes))
+      if kernel is not None:
+        kernel(dest, src, nbytes)
+        value = d.value
+      else: value = d.submit(d.copy, cmd.copy(dest, src, nbytes))
       s.wait_for(d.sem, value)                                 # S's next work may overwrite what the copy reads
       readers = s.lent.setdefault(mem.va, {})
       readers[d] = max(readers.get(d, 0), value)
