@@ -16,6 +16,7 @@ import pytest
 
 import plugrt.distributed as dist
 from plugrt import Buffer, Device, dtypes
+from plugrt.testing import collectives as ref
 
 WORKER = Path(__file__).with_name("nccl_worker.py")
 
@@ -48,26 +49,26 @@ def test_every_collective_in_one_process_over_all_gpus() -> None:
         bufs = [Buffer(c.device, 4099, dt).copyin(rows[c.rank]) for c in comms]
         with dist.group():
           for c, b in zip(comms, bufs): c.all_reduce(b, op)
-        for b in bufs: W.check(b.numpy(), W.reduce(dt, op, rows), f"all_reduce {dt.name} {op}")
+        for b in bufs: ref.same(b.numpy(), W.reduce(dt, op, rows), f"all_reduce {dt.name} {op}")
       send = [W.data(dt, k, 4099 * n) for k in range(n)]
       outs = [Buffer(c.device, 4099, dt) for c in comms]
       with dist.group():
         for c, o in zip(comms, outs): c.reduce_scatter(Buffer(c.device, 4099 * n, dt).copyin(send[c.rank]), o, "max")
-      for c, o in zip(comms, outs): W.check(o.numpy(), W.reduce(dt, "max", send)[c.rank * 4099:(c.rank + 1) * 4099], "reduce_scatter")
+      for c, o in zip(comms, outs): ref.same(o.numpy(), W.reduce(dt, "max", send)[c.rank * 4099:(c.rank + 1) * 4099], "reduce_scatter")
     gathered = [Buffer(c.device, 4099 * n, dt) for c in comms]
     with dist.group():
       for c, g in zip(comms, gathered): c.all_gather(Buffer(c.device, 4099, dt).copyin(rows[c.rank]), g)
-    for g in gathered: W.check(g.numpy(), np.concatenate(rows), f"all_gather {dt.name}")
+    for g in gathered: ref.same(g.numpy(), np.concatenate(rows), f"all_gather {dt.name}")
     bufs = [Buffer(c.device, 4099, dt).copyin(rows[c.rank]) for c in comms]
     with dist.group():
       for c, b in zip(comms, bufs): c.broadcast(b, n - 1)
-    for b in bufs: W.check(b.numpy(), rows[n - 1], f"broadcast {dt.name}")
+    for b in bufs: ref.same(b.numpy(), rows[n - 1], f"broadcast {dt.name}")
     got = [Buffer(c.device, 4099, dt) for c in comms]
     with dist.group():  # a ring
       for c, g in zip(comms, got):
         c.send(Buffer(c.device, 4099, dt).copyin(rows[c.rank]), (c.rank + 1) % n)
         c.recv(g, (c.rank - 1) % n)
-    for c, g in zip(comms, got): W.check(g.numpy(), rows[(c.rank - 1) % n], f"send/recv {dt.name}")
+    for c, g in zip(comms, got): ref.same(g.numpy(), rows[(c.rank - 1) % n], f"send/recv {dt.name}")
   with pytest.raises(dist.CollectiveMismatch):  # a size mismatch inside one process: found before NCCL sees it
     with dist.group():
       for c in comms: c.all_reduce(Buffer(c.device, 8 + c.rank))
