@@ -8,7 +8,7 @@
 Targets (issue 12): plugrt NV12 >= 1.0x PyNvVideoCodec's fps; float16 RGB >= 0.9x PyNvVideoCodec's NV12 fps;
 4 streams >= 3x one stream's aggregate rate.
 
-Usage: python bench/video.py [--frames 600] [--quick] [--preset fast] [--json out.json] [--sweep]
+Usage: python bench/video.py [--frames 600] [--quick] [--preset fast] [--json out.json] [--sweep] [--spread]
 (--sweep: the decoder's options instead, 1 and --streams streams; docs/video.md says what each row is)
 The comparison packages (av, pynvvideocodec) are installed if missing: first from wheels in .video-whl/ (the GPU
 machine has no network: carry them there), then from the package index.
@@ -211,6 +211,56 @@ def sweep(clip: bytes, path: str, streams: int) -> None:
   print(f"  (sweep: {len(rows)} rows in {time.perf_counter() - t0:.0f} s)")
 
 
+def spread(clip: bytes, path: str, streams: int, runs: int = 4) -> None:
+  """Where the time of `streams` concurrent streams goes, stream by stream: when each thread started, showed its
+  first frame and finished (ms from the run's start), plugrt NV12 and PyNvVideoCodec alternating, `runs` runs each.
+  A stream that starts late or finishes alone says the wall time is not the engines'."""
+  from plugrt import Device
+  from plugrt.video import hevc
+  from plugrt_cuda.cuvid import NVDECDecoder
+  t = time.perf_counter()
+  hevc.scan(clip)
+  print(f"  hevc.scan of the clip: {(time.perf_counter() - t) * 1e3:.1f} ms (each plugrt stream scans once, holding the GIL)")
+
+  def plugrt_one(mark: list[float]) -> int:
+    dec = NVDECDecoder(Device["CUDA"], clip, hevc.scan(clip), {"queue_depth": 4})
+    n = 0
+    try:
+      for frame in dec.frames():
+        if not n: mark.append(time.perf_counter())
+        frame.release()
+        n += 1
+    finally: dec.close()
+    return n
+
+  def pynv_one(mark: list[float]) -> int:
+    import PyNvVideoCodec as nvc
+    demuxer = nvc.CreateDemuxer(filename=path)
+    decoder = nvc.CreateDecoder(gpuid=0, codec=nvc.cudaVideoCodec.HEVC, cudacontext=0, cudastream=0, usedevicememory=True)
+    n = 0
+    for packet in demuxer:
+      got = len(decoder.Decode(packet))
+      if got and not n: mark.append(time.perf_counter())
+      n += got
+    return n
+
+  for side, one in (("plugrt NV12", plugrt_one), ("PyNvVideoCodec", pynv_one)) * runs:
+    marks: list[list[float]] = [[] for _ in range(streams)]
+    counts = [0] * streams
+
+    def run(k: int, one: Any = one, marks: list[list[float]] = marks, counts: list[int] = counts) -> None:
+      marks[k].append(time.perf_counter())
+      counts[k] = one(marks[k])
+      marks[k].append(time.perf_counter())
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(streams)]
+    t0 = time.perf_counter()
+    for th in threads: th.start()
+    for th in threads: th.join()
+    wall = time.perf_counter() - t0
+    cells = "  ".join(f"{(m[0] - t0) * 1e3:3.0f}/{(m[1] - t0) * 1e3:4.0f}/{(m[-1] - t0) * 1e3:5.0f}" for m in marks if len(m) == 3)
+    print(f"  {side:<15} {sum(counts) / wall:6.0f} fps, {wall * 1e3:5.0f} ms; per stream started/first frame/finished ms: {cells}", flush=True)
+
+
 def plugrt_rgb(clip: bytes) -> int:
   from plugrt import Device, dtypes
   from plugrt.video import decode_annexb_iter
@@ -241,6 +291,7 @@ def main() -> int:
   ap.add_argument("--streams", type=int, default=4)
   ap.add_argument("--json", help="write the results here")
   ap.add_argument("--sweep", action="store_true", help="measure the decoder's settings instead of the comparison rows")
+  ap.add_argument("--spread", action="store_true", help="each concurrent stream's start, first frame and end, plugrt and PyNvVideoCodec")
   ap.add_argument("--no-install", action="store_true", help="never run pip: compare with what is installed")
   args = ap.parse_args()
   frames, reps = (120, 1) if args.quick else (args.frames, 3)
@@ -253,6 +304,10 @@ def main() -> int:
   with tempfile.NamedTemporaryFile(suffix=".hevc", delete=False) as f:
     f.write(clip)
     path = f.name
+  if args.spread:
+    spread(clip, path, args.streams)
+    os.unlink(path)
+    return 0
   if args.sweep:
     sweep(clip, path, args.streams)
     os.unlink(path)

@@ -546,6 +546,15 @@ class StreamInfo:
   sequences: list[SPSInfo] = field(default_factory=list)  # the SPS in force at each change of picture format, in order
   pictures: int = 0
   units: int = 0
+  access_units: list[int] = field(default_factory=list)  # where each access unit's first NAL unit header starts
+
+
+def _units_marking_access_units(stream: bytes | bytearray | memoryview, starts: list[int]) -> Iterator[NalUnit]:
+  """split_nal_units, appending to `starts` the offset of each access unit's first unit (a decoder feeding the stream
+  an access unit at a time then splits nothing again: that second pass held the GIL at each stream's start)."""
+  for au in access_units(split_nal_units(stream)):
+    starts.append(au[0].offset)
+    yield from au
 
 
 def scan(stream: bytes | bytearray | memoryview) -> StreamInfo:
@@ -553,7 +562,7 @@ def scan(stream: bytes | bytearray | memoryview) -> StreamInfo:
   Raises VideoStreamError naming the offset of the first problem."""
   info = StreamInfo()
   active: SPSInfo | None = None
-  for u in split_nal_units(stream):
+  for u in _units_marking_access_units(stream, info.access_units):
     info.units += 1
     if u.layer_id != 0: continue  # layers other than the base are not decoded
     if u.type == VPS:

@@ -283,8 +283,9 @@ class NVDECDecoder:
     self.extra_surfaces = int(options.get("extra_surfaces", 4))
     self.status_poll_s = float(options.get("status_poll_us", STATUS_POLL_US)) / 1e6
     self.out_surfaces = self.depth + 4  # queued + held by the consumer + released, waiting for their kernels
-    self.stream = ctypes.create_string_buffer(bytes(stream), len(stream))
-    self.base = ctypes.addressof(self.stream)
+    # the parser reads the stream where it is: a bytes object's buffer (kept alive here, never written), no copy
+    self.stream = stream if isinstance(stream, bytes) else bytes(stream)
+    self.base = ctypes.cast(ctypes.c_char_p(self.stream), c_void_p).value or 0
     self.queue = _Handoff(self.depth)
     self.pending: collections.deque[tuple[ctypes.c_void_p, int]] = collections.deque()  # (event, mapped pointer) released
     self.spare_events: list[ctypes.c_void_p] = []
@@ -332,19 +333,19 @@ class NVDECDecoder:
     try:
       self.state.make_current()
       pkt = CUVIDSOURCEDATAPACKET()
-      units = list(split_nal_units(bytes(self.stream.raw)))
-      aus = list(access_units(units))
-      parse, parser, pkt_ref, base = self.lib.cuvidParseVideoData, self.parser, ctypes.byref(pkt), self.base
-      for k, au in enumerate(aus):
+      # where each access unit starts: from the stream's scan (hevc.scan records them), else split here
+      offsets = list(getattr(self.info, "access_units", None) or [au[0].offset for au in access_units(split_nal_units(self.stream))])
+      parse, parser, pkt_ref, base, n = self.lib.cuvidParseVideoData, self.parser, ctypes.byref(pkt), self.base, len(self.stream)
+      for k, offset in enumerate(offsets):
         if self.stopping or self.error is not None: break
-        start = au[0].offset - 3  # with the start code
-        end = aus[k + 1][0].offset - 3 if k + 1 < len(aus) else len(self.stream.raw)
+        start = offset - 3  # with the start code
+        end = offsets[k + 1] - 3 if k + 1 < len(offsets) else n
         # one access unit a packet: ENDOFPICTURE lets the parser hand the picture on without waiting for the next one
         pkt.flags, pkt.payload_size = CUVID_PKT_TIMESTAMP | CUVID_PKT_ENDOFPICTURE, end - start
-        pkt.payload, pkt.timestamp = base + start, au[0].offset
+        pkt.payload, pkt.timestamp = base + start, offset
         r = parse(parser, pkt_ref)
         if r != 0 and self.error is None and not self.stopping:
-          self.error = VideoStreamError(f"the NVDEC parser rejected the access unit (CUresult {r})", au[0].offset)
+          self.error = VideoStreamError(f"the NVDEC parser rejected the access unit (CUresult {r})", offset)
       if not self.stopping and self.error is None:
         pkt.flags, pkt.payload_size, pkt.payload, pkt.timestamp = CUVID_PKT_ENDOFSTREAM, 0, None, 0
         parse(parser, pkt_ref)
@@ -613,7 +614,7 @@ class NVDECDecoder:
       yield Frame(t, s, lambda p=ptr: self._release(p))
     if self.shown < self.info.pictures:
       raise VideoStreamError(f"{self.info.pictures - self.shown} of the stream's {self.info.pictures} pictures did not come out of "
-                             "NVDEC (a truncated or corrupt stream)", len(self.stream.raw))
+                             "NVDEC (a truncated or corrupt stream)", len(self.stream))
 
   def close(self) -> None:
     if self.closed: return
