@@ -191,6 +191,9 @@ def decoder_caps(bit_depth: int, state: Any = None, lib: Any = None, codec: int 
   with _caps_lock: return _caps_cache.setdefault(lib, {}).setdefault(key, caps)
 
 
+PUT_POLL_S = 0.05  # how often a put waiting for a slot looks whether the decoder is stopping (close wakes it at once)
+
+
 class _Handoff:
   """A bounded queue from one thread to another built on two C-level SimpleQueues (items, and free slots as tokens):
   a put and a get cost no Python-level Condition, which queue.Queue's do (most of the display callback's CPU time
@@ -206,12 +209,17 @@ class _Handoff:
     if stopping(): return False
     while True:
       try:
-        self.slots.get(timeout=0.05)
+        self.slots.get(timeout=PUT_POLL_S)
         break
       except queue.Empty:
         if stopping(): return False
     self.items.put(item)
     return True
+
+  def wake(self) -> None:
+    """Let a put waiting for a slot go on now (close: it then sees the stop instead of polling for it; what it puts
+    is drained by the closer)."""
+    self.slots.put(None)
 
   def get(self, timeout: float) -> Any:
     """The oldest item (its slot free again), or raises queue.Empty after `timeout` seconds."""
@@ -619,6 +627,8 @@ class NVDECDecoder:
   def close(self) -> None:
     if self.closed: return
     self.closed = self.stopping = True
+    self.queue.wake()  # a display callback or mapper waiting for the consumer returns now, not at its next 50 ms poll
+    self.waiting.wake()
     self.state.make_current()
     try:
       self.worker.join(30)

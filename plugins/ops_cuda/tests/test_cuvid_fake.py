@@ -407,6 +407,22 @@ def test_open_close_cycles_leave_no_thread_or_object() -> None:
   _nothing_left(lib, state)
 
 
+def test_close_wakes_a_parser_waiting_for_the_consumer(monkeypatch) -> None:
+  """The consumer stops after one frame while the parser waits for a free slot: close() wakes it instead of leaving
+  it to its next poll (a poll of 10 s here: close must return long before)."""
+  monkeypatch.setattr(cuvid, "PUT_POLL_S", 10.0)
+  stream = make_hevc(96, 64, frames=16)
+  lib, state = FakeCuvid(), FakeState()
+  dec = cuvid.NVDECDecoder(Device["CPU"], stream, hevc.scan(stream), {"queue_depth": 1}, state=state, lib=lib)
+  it = dec.frames()
+  next(it).release()
+  time.sleep(0.2)  # the parser fills the queue and waits in put
+  t = time.monotonic()
+  dec.close()
+  assert time.monotonic() - t < 5 and not dec.worker.is_alive()
+  _nothing_left(lib, state)
+
+
 @pytest.mark.parametrize("map_on", MODES)
 def test_status_polling_maps_only_finished_pictures(map_on: str) -> None:
   """status_poll_us: the decoder polls cuvidGetDecodeStatus until a picture is finished, so no map waits in the driver."""
