@@ -8,7 +8,7 @@ Each side runs `iters` float32 sum all-reduces of `nbytes` per GPU after two war
 on all GPUs and waited for on all of them (plugrt's collectives return when done, so the others are timed the same
 way), and the figure is the median. Bus bandwidth (nccl-tests' busbw) = 2*(n-1)/n * bytes / seconds: what each link
 carries in a ring, comparable across GPU counts. The comparison packages are imported only when their side runs.
-Never run on GPUs yet (docs/distributed.md).
+Run on two H200s (docs/hardware.md).
 """
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ def _row(side: str, n: int, nbytes: int, iters: int, samples: list[float], note:
   return {"side": side, "gpus": n, "nbytes": nbytes, "iters": iters, "seconds": t,
           "algbw_GBps": nbytes / t / 1e9 if t else None, "busbw_GBps": 2 * (n - 1) / n * nbytes / t / 1e9 if t else None,
           "samples": samples, "note": note}
+
+
+LIBRARY = [""]  # the NCCL version the side that just ran used (each side sets it)
 
 
 def _timed(step: Callable[[], None], iters: int) -> list[float]:
@@ -41,6 +44,7 @@ def _plugrt(devices: Sequence[str], nbytes: int, iters: int) -> list[float]:
   import plugrt.distributed as dist
   from plugrt import Buffer, dtypes
   comms = dist.Communicator.local(list(devices))
+  LIBRARY[0] = f"NCCL {comms[0].engine.nccl.version()}"
   n = nbytes // 4
   bufs = [Buffer(c.device, n, dtypes.float32).copyin(np.ones(n, np.float32)) for c in comms]
 
@@ -61,6 +65,7 @@ def _torch(devices: Sequence[str], nbytes: int, iters: int) -> list[float]:
   import torch.cuda.nccl as tnccl
   ids = _ordinals(devices)
   ts = [torch.ones(nbytes // 4, dtype=torch.float32, device=f"cuda:{i}") for i in ids]
+  LIBRARY[0] = f"NCCL {tnccl.version()} (torch {torch.__version__})"
 
   def step() -> None:
     tnccl.all_reduce(ts)  # one process, several GPUs: NCCL's group of one all-reduce per GPU, as plugrt's
@@ -93,7 +98,8 @@ def allreduce_rows(devices: Sequence[str], nbytes: int = 256 << 20, iters: int =
   rows = []
   for side, fn in (("plugrt (NCCL via ctypes)", _plugrt), ("torch.cuda.nccl", _torch), ("cupy.cuda.nccl", _cupy)):
     if side == "cupy.cuda.nccl" and rows[-1]["seconds"] is not None: break  # torch's figure is the comparison; cupy only without it
-    try: rows.append(_row(side, n, nbytes, iters, fn(devices, nbytes, iters)))
+    LIBRARY[0] = ""
+    try: rows.append({**_row(side, n, nbytes, iters, fn(devices, nbytes, iters)), "library": LIBRARY[0]})
     except ImportError as e: rows.append(_row(side, n, nbytes, iters, [], f"not installed: {e}"))
     except Exception as e: rows.append(_row(side, n, nbytes, iters, [], f"{type(e).__name__}: {e}"))
   return rows

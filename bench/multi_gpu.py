@@ -161,11 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     print("all-reduce: bench/_allreduce.py not present")
   else:
     devices = [f"CUDA:{i}" for i in range(count["CUDA"])]
-    try: report["allreduce"] = rows = allreduce_rows(devices, nbytes, iters)
+    try: report["allreduce"] = rows = allreduce_rows(devices, nbytes, 10 if args.quick else 40)
     except Exception as e: print(f"all-reduce: failed: {type(e).__name__}: {e}")
     else:
-      print("all-reduce:")
-      for row in rows if isinstance(rows, list) else [rows]: print(f"  {row}")
+      print(f"all-reduce, float32 sum of {args.size} MiB a GPU over {len(devices)} GPUs (median of {rows[0]['iters']}, each waited for):")
+      for row in rows:
+        figure = f"{row['seconds'] * 1e3:7.3f} ms  busbw {row['busbw_GBps']:6.1f} GB/s" if row["seconds"] else row["note"]
+        print(f"  {row['side']:<28} {figure}  {row.get('library', '')}")
+      if len(rows) > 1 and rows[0]["seconds"] and rows[1]["seconds"]:
+        report["allreduce_ratio"] = ratio = rows[1]["seconds"] / rows[0]["seconds"]
+        print(f"  plugrt / {rows[1]['side']}: {ratio:.3f}x (target >= 0.95)")
   if args.json:
     with open(args.json, "w") as f: json.dump(report, f, indent=2, default=str)
   return 0

@@ -99,7 +99,7 @@ def probe_nccl(ctx: PluginContext) -> Probe:
   if (found := next((x for x in paths if os.path.exists(x)), None)) is None and ctx.find_library("libnccl.so*") is None:
     return Probe.missing(Reason.MISSING_TOOLCHAIN, "NCCL (libnccl.so.2) is not installed", HINT)
   where = found or "the system's libnccl"
-  return Probe.found(p.count, f"{where}; never run on GPUs yet (docs/distributed.md)")
+  return Probe.found(p.count, f"{where}; run on two H200s over NVLink, not yet across hosts (docs/distributed.md)")
 
 
 def _open_nccl(request: Any) -> Any:
@@ -115,7 +115,7 @@ def _nccl_id(ctx: PluginContext) -> bytes:
 @hookimpl
 def plugrt_collective_engines() -> list[CollectiveEngineSpec]:
   return [CollectiveEngineSpec(name="NCCL", device="CUDA", probe=probe_nccl, open=_open_nccl, local=True, priority=50,
-                               description="NVIDIA's NCCL through ctypes, on the device's plugrt stream (never run on GPUs yet)",
+                               description="NVIDIA's NCCL through ctypes, on the device's plugrt stream",
                                unique_id=_nccl_id)]
 
 

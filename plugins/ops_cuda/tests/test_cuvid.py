@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -182,7 +183,9 @@ def test_a_thousand_open_close_cycles_leak_nothing(streams: dict[str, bytes]) ->
   gc.collect()
   before, objects = _free_gpu_memory(), cuvid.live_objects()
   assert objects == {"decoders": 0, "parsers": 0, "mapped": 0}
+  t0 = time.monotonic()
   for i in range(1000):
+    if i % 100 == 0: print(f"cycle {i}: {time.monotonic() - t0:.1f} s", flush=True)  # where the time goes (run with -s)
     if i % 3 == 0:
       it = decode_annexb_iter(s, dtype=dtypes.float16, normalize=True, decoder="NVDEC")
       next(it)

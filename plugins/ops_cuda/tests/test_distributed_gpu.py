@@ -1,5 +1,5 @@
-"""plugrt.distributed on NVIDIA GPUs through NCCL (marker `gpu`; needs >= 2 CUDA GPUs and libnccl; NEVER RUN YET:
-the first run is the lead's, on a 2-GPU machine). Every collective in one process over all GPUs, and with 2 processes
+"""plugrt.distributed on NVIDIA GPUs through NCCL (marker `gpu`; needs >= 2 CUDA GPUs and libnccl; run on two
+H200s: docs/hardware.md). Every collective in one process over all GPUs, and with 2 processes
 that share NCCL's unique id through the TCP rendezvous, against numpy; a mismatched size is CollectiveMismatch within
 the bound; a killed rank is a CollectiveError within the bound."""
 from __future__ import annotations

@@ -290,6 +290,6 @@ def test_probe_names_the_missing_library(tmp_path: Path, monkeypatch: pytest.Mon
   assert not p.ok and p.reason is Reason.MISSING_TOOLCHAIN and "pip install nvidia-nccl-cu13" in p.hint
   (tmp_path / "nope.so").write_bytes(b"")
   p = plugrt_cuda.probe_nccl(ctx)
-  assert p.ok and p.count == 2 and p.detail.startswith(str(tmp_path / "nope.so")) and "never run on GPUs" in p.detail
+  assert p.ok and p.count == 2 and p.detail.startswith(str(tmp_path / "nope.so")) and "not yet across hosts" in p.detail
   (spec,) = plugrt_cuda.plugrt_collective_engines()
   assert (spec.name, spec.device, spec.local, spec.probe) == ("NCCL", "CUDA", True, plugrt_cuda.probe_nccl)
