@@ -174,6 +174,7 @@ TILE_SIZES_SIZE = 0x100    # (columns x rows) pairs of u16 (width, height in CTB
 SETUP_SIZE = 0x1000        # a picture's setup block: pic setup, tile sizes, status
 STATUS_OFFSET = 0x800      # in the setup block: where the engine writes nvdec_status_s
 GPTIMER_TIMEOUT = 81600000  # engine cycles before a picture is abandoned (what tinygrad's HEVC helper writes)
+DISP_OUTPUT_8BIT, DISP_OUTPUT_10BIT = 0, 1  # disp_output_mode: "0: Rec.709 8 bit, 1: Rec.709 10 bit" (nvdec_drv.h)
 TILE_FORMAT_BLOCK_LINEAR = 1  # tileformat 1 ("KBL"): GOBs of 64 bytes x 8 rows, GOB_HEIGHT 0 = two GOBs a block
 
 

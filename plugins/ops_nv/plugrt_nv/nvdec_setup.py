@@ -86,6 +86,8 @@ def picture_setup(s: hevc.SPSInfo, p: hevc.PPSInfo, h: hevc.SliceHeader, lay: nv
   d = nvdec.HEVC_PIC()
   d.stream_len, d.gptimer_timeout_value, d.sw_start_code_e, d.pattern_id = stream_len, nvdec.GPTIMER_TIMEOUT, 1, 2
   d.tileformat, d.gob_height = nvdec.TILE_FORMAT_BLOCK_LINEAR, 0
+  # nvdec_drv.h: "0: Rec.709 8 bit, 1: Rec.709 10 bit" -- 10-bit samples written as such into the 16-bit surfaces
+  d.disp_output_mode = nvdec.DISP_OUTPUT_10BIT if s.bit_depth_luma > 8 else nvdec.DISP_OUTPUT_8BIT
   d.framestride[0] = d.framestride[1] = lay.pitch
   d.colMvBuffersize = lay.colmv >> 8
   d.HevcSaoBufferOffset, d.HevcBsdCtrlOffset = lay.sao_offset >> 8, lay.bsd_offset >> 8
@@ -113,7 +115,10 @@ def picture_setup(s: hevc.SPSInfo, p: hevc.PPSInfo, h: hevc.SliceHeader, lay: nv
   d.num_extra_slice_header_bits, d.sign_data_hiding_enabled_flag = p.num_extra_slice_header_bits, p.sign_data_hiding
   d.cabac_init_present_flag = p.cabac_init_present
   d.num_ref_idx_l0_default_active, d.num_ref_idx_l1_default_active = p.num_ref_idx_default
-  d.init_qp = p.init_qp & 0x7F
+  # init_qp is 26 + init_qp_minus26 + QpBdOffsetY (nvdec_drv.h: "0..127, support higher bitdepth"): unsigned 7 bits,
+  # where init_qp_minus26 goes down to -(26 + QpBdOffsetY). Sending 26 for a 10-bit stream started every slice's
+  # CABAC contexts 12 QP too low: the H200 ran off the picture's end (error 0x5 at CTB row 3 of 3, docs/research/nv-video.md)
+  d.init_qp = p.init_qp + 6 * (s.bit_depth_luma - 8)
   d.constrained_intra_pred_flag, d.transform_skip_enabled_flag = p.constrained_intra_pred, p.transform_skip
   d.cu_qp_delta_enabled_flag, d.diff_cu_qp_delta_depth = p.cu_qp_delta, p.diff_cu_qp_delta_depth
   d.pps_cb_qp_offset, d.pps_cr_qp_offset, d.pps_beta_offset, d.pps_tc_offset = p.cb_qp_offset, p.cr_qp_offset, p.beta_offset, p.tc_offset

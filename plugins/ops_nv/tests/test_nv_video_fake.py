@@ -129,8 +129,12 @@ def test_decode_through_the_fake_engine(fake_nv, bits):
   assert {(m, v) for m, _, v in seen if m in (nvdec.Method.SET_APPLICATION_ID, nvdec.Method.SET_CONTROL_PARAMS)} == {
     (nvdec.Method.SET_APPLICATION_ID, 7), (nvdec.Method.SET_CONTROL_PARAMS, nvdec.control_params())}
   lay = nvdec.layout(160, 144, bits)
+  # the engine takes init_qp with QpBdOffsetY added (26 + init_qp_minus26 + 6 * (bits - 8)) and is told to write
+  # 10-bit samples for a Main10 stream: the two fields the H200's error 0x5 on 10 bits came from (nvdec_drv.h)
+  init_qp = {p.init_qp for p in hevc.scan(stream).pps.values()}
   for pic, bitstream, st in gpu.pictures:
     assert (pic.pic_width_in_luma_samples, pic.bit_depth_luma, pic.framestride[0], pic.stream_len) == (160, bits, lay.pitch, len(bitstream))
+    assert pic.init_qp in {q + 6 * (bits - 8) for q in init_qp} and pic.disp_output_mode == (bits > 8)
     setup = st[(nvdec.SUBCH_VIDEO, nvdec.Method.SET_DRV_PIC_SETUP_OFFSET)]
     assert st[(nvdec.SUBCH_VIDEO, nvdec.Method.HEVC_SET_TILE_SIZES_OFFSET)] == setup + (nvdec.PIC_SETUP_SIZE >> 8)
     assert st[(nvdec.SUBCH_VIDEO, nvdec.Method.SET_NVDEC_STATUS_OFFSET)] == setup + (nvdec.STATUS_OFFSET >> 8)

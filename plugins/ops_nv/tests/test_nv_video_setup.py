@@ -157,6 +157,21 @@ def test_picture_setup_fields_for_a_known_stream():
   assert later.sw_hdr_skip_length == 8 + 1 + h.st_rps.bits  # POC lsb (8 bits), short_term_ref_pic_set_sps_flag, the set
 
 
+@pytest.mark.parametrize("bits", [8, 10])
+def test_bit_depth_fields(bits):
+  """Above 8 bits, init_qp carries QpBdOffsetY and the engine is asked for 10-bit output (nvdec_drv.h: init_qp
+  "0..127, support higher bitdepth", disp_output_mode "1: Rec.709 10 bit"). Without them the H200 stopped a
+  Main10 stream's first picture with error 0x5 (docs/research/nv-video.md, "10 bits on the H200")."""
+  stream = make_hevc(192, 144, frames=3, bit_depth=bits)
+  decodes, _, _ = _walk(stream)
+  pps_qp = {p.init_qp for p in hevc.scan(stream).pps.values()}
+  for d in decodes:
+    pic = nvdec.HEVC_PIC.from_buffer_copy(d.setup[:276])
+    assert (pic.bit_depth_luma, pic.bit_depth_chroma, pic.disp_output_mode) == (bits, bits, int(bits > 8))
+    assert pic.init_qp in {q + 6 * (bits - 8) for q in pps_qp}
+    assert list(pic.framestride) == [nvdec.layout(192, 144, bits).pitch] * 2
+
+
 def test_streams_the_engine_path_refuses():
   with pytest.raises(VideoDecoderUnavailable, match="96x96"):
     list(Planner(s := make_hevc(96, 96, frames=2), hevc.scan(s)).steps())
