@@ -1,6 +1,6 @@
 """NV's own video engine path on a real GPU (marker `gpu`; `bash scripts/gpu-check.sh --only=nvvideo` on the lent
-H100): the engine opens, and every frame of the hardware-decoder test streams (plugrt.testing.video.nvdec_streams,
-the ones plugrt-cuda's NVDEC tests use) decoded by `decode_annexb_iter(stream, device="NV")` equals PyAV's software
+H100 or H200; first passed on two H200s, 2026-11-28): the engine opens, and every frame of the hardware-decoder test
+streams (plugrt.testing.video.nvdec_streams, the ones plugrt-cuda's NVDEC tests use) decoded by `decode_annexb_iter(stream, device="NV")` equals PyAV's software
 decode through the same conversion kernel within 1 level in uint8 (float16 within 2**-9, float32 1e-6, normalized);
 a picture below the engine's minimum is a typed refusal; opening and closing streams leaves no memory behind."""
 from __future__ import annotations
@@ -14,9 +14,7 @@ from plugrt.errors import VideoDecoderUnavailable
 from plugrt.video import decode_annexb_iter, decode_annexb_to_tensors_auto, hevc, software_decode
 
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not has_nv(), reason="no NVIDIA GPU and driver here (run scripts/gpu-check.sh --only=nvvideo on the GPU machine)"),
-              # not strict: an XPASS is the news that the engine opens (then remove this mark)
-              pytest.mark.xfail(reason="on the H100 (driver 580) the decoder object (class 0xB8B0) is refused: docs/video.md", strict=False)]
+              pytest.mark.skipif(not has_nv(), reason="no NVIDIA GPU and driver here (run scripts/gpu-check.sh --only=nvvideo on the GPU machine)")]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +25,7 @@ def streams() -> dict[str, bytes]:
 
 
 def test_the_engine_opens():
-  """The video channel on NVDEC0 with the video decoder object runs its first commands (SET_OBJECT, a semaphore release)."""
+  """The video channel on the lowest NVDEC with the video decoder object runs its first commands (SET_OBJECT, a semaphore release)."""
   dev = Device["NV"]
   st = dev.info.state
   assert st.iface.classes.video, f"no video decoder class: {st.iface.description}"
