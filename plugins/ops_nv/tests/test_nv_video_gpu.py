@@ -1,8 +1,9 @@
 """NV's own video engine path on a real GPU (marker `gpu`; `bash scripts/gpu-check.sh --only=nvvideo` on the lent
 H100 or H200; first passed on two H200s, 2026-11-28): the engine opens, and every frame of the hardware-decoder test
-streams (plugrt.testing.video.nvdec_streams, the ones plugrt-cuda's NVDEC tests use) decoded by `decode_annexb_iter(stream, device="NV")` equals PyAV's software
-decode through the same conversion kernel within 1 level in uint8 (float16 within 2**-9, float32 1e-6, normalized);
-a picture below the engine's minimum is a typed refusal; opening and closing streams leaves no memory behind."""
+streams (plugrt.testing.video.nvdec_streams, the ones plugrt-cuda's NVDEC tests use) decoded by
+`decode_annexb_iter(stream, device="NV")` equals PyAV's software decode through the same conversion kernel within
+1 level in uint8 (float16 within 2**-9, float32 1e-6, normalized); a picture below the engine's minimum is a typed
+refusal; opening and closing streams leaves no memory behind."""
 from __future__ import annotations
 
 import numpy as np
