@@ -88,7 +88,9 @@ def picture_setup(s: hevc.SPSInfo, p: hevc.PPSInfo, h: hevc.SliceHeader, lay: nv
   d.tileformat, d.gob_height = nvdec.TILE_FORMAT_BLOCK_LINEAR, 0
   # nvdec_drv.h: "0: Rec.709 8 bit, 1: Rec.709 10 bit" -- 10-bit samples written as such into the 16-bit surfaces
   d.disp_output_mode = nvdec.DISP_OUTPUT_10BIT if s.bit_depth_luma > 8 else nvdec.DISP_OUTPUT_8BIT
-  d.framestride[0] = d.framestride[1] = lay.pitch
+  # framestride counts samples, not bytes: a 10-bit picture's rows (2 bytes a sample) with the byte pitch came out
+  # wrong everywhere on the H200, with the pitch in samples equal to software's (docs/hardware.md, 2026-11-28)
+  d.framestride[0] = d.framestride[1] = lay.pitch // (2 if s.bit_depth_luma > 8 else 1)
   d.colMvBuffersize = lay.colmv >> 8
   d.HevcSaoBufferOffset, d.HevcBsdCtrlOffset = lay.sao_offset >> 8, lay.bsd_offset >> 8
   d.v1.hevc_main10_444_ext.HevcFltAboveOffset = lay.flt_above_offset >> 8

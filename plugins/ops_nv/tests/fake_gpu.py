@@ -176,7 +176,7 @@ class FakeGPU(FakeDevice, GPUInterface):
     y, uv = self.video_decode(pic, bitstream)  # numpy planes of the picture's samples: (H, W) and (H/2, W) interleaved Cb/Cr
     for plane, base in ((y, luma), (uv, chroma)):
       rows, cols = np.mgrid[0:plane.shape[0], 0:plane.shape[1] * plane.itemsize]
-      offsets = block_linear(cols.ravel(), rows.ravel(), pic.framestride[0])
+      offsets = block_linear(cols.ravel(), rows.ravel(), pic.framestride[0] * (2 if pic.bit_depth_luma > 8 else 1))  # samples a row
       dest = np.ctypeslib.as_array(ctypes.cast(base, ctypes.POINTER(ctypes.c_uint8)), (int(offsets.max()) + 1,))
       dest[offsets] = plane.view(np.uint8).reshape(plane.shape[0], -1).ravel()
 

@@ -133,7 +133,8 @@ def test_decode_through_the_fake_engine(fake_nv, bits):
   # 10-bit samples for a Main10 stream: the two fields the H200's error 0x5 on 10 bits came from (nvdec_drv.h)
   init_qp = {p.init_qp for p in hevc.scan(stream).pps.values()}
   for pic, bitstream, st in gpu.pictures:
-    assert (pic.pic_width_in_luma_samples, pic.bit_depth_luma, pic.framestride[0], pic.stream_len) == (160, bits, lay.pitch, len(bitstream))
+    assert (pic.pic_width_in_luma_samples, pic.bit_depth_luma, pic.framestride[0], pic.stream_len) == \
+      (160, bits, lay.pitch // (2 if bits > 8 else 1), len(bitstream))  # the row stride in samples
     assert pic.init_qp in {q + 6 * (bits - 8) for q in init_qp} and pic.disp_output_mode == (bits > 8)
     setup = st[(nvdec.SUBCH_VIDEO, nvdec.Method.SET_DRV_PIC_SETUP_OFFSET)]
     assert st[(nvdec.SUBCH_VIDEO, nvdec.Method.HEVC_SET_TILE_SIZES_OFFSET)] == setup + (nvdec.PIC_SETUP_SIZE >> 8)

@@ -169,7 +169,7 @@ def test_bit_depth_fields(bits):
     pic = nvdec.HEVC_PIC.from_buffer_copy(d.setup[:276])
     assert (pic.bit_depth_luma, pic.bit_depth_chroma, pic.disp_output_mode) == (bits, bits, int(bits > 8))
     assert pic.init_qp in {q + 6 * (bits - 8) for q in pps_qp}
-    assert list(pic.framestride) == [nvdec.layout(192, 144, bits).pitch] * 2
+    assert list(pic.framestride) == [nvdec.layout(192, 144, bits).pitch // (2 if bits > 8 else 1)] * 2  # in samples
 
 
 def test_streams_the_engine_path_refuses():
