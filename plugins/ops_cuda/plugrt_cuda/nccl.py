@@ -30,6 +30,7 @@ HINT = "pip install nvidia-nccl-cu13 (or -cu12, as torch brings), or set PLUGRT_
 UNIQUE_ID_BYTES = 128
 SUCCESS, IN_PROGRESS = 0, 7
 SPIN_S = 0.005  # a wait for the GPUs polls without sleeping this long
+ERROR_CHECK_S = 0.001  # how often a wait asks NCCL for a communicator's asynchronous error
 RESULTS = {0: "ncclSuccess", 1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError", 4: "ncclInvalidArgument",
            5: "ncclInvalidUsage", 6: "ncclRemoteError", 7: "ncclInProgress"}
 #: ncclDataType_t of plugrt dtypes NCCL reduces (16-bit integers it has not: they are refused for reductions)
@@ -219,13 +220,18 @@ class NCCLEngine(Engine):
   def _wait(self, which: Sequence[int], what: str, deadline: float) -> None:
     """Poll the streams of the devices `which` (local indices) and their communicators' async errors until done."""
     pending, start = list(which), time.monotonic()
+    checked = start
     while pending:
-      for i in list(pending):
-        if (err := self.nccl.async_error(self.comms[i])) not in (SUCCESS, IN_PROGRESS):
-          self._fail(NCCLError(f"{what}: NCCL reported {RESULTS.get(err, err)} on device {self.states[i].index}"))
-        if self.stream_done(self.states[i]): pending.remove(i)
-      if not pending: return
+      pending = [i for i in pending if not self.stream_done(self.states[i])]
       now = time.monotonic()
+      # NCCL's own error state: asked every millisecond while waiting, not every spin, and once at the end (an aborted
+      # collective's kernels end too, so a finished stream alone does not mean the data arrived)
+      if not pending or now - checked >= ERROR_CHECK_S or now > deadline:
+        checked = now
+        for i in pending or which:
+          if (err := self.nccl.async_error(self.comms[i])) not in (SUCCESS, IN_PROGRESS):
+            self._fail(NCCLError(f"{what}: NCCL reported {RESULTS.get(err, err)} on device {self.states[i].index}"))
+      if not pending: return
       if now > deadline: self._timeout(what)
       # spin through the first SPIN_S (a 256 MiB all-reduce takes about 1 ms on NVLink, and a fixed 1 ms sleep cost
       # it 15%), then sleep a small share of the time waited so far: the added latency stays near 2%
