@@ -178,13 +178,13 @@ def test_no_video_class_is_a_typed_refusal():
   gpu.close()
 
 
-def test_the_decoder_probe_says_it_never_decoded_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-  """Where NV opens, NV_NVDEC is listed as usable but says plainly that it has never decoded a picture on a GPU."""
+def test_the_decoder_probe_says_where_it_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+  """Where NV opens, NV_NVDEC is listed as usable and says plainly on which GPUs it has decoded (H200s only)."""
   import plugrt_nv
   from plugrt.hookspecs import Probe
   monkeypatch.setattr(plugrt_nv, "probe_nv", lambda ctx: Probe.found(1, "1 GPU"))
   p = plugrt_nv.probe_nv_video(None)  # type: ignore[arg-type]
-  assert p.ok and "never decoded a picture on a GPU" in p.detail and "docs/video.md" in p.detail
+  assert p.ok and "decoded on H200s" in p.detail and "not run on other GPUs" in p.detail and "docs/video.md" in p.detail
   monkeypatch.setattr(plugrt_nv, "probe_nv", lambda ctx: Probe.missing(plugrt_nv.Reason.NO_DEVICE, "no driver"))
   assert plugrt_nv.probe_nv_video(None).detail == "no driver"  # type: ignore[arg-type]
 
