@@ -222,6 +222,8 @@ def spread(clip: bytes, path: str, streams: int, runs: int = 4) -> None:
   hevc.scan(clip)
   print(f"  hevc.scan of the clip: {(time.perf_counter() - t) * 1e3:.1f} ms (each plugrt stream scans once, holding the GIL)")
 
+  created: dict[int, float] = {}  # thread id -> when its decoder was created (cuvidCreateDecoder returned)
+
   def plugrt_one(mark: list[float]) -> int:
     dec = NVDECDecoder(Device["CUDA"], clip, hevc.scan(clip), {"queue_depth": 4})
     n = 0
@@ -231,6 +233,7 @@ def spread(clip: bytes, path: str, streams: int, runs: int = 4) -> None:
         frame.release()
         n += 1
     finally: dec.close()
+    if dec.created_at is not None: created[threading.get_ident()] = dec.created_at
     return n
 
   def pynv_one(mark: list[float]) -> int:
@@ -248,17 +251,22 @@ def spread(clip: bytes, path: str, streams: int, runs: int = 4) -> None:
     marks: list[list[float]] = [[] for _ in range(streams)]
     counts = [0] * streams
 
-    def run(k: int, one: Any = one, marks: list[list[float]] = marks, counts: list[int] = counts) -> None:
+    made: list[float | None] = [None] * streams
+
+    def run(k: int, one: Any = one, marks: list[list[float]] = marks, counts: list[int] = counts, made: list[float | None] = made) -> None:
       marks[k].append(time.perf_counter())
       counts[k] = one(marks[k])
       marks[k].append(time.perf_counter())
+      made[k] = created.pop(threading.get_ident(), None)
     threads = [threading.Thread(target=run, args=(k,)) for k in range(streams)]
     t0 = time.perf_counter()
     for th in threads: th.start()
     for th in threads: th.join()
     wall = time.perf_counter() - t0
-    cells = "  ".join(f"{(m[0] - t0) * 1e3:3.0f}/{(m[1] - t0) * 1e3:4.0f}/{(m[-1] - t0) * 1e3:5.0f}" for m in marks if len(m) == 3)
-    print(f"  {side:<15} {sum(counts) / wall:6.0f} fps, {wall * 1e3:5.0f} ms; per stream started/first frame/finished ms: {cells}", flush=True)
+    ms = lambda t, t0=t0: f"{(t - t0) * 1e3:4.0f}" if t is not None else "   -"
+    cells = "  ".join(f"{ms(m[0])}/{ms(c)}/{ms(m[1])}/{ms(m[-1])}" for m, c in zip(marks, made) if len(m) == 3)
+    print(f"  {side:<15} {sum(counts) / wall:6.0f} fps, {wall * 1e3:5.0f} ms; per stream started/decoder made/first frame/finished ms: {cells}",
+          flush=True)
 
 
 def plugrt_rgb(clip: bytes) -> int:

@@ -313,6 +313,7 @@ class NVDECDecoder:
     self.unmapped: dict[int, int] = {}
     self.unmapped_lock = threading.Lock()
     self.map_waits = 0
+    self.created_at: float | None = None
     # own_stream: maps post-process on this decoder's own non-blocking stream, and the context's stream waits for each
     # map's event before the conversion kernel, so several decoders sharing a context do not serialize on one stream
     self.map_stream = c_void_p()
@@ -389,6 +390,7 @@ class NVDECDecoder:
         with self.lock:
           _check(self.lib.cuvidCreateDecoder(ctypes.byref(self.decoder), ctypes.byref(ci)), "cuvidCreateDecoder")
         _count("decoders", 1)
+        if self.created_at is None: self.created_at = time.perf_counter()  # when NVDEC took it (bench/video.py --spread)
         self.depth_bits = depth
       else:
         if depth != self.depth_bits:
