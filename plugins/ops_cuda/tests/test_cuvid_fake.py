@@ -407,6 +407,25 @@ def test_open_close_cycles_leave_no_thread_or_object() -> None:
   _nothing_left(lib, state)
 
 
+def test_the_worker_feeds_the_scans_access_units_without_splitting_again(monkeypatch) -> None:
+  """The stream is split once, by the scan, which records each access unit's offset; the feeding thread sends those
+  (a second split per stream held the GIL at every stream's start). The parser reads the caller's bytes in place."""
+  stream = make_hevc(96, 64, frames=6)
+  info = hevc.scan(stream)
+  monkeypatch.setattr(hevc, "split_nal_units", lambda *a: pytest.fail("the stream was split again"))
+  lib = FakeCuvid()
+  dec = cuvid.NVDECDecoder(Device["CPU"], stream, info, {"queue_depth": 3}, state=FakeState(), lib=lib)
+  got = []
+  try:
+    for frame in dec.frames():
+      got.append((frame.timestamp, convert(frame.surface, dtypes.uint8, False, None).numpy()))
+      frame.release()
+  finally: dec.close()
+  monkeypatch.undo()
+  assert len(got) == 6 and dec.stream is stream
+  _check_against_pyav(stream, got)
+
+
 def test_close_wakes_a_parser_waiting_for_the_consumer(monkeypatch) -> None:
   """The consumer stops after one frame while the parser waits for a free slot: close() wakes it instead of leaving
   it to its next poll (a poll of 10 s here: close must return long before)."""
