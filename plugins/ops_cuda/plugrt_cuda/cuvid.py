@@ -338,12 +338,10 @@ class NVDECDecoder:
 
   # ------------------------------------------------------------ the worker thread and the parser's callbacks
   def _feed(self) -> None:
-    from plugrt.video.hevc import access_units, split_nal_units
     try:
       self.state.make_current()
       pkt = CUVIDSOURCEDATAPACKET()
-      # where each access unit starts: from the stream's scan (hevc.scan records them), else split here
-      offsets = list(getattr(self.info, "access_units", None) or [au[0].offset for au in access_units(split_nal_units(self.stream))])
+      offsets = self.info.access_units  # where each access unit starts, as the stream's scan (hevc.scan) found them
       parse, parser, pkt_ref, base, n = self.lib.cuvidParseVideoData, self.parser, ctypes.byref(pkt), self.base, len(self.stream)
       for k, offset in enumerate(offsets):
         if self.stopping or self.error is not None: break

@@ -186,7 +186,7 @@ class NCCLEngine(Engine):
     self.local, self.connected = len(self.states) > 1 or request.share is None, False
     self._meta: dict[tuple[str, int], Any] = {}
     deadline = time.monotonic() + self.timeout
-    if len(self.states) > 1 or request.share is None:
+    if self.local:
       self.comms = self._on_worker(lambda: self.nccl.init_all([s.index for s in self.states]), "ncclCommInitAll", deadline)
     else:
       uid = request.share(self.nccl.unique_id)  # rank 0 makes it; the launcher's channel hands it to every rank
