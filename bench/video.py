@@ -222,9 +222,8 @@ def spread(clip: bytes, path: str, streams: int, runs: int = 4) -> None:
   hevc.scan(clip)
   print(f"  hevc.scan of the clip: {(time.perf_counter() - t) * 1e3:.1f} ms (each plugrt stream scans once, holding the GIL)")
 
-  created: dict[int, float] = {}  # thread id -> when its decoder was created (cuvidCreateDecoder returned)
-
-  def plugrt_one(mark: list[float]) -> int:
+  def plugrt_one(mark: list[float]) -> tuple[int, float | None]:
+    """(frames, when cuvidCreateDecoder returned)"""
     dec = NVDECDecoder(Device["CUDA"], clip, hevc.scan(clip), {"queue_depth": 4})
     n = 0
     try:
@@ -233,10 +232,9 @@ def spread(clip: bytes, path: str, streams: int, runs: int = 4) -> None:
         frame.release()
         n += 1
     finally: dec.close()
-    if dec.created_at is not None: created[threading.get_ident()] = dec.created_at
-    return n
+    return n, dec.created_at
 
-  def pynv_one(mark: list[float]) -> int:
+  def pynv_one(mark: list[float]) -> tuple[int, float | None]:
     import PyNvVideoCodec as nvc
     demuxer = nvc.CreateDemuxer(filename=path)
     decoder = nvc.CreateDecoder(gpuid=0, codec=nvc.cudaVideoCodec.HEVC, cudacontext=0, cudastream=0, usedevicememory=True)
@@ -245,19 +243,16 @@ def spread(clip: bytes, path: str, streams: int, runs: int = 4) -> None:
       got = len(decoder.Decode(packet))
       if got and not n: mark.append(time.perf_counter())
       n += got
-    return n
+    return n, None  # (its decoder is made inside PyNvVideoCodec)
 
   for side, one in (("plugrt NV12", plugrt_one), ("PyNvVideoCodec", pynv_one)) * runs:
     marks: list[list[float]] = [[] for _ in range(streams)]
-    counts = [0] * streams
+    counts, made = [0] * streams, [None] * streams
 
-    made: list[float | None] = [None] * streams
-
-    def run(k: int, one: Any = one, marks: list[list[float]] = marks, counts: list[int] = counts, made: list[float | None] = made) -> None:
+    def run(k: int, one: Any = one, marks: list[list[float]] = marks, counts: list[int] = counts, made: list[Any] = made) -> None:
       marks[k].append(time.perf_counter())
-      counts[k] = one(marks[k])
+      counts[k], made[k] = one(marks[k])
       marks[k].append(time.perf_counter())
-      made[k] = created.pop(threading.get_ident(), None)
     threads = [threading.Thread(target=run, args=(k,)) for k in range(streams)]
     t0 = time.perf_counter()
     for th in threads: th.start()
