@@ -213,6 +213,43 @@ def test_a_program_sees_each_call_exactly(dev):
   assert iout.numpy()[0] == 1
 
 
+@kernel
+def axpy(out: dtypes.float32[:], x: dtypes.float32[:], a: dtypes.float32, b: dtypes.float32):
+  out[0] = a * x[0] + b
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_the_same_scalars_with_new_buffers_each_call(dev):
+  """A kernel run on each new frame: the scalars and sizes repeat, the buffers are new every call. Every result lands
+  in its own buffer from its own input, and a wrong buffer is refused on that path as on a first call."""
+  d = Device[dev]
+  prg = d.program(axpy.ir())
+  outs = [Buffer(d, 1, dtypes.float32) for _ in range(6)]
+  ins = [Buffer(d, 1, dtypes.float32).copyin(np.array([k], np.float32)) for k in range(6)]
+  for k in range(6): prg(outs[k], ins[k], vals=(2.0, 0.5))
+  assert [o.numpy()[0] for o in outs] == [2 * k + 0.5 for k in range(6)]
+  with pytest.raises(TypeError, match="must be a buffer of float32"): prg(outs[0], Buffer(d, 1, dtypes.int32), vals=(2.0, 0.5))
+  with pytest.raises(TypeError, match="takes 2 buffer"): prg(outs[0], vals=(2.0, 0.5))
+  if dev != "PYTHON":
+    with pytest.raises(TypeError, match="is a buffer on"): prg(outs[0], Buffer(Device["PYTHON"], 1, dtypes.float32), vals=(2.0, 0.5))
+  prg(outs[1], ins[5], vals=(2.0, -0.0))  # the same numbers but one: prepared again in full
+  prg(outs[2], ins[4], vals=(-1.0, 0.0))
+  assert (outs[1].numpy()[0], outs[2].numpy()[0]) == (10.0, -4.0)
+
+
+def test_a_cuda_launch_with_new_buffers_keeps_the_packed_scalars():
+  if "CUDA" not in DEVICES: pytest.skip("no CUDA device here")
+  d = Device["CUDA"]
+  prg = d.program(axpy.ir())
+  a, b, c = (Buffer(d, 1, dtypes.float32) for _ in range(3))
+  prg(a, b, vals=(3.0, 1.0))
+  first = prg._prepared
+  prg(c, b, vals=(3.0, 1.0))
+  again = prg._prepared
+  assert again is not first and again.bufs == (c, b) and again.values[2:] == first.values[2:] and again.values[2] is first.values[2]
+  assert again.slots[10] != first.slots[10] and list(again.slots)[:10] == list(first.slots)[:10]
+
+
 def test_a_repeated_cpu_launch_reuses_its_prepared_launch():
   if "CPU" not in DEVICES: pytest.skip("no CPU device here")
   d = Device["CPU"]

@@ -451,9 +451,9 @@ class Program:
                vals: Sequence[Any] = (), wait: bool = False) -> float | None:
     raise NotImplementedError
 
-  def check_args(self, bufs: Sequence[Any], vals: Sequence[Any], global_size: Any, local_size: Any) \
-      -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """The full argument check, with messages; backends call it when their fast check fails."""
+  def check_bufs(self, bufs: Sequence[Any]) -> None:
+    """The buffers' part of check_args: their count, and that each is a Buffer of this device and of its slot's dtype
+    (a backend that re-prepares a launch with new buffers and the scalars and sizes it checked before calls this alone)."""
     from plugrt.device import Buffer
     sig, name = self.signature, f"program {self.name}"
     if len(bufs) != self.nbufs:
@@ -464,6 +464,12 @@ class Program:
         raise TypeError(f"{name} runs on {self.device}: argument {i} is a buffer on {b.device}; copy it with buf.to({str(self.device)!r})")
       if b.dtype is not dt:
         raise TypeError(f"{name}: argument {i} must be a buffer of {dt.name}, got {b.dtype.name}; use buf.view(dtype=...) to reinterpret")
+
+  def check_args(self, bufs: Sequence[Any], vals: Sequence[Any], global_size: Any, local_size: Any) \
+      -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The full argument check, with messages; backends call it when their fast check fails."""
+    sig, name = self.signature, f"program {self.name}"
+    self.check_bufs(bufs)
     if not isinstance(vals, (tuple, list)): raise TypeError(f"program {self.name}: vals must be a tuple, not {type(vals).__name__}")
     if len(vals) != self.nvals:
       raise TypeError(f"{name} takes {self.nvals} scalar(s) in vals ({', '.join(d.name for d in sig.scalars) or 'none'}), got {len(vals)}")
