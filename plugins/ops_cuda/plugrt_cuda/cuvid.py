@@ -36,7 +36,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from plugrt.errors import Reason, VideoDecoderUnavailable, VideoStreamError
 from plugrt.video import FrameIterator, decode_annexb_iter, decode_annexb_to_tensors_auto  # noqa: F401  (the contract's names, here too)
@@ -130,7 +130,7 @@ C_SIZES = {CUVIDDECODECAPS: 88, CUVIDDECODECREATEINFO: 176, CUVIDEOFORMAT: 64, C
            CUVIDPARSERPARAMS: 136, CUVIDPROCPARAMS: 264, CUVIDRECONFIGUREDECODERINFO: 128, CUVIDGETDECODESTATUS: 192}
 
 _lib: Any = None
-_counts = {"decoders": 0, "parsers": 0, "mapped": 0}  # live objects, for leak tests (live_objects())
+_counts = {"decoders": 0, "kept": 0, "parsers": 0, "mapped": 0}  # live objects, for leak tests (live_objects())
 _counts_lock = threading.Lock()
 
 
@@ -156,7 +156,8 @@ def libnvcuvid() -> Any:
 
 
 def live_objects() -> dict[str, int]:
-  """Decoders, parsers and mapped surfaces that exist now (every close() brings them back to where they were)."""
+  """Decoders of open streams, decoders kept idle for reuse ("kept", at most DECODER_CACHE per GPU), parsers and
+  mapped surfaces that exist now (every close() brings all but "kept" back to where they were)."""
   with _counts_lock: return dict(_counts)
 
 
@@ -189,6 +190,81 @@ def decoder_caps(bit_depth: int, state: Any = None, lib: Any = None, codec: int 
   caps = CUVIDDECODECAPS(eCodecType=codec, eChromaFormat=chroma, nBitDepthMinus8=bit_depth - 8)
   _check(lib.cuvidGetDecoderCaps(ctypes.byref(caps)), "cuvidGetDecoderCaps")
   with _caps_lock: return _caps_cache.setdefault(lib, {}).setdefault(key, caps)
+
+
+#: idle decoders kept per GPU (CUDA context) once their stream closed, for the next stream to take instead of making
+#: one: cuvidCreateDecoder costs about 43 ms on an H200 and the driver runs one at a time however many threads ask, and
+#: cuvidDestroyDecoder about 230 ms (docs/hardware.md). A stream takes a kept decoder of its bit depth and output
+#: surfaces whose size limits and decode surfaces are enough, and reconfigures it in its sequence callback
+#: (cuvidReconfigureDecoder: NVIDIA's API for reusing a decoder across clips) unless it already has the stream's
+#: size. The oldest is destroyed when more would be kept; clear_decoder_cache() destroys them all, as does an
+#: out-of-memory error from cuvidCreateDecoder or the GPU's allocator (before its retry). 0 turns keeping off.
+DECODER_CACHE = 4
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+class _Kept(NamedTuple):
+  handle: int
+  state: Any
+  depth: int
+  out_surfaces: int
+  capacity: tuple[int, int, int]  # (ulMaxWidth, ulMaxHeight, decode surfaces) it was made with
+  config: tuple[Any, ...]  # the size it was last configured for (coded, target, display area, decode surfaces)
+
+
+#: kept decoders per libnvcuvid (tests give fakes), then per CUDA context, oldest first
+_kept: weakref.WeakKeyDictionary[Any, dict[Any, list[_Kept]]] = weakref.WeakKeyDictionary()
+_kept_lock = threading.Lock()
+
+
+def _ctx_key(state: Any) -> Any: return getattr(getattr(state, "ctx", None), "value", None)
+
+
+def _take_kept(lib: Any, state: Any, depth: int, out_surfaces: int, width: int, height: int, surfaces: int) -> _Kept | None:
+  """A kept decoder that can decode `depth`-bit pictures up to width x height with `surfaces` decode surfaces into
+  `out_surfaces` output surfaces, taken out of the cache (the most recently kept that fits); None if none fits."""
+  with _kept_lock:
+    kept = _kept.get(lib, {}).get(_ctx_key(state), [])
+    for k in range(len(kept) - 1, -1, -1):
+      e = kept[k]
+      if e.depth == depth and e.out_surfaces == out_surfaces and width <= e.capacity[0] and height <= e.capacity[1] and surfaces <= e.capacity[2]:
+        del kept[k]
+        _count("kept", -1)
+        _count("decoders", 1)
+        return e
+  return None
+
+
+def _keep(lib: Any, entry: _Kept) -> None:
+  """Keep a closed stream's decoder for reuse; the oldest beyond DECODER_CACHE are destroyed (here, on the closer's thread)."""
+  with _kept_lock:
+    kept = _kept.setdefault(lib, {}).setdefault(_ctx_key(entry.state), [])
+    kept.append(entry)
+    _count("decoders", -1)
+    _count("kept", 1)
+    over = kept[:max(len(kept) - DECODER_CACHE, 0)]
+    del kept[:len(over)]
+  _destroy_kept(lib, over)
+
+
+def _destroy_kept(lib: Any, entries: list[_Kept]) -> None:
+  for e in entries:
+    e.state.make_current()
+    lib.cuvidDestroyDecoder(c_void_p(e.handle))
+    _count("kept", -1)
+
+
+def clear_decoder_cache(state: Any = None, lib: Any = None) -> int:
+  """Destroy the decoders kept for reuse (DECODER_CACHE): those of `state`'s GPU, or of every GPU; returns how many.
+  Their GPU memory is free once this returns. `lib` stands in for libnvcuvid (tests)."""
+  with _kept_lock:
+    gone: list[tuple[Any, list[_Kept]]] = []
+    for owner, by_ctx in list(_kept.items()):
+      if lib is not None and owner is not lib: continue
+      for ctx in list(by_ctx):
+        if state is None or ctx == _ctx_key(state): gone.append((owner, by_ctx.pop(ctx)))
+  for owner, entries in gone: _destroy_kept(owner, entries)
+  return sum(len(entries) for _, entries in gone)
 
 
 PUT_POLL_S = 0.05  # how often a put waiting for a slot looks whether the decoder is stopping (close wakes it at once)
@@ -314,6 +390,10 @@ class NVDECDecoder:
     self.unmapped_lock = threading.Lock()
     self.map_waits = 0
     self.created_at: float | None = None
+    # the decoder's limits as made (max width, max height, decode surfaces), its size now, and whether it was a kept one
+    self.capacity: tuple[int, int, int] | None = None
+    self.config: tuple[Any, ...] | None = None
+    self.reused = False
     # own_stream: maps post-process on this decoder's own non-blocking stream, and the context's stream waits for each
     # map's event before the conversion kernel, so several decoders sharing a context do not serialize on one stream
     self.map_stream = c_void_p()
@@ -377,17 +457,13 @@ class NVDECDecoder:
       da = fmt.display_area
       w, h = da.right - da.left, da.bottom - da.top
       tw, th = w + (w & 1), h + (h & 1)
+      config = (fmt.coded_width, fmt.coded_height, tw, th, (da.left, da.top, da.right, da.bottom), surfaces)
       if self.fmt is None or not self.decoder.value:
-        ci = CUVIDDECODECREATEINFO(ulWidth=fmt.coded_width, ulHeight=fmt.coded_height, ulNumDecodeSurfaces=surfaces, CodecType=cudaVideoCodec_HEVC,
-                                   ChromaFormat=cudaVideoChromaFormat_420, ulCreationFlags=cudaVideoCreate_PreferCUVID,
-                                   bitDepthMinus8=depth - 8, ulMaxWidth=max(self.max_w, fmt.coded_width),
-                                   ulMaxHeight=max(self.max_h, fmt.coded_height), OutputFormat=cudaVideoSurfaceFormat_P016 if depth > 8
-                                   else cudaVideoSurfaceFormat_NV12, DeinterlaceMode=cudaVideoDeinterlaceMode_Weave, ulTargetWidth=tw,
-                                   ulTargetHeight=th, ulNumOutputSurfaces=self.out_surfaces)
-        ci.display_area = Rect16(da.left, da.top, da.right, da.bottom)
-        with self.lock:
-          _check(self.lib.cuvidCreateDecoder(ctypes.byref(self.decoder), ctypes.byref(ci)), "cuvidCreateDecoder")
-        _count("decoders", 1)
+        max_w, max_h = max(self.max_w, fmt.coded_width), max(self.max_h, fmt.coded_height)
+        if DECODER_CACHE and (kept := _take_kept(self.lib, self.state, depth, self.out_surfaces, max_w, max_h, surfaces)) is not None:
+          self.decoder, self.capacity, self.reused = c_void_p(kept.handle), kept.capacity, True
+          if kept.config != config: self._reconfigure(config)
+        else: self._create(config, depth, max_w, max_h)
         if self.created_at is None: self.created_at = time.perf_counter()  # when NVDEC took it (bench/video.py --spread)
         self.depth_bits = depth
       else:
@@ -398,12 +474,8 @@ class NVDECDecoder:
         while (self.mapped or self.unmapped) and not self.stopping:
           self._unmap_done(wait=True)
           time.sleep(0.001)
-        rc = CUVIDRECONFIGUREDECODERINFO(ulWidth=fmt.coded_width, ulHeight=fmt.coded_height, ulTargetWidth=tw, ulTargetHeight=th,
-                                         ulNumDecodeSurfaces=surfaces)
-        rc.display_area = Rect16(da.left, da.top, da.right, da.bottom)
-        with self.lock:
-          _check(self.lib.cuvidReconfigureDecoder(self.decoder, ctypes.byref(rc)), "cuvidReconfigureDecoder")
-      self.fmt = fmt
+        self._reconfigure(config)
+      self.fmt, self.config = fmt, config
       vs = fmt.video_signal_description
       self.surface = (w, h, tw, th, depth, 16 - depth if depth > 8 else 0, 2 if depth > 8 else 1, bool(vs.video_full_range_flag),
                       int(vs.matrix_coefficients))
@@ -411,6 +483,29 @@ class NVDECDecoder:
     except BaseException as e:
       if self.error is None: self.error = e
       return 0
+
+  def _create(self, config: tuple[Any, ...], depth: int, max_w: int, max_h: int) -> None:
+    cw, ch, tw, th, area, surfaces = config
+    ci = CUVIDDECODECREATEINFO(ulWidth=cw, ulHeight=ch, ulNumDecodeSurfaces=surfaces, CodecType=cudaVideoCodec_HEVC,
+                               ChromaFormat=cudaVideoChromaFormat_420, ulCreationFlags=cudaVideoCreate_PreferCUVID, bitDepthMinus8=depth - 8,
+                               ulMaxWidth=max_w, ulMaxHeight=max_h, OutputFormat=cudaVideoSurfaceFormat_P016 if depth > 8
+                               else cudaVideoSurfaceFormat_NV12, DeinterlaceMode=cudaVideoDeinterlaceMode_Weave, ulTargetWidth=tw,
+                               ulTargetHeight=th, ulNumOutputSurfaces=self.out_surfaces)
+    ci.display_area = Rect16(*area)
+    with self.lock:
+      r = self.lib.cuvidCreateDecoder(ctypes.byref(self.decoder), ctypes.byref(ci))
+      if r == CUDA_ERROR_OUT_OF_MEMORY and clear_decoder_cache(self.state, self.lib):  # the kept decoders' memory, then once more
+        r = self.lib.cuvidCreateDecoder(ctypes.byref(self.decoder), ctypes.byref(ci))
+      _check(r, "cuvidCreateDecoder")
+    _count("decoders", 1)
+    self.capacity = (max_w, max_h, surfaces)
+
+  def _reconfigure(self, config: tuple[Any, ...]) -> None:
+    cw, ch, tw, th, area, surfaces = config
+    rc = CUVIDRECONFIGUREDECODERINFO(ulWidth=cw, ulHeight=ch, ulTargetWidth=tw, ulTargetHeight=th, ulNumDecodeSurfaces=surfaces)
+    rc.display_area = Rect16(*area)
+    with self.lock:
+      _check(self.lib.cuvidReconfigureDecoder(self.decoder, ctypes.byref(rc)), "cuvidReconfigureDecoder")
 
   def _on_decode(self, _user: Any, pic: Any) -> int:
     if self.stopping: return 0
@@ -648,9 +743,12 @@ class NVDECDecoder:
         self.parser = c_void_p()
         _count("parsers", -1)
       if self.decoder.value:
-        self.lib.cuvidDestroyDecoder(self.decoder)
+        if self._reusable():
+          _keep(self.lib, _Kept(self.decoder.value, self.state, self.depth_bits, self.out_surfaces, self.capacity, self.config))  # type: ignore[arg-type]
+        else:
+          self.lib.cuvidDestroyDecoder(self.decoder)
+          _count("decoders", -1)
         self.decoder = c_void_p()
-        _count("decoders", -1)
       for ev in (*self.spare_events, *self.map_events): self.state.lib.cuEventDestroy_v2(ev)
       self.spare_events.clear()
       self.map_events.clear()
@@ -658,6 +756,13 @@ class NVDECDecoder:
         self.state.lib.cuStreamSynchronize(self.map_stream)
         self.state.lib.cuStreamDestroy_v2(self.map_stream)
         self.map_stream = c_void_p()
+
+  def _reusable(self) -> bool:
+    """Whether the decoder may serve another stream: it decoded without an error, its size is known, and nothing of
+    this stream still calls into it or holds a surface of it."""
+    return bool(DECODER_CACHE) and self.error is None and self.capacity is not None and self.config is not None and \
+      self.config[5] <= self.capacity[2] and not self.worker.is_alive() and (self.mapper is None or not self.mapper.is_alive()) and \
+      self.mapped == 0
 
   def __del__(self) -> None:
     try: self.close()

@@ -9,6 +9,7 @@ values that changed since the previous call.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -152,6 +153,12 @@ class CUDAAllocator(Allocator[int]):
     D.check(self.lib.cuMemFree_v2(ctypes.c_uint64(handle)), "cuMemFree")
 
   def _offset(self, handle: int, offset: int, nbytes: int) -> int: return handle + offset
+
+  def free_cache(self) -> int:
+    freed = super().free_cache()
+    # decoders kept for reuse (plugrt_cuda.cuvid.DECODER_CACHE) hold this GPU's memory too: out of memory frees them as well
+    if (cuvid := sys.modules.get("plugrt_cuda.cuvid")) is not None: cuvid.clear_decoder_cache(self.state)
+    return freed
 
   def _host_alloc(self, nbytes: int) -> tuple[int, Any]:
     self.state.make_current()

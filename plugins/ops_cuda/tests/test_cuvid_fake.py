@@ -76,6 +76,8 @@ class FakeCuvid:
     self.max_mapped = 0
     self.created: list[cuvid.CUVIDDECODECREATEINFO] = []
     self.reconfigured: list[tuple[int, int]] = []
+    self.live: set[int] = set()  # decoder handles made and not destroyed
+    self.destroyed = self.out_of_memory = 0
     self.pictures: dict[int, tuple[Any, int, int]] = {}  # picture index -> (frame, timestamp, display number)
     self.lock = threading.Lock()
     self.caps_calls = self.submitted = self.submitted_during_maps = self.blocked_maps = self.reused_unmapped = self.status_calls = 0
@@ -144,9 +146,13 @@ class FakeCuvid:
     return 0
 
   def cuvidCreateDecoder(self, p: Any, ci: Any) -> int:
+    if self.out_of_memory:  # the GPU is full until a decoder is destroyed
+      self.out_of_memory -= 1
+      return cuvid.CUDA_ERROR_OUT_OF_MEMORY
     self.created.append(ci._obj)
     self.decoders += 1
-    p._obj.value = 0xDEC
+    p._obj.value = handle = 0xDEC0 + len(self.created)
+    self.live.add(handle)
     return 0
 
   def cuvidReconfigureDecoder(self, dec: Any, rc: Any) -> int:
@@ -156,7 +162,9 @@ class FakeCuvid:
 
   def cuvidDestroyDecoder(self, dec: Any) -> int:
     assert not self.mapped, "decoder destroyed while surfaces are mapped"
+    self.live.remove(dec.value)
     self.decoders -= 1
+    self.destroyed += 1
     return 0
 
   def cuvidDecodePicture(self, dec: Any, pic: Any) -> int:
@@ -238,6 +246,8 @@ def _check_against_pyav(stream: bytes, got: list[Any]) -> None:
 
 
 def _nothing_left(lib: FakeCuvid, state: FakeState) -> None:
+  """Nothing of the decoder is left once the decoders kept for reuse are destroyed too."""
+  cuvid.clear_decoder_cache(lib=lib)
   assert (lib.parsers, lib.decoders, len(lib.mapped), state.lib.events) == (0, 0, 0, 0)
   assert lib.reused_unmapped == 0, "a picture index was decoded into while its shown picture still waited to be mapped"
 
@@ -386,7 +396,8 @@ def test_map_on_must_be_known() -> None:
 
 def test_open_close_cycles_leave_no_thread_or_object() -> None:
   """Many short lives in every mode (an early close, an exception in the loop, to the end): no worker or mapper
-  thread outlives its decoder, live_objects() comes back, and the capabilities are asked once in all."""
+  thread outlives its decoder, live_objects() comes back (with the one decoder kept for reuse), and the
+  capabilities are asked once and the decoder made once in all."""
   stream = make_hevc(96, 64, frames=4)
   info = hevc.scan(stream)
   lib, state = FakeCuvid(), FakeState()
@@ -402,8 +413,8 @@ def test_open_close_cycles_leave_no_thread_or_object() -> None:
       else:
         for f in it: f.release()
     finally: dec.close()
-    assert cuvid.live_objects() == objects, i
-  assert threading.active_count() == threads and lib.caps_calls == 1
+    assert cuvid.live_objects() == {**objects, "kept": objects["kept"] + 1}, i
+  assert threading.active_count() == threads and lib.caps_calls == 1 and len(lib.created) == 1
   _nothing_left(lib, state)
 
 
@@ -451,3 +462,67 @@ def test_status_polling_maps_only_finished_pictures(map_on: str) -> None:
   _check_against_pyav(stream, got)
   _nothing_left(lib, state)
   assert lib.blocked_maps == 0 and lib.status_calls > 2 * 12  # one after each map, and polls before
+
+
+def _decode_all(stream: bytes, lib: FakeCuvid, state: FakeState, **options: Any) -> Any:
+  got, dec = _run_dec(stream, lib, state, **options)
+  _check_against_pyav(stream, got)
+  return dec
+
+
+@pytest.mark.parametrize("map_on", MODES)
+def test_a_closed_streams_decoder_serves_the_next_stream(map_on: str) -> None:
+  """A closed stream's decoder is kept (DECODER_CACHE) and taken by the next stream it fits: the same size as it is,
+  a smaller one reconfigured; another depth or a larger size gets a decoder of its own. Every frame stays right."""
+  s96, s64, s128, s96_10 = (make_hevc(w, 64, frames=5, bit_depth=b) for w, b in ((96, 8), (64, 8), (128, 8), (96, 10)))
+  lib, state = FakeCuvid(), FakeState()
+  objects = cuvid.live_objects()
+  assert not _decode_all(s96, lib, state, map_on=map_on).reused and len(lib.created) == 1
+  assert cuvid.live_objects() == {**objects, "kept": objects["kept"] + 1}
+  assert _decode_all(s96, lib, state, map_on=map_on).reused and len(lib.created) == 1 and lib.reconfigured == []
+  assert _decode_all(s64, lib, state, map_on=map_on).reused and len(lib.created) == 1 and lib.reconfigured == [(64, 64)]
+  assert _decode_all(s96, lib, state, map_on=map_on).reused and lib.reconfigured == [(64, 64), (96, 64)]  # back to its first size
+  assert not _decode_all(s96_10, lib, state, map_on=map_on).reused and lib.created[-1].bitDepthMinus8 == 2
+  assert not _decode_all(s128, lib, state, map_on=map_on).reused and len(lib.created) == 3  # larger than the 8-bit one kept
+  assert cuvid.live_objects() == {**objects, "kept": objects["kept"] + 3} and lib.destroyed == 0
+  assert cuvid.clear_decoder_cache(lib=lib) == 3 and lib.decoders == 0 and cuvid.live_objects() == objects
+  _nothing_left(lib, state)
+
+
+def test_at_most_DECODER_CACHE_decoders_are_kept_the_oldest_go(monkeypatch) -> None:
+  monkeypatch.setattr(cuvid, "DECODER_CACHE", 2)
+  lib, state = FakeCuvid(), FakeState()
+  for w in (64, 96, 128):  # each larger than those kept: a decoder each
+    _decode_all(make_hevc(w, 64, frames=2), lib, state)
+  assert len(lib.created) == 3 and lib.destroyed == 1 and lib.decoders == 2
+  assert sorted(lib.live) == [0xDEC2, 0xDEC3]  # the 64-wide one, kept first, went first
+  _nothing_left(lib, state)
+
+
+def test_DECODER_CACHE_0_destroys_each_decoder_at_close(monkeypatch) -> None:
+  monkeypatch.setattr(cuvid, "DECODER_CACHE", 0)
+  lib, state = FakeCuvid(), FakeState()
+  stream = make_hevc(96, 64, frames=2)
+  for k in range(3):
+    assert not _decode_all(stream, lib, state).reused
+    assert lib.decoders == 0 and lib.destroyed == k + 1
+  _nothing_left(lib, state)
+
+
+def test_a_decoder_that_failed_is_not_kept() -> None:
+  stream = make_hevc(96, 64, frames=6)
+  lib, state = FakeCuvid(bad_picture=2), FakeState()
+  with pytest.raises(VideoStreamError, match="NVDEC found an error"): _run(stream, lib, state)
+  assert lib.decoders == 0 and lib.destroyed == 1 and cuvid.live_objects()["decoders"] == 0
+
+
+def test_out_of_memory_at_creation_destroys_the_kept_decoders_and_retries_once() -> None:
+  lib, state = FakeCuvid(), FakeState()
+  _decode_all(make_hevc(96, 64, frames=2), lib, state)  # kept
+  lib.out_of_memory = 1
+  assert not _decode_all(make_hevc(96, 64, frames=2, bit_depth=10), lib, state).reused
+  assert lib.destroyed == 1 and len(lib.created) == 2
+  lib.out_of_memory = 2  # the kept 10-bit decoder is destroyed for the retry, and that is not enough
+  with pytest.raises(Exception, match="cuvidCreateDecoder"): _run(make_hevc(128, 64, frames=2), lib, state)
+  assert lib.destroyed == 2
+  _nothing_left(lib, state)
