@@ -3,7 +3,9 @@
   PyNvVideoCodec  NVIDIA's Python decoder (its Demuxer + Decoder, frames in device memory, NV12)
   PyAV            FFmpeg's software decoder on every core (decode only; and decode + RGB arrays)
   plugrt          NVDEC through plugrt_cuda.cuvid: to NV12 surfaces (mapped, released unconverted), to float16 RGB
-                  tensors on the GPU (the conversion kernel), and 4 streams at once (one decoder each)
+                  tensors on the GPU (the conversion kernel), and 4 streams at once (one decoder each); as users get it
+                  (closed streams' decoders kept for the next: cuvid.DECODER_CACHE, filled by each row's warm-up run),
+                  and with DECODER_CACHE=0 (a decoder made and destroyed in every run, as PyNvVideoCodec's rows do)
 
 Targets (issue 12): plugrt NV12 >= 1.0x PyNvVideoCodec's fps; float16 RGB >= 0.9x PyNvVideoCodec's NV12 fps;
 4 streams >= 3x one stream's aggregate rate.
@@ -212,9 +214,10 @@ def sweep(clip: bytes, path: str, streams: int) -> None:
 
 
 def spread(clip: bytes, path: str, streams: int, runs: int = 4) -> None:
-  """Where the time of `streams` concurrent streams goes, stream by stream: when each thread started, showed its
-  first frame and finished (ms from the run's start), plugrt NV12 and PyNvVideoCodec alternating, `runs` runs each.
-  A stream that starts late or finishes alone says the wall time is not the engines'."""
+  """Where the time of `streams` concurrent streams goes, stream by stream: when each thread started, had its
+  decoder, showed its first and last frame and was closed (ms from the run's start); plugrt NV12 with decoders kept
+  (each run after a run of as many streams), plugrt with none kept, and PyNvVideoCodec, taking turns, `runs` runs
+  each. A stream that starts late or finishes alone says the wall time is not the engines'."""
   from plugrt import Device
   from plugrt.video import hevc
   from plugrt_cuda.cuvid import NVDECDecoder
@@ -223,7 +226,7 @@ def spread(clip: bytes, path: str, streams: int, runs: int = 4) -> None:
   print(f"  hevc.scan of the clip: {(time.perf_counter() - t) * 1e3:.1f} ms (each plugrt stream scans once, holding the GIL)")
 
   def plugrt_one(mark: list[float]) -> tuple[int, float | None]:
-    """(frames, when cuvidCreateDecoder returned)"""
+    """(frames, when the decoder was made or a kept one taken); marks the first and the last frame"""
     dec = NVDECDecoder(Device["CUDA"], clip, hevc.scan(clip), {"queue_depth": 4})
     n = 0
     try:
@@ -231,6 +234,7 @@ def spread(clip: bytes, path: str, streams: int, runs: int = 4) -> None:
         if not n: mark.append(time.perf_counter())
         frame.release()
         n += 1
+      mark.append(time.perf_counter())
     finally: dec.close()
     return n, dec.created_at
 
@@ -243,9 +247,19 @@ def spread(clip: bytes, path: str, streams: int, runs: int = 4) -> None:
       got = len(decoder.Decode(packet))
       if got and not n: mark.append(time.perf_counter())
       n += got
+    mark.append(time.perf_counter())
     return n, None  # (its decoder is made inside PyNvVideoCodec)
 
-  for side, one in (("plugrt NV12", plugrt_one), ("PyNvVideoCodec", pynv_one)) * runs:
+  from plugrt_cuda import cuvid
+  keep = cuvid.DECODER_CACHE
+
+  def plugrt_uncached(mark: list[float]) -> tuple[int, float | None]:
+    cuvid.DECODER_CACHE = 0
+    return plugrt_one(mark)
+  sides = (("plugrt NV12", plugrt_one), ("plugrt NV12 DECODER_CACHE=0", plugrt_uncached), ("PyNvVideoCodec", pynv_one))
+  for side, one in sides * runs:
+    cuvid.DECODER_CACHE = keep
+    if one is plugrt_one: concurrent(plugrt_nv12, clip, streams)  # the run before left this many decoders to keep
     marks: list[list[float]] = [[] for _ in range(streams)]
     counts, made = [0] * streams, [None] * streams
 
@@ -259,9 +273,25 @@ def spread(clip: bytes, path: str, streams: int, runs: int = 4) -> None:
     for th in threads: th.join()
     wall = time.perf_counter() - t0
     ms = lambda t, t0=t0: f"{(t - t0) * 1e3:4.0f}" if t is not None else "   -"
-    cells = "  ".join(f"{ms(m[0])}/{ms(c)}/{ms(m[1])}/{ms(m[-1])}" for m, c in zip(marks, made) if len(m) == 3)
-    print(f"  {side:<15} {sum(counts) / wall:6.0f} fps, {wall * 1e3:5.0f} ms; per stream started/decoder made/first frame/finished ms: {cells}",
-          flush=True)
+    cells = "  ".join(f"{ms(m[0])}/{ms(c)}/{ms(m[1])}/{ms(m[2])}/{ms(m[3])}" for m, c in zip(marks, made) if len(m) == 4)
+    print(f"  {side:<27} {sum(counts) / wall:6.0f} fps, {wall * 1e3:5.0f} ms; per stream started/decoder ready/first frame/last frame/"
+          f"closed ms: {cells}", flush=True)
+  cuvid.DECODER_CACHE = keep
+
+
+UNCACHED = "plugrt DECODER_CACHE=0"
+
+
+def uncached(fn: Any) -> Any:
+  """fn with no decoder kept between runs: each run makes its decoders and destroys them at close."""
+  def run() -> Any:
+    from plugrt_cuda import cuvid
+    keep = cuvid.DECODER_CACHE
+    cuvid.DECODER_CACHE = 0
+    cuvid.clear_decoder_cache()
+    try: return fn()
+    finally: cuvid.DECODER_CACHE = keep
+  return run
 
 
 def plugrt_rgb(clip: bytes) -> int:
@@ -308,7 +338,9 @@ def main() -> int:
     f.write(clip)
     path = f.name
   if args.spread:
-    spread(clip, path, args.streams)
+    for k in sorted({1, args.streams}):
+      print(f"-- {k} stream{'s' if k > 1 else ''} at once")
+      spread(clip, path, k)
     os.unlink(path)
     return 0
   if args.sweep:
@@ -324,31 +356,47 @@ def main() -> int:
   if not gpu.ok: nvc_missing = f"no NVIDIA GPU here ({gpu.detail})"
   elif args.no_install: nvc_missing = "" if importlib.util.find_spec("PyNvVideoCodec") else "not installed (--no-install)"
   else: nvc_missing = ensure("PyNvVideoCodec", "pynvvideocodec")
+  if gpu.ok and not nvc_missing:  # before anything holds the GPU's primary context (next line): for the record
+    pynvvideocodec_nv12(path)
+    secs, n = timed(lambda: pynvvideocodec_nv12(path), reps)
+    print(f"  {'PyNvVideoCodec NV12, no CUDA context held in the process':<66} {n / secs:8.0f} fps  (not compared: see below)")
+    results["rows"]["PyNvVideoCodec NV12, no CUDA context held"] = {"fps": n / secs, "frames": n, "seconds": secs}
+  # The rows below run with the GPU's primary context held, as any program that uses the GPU for anything else holds
+  # it. Without it PyNvVideoCodec (cudacontext=0) seems to set the context up and tear it down around each decoder
+  # (the row above against its row below).
+  if gpu.ok: Device["CUDA"].synchronize()
   rows.insert(0, ("PyNvVideoCodec NV12 (device memory)", lambda: pynvvideocodec_nv12(path), nvc_missing))
-  rows += [("plugrt NVDEC to NV12 surfaces", lambda: plugrt_nv12(clip), ""),
-           ("plugrt NVDEC to float16 RGB tensors", lambda: plugrt_rgb(clip), ""),
-           (f"plugrt NVDEC to float16 RGB, {args.streams} streams", lambda: concurrent(plugrt_rgb, clip, args.streams), "")]
+  k = args.streams
+  for pre, wrap in (("plugrt", lambda fn: fn), (UNCACHED, uncached)):
+    rows += [(f"{pre} NVDEC to NV12 surfaces", wrap(lambda: plugrt_nv12(clip)), ""),
+             (f"{pre} NVDEC to float16 RGB tensors", wrap(lambda: plugrt_rgb(clip)), ""),
+             (f"{pre} NVDEC to NV12 surfaces, {k} streams", wrap(lambda: concurrent(plugrt_nv12, clip, k)), ""),
+             (f"{pre} NVDEC to float16 RGB, {k} streams", wrap(lambda: concurrent(plugrt_rgb, clip, k)), "")]
   for name, fn, missing in rows:
     if missing:
       results["rows"][name] = {"error": missing}
-      print(f"  {name:<50} -  ({missing})")
+      print(f"  {name:<66} -  ({missing})")
       continue
     try:
       fn()  # warm: contexts, kernels
       secs, n = timed(fn, reps)
     except Exception as e:  # one side failing still reports the others
       results["rows"][name] = {"error": f"{type(e).__name__}: {e}"}
-      print(f"  {name:<50} failed: {type(e).__name__}: {e}")
+      print(f"  {name:<66} failed: {type(e).__name__}: {e}")
       continue
     results["rows"][name] = {"fps": n / secs, "frames": n, "seconds": secs}
-    print(f"  {name:<50} {n / secs:8.0f} fps  ({n} frames in {secs:.2f} s)")
+    print(f"  {name:<66} {n / secs:8.0f} fps  ({n} frames in {secs:.2f} s)")
   os.unlink(path)
   r = {k: v.get("fps") for k, v in results["rows"].items()}
-  ref, nv12, rgb, many = r.get(rows[0][0]), r.get("plugrt NVDEC to NV12 surfaces"), r.get("plugrt NVDEC to float16 RGB tensors"), r.get(rows[-1][0])
+  ref = r.get(rows[0][0])
   targets = {}
-  if ref and nv12: targets["NV12 vs PyNvVideoCodec (>= 1.0)"] = nv12 / ref
-  if ref and rgb: targets["float16 RGB vs PyNvVideoCodec NV12 (>= 0.9)"] = rgb / ref
-  if rgb and many: targets[f"{args.streams} streams vs one (>= 3.0)"] = many / rgb
+  for label, pre in (("", "plugrt"), (" (DECODER_CACHE=0)", UNCACHED)):
+    nv12, rgb, many_nv12, many = (r.get(f"{pre} NVDEC to {what}") for what in
+                                  ("NV12 surfaces", "float16 RGB tensors", f"NV12 surfaces, {k} streams", f"float16 RGB, {k} streams"))
+    if ref and nv12: targets[f"NV12 vs PyNvVideoCodec (>= 1.0){label}"] = nv12 / ref
+    if ref and rgb: targets[f"float16 RGB vs PyNvVideoCodec NV12 (>= 0.9){label}"] = rgb / ref
+    if nv12 and many_nv12: targets[f"{k} streams vs one, NV12 (>= 3.0){label}"] = many_nv12 / nv12
+    if rgb and many: targets[f"{k} streams vs one, float16 RGB (>= 3.0){label}"] = many / rgb
   for k, v in targets.items(): print(f"  {k}: {v:.2f}x")
   results["targets"] = targets
   if args.json: Path(args.json).write_text(json.dumps(results, indent=2))

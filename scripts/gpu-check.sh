@@ -43,7 +43,7 @@ if [ "$ONLY" = "multi" ] || { [ -z "$ONLY" ] && [ "$NGPU" -ge 2 ]; }; then
 fi
 # video (issue 12): PyAV (~35 MB) and PyNvVideoCodec (~27 MB) wheels travel in .video-whl, in a device call of their own
 [ -d .video-whl ] && $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .video-whl/*.whl 2>&1 | tail -3
-if [ -z "$ONLY" ] || [ "$ONLY" = "video" ] || [ "$ONLY" = "nvvideo" ]; then
+if [ -z "$ONLY" ] || [ "$ONLY" = "video" -a "${NV_VIDEO:-1}" != 0 ] || [ "$ONLY" = "nvvideo" ]; then
   # NV's own video engine (plugrt_nv.nvvideo, no libnvcuvid): the engine-opening test first, then every frame vs PyAV
   echo "== video on NV's own decode engine (decoder NV_NVDEC, device NV) against PyAV"
   head -1 /proc/driver/nvidia/version
@@ -59,6 +59,7 @@ if [ -z "$ONLY" ] || [ "$ONLY" = "video" ]; then
   # the 1000 open/close cycles alone, in a step of its own: about 0.28 s a cycle on Hopper (the driver's decoder create and destroy)
   [ "${VIDEO_CYCLES:-${VIDEO_TESTS:-1}}" != 0 ] && timeout ${VIDEO_CYCLES_S:-360} $PY -m pytest -q -s -p no:cacheprovider -o faulthandler_timeout=350 --tb=short \
     plugins/ops_cuda/tests/test_cuvid.py -k thousand 2>&1 | tee "$OUT/video_cycles.txt" | grep -E "^cycle [0-9]*00:|^(FAILED|ERROR)|passed|failed" | tail -12
+  [ "$ONLY" = "video" ] && [ -n "${VIDEO_SPREAD:-}" ] && timeout ${VIDEO_SPREAD_S:-200} $PY bench/video.py $QUICK --no-install --spread 2>&1 | tee "$OUT/bench_video_spread.txt"
   [ "$ONLY" = "video" ] && [ -n "${VIDEO_SWEEP:-}" ] && timeout ${VIDEO_SWEEP_S:-300} $PY bench/video.py $QUICK --no-install --sweep 2>&1 | tee "$OUT/bench_video_sweep.txt"
   [ "$ONLY" = "video" ] && timeout ${VIDEO_BENCH_S:-420} $PY bench/video.py $QUICK --no-install --json "$OUT/bench_video.json" 2>&1 | tee "$OUT/bench_video.txt"
   [ "$ONLY" = "video" ] && exit 0
