@@ -147,3 +147,27 @@ def test_the_last_gpu_only_closes_the_files(monkeypatch):
 def test_p2p_caps_status_names():
   assert rm.P2P_STATUS[4] == "peer access is disabled by a driver registry key"
   with pytest.raises(KeyError): rm.P2P_STATUS[0]  # OK is not a reason
+
+
+def test_a_gpu_open_on_the_shared_client_opens_again_on_a_client_of_its_own(monkeypatch):
+  """A second registry of the process opens a GPU that is open on the shared client already: UVM registers a GPU once
+  a file (a second UVM_REGISTER_GPU answered NV_ERR_INVALID_DEVICE on an H200), so the second open gives its reference
+  on the shared client back before making anything and opens on a client and UVM file of its own. Here the GPU's node
+  does not exist, so that second open stops at opening it: on the private client, which close() then releases."""
+  shared, private = fake_client(), fake_client()
+  shared.refs, private.refs = 1, 0
+  gpu(shared, 1)  # NV:0 is open already, gpu_id 0x100
+  released = []
+  monkeypatch.setattr(C, "acquire", lambda: (setattr(shared, "refs", shared.refs + 1), shared)[1])
+  monkeypatch.setattr(C, "release", lambda c: (setattr(c, "refs", c.refs - 1), released.append(c)))
+  monkeypatch.setattr(C, "Client", lambda: private)
+
+  def answer(name, params):
+    if name == "ESC_CARD_INFO":
+      params[0].valid, params[0].gpu_id, params[0].minor_number = 1, 0x100, 250
+  calls = Calls(monkeypatch, answer)
+  monkeypatch.setattr(nvk.os.path, "exists", lambda p: True)
+  with pytest.raises(NVError, match="cannot open /dev/nvidia250"): nvk.NVKInterface(0)
+  assert released == [shared, private] and shared.refs == 1 and private.refs == 0
+  assert [g.gpu_id for g in shared.gpus] == [0x100] and private.gpus == []  # the claim on the private client, dropped at close
+  assert calls.names() == ["ESC_CARD_INFO", "ESC_CARD_INFO"]  # nothing made on either client

@@ -61,6 +61,10 @@ class VASpace:
 PROCESS_VA = VASpace(VA_BASE, VA_LIMIT)
 
 
+class _OpenOnTheClient(Exception):
+  """The GPU is open on this RM client already (NVKInterface.__init__ then opens it on a client of its own)."""
+
+
 class NVKInterface(GPUInterface):
   name = "NVK"
 
@@ -70,15 +74,28 @@ class NVKInterface(GPUInterface):
     self.channel_vas: list[int] = []  # addresses UVM keeps for the channels' context buffers
     self.va = PROCESS_VA
     self.device = self.uuid_registered = self.vaspace_registered = 0
+    self.gpu_id = -1
     self.uuid = b""
-    self.client: client.Client | None = client.acquire()  # one RM client and one UVM file for every NV GPU of the process
-    c = self.client
-    self.ctl, self.uvm, self.root, self.driver, self.L = c.ctl, c.uvm, c.root, c.driver, c.L
-    try: self._open_gpu(index)
+    self.client: client.Client | None = None
+    try:
+      try:
+        self._use(client.acquire(), shared=True)  # one RM client and one UVM file for every NV GPU of the process
+        self._open_gpu(index)
+      except _OpenOnTheClient:
+        # this GPU is open on the process's client already (a second registry of the process): UVM registers a GPU
+        # once a file, so this one gets a client and UVM file of its own, without peer access (as before they were shared)
+        client.release(self.client)  # type: ignore[arg-type]  (nothing of this GPU was made on it)
+        self.client = None
+        self._use(client.Client(), shared=False)
+        self._open_gpu(index)
     except BaseException:
       self.close()
       raise
-    with c.lock: c.gpus.append(self)
+
+  def _use(self, c: client.Client, shared: bool) -> None:
+    self.client = c
+    if not shared: c.refs += 1  # a client of this GPU's own: released (and closed) by close(), as a shared one is
+    self.ctl, self.uvm, self.root, self.driver, self.L = c.ctl, c.uvm, c.root, c.driver, c.L
 
   def _open_gpu(self, index: int) -> None:
     cards = (rm.CARD_INFO * 64)()
@@ -87,7 +104,12 @@ class NVKInterface(GPUInterface):
     valid = sorted((c for c in cards if c.valid and os.path.exists(f"/dev/nvidia{c.minor_number}")), key=lambda c: c.minor_number)
     if index >= len(valid): raise NVError(f"NV:{index} does not exist: the driver lists {len(valid)} GPU(s)", f"use an index below {len(valid)}")
     card = valid[index]
-    self.minor, self.pci_device, self.gpu_id = card.minor_number, card.pci.device_id, card.gpu_id
+    c = self.client
+    with c.lock:  # claimed before anything is made: a second open of this GPU on this client goes to a client of its own
+      if any(g.gpu_id == card.gpu_id for g in c.gpus): raise _OpenOnTheClient
+      self.gpu_id = card.gpu_id
+      c.gpus.append(self)
+    self.minor, self.pci_device = card.minor_number, card.pci.device_id
     self.bus_id = f"{card.pci.domain:04x}:{card.pci.bus:02x}:{card.pci.slot:02x}.{card.pci.function:x}"  # as /proc/driver/nvidia names it
     self.gpu = self._gpu_fd()  # before the device object: RM checks that the process has the GPU's node open
     ids = self.control(self.root, rm.CTRL_GPU_ID_INFO_V2, rm.GPU_ID_INFO_V2(gpuId=card.gpu_id), "reading the GPU's id")
