@@ -5,12 +5,13 @@
   plugrt          NVDEC through plugrt_cuda.cuvid: to NV12 surfaces (mapped, released unconverted), to float16 RGB
                   tensors on the GPU (the conversion kernel), and 4 streams at once (one decoder each); as users get it
                   (closed streams' decoders kept for the next: cuvid.DECODER_CACHE, filled by each row's warm-up run),
-                  and with DECODER_CACHE=0 (a decoder made and destroyed in every run, as PyNvVideoCodec's rows do)
+                  and with DECODER_CACHE=0 (a decoder made and destroyed in every run, as PyNvVideoCodec's rows do);
+                  and NV's own video engine (plugrt-nv, no libnvcuvid) to float16 RGB, one stream
 
 Targets (issue 12): plugrt NV12 >= 1.0x PyNvVideoCodec's fps; float16 RGB >= 0.9x PyNvVideoCodec's NV12 fps;
 4 streams >= 3x one stream's aggregate rate.
 
-Usage: python bench/video.py [--frames 600] [--quick] [--preset fast] [--json out.json] [--sweep] [--spread]
+Usage: python bench/video.py [--frames 600] [--quick] [--preset fast] [--json out.json] [--sweep] [--spread] [--rows TEXT]
 (--sweep: the decoder's options instead, 1 and --streams streams; docs/video.md says what each row is)
 The comparison packages (av, pynvvideocodec) are installed if missing: first from wheels in .video-whl/ (the GPU
 machine has no network: carry them there), then from the package index.
@@ -294,12 +295,12 @@ def uncached(fn: Any) -> Any:
   return run
 
 
-def plugrt_rgb(clip: bytes) -> int:
+def plugrt_rgb(clip: bytes, decoder: str = "NVDEC", device: str = "CUDA") -> int:
   from plugrt import Device, dtypes
   from plugrt.video import decode_annexb_iter
   n = 0
-  for _ts, _t in decode_annexb_iter(clip, dtype=dtypes.float16, normalize=True, decoder="NVDEC", device="CUDA"): n += 1
-  Device["CUDA"].synchronize()
+  for _ts, _t in decode_annexb_iter(clip, dtype=dtypes.float16, normalize=True, decoder=decoder, device=device): n += 1
+  Device[device].synchronize()
   return n
 
 
@@ -326,6 +327,7 @@ def main() -> int:
   ap.add_argument("--sweep", action="store_true", help="measure the decoder's settings instead of the comparison rows")
   ap.add_argument("--spread", action="store_true", help="each concurrent stream's start, first frame and end, plugrt and PyNvVideoCodec")
   ap.add_argument("--no-install", action="store_true", help="never run pip: compare with what is installed")
+  ap.add_argument("--rows", default="", help="only the comparison rows whose name holds this text")
   args = ap.parse_args()
   frames, reps = (120, 1) if args.quick else (args.frames, 3)
   if (why := ensure("av", "av") if not args.no_install else ""): print(f"cannot make the clip: {why}"); return 1
@@ -372,7 +374,11 @@ def main() -> int:
              (f"{pre} NVDEC to float16 RGB tensors", wrap(lambda: plugrt_rgb(clip)), ""),
              (f"{pre} NVDEC to NV12 surfaces, {k} streams", wrap(lambda: concurrent(plugrt_nv12, clip, k)), ""),
              (f"{pre} NVDEC to float16 RGB, {k} streams", wrap(lambda: concurrent(plugrt_rgb, clip, k)), "")]
+  nv = Device.registry.probe("NV")  # NV's own video engine: plugrt's HEVC parser fills the engine's picture setup
+  rows.append(("plugrt NV's own engine (NV_NVDEC) to float16 RGB", lambda: plugrt_rgb(clip, "NV_NVDEC", "NV"),
+               "" if nv.ok else f"no NV device ({nv.detail})"))
   for name, fn, missing in rows:
+    if args.rows and args.rows not in name: continue
     if missing:
       results["rows"][name] = {"error": missing}
       print(f"  {name:<66} -  ({missing})")
