@@ -9,6 +9,7 @@ from __future__ import annotations
 from _thread import allocate_lock  # threading's locks, without importing threading (~1 ms of discovery)
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
+from functools import cache
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from plugrt.context import DeviceInfo
@@ -431,6 +432,12 @@ class LaunchLimits:
                         "split the work into several launches")
 
 
+@cache
+def _buffer_class() -> type:
+  from plugrt.device import Buffer  # (plugrt.device is not imported here at load: it is not needed until a launch)
+  return Buffer
+
+
 class Program:
   """A compiled kernel on one device.
 
@@ -451,9 +458,18 @@ class Program:
                vals: Sequence[Any] = (), wait: bool = False) -> float | None:
     raise NotImplementedError
 
-  def check_bufs(self, bufs: Sequence[Any]) -> None:
-    """The buffers' part of check_args: their count, and that each is a Buffer of this device and of its slot's dtype
-    (a backend that re-prepares a launch with new buffers and the scalars and sizes it checked before calls this alone)."""
+  def repeats_but_buffers(self, last: Any, bufs: Sequence[Any], vals: Sequence[Any], global_size: Any, local_size: Any) -> bool:
+    """Whether a call repeats the scalars and sizes of `last` (the PreparedCall a launch was made for) with other
+    buffers, each a Buffer of this device and of its slot's dtype: a backend then keeps what it checked and packed for
+    last and puts in the buffers alone (a kernel run on each new frame or tensor, each in memory of its own). Any other
+    call answers False, and the backend prepares it in full, check_args raising what is wrong."""
+    if not (vals == last.vals and (global_size, local_size) == last.dims and len(bufs) == self.nbufs): return False
+    buffer = _buffer_class()
+    return all(type(b) is buffer and b.device is self.device and b.dtype is dt for b, dt in zip(bufs, self.signature.buffers))
+
+  def check_args(self, bufs: Sequence[Any], vals: Sequence[Any], global_size: Any, local_size: Any) \
+      -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The full argument check, with messages; backends call it when their fast check fails."""
     from plugrt.device import Buffer
     sig, name = self.signature, f"program {self.name}"
     if len(bufs) != self.nbufs:
@@ -464,12 +480,6 @@ class Program:
         raise TypeError(f"{name} runs on {self.device}: argument {i} is a buffer on {b.device}; copy it with buf.to({str(self.device)!r})")
       if b.dtype is not dt:
         raise TypeError(f"{name}: argument {i} must be a buffer of {dt.name}, got {b.dtype.name}; use buf.view(dtype=...) to reinterpret")
-
-  def check_args(self, bufs: Sequence[Any], vals: Sequence[Any], global_size: Any, local_size: Any) \
-      -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """The full argument check, with messages; backends call it when their fast check fails."""
-    sig, name = self.signature, f"program {self.name}"
-    self.check_bufs(bufs)
     if not isinstance(vals, (tuple, list)): raise TypeError(f"program {self.name}: vals must be a tuple, not {type(vals).__name__}")
     if len(vals) != self.nvals:
       raise TypeError(f"{name} takes {self.nvals} scalar(s) in vals ({', '.join(d.name for d in sig.scalars) or 'none'}), got {len(vals)}")

@@ -63,14 +63,15 @@ class CLProgram(Program):
     return None
 
   def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)  # with the device's work-group limits (CLState.launch_limits)
+    last = self._last
+    new_buffers_only = self.repeats_but_buffers(last, bufs, vals, global_size, local_size)
+    if not new_buffers_only: gs, ls = self.check_args(bufs, vals, global_size, local_size)  # with the device's work-group limits
     cur = self._set
     for i, b in enumerate(bufs):  # only the arguments that differ from what the kernel holds
       h = b.handle
       if cur[2 * i] is not h.buf: self._set_mem(2 * i, h.buf); cur[2 * i] = h.buf
       if cur[2 * i + 1] != h.offset: self._set_bytes(2 * i + 1, _U64(h.offset)); cur[2 * i + 1] = h.offset
-    last = self._last
-    if vals == last.vals and (global_size, local_size) == last.dims:
+    if new_buffers_only:
       self._last = PreparedCall(tuple(bufs), (last.vals, last.dims))  # new buffers only: the scalars are set
       return
     base = 2 * self.nbufs

@@ -135,8 +135,7 @@ class CPUProgram(Program):
 
   def _prepare(self, last: _Launch, bufs: tuple, vals: Sequence[Any], global_size: Any, local_size: Any) -> _Launch:
     """A new prepared launch (`last`, the current one, lends its checked scalars and sizes when only the buffers changed)."""
-    if vals == last.vals and (global_size, local_size) == last.dims and len(bufs) == self.nbufs and \
-       all(type(b) is Buffer and b.device is self.device and b.dtype is dt for b, dt in zip(bufs, self.signature.buffers)):
+    if self.repeats_but_buffers(last, bufs, vals, global_size, local_size):
       return _Launch(self._argtype, last.head, bufs, (last.vals, last.dims), last.tail, last.ngroups, last.parallel)
     gs, ls = self.check_args(bufs, vals, global_size, local_size)
     tail = [pack(v) for v, pack in zip(vals, self._pack)] + [*gs, *ls]
