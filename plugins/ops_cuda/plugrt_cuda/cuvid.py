@@ -171,6 +171,11 @@ def _check(code: int, call: str) -> None:
     D.check(code, call)
 
 
+def _ctx_key(state: Any) -> Any:
+  """The CUDA context `state` is for, as a key of the per-context caches (None for a stand-in without one)."""
+  return getattr(getattr(state, "ctx", None), "value", None)
+
+
 #: cuvidGetDecoderCaps answers per libnvcuvid, then per (CUDA context, codec, chroma format, bit depth): a GPU's
 #: capabilities do not change while the process runs, so opening a decoder for a known format asks the driver nothing
 _caps_cache: weakref.WeakKeyDictionary[Any, dict[tuple[Any, int, int, int], CUVIDDECODECAPS]] = weakref.WeakKeyDictionary()
@@ -183,7 +188,7 @@ def decoder_caps(bit_depth: int, state: Any = None, lib: Any = None, codec: int 
   (4:2:0) at `bit_depth` bits. Asked once per context, codec, chroma format and depth for the process, then cached
   (the result is shared: read it, do not change it); a failed call is not cached. `lib` stands in for libnvcuvid."""
   lib = lib or libnvcuvid()
-  key = (getattr(getattr(state, "ctx", None), "value", None), codec, chroma, bit_depth)
+  key = (_ctx_key(state), codec, chroma, bit_depth)
   with _caps_lock:
     known = _caps_cache.setdefault(lib, {})
     if (caps := known.get(key)) is not None: return caps
@@ -200,7 +205,6 @@ def decoder_caps(bit_depth: int, state: Any = None, lib: Any = None, codec: int 
 #: size. The oldest is destroyed when more would be kept; clear_decoder_cache() destroys them all, as does an
 #: out-of-memory error from cuvidCreateDecoder or the GPU's allocator (before its retry). 0 turns keeping off.
 DECODER_CACHE = 4
-CUDA_ERROR_OUT_OF_MEMORY = 2
 
 
 class _Kept(NamedTuple):
@@ -215,9 +219,6 @@ class _Kept(NamedTuple):
 #: kept decoders per libnvcuvid (tests give fakes), then per CUDA context, oldest first
 _kept: weakref.WeakKeyDictionary[Any, dict[Any, list[_Kept]]] = weakref.WeakKeyDictionary()
 _kept_lock = threading.Lock()
-
-
-def _ctx_key(state: Any) -> Any: return getattr(getattr(state, "ctx", None), "value", None)
 
 
 def _take_kept(lib: Any, state: Any, depth: int, out_surfaces: int, width: int, height: int, surfaces: int) -> _Kept | None:
@@ -494,7 +495,7 @@ class NVDECDecoder:
     ci.display_area = Rect16(*area)
     with self.lock:
       r = self.lib.cuvidCreateDecoder(ctypes.byref(self.decoder), ctypes.byref(ci))
-      if r == CUDA_ERROR_OUT_OF_MEMORY and clear_decoder_cache(self.state, self.lib):  # the kept decoders' memory, then once more
+      if r == self.D.CUDA_ERROR_OUT_OF_MEMORY and clear_decoder_cache(self.state, self.lib):  # the kept decoders' memory, then once more
         r = self.lib.cuvidCreateDecoder(ctypes.byref(self.decoder), ctypes.byref(ci))
       _check(r, "cuvidCreateDecoder")
     _count("decoders", 1)

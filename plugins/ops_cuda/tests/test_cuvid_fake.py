@@ -18,7 +18,7 @@ from plugrt import Device, dtypes
 from plugrt.errors import Reason, VideoDecoderUnavailable, VideoStreamError
 from plugrt.video import hevc
 from plugrt.video.convert import VideoArgumentError, convert
-from plugrt_cuda import cuvid
+from plugrt_cuda import cuvid, driver
 
 av = pytest.importorskip("av")
 from plugrt.testing.video import make_hevc, pyav_planes, reference_rgb  # noqa: E402
@@ -148,7 +148,7 @@ class FakeCuvid:
   def cuvidCreateDecoder(self, p: Any, ci: Any) -> int:
     if self.out_of_memory:  # the GPU is full until a decoder is destroyed
       self.out_of_memory -= 1
-      return cuvid.CUDA_ERROR_OUT_OF_MEMORY
+      return driver.CUDA_ERROR_OUT_OF_MEMORY
     self.created.append(ci._obj)
     self.decoders += 1
     p._obj.value = handle = 0xDEC0 + len(self.created)
