@@ -359,6 +359,13 @@ class Registry:
       self._selection = select(self.env, facts)
     return self._selection
 
+  def declared_status(self, kind: str, spec: Any, rec: PluginRecord | None) -> dict[str, Any]:
+    """What `plugrt devices` shows of a spec from a declaration hook (a video decoder, a collective engine), after its
+    probe (run once per registry under `kind`): device, package, available, reason, detail, hint, description."""
+    p = self._probe((kind, spec.name), spec.probe, rec)
+    return {"device": spec.device or "any", "package": rec.package if rec is not None else "plugrt", "available": p.ok,
+            "reason": p.reason.value if p.reason else None, "detail": p.detail, "hint": p.hint, "description": spec.description}
+
   def _probe(self, key: Any, fn: Any, rec: PluginRecord | None) -> Probe:
     if rec is not None and rec.stalled is not None: return rec.stalled
     if key not in self._probes:

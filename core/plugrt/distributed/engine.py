@@ -114,13 +114,7 @@ def engine_rows(registry: Any = None) -> list[dict[str, Any]]:
   """One row per collective engine for `plugrt devices`: name, device, package, available, reason, detail, hint."""
   from plugrt.registry import current
   reg = (registry or current()).load()
-  rows = []
-  for spec, rec in engines(reg):
-    p = reg._probe(("collective", spec.name), spec.probe, rec)
-    rows.append({"engine": spec.name, "device": spec.device or "any", "package": rec.package if rec is not None else "plugrt",
-                 "available": p.ok, "local": spec.local, "reason": p.reason.value if p.reason else None, "detail": p.detail,
-                 "hint": p.hint, "description": spec.description})
-  return rows
+  return [{"engine": spec.name, **reg.declared_status("collective", spec, rec), "local": spec.local} for spec, rec in engines(reg)]
 
 
 def choose(kind: str, local: bool, engine: str | None, registry: Any = None) -> CollectiveEngineSpec:

@@ -89,13 +89,7 @@ def decoder_rows(registry: Any = None) -> list[dict[str, Any]]:
   """One row per decoder for `plugrt devices`: name, device, package, available, reason, detail, hint."""
   from plugrt.registry import current
   reg = (registry or current()).load()
-  rows = []
-  for d in decoders(reg):
-    p = _probe(reg, d)
-    rows.append({"decoder": d.spec.name, "device": d.spec.device or "any", "package": d.package, "available": p.ok,
-                 "codecs": list(d.spec.codecs), "reason": p.reason.value if p.reason else None, "detail": p.detail, "hint": p.hint,
-                 "description": d.spec.description})
-  return rows
+  return [{"decoder": d.spec.name, **reg.declared_status("video", d.spec, d.plugin), "codecs": list(d.spec.codecs)} for d in decoders(reg)]
 
 
 def _open(stream: bytes, device: Any, decoder: str | None, options: dict[str, Any]) -> tuple[Any, Any]:
