@@ -83,6 +83,10 @@ class BringUp:
   heap_at: int = 0                      # first VRAM offset above plugrt's PSP and firmware buffers
   compute: Compute | None = None        # VMID 8's address space and the MEC queue, once set up
 
+  @property
+  def queue_ready(self) -> bool:
+    """Whether bring-up reached a running compute queue: an interface then opens the device on it."""
+    return self.compute is not None and self.compute.queue is not None and self.smu_started
 
   def summary(self) -> str:
     return "; ".join(self.steps)
@@ -266,9 +270,8 @@ def start_smu(regs: GPURegisters, b: BringUp, timeout: float) -> None:
 
 
 def bring_up(regs: GPURegisters, label: str, firmware_dir: str = firmware.FIRMWARE_DIR, psp_timeout: float = 2.0,
-             psp_skip: str = "", staging: USBStaging | None = None) -> BringUp:
-  """Run the implemented steps; returns the record (call `.stop()` to raise where bring-up stops). A non-empty
-  `psp_skip` says why this interface does not attempt the PSP step (recorded instead of booting it); `staging` is
+             staging: USBStaging | None = None) -> BringUp:
+  """Run the implemented steps; returns the record (call `.stop()` to raise where bring-up stops). `staging` is
   where an interface without bulk VRAM writes puts the PSP's buffers (the USB bridge's SRAM, mapped in the GART)."""
   b = BringUp(label)
   b.vram_size = regs.vram_size()
@@ -282,6 +285,5 @@ def bring_up(regs: GPURegisters, label: str, firmware_dir: str = firmware.FIRMWA
     b.steps.append(f"NBIO {nbio.version_str} index/data pair at dwords 0x{regs.smn_pair[0]:x}/0x{regs.smn_pair[1]:x}")
   b.firmware, line = firmware.report(t, firmware_dir)
   b.steps.append(line)
-  if psp_skip: b.steps.append(psp_skip)
-  else: boot_psp(regs, b, psp_timeout, staging=staging)
+  boot_psp(regs, b, psp_timeout, staging=staging)
   return b

@@ -103,7 +103,7 @@ def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any =
     regs = GPURegisters(regs_bar, vram, bell)
     b = bringup.bring_up(regs, label, device.context.get(FIRMWARE, FIRMWARE_DIR), psp_timeout)
     b.steps.insert(0, step)
-    if b.compute is not None and b.compute.queue is not None and b.smu_started:
+    if b.queue_ready:
       from plugrt_amd_pci.gpu import PCIGPU
       gpu = PCIGPU(label, address, regs, b, vram.size if vram else 0, fn.release)
       kept = True

@@ -114,7 +114,7 @@ def open_usb(device: DeviceInfo, transport: Any = None, root: str = USB_DEVICES,
     b = bringup.bring_up(regs, label, device.context.get(FIRMWARE, FIRMWARE_DIR), psp_timeout=psp_timeout, staging=SRAMStaging(bridge))
     bars = ", ".join(f"BAR{i} at 0x{a:x} ({s >> 10} KiB)" for i, (a, s) in sorted(gpu.bars.items()))
     b.steps.insert(0, f"GPU 0x{gpu.vendor:04x}:0x{gpu.device:04x} at bus {gpu.bus} behind {len(gpu.bridges)} bridge port(s); {bars}")
-    if b.compute is not None and b.compute.queue is not None and b.smu_started:
+    if b.queue_ready:
       from plugrt_amd_usb.gpu import USBGPU
       kept = True
       return USBGPU(label, bridge, regs, b, vram.size if vram else 0, transport.close if own else None)
