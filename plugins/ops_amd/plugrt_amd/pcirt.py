@@ -121,16 +121,12 @@ class BARPath:
   def read(self, at: int, n: int, label: str) -> bytes:
     self._check(at, n, "read", label)
     if (read := getattr(self.regs.vram, "read", None)) is not None: return read(at, n)
-    lo = at & ~3
-    return self.regs.read_vram(lo, (at + n - lo + 3) & ~3)[at - lo:at - lo + n]
+    return self.regs.read_vram_bytes(at, n)
 
   def write(self, at: int, data: bytes | memoryview, label: str) -> None:
     self._check(at, len(data), "write", label)
     if (write := getattr(self.regs.vram, "write", None)) is not None: return write(at, bytes(data))
-    lo, hi = at & ~3, (at + len(data) + 3) & ~3    # dword windows only: keep the neighbouring bytes of the edge dwords
-    buf = bytearray(self.regs.read_vram(lo, hi - lo)) if (lo, hi) != (at, at + len(data)) else bytearray(hi - lo)
-    buf[at - lo:at - lo + len(data)] = data
-    self.regs.write_vram(lo, bytes(buf))
+    self.regs.write_vram_bytes(at, data)  # dword windows only: keeps the neighbouring bytes of the edge dwords
 
 
 class PCIAllocator(Allocator[int]):

@@ -171,3 +171,16 @@ class GPURegisters:
       if pos >> 31 != hi: self.wreg(MM_INDEX_HI, (hi := pos >> 31))
       self.wreg(MM_INDEX, (pos & 0x7FFFFFFF) | MM_INDEX_VRAM)
       self.wreg(MM_DATA, struct.unpack_from("<I", data, i)[0])
+
+  def read_vram_bytes(self, at: int, n: int) -> bytes:
+    """`n` bytes of VRAM at any `at`: the dwords that hold them, cut to the range."""
+    lo = at & ~3
+    return self.read_vram(lo, (at + n - lo + 3) & ~3)[at - lo:at - lo + n]
+
+  def write_vram_bytes(self, at: int, data: bytes | memoryview) -> None:
+    """Write `data` to VRAM at any `at`, byte-exact: the edge dwords of an unaligned range are read first and their
+    other bytes kept (VRAM is written in whole dwords)."""
+    lo, hi = at & ~3, (at + len(data) + 3) & ~3
+    buf = bytearray(self.read_vram(lo, hi - lo)) if (lo, hi) != (at, at + len(data)) else bytearray(hi - lo)
+    buf[at - lo:at - lo + len(data)] = data
+    self.write_vram(lo, bytes(buf))

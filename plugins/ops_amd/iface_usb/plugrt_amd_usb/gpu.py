@@ -46,15 +46,8 @@ class TLPPath:
   def __init__(self, regs: GPURegisters, bridge: ASM24Bridge):
     self.regs, self.bridge = regs, bridge
 
-  def read(self, at: int, n: int, label: str) -> bytes:
-    lo = at & ~3
-    return self.regs.read_vram(lo, (at + n - lo + 3) & ~3)[at - lo:at - lo + n]
-
-  def write(self, at: int, data: bytes | memoryview, label: str) -> None:
-    lo, hi = at & ~3, (at + len(data) + 3) & ~3
-    buf = bytearray(self.regs.read_vram(lo, hi - lo)) if (lo, hi) != (at, at + len(data)) else bytearray(hi - lo)
-    buf[at - lo:at - lo + len(data)] = data
-    self.regs.write_vram(lo, bytes(buf))
+  def read(self, at: int, n: int, label: str) -> bytes: return self.regs.read_vram_bytes(at, n)
+  def write(self, at: int, data: bytes | memoryview, label: str) -> None: self.regs.write_vram_bytes(at, data)
 
 
 def copy_kernel() -> Kernel:
