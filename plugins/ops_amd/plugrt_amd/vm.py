@@ -135,9 +135,7 @@ class AddressSpace:
           done = page + PAGE
         pos += PAGE << f
     except VMError:                    # no table left: clear the pages already mapped, so nothing half-mapped stays
-      for page in range(0, done, PAGE):
-        table, i = self._leaf(va + page)
-        self._set(table, i, 0)
+      self._clear(va, done)
       raise
     self.mapped.append((va, offset, size, flags))
 
@@ -147,11 +145,15 @@ class AddressSpace:
     k = next((k for k, m in enumerate(self.mapped) if m[0] == va), None)
     if k is None: raise VMError(f"VM: nothing is mapped at VA 0x{va:x}")
     n = self.mapped[k][2]
-    for page in range(0, n, PAGE):
-      table, i = self._leaf(va + page)
-      self._set(table, i, 0)
+    self._clear(va, n)
     del self.mapped[k]
     return n
+
+  def _clear(self, va: int, size: int) -> None:
+    """Zero the PTEs of the `size` bytes of pages from `va`."""
+    for page in range(0, size, PAGE):
+      table, i = self._leaf(va + page)
+      self._set(table, i, 0)
 
   def commit(self, flush: Callable[[], None] | None = None) -> int:
     """Write every changed table to VRAM (then the HDP flush, if given); returns how many tables were written."""
