@@ -241,11 +241,15 @@ class dtypes:
 
   @staticmethod
   def as_dtype(x: DType | str | Any) -> DType:
-    """Accept a DType, a name ("float32"), a numpy dtype or a torch dtype (torch.float32)."""
+    """Accept a DType, a name ("float32"), a numpy dtype or scalar type (np.float32) or a torch dtype (torch.float32);
+    TypeError for anything else (None included: numpy would read it as float64)."""
     if isinstance(x, DType): return x
     if isinstance(x, str): return dtypes.from_name(x)
     if type(x).__module__ == "torch": return dtypes.from_torch(x)
-    return dtypes.from_numpy(x)
+    if isinstance(x, type) or type(x).__module__.split(".")[0] == "numpy":  # np.float32, ml_dtypes.bfloat16, np.dtype("f4")
+      return dtypes.from_numpy(x)
+    raise TypeError(f"{x!r} ({type(x).__name__}) is not a dtype; pass a plugrt dtype (dtypes.float32), its name ('float32'), "
+                    "a numpy dtype (np.float32) or a torch dtype")
 
 
 _ALL: tuple[DType, ...] = (dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16,

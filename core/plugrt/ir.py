@@ -195,8 +195,7 @@ def _fmt_arg(arg: Any) -> str:
 
 def verify(kernel: Kernel) -> Kernel:
   """Check types, scoping and block structure; raise IRError naming the first bad op."""
-  if not _IDENT.match(kernel.name) or keyword.iskeyword(kernel.name):
-    raise IRError(f"kernel name {kernel.name!r} is not an identifier", "use letters, digits and _, not starting with a digit")
+  _check_kernel_name(kernel.name)
   scope_of: dict[UOp, int] = {}
   active, blocks, next_scope = [0], [], 1  # active scope ids; open RANGE/IF uops
   seen_params: dict[Ops, set[int]] = {Ops.BUFFER: set(), Ops.SCALAR: set()}
@@ -227,6 +226,17 @@ def verify(kernel: Kernel) -> Kernel:
 
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: the longest kernel or parameter name: names become identifiers in every backend's source and part of file names in
+#: some drivers' caches (PoCL asserts, aborting the process, on a path past its limit)
+MAX_NAME_LENGTH = 128
+
+
+def _check_kernel_name(name: Any) -> str:
+  if not isinstance(name, str) or not _IDENT.match(name) or keyword.iskeyword(name):
+    raise IRError(f"kernel name {name!r} is not an identifier", "use ASCII letters, digits and _, not starting with a digit")
+  if len(name) > MAX_NAME_LENGTH:
+    raise IRError(f"kernel name {name[:32]}... is {len(name)} characters long; at most {MAX_NAME_LENGTH} are allowed", "use a shorter name")
+  return name
 
 
 def _check_types(u: UOp, bad: Any) -> None:
@@ -334,8 +344,15 @@ class Val:
   def dtype(self) -> DType: return self.u.dtype  # type: ignore[return-value]
   def __repr__(self) -> str: return f"<Val {self.u.op.name}:{self.dtype.name}>"
   def __bool__(self) -> bool:
-    raise TypeError("an IR value has no truth value while the kernel is built; use b.if_(cond) or cond.where(a, b)")
+    raise TypeError("an IR value has no truth value while the kernel is built: Python's `if`, `and`, `or`, `not`, `in` and chained "
+                    "comparisons (a < b < c) need one; use b.if_(cond), cond.where(a, b), `&`, `|`, `~`, and (a < b) & (b < c)")
+  # == and != build comparisons, as < and <= do (a Python bool standing for one would compile a constant); so a Val
+  # keeps identity hashing for the dicts that key on it, and never takes part in Python's own equality
   __hash__ = object.__hash__
+  def __index__(self) -> int: raise TypeError(f"an IR value ({self.dtype.name}) is not a Python number while the kernel is built; "
+                                              "loop with b.range(n), convert with .cast(dtype)")
+  __int__ = __float__ = __index__  # type: ignore[assignment]
+  def __iter__(self) -> Any: raise TypeError("an IR value is a single value, not a sequence")
 
   def _bin(self, op: Ops, other: Any, reverse: bool = False) -> Val:
     o = self.b.as_val(other, self.dtype)
@@ -368,6 +385,8 @@ class Val:
   def __ge__(self, o: Any) -> Val: return self._bin(Ops.CMPLE, o, True)
   def eq(self, o: Any) -> Val: return self._bin(Ops.CMPEQ, o)
   def ne(self, o: Any) -> Val: return self._bin(Ops.CMPNE, o)
+  def __eq__(self, o: Any) -> Val: return self._bin(Ops.CMPEQ, o)  # type: ignore[override]
+  def __ne__(self, o: Any) -> Val: return self._bin(Ops.CMPNE, o)  # type: ignore[override]
   def __neg__(self) -> Val: return self.b.alu(Ops.NEG, self)
   def __invert__(self) -> Val: return self.b.alu(Ops.NOT, self)
   def max(self, o: Any) -> Val: return self._bin(Ops.MAX, o)
@@ -387,9 +406,26 @@ class Val:
     return self.b.emit(Ops.WHERE, dt, (self, self.b.as_val(a, dt), self.b.as_val(b, dt)))
 
 
-class Ptr:
+class _Named:
+  """What a kernel names but is not a value (a buffer, a variable): equal only to itself, and never compared with a value,
+  which Python would answer False where the kernel meant an IR comparison."""
+  __slots__ = ()
+  __hash__ = object.__hash__
+  what = ""
+
+  def __eq__(self, o: object) -> bool:
+    if o is self: return True
+    raise TypeError(f"{self.what} is not a value: compare {'its elements (p[i] == x)' if isinstance(self, Ptr) else 'its .value'} instead")
+  def __ne__(self, o: object) -> bool: return not self.__eq__(o)
+
+
+class Ptr(_Named):
   """A buffer or shared array: `p[i]` loads, `p[i] = v` stores."""
   __slots__ = ("b", "u")
+  what = "a buffer or shared array"
+  def __iter__(self) -> Any: raise TypeError("a buffer cannot be iterated while the kernel is built: loop with b.range(n) and index it")
+  def __contains__(self, x: Any) -> bool:
+    raise TypeError("`x in buffer` cannot be decided while the kernel is built: loop with b.range(n) and compare")
 
   def __init__(self, b: KernelBuilder, u: UOp): self.b, self.u = b, u
   @property
@@ -416,9 +452,10 @@ class Ptr:
     b.emit(Ops.TEXEL_STORE, None, (self, b.as_val(x, dtypes.int32), b.as_val(y, dtypes.int32), *vals))
 
 
-class Var:
+class Var(_Named):
   """A mutable register variable: read with `.value`, write by assigning it."""
   __slots__ = ("b", "u")
+  what = "a variable"
 
   def __init__(self, b: KernelBuilder, u: UOp): self.b, self.u = b, u
   @property
@@ -439,12 +476,15 @@ class KernelBuilder:
   """
 
   def __init__(self, name: str):
-    self.name, self.uops = name, []
+    self.name, self.uops = _check_kernel_name(name), []
     self._nbuf = self._nscalar = 0
     self._open: list[UOp] = []
     self._specials: dict[tuple[str, int], Val] = {}
 
   def emit(self, op: Ops, dtype: DType | PtrDType | None, src: Sequence[Val | Ptr | Var | UOp] = (), arg: Any = None) -> Any:
+    for s in src:
+      if not isinstance(s, (UOp, Val, Ptr, Var)):
+        raise IRError(f"kernel {self.name}: {op.name}: an operand must be an IR value, not {s!r} ({type(s).__name__})")
     u = UOp(op, dtype, tuple(s if isinstance(s, UOp) else s.u for s in src), arg)
     def bad(msg: str) -> IRError: return IRError(f"kernel {self.name}: {op.name}: {msg}")
     _check_types(u, bad)
@@ -464,19 +504,22 @@ class KernelBuilder:
     raise IRError(f"kernel {self.name}: cannot use {x!r} ({type(x).__name__}) as a {dtype.name} value")
 
   # parameters
-  def buffer(self, name: str, dtype: DType) -> Ptr:
+  # dtypes: a DType, or what dtypes.as_dtype takes (a name, a numpy or torch dtype)
+  def buffer(self, name: str, dtype: DType | str | Any) -> Ptr:
+    ptr = PtrDType(dtypes.as_dtype(dtype), "global")
     self._nbuf += 1
-    return self.emit(Ops.BUFFER, PtrDType(dtype, "global"), (), (self._nbuf - 1, _check_name(name)))
+    return self.emit(Ops.BUFFER, ptr, (), (self._nbuf - 1, _check_name(name)))
 
-  def scalar(self, name: str, dtype: DType) -> Val:
+  def scalar(self, name: str, dtype: DType | str | Any) -> Val:
+    dt = dtypes.as_dtype(dtype)
     self._nscalar += 1
-    return self.emit(Ops.SCALAR, dtype, (), (self._nscalar - 1, _check_name(name)))
+    return self.emit(Ops.SCALAR, dt, (), (self._nscalar - 1, _check_name(name)))
 
-  def shared(self, name: str, dtype: DType, count: int) -> Ptr:
-    return self.emit(Ops.SHARED, PtrDType(dtype, "shared"), (), (_check_name(name), int(count)))
+  def shared(self, name: str, dtype: DType | str | Any, count: int) -> Ptr:
+    return self.emit(Ops.SHARED, PtrDType(dtypes.as_dtype(dtype), "shared"), (), (_check_name(name), int(count)))
 
-  def const(self, value: Scalar, dtype: DType | None = None) -> Val:
-    dt = dtypes.from_py(value) if dtype is None else dtype
+  def const(self, value: Scalar, dtype: DType | str | Any | None = None) -> Val:
+    dt = dtypes.from_py(value) if dtype is None else dtypes.as_dtype(dtype)
     v = bool(value) if dt.kind == "b" else int(value) if dt.kind in "iu" else float(value)
     if dt.kind == "f" and dt is not dtypes.float64 and math.isfinite(v): v = cast_value(v, dt)
     return self.emit(Ops.CONST, dt, (), v)
@@ -518,6 +561,9 @@ class KernelBuilder:
 
   @contextlib.contextmanager
   def if_(self, cond: Val) -> Iterator[None]:
+    if not isinstance(cond, Val):
+      raise IRError(f"kernel {self.name}: if_() takes an IR bool value (e.g. i < n), not {cond!r} ({type(cond).__name__}); "
+                    "a condition known while building is Python's own `if`")
     u = self.emit(Ops.IF, None, (cond,)).u
     self._open.append(u)
     yield
@@ -546,5 +592,7 @@ class KernelBuilder:
 
 
 def _check_name(name: str) -> str:
-  if not _IDENT.match(name) or keyword.iskeyword(name): raise IRError(f"{name!r} is not a valid identifier")
+  if not isinstance(name, str) or not _IDENT.match(name) or keyword.iskeyword(name):
+    raise IRError(f"{name!r} is not a valid identifier", "use ASCII letters, digits and _, not starting with a digit")
+  if len(name) > MAX_NAME_LENGTH: raise IRError(f"name {name[:32]}... is {len(name)} characters long; at most {MAX_NAME_LENGTH} are allowed")
   return name
