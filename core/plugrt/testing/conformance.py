@@ -313,6 +313,24 @@ class ConformanceSuite:
     prg(out, xb, yb, global_size=(1, 1, 1), local_size=(4, 1, 1), vals=(2.0, 4))
     assert np.array_equal(out.numpy(), 3 * x)
 
+  def test_each_call_is_seen_exactly(self, dev: RuntimeDevice, compiler: str) -> None:
+    """A launch that looks like the last one to Python's == is not always the same call: a list the caller changed
+    since (the sizes, the scalars), or -0.0 after 0.0 (1/a). A backend's memo of its last launch must see each."""
+    from plugrt.ir import KernelBuilder
+    b = KernelBuilder("recip_each")
+    out, a = b.buffer("out", dtypes.float32), b.scalar("a", dtypes.float32)
+    out[b.global_id(0)] = 1.0 / a
+    prg = dev.program(b.finish(), compiler)
+    o = Buffer(dev, 16, dtypes.float32).copyin(np.zeros(16, np.float32))
+    gs, vals = [1, 1, 1], [2.0]
+    for _ in range(2): prg(o, global_size=gs, local_size=(4, 1, 1), vals=vals)
+    gs[0], vals[0] = 3, 4.0  # the same lists, changed: another launch
+    prg(o, global_size=gs, local_size=(4, 1, 1), vals=vals)
+    assert o.numpy().tolist() == [0.25] * 12 + [0.0] * 4, f"{dev.canonical}:{compiler} ran the last launch's sizes or scalars again"
+    for a_, want in ((0.0, np.inf), (-0.0, -np.inf), (-0.0, -np.inf), (0.0, np.inf), (-0.0, -np.inf)):
+      prg(o, global_size=(4, 1, 1), local_size=(4, 1, 1), vals=(a_,))
+      assert (o.numpy() == want).all(), f"{dev.canonical}:{compiler}: 1/{a_!r} after another sign gave {o.numpy()[0]}"
+
   def test_compile_error(self, dev: RuntimeDevice, compiler: str) -> None:
     with pytest.raises(CompileError): dev.compiler_for(compiler).compile("this is not a kernel in any language {{{")
 

@@ -221,3 +221,24 @@ def test_a_resident_launch_tells_equal_looking_scalars_apart(fake):
     prg(out, vals=(a,))
     dev.synchronize()
     assert out.numpy()[0] == want, f"1/{a!r}"
+
+
+def test_a_resident_launch_sees_a_changed_list(fake):
+  """Sizes and scalars given as lists the caller changes between launches are other launches, not the resident one."""
+  from plugrt import kernel
+  from plugrt.dsl import global_id
+
+  @kernel
+  def recip_each(out: dtypes.float32[:], a: dtypes.float32):
+    out[global_id(0)] = 1.0 / a
+
+  gpu, dev = fake
+  out = Buffer(dev, 16, dtypes.float32).copyin(np.zeros(16, np.float32))
+  prg = dev.program(recip_each.ir())
+  gpu.load(prg, recip_each.ir())
+  gs, vals = [1, 1, 1], [2.0]
+  for _ in range(2): prg(out, global_size=gs, local_size=(4, 1, 1), vals=vals)
+  gs[0], vals[0] = 3, 4.0
+  prg(out, global_size=gs, local_size=(4, 1, 1), vals=vals)
+  dev.synchronize()
+  assert out.numpy().tolist() == [0.25] * 12 + [0.0] * 4

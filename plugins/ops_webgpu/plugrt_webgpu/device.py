@@ -26,6 +26,7 @@ from typing import Any
 from plugrt.dtype import DType, dtypes, float_bits, float_packer, float_value
 from plugrt.errors import DeviceUnavailable, Reason
 from plugrt.hookspecs import DeviceInfo
+from plugrt.launchargs import NO_CALL, PreparedCall, call_key
 from plugrt.runtime import Allocator, Compiler, DeviceState, LaunchLimits, Program
 from plugrt_webgpu import engine_hint
 from plugrt_webgpu.engine import FEATURE_F16, Engine, Pipeline
@@ -205,7 +206,7 @@ class WebGPUProgram(Program):
     self._uniform_bytes = b""
     self._word_of = [_word_packer(dt) for dt in signature.scalars]
     self._scale = [1 if dt.itemsize < 4 else 4 for dt in signature.buffers]  # view offsets: packed dtypes in bytes, others in words
-    self._last: tuple = (None, None, None, None)
+    self._last: PreparedCall = NO_CALL
     self._launch: Any = None
     self._timed: Any = None
     lim = self.engine.limits
@@ -217,7 +218,7 @@ class WebGPUProgram(Program):
                wait: bool = False) -> float | None:
     with self._lock:  # see the module docstring
       last = self._last
-      if bufs != last[0] or vals != last[1] or global_size != last[2] or local_size != last[3]:
+      if bufs != last.bufs or vals != last.vals or (global_size, local_size) != last.dims:  # see plugrt.launchargs
         self._prepare(bufs, vals, global_size, local_size)
       if wait: return self._timed()
       self._launch()
@@ -242,7 +243,7 @@ class WebGPUProgram(Program):
     else: self._groups.move_to_end(key)
     self._launch = self.engine.launcher(pipe, bg, gs)
     self._timed = self.engine.timed_launcher(pipe, bg, gs)
-    self._last = (tuple(bufs), tuple(vals), global_size, local_size)
+    self._last = PreparedCall(tuple(bufs), call_key(vals, global_size, local_size))
 
   def _bindings(self, bufs: Sequence[Any]) -> tuple[tuple[int, ...], list[tuple[Any, int, int]], list[int]]:
     """(binding of each argument, (buffer, offset, size) of each binding, start of each binding).
