@@ -5,15 +5,18 @@ threads share Programs without knowing it; a launch must never see another threa
 """
 import importlib.util
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
 from plugrt import Buffer, Device, Tensor, dtypes, kernel
 from plugrt.dsl import global_id
+from plugrt.errors import UnsupportedError
 from plugrt.registry import Registry, use
 
 NTHREADS = 8
@@ -44,8 +47,17 @@ def target(request) -> Iterator[str]:
     with use(reg):
       opened = reg.open(dev)
       assert env.get("DEV", ":").split(":")[1] in ("", opened.info.compiler) and env.get("WEBGPU_IFACE", "") in ("", opened.info.interface)
+      host = np.arange(4096, dtype=np.float32)
+      blob = wrapped(opened, host)  # every thread test runs with wrapped memory alive (synchronize() maps it on CL)
       yield dev
+      del blob
   finally: reg.close()
+
+
+def wrapped(dev: Any, host: np.ndarray) -> Buffer | None:
+  """A from_blob Buffer of `host` on `dev`, or None where the device cannot wrap host memory."""
+  try: return Buffer.from_blob(host.ctypes.data, host.size, dtypes.float32, dev, keepalive=host)
+  except UnsupportedError: return None
 
 
 def run_threads(work: Callable[[int], None]) -> None:
@@ -150,3 +162,34 @@ def test_rendering_from_threads(target):
   run_threads(work)
   for t in range(NTHREADS):
     assert got[t] == [alone[(t + i) % len(kernels)] for i in range(12)], f"thread {t} rendered a mix of kernels"
+
+
+@pytest.mark.parametrize("target,env", targets(), ids=lambda t: t if isinstance(t, str) else "-".join(t.values()) or "default")
+def test_synchronize_from_threads_with_wrapped_memory_alive(target, env):
+  """synchronize() from several threads at once while from_blob memory is alive, with launches and copies between: CL
+  maps wrapped memory in synchronize, and two threads' unmaps of one buffer ended the process (SIGABRT). In a child
+  process, so that such a regression fails this test instead of ending pytest."""
+  code = f"""
+import threading, numpy as np
+from plugrt import Buffer, Device, Tensor, dtypes
+d = Device[{target!r}]
+host = np.arange(4096, dtype=np.float32)
+try: blob = Buffer.from_blob(host.ctypes.data, host.size, dtypes.float32, d, keepalive=host)
+except Exception as e: blob = None; print("no wrap:", type(e).__name__)
+errors = []
+def work(t):
+  try:
+    for i in range(40):
+      d.synchronize()
+      if i % 8 == 0:
+        x = np.full(64, t + i, np.float32)
+        assert ((Tensor(x, device={target!r}) + 1).numpy() == x + 1).all()
+  except BaseException as e: errors.append(e)
+ts = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+[t.start() for t in ts]; [t.join() for t in ts]
+if errors: raise errors[0]
+if blob is not None: assert (blob.numpy() == host).all()
+print("ok")
+"""
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+  assert r.returncode == 0 and r.stdout.strip().endswith("ok"), f"exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"

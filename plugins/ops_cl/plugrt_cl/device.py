@@ -11,6 +11,7 @@ copied in and out as h rows of w*4 packed scalars (row pitch 0: packed), which i
 from __future__ import annotations
 
 import ctypes
+import threading
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -66,6 +67,9 @@ class CLState(DeviceState):
   max_alloc: int                  # CL_DEVICE_MAX_MEM_ALLOC_SIZE
   fresh: dict[bytes, Any] = field(default_factory=dict)  # binary -> its program as just built (so loading it builds nothing again)
   wrapped: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # live CLMems of from_blob memory (CLAllocator._wrap)
+  #: held while wrapped memory is mapped, and while `wrapped` changes: two threads' maps of one USE_HOST_PTR buffer share
+  #: its host pointer, so the second unmap fails (INVALID_VALUE) and pyopencl's unmap error ends the process
+  wrap_lock: Any = field(default_factory=threading.Lock)
   max_image: tuple[int, int] | None = None  # (CL_DEVICE_IMAGE2D_MAX_HEIGHT, _WIDTH); None: the device has no images
 
   @property
@@ -82,13 +86,14 @@ class CLState(DeviceState):
     self.queue.finish()
     # CL_MEM_USE_HOST_PTR memory is only defined on the host while it is mapped (a driver may cache it on the device):
     # a map brings the owner's memory up to date with every write queued before, and the unmap gives it back
-    for mem in list(self.wrapped):
-      if mem.image is not None:
-        host = cl.enqueue_map_image(self.queue, mem.buf, cl.map_flags.READ, (0, 0), (mem.image.width, mem.image.height),
-                                    (mem.image.height, mem.image.width, 4), mem.image.numpy, is_blocking=True)[0]  # (array, event, pitches)
-      else: host, _ = cl.enqueue_map_buffer(self.queue, mem.buf, cl.map_flags.READ, 0, (mem.buf.size,), "uint8", is_blocking=True)
-      host.base.release(self.queue)
-    if self.wrapped: self.queue.finish()
+    with self.wrap_lock:
+      for mem in list(self.wrapped):
+        if mem.image is not None:
+          host = cl.enqueue_map_image(self.queue, mem.buf, cl.map_flags.READ, (0, 0), (mem.image.width, mem.image.height),
+                                      (mem.image.height, mem.image.width, 4), mem.image.numpy, is_blocking=True)[0]  # (array, event, pitches)
+        else: host, _ = cl.enqueue_map_buffer(self.queue, mem.buf, cl.map_flags.READ, 0, (mem.buf.size,), "uint8", is_blocking=True)
+        host.base.release(self.queue)
+      if self.wrapped: self.queue.finish()
 
   def close(self) -> None:
     self.queue.finish()
@@ -215,7 +220,7 @@ class CLAllocator(Allocator[CLMem]):
     try: mem = self._alloc_image(image, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, host)
     except (cl.Error, MemoryError) as e:
       raise MemoryError(f"{self.state.label} cannot wrap {image!r} at {ptr:#x}: {e}") from None
-    self.state.wrapped.add(mem)
+    with self.state.wrap_lock: self.state.wrapped.add(mem)
     return mem
 
   def _wrap(self, ptr: int, nbytes: int) -> CLMem:
@@ -224,5 +229,5 @@ class CLAllocator(Allocator[CLMem]):
     except cl.Error as e:
       raise MemoryError(f"{self.state.label} cannot wrap {size_str(nbytes)} at {ptr:#x}: {e}") from None
     mem = CLMem(buf, 0, host)
-    self.state.wrapped.add(mem)  # synchronize() maps it, so that its owner sees what kernels wrote
+    with self.state.wrap_lock: self.state.wrapped.add(mem)  # synchronize() maps it, so that its owner sees what kernels wrote
     return mem
