@@ -212,7 +212,8 @@ class Buffer:
     """Wrap memory plugrt does not own (zero copy). The memory must outlive the Buffer and
     everything queued on it; pass its owner as `keepalive` to tie their lifetimes.
     Devices whose allocator cannot wrap memory raise UnsupportedError: never a copy."""
-    if not isinstance(ptr, int) or isinstance(ptr, bool) or ptr <= 0: raise TypeError(f"ptr must be a nonzero address (int), got {ptr!r}")
+    if not isinstance(ptr, int) or isinstance(ptr, bool) or not 0 < ptr < 1 << 64:
+      raise TypeError(f"ptr must be an address, an int from 1 to 2**64 - 1, got {ptr!r}")
     from plugrt.runtime import check_nbytes
     check_nbytes(size)  # before the device opens: a bad size is the caller's error whatever the device
     dev = _device(device)
