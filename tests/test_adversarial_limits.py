@@ -214,10 +214,49 @@ def test_from_blob_sizes_and_shapes_are_checked(dev):
   for shape, err in [((2, -5), ValueError), (-1, ValueError), (2.5, TypeError), ((2, 2.5), TypeError), ("8", TypeError)]:
     with pytest.raises(err): Tensor.from_blob(ptr, shape, dtypes.float32, dev, keepalive=host)
   with pytest.raises(ValueError): Buffer.from_blob(ptr, 2**62, dtypes.float32, dev, keepalive=host)  # 2**64 bytes: would wrap
+  for bad in (1 << 64, 1 << 70, 0, -ptr):  # no address: the TypeError a bad pointer gets (2**64 was a raw OverflowError)
+    with pytest.raises(TypeError, match="address"): Buffer.from_blob(bad, 8, dtypes.float32, dev, keepalive=host)
+    with pytest.raises(TypeError, match="address"): Tensor.from_blob(bad, (8,), dtypes.float32, dev, keepalive=host)
   for shape, err in [((2, -5), ValueError), ((2.5,), TypeError)]:
     with pytest.raises(err): Tensor.zeros(shape, device=dev)
   b = Buffer(dev, 8, dtypes.float32)
   with pytest.raises(TypeError): b.view(size=2.5)
+
+
+# ---------------------------------------------------------------- shared memory (issue 32, item 5)
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_shared_arrays_past_the_device_limit_are_refused_at_program(target):
+  """A group's shared arrays past what the device holds are a RenderError from program(), before any compile: on the CPU
+  8 MiB of them overflowed the thread's stack (SIGSEGV), on PoCL past CL_DEVICE_LOCAL_MEM_SIZE an assertion aborted the
+  process. In a child, so that a regression fails this test instead of ending pytest; the largest allowed array runs."""
+  r = run_child(f"""
+    from plugrt import Buffer, Device, KernelBuilder, dtypes
+    from plugrt.errors import RenderError
+    def big(n):
+      b = KernelBuilder("big_shared")
+      o, sh = b.buffer("o", dtypes.float32), b.shared("sh", dtypes.float32, n)
+      i = b.local_id(0)
+      sh[i * (n // 4) + (n // 4 - 1)] = i.cast(dtypes.float32)
+      b.barrier()
+      o[i] = sh[i * (n // 4) + (n // 4 - 1)]
+      return b.finish()
+    name, _, comp = {target!r}.partition(":")
+    dev = Device[name]
+    limit = dev.compiler_for(comp or None).max_shared_bytes
+    for n in (1 << 21, 1 << 24):
+      if limit is None or n * 4 <= limit: continue
+      try: dev.program(big(n), comp or None)
+      except RenderError as e: assert "shared arrays" in str(e) and str(limit) in str(e), e
+      else: raise AssertionError(f"{{n * 4}} bytes of shared arrays past {{limit}} were compiled")
+    if limit is not None:
+      out = Buffer(dev, 4, dtypes.float32)
+      dev.program(big(limit // 4), comp or None)(out, local_size=(4, 1, 1), wait=True)
+      assert out.numpy().tolist() == [0, 1, 2, 3], out.numpy()
+    print("ok", limit)
+  """)
+  assert r.returncode == 0 and "ok" in r.stdout, f"exit {r.returncode}: {r.stdout[-1000:]} {r.stderr[-2000:]}"
+  if target.startswith(("CPU", "CL")): assert "ok None" not in r.stdout, f"{target} declares no shared-memory limit"
 
 
 # ---------------------------------------------------------------- minor items

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from plugrt.context import DeviceInfo, canonicalize
 from plugrt.dtype import DType, ImageDType, dtypes
-from plugrt.errors import UnknownDeviceError
+from plugrt.errors import RenderError, UnknownDeviceError
 
 if TYPE_CHECKING:
   from plugrt.ir import Kernel
@@ -71,6 +71,9 @@ class RuntimeDevice:
       from plugrt.errors import UnsupportedError
       raise UnsupportedError(f"{self.canonical} has no image support: kernel {kernel.name} takes image {imgs[0].arg[1]!r} "
                              f"({imgs[0].dtype.base!r})", "run image kernels on an image device (CL, or PYTHON for the reference)")
+    if comp.max_shared_bytes is not None and (shared := kernel.shared_bytes) > comp.max_shared_bytes:
+      raise RenderError(f"{self.canonical}:{comp.name} cannot run kernel {kernel.name}: its shared arrays take {shared} bytes per group "
+                        f"and {comp.name} allows {comp.max_shared_bytes}", "use smaller shared arrays, or keep the data in a buffer")
     src = comp.render(kernel)
     # the signature is part of the key: two kernels may render alike (LLVM IR has one i32 for int32 and uint32) and a
     # Program checks its arguments' dtypes against the signature it was loaded with

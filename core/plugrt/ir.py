@@ -135,6 +135,10 @@ class Kernel:
   @property
   def has_barrier(self) -> bool: return any(u.op is Ops.BARRIER for u in self.uops)
   @property
+  def shared_bytes(self) -> int:
+    """The bytes of its shared arrays, one set per group."""
+    return sum(u.arg[1] * u.dtype.base.itemsize for u in self.uops if u.op is Ops.SHARED)  # type: ignore[union-attr]
+  @property
   def images(self) -> tuple[UOp, ...]:
     """The buffer parameters that are images (their dtype's base is an ImageDType)."""
     return tuple(b for b in self.buffers if isinstance(b.dtype.base, ImageDType))

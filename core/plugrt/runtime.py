@@ -267,6 +267,9 @@ class Compiler:
   """
   name = "?"
   cache_namespace = ""
+  #: the most bytes of shared arrays a group of this compiler's kernels may have (None: the compiler's own errors say);
+  #: RuntimeDevice.program refuses a kernel past it (RenderError) before rendering: past it some drivers abort the process
+  max_shared_bytes: int | None = None
 
   def __init__(self, device: DeviceInfo):
     self.device = device

@@ -78,6 +78,7 @@ class CLCompiler(Compiler):
     super().__init__(device)
     self.state = state_of(device)
     self.renderer = OpenCLRenderer(self.state.label, self.state.fp64)
+    self.max_shared_bytes = self.state.max_local  # past CL_DEVICE_LOCAL_MEM_SIZE PoCL aborts the process at the launch
     self.bare = is_pocl(self.state.platform)
 
   @property

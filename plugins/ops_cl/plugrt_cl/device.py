@@ -65,6 +65,7 @@ class CLState(DeviceState):
   max_group: int                  # CL_DEVICE_MAX_WORK_GROUP_SIZE
   max_items: tuple[int, ...]      # CL_DEVICE_MAX_WORK_ITEM_SIZES
   max_alloc: int                  # CL_DEVICE_MAX_MEM_ALLOC_SIZE
+  max_local: int                  # CL_DEVICE_LOCAL_MEM_SIZE: a group's shared arrays
   fresh: dict[bytes, Any] = field(default_factory=dict)  # binary -> its program as just built (so loading it builds nothing again)
   wrapped: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # live CLMems of from_blob memory (CLAllocator._wrap)
   #: held while wrapped memory is mapped, and while `wrapped` changes: two threads' maps of one USE_HOST_PTR buffer share
@@ -121,7 +122,7 @@ def open_device(info: DeviceInfo) -> CLState:
   unified = bool(_get(dev, "host_unified_memory", False)) and dev.type & cl.device_type.CPU != 0
   images = (_get(dev, "image2d_max_height", 0), _get(dev, "image2d_max_width", 0)) if _get(dev, "image_support", False) else None
   return CLState(plat, dev, ctx, queue, f"{info.canonical} ({dev.name.strip()} on {plat.name.strip()})", fp64, unified,
-                 dev.max_work_group_size, tuple(dev.max_work_item_sizes), dev.max_mem_alloc_size, max_image=images)
+                 dev.max_work_group_size, tuple(dev.max_work_item_sizes), dev.max_mem_alloc_size, dev.local_mem_size, max_image=images)
 
 
 def _get(dev: Any, attr: str, default: Any) -> Any:

@@ -14,6 +14,10 @@ from plugrt.errors import Reason
 from plugrt.hookspecs import Alias, BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
 from plugrt.probing import has_module
 
+#: the most bytes of shared arrays a CPU kernel's group may have: they live on the stack of the thread running the group
+#: (a caller's thread, or a worker's with the platform's default stack, 8 MiB on Linux), where 8 MiB of them crashed
+MAX_SHARED_BYTES = 1 << 20
+
 __version__ = "0.1.0"
 
 

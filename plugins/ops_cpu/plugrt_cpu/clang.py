@@ -24,7 +24,7 @@ from plugrt.errors import CompileError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import Kernel
 from plugrt.runtime import Compiler
-from plugrt_cpu import probe_clang, which_cc
+from plugrt_cpu import MAX_SHARED_BYTES, probe_clang, which_cc
 from plugrt_cpu.crender import CPUCRenderer
 from plugrt_cpu.span import RenderedSources
 
@@ -115,6 +115,7 @@ class ClangCompiler(Compiler):
   and waits for its source on stdin (PLUGRT_CPU_CLANG_AHEAD=0 turns that off)."""
   name = "CLANG"
   cache_namespace = "cpu-clang"
+  max_shared_bytes = MAX_SHARED_BYTES
 
   def __init__(self, device: DeviceInfo):
     super().__init__(device)

@@ -36,6 +36,7 @@ from plugrt.ir import Kernel, Ops, UOp
 from plugrt.lowering import THREAD_LOOP, serialize_groups
 from plugrt.renderer.llvmir import IRFunction, LLVMRenderer
 from plugrt.runtime import Compiler
+from plugrt_cpu import MAX_SHARED_BYTES
 from plugrt_cpu.span import RenderedSources
 
 OPT_LEVEL = 2
@@ -157,6 +158,7 @@ def _target_machine(host_cpu: bool = True, jit: bool = False, opt: int = OPT_LEV
 class LLVMCompiler(Compiler):
   name = "LLVM"
   cache_namespace = "cpu-llvm"
+  max_shared_bytes = MAX_SHARED_BYTES
 
   def __init__(self, device: DeviceInfo):
     super().__init__(device)
