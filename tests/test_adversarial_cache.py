@@ -303,8 +303,8 @@ def test_a_huge_file_at_an_entry_path_is_not_read(tmp_path: Path) -> None:
   assert not (shard / key).exists()
 
 
-def test_a_root_that_cannot_be_made_private_runs_uncached_with_one_warning(target: Target) -> None:
-  """/proc/self is ours and readable by others, and chmod fails on it: as on a read-only mount."""
+def test_a_root_where_nothing_can_be_made_runs_uncached_with_one_warning(target: Target) -> None:
+  """/proc/self is ours and writable by nobody else, and no directory can be made in it: as on a read-only mount."""
   res = target.run(Path("/proc/self"))
   assert res["out"] == ADD
   assert [w for w in res["warnings"] if "compile cache disabled" in w] == [w for w in res["warnings"] if "plugrt" in w]
@@ -314,7 +314,7 @@ def test_a_root_that_cannot_be_made_private_runs_uncached_with_one_warning(targe
 def test_read_only_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
   root = make_dir(tmp_path / "ro", 0o755)
   def read_only(*a: Any, **k: Any) -> None: raise OSError(30, "Read-only file system")
-  monkeypatch.setattr(os, "chmod", read_only)
+  monkeypatch.setattr(os, "mkdir", read_only)
   dc = DiskCache("unit", root=str(root))
   with pytest.warns(UserWarning, match="compile cache disabled.*Read-only") as w:
     dc.put("cd" * 32, b"x")
@@ -390,7 +390,35 @@ def test_the_cache_is_bounded_and_evicts_least_recently_used(tmp_path: Path, mon
   left = C.info(str(tmp_path))["entries"]
   assert 30 < left < 52 and dc.get(keys[-1]) == blob
   assert len(scans) <= 2 + 500 * len(blob) // ((1 << 20) // 8) < 100  # a scan per 1/8 of the cap written, not one per put
-  assert int((tmp_path / ".size").read_text()) == pack.stat().st_size
+  assert int((tmp_path / ".size").read_text()) == du(tmp_path)  # every file counts: pack, index, lock and the total's own
+
+
+def du(root: Path) -> int: return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+
+def test_every_file_of_the_cache_counts_against_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+  """The cap bounds what the cache takes on disk: the indexes (49 KiB each at least) and every other file count, and a
+  namespace that keeps nothing goes whole, so many compilers' small entries never grow the cache past the cap."""
+  import plugrt.cache as C
+  monkeypatch.setenv("PLUGRT_CACHE_MAX_MB", "1")
+  blob = b"k" * (8 << 10)
+  for i in range(400):  # 3.2 MiB of entries in 40 namespaces, each with its own index, through a 1 MiB cache
+    DiskCache(f"unit{i % 40}", root=str(tmp_path)).put(f"{i:064x}", blob)
+    assert du(tmp_path) <= 1 << 20, f"{du(tmp_path)} bytes on disk after {i + 1} entries"
+  assert int((tmp_path / ".size").read_text()) == du(tmp_path) == C.info(str(tmp_path))["bytes"] + (tmp_path / ".size").stat().st_size
+  assert DiskCache("unit39", root=str(tmp_path)).get(f"{399:064x}") == blob  # the newest stays
+
+
+def test_an_existing_root_keeps_its_mode(tmp_path: Path) -> None:
+  """A PLUGRT_CACHE_DIR that exists is used as it is: its mode is never changed (it was chmod'ed to 0700 without a
+  word: a shared folder, or any system directory for root); what plugrt keeps there is in directories it makes 0700."""
+  for mode in (0o755, 0o750, 0o711, 0o700):
+    root = make_dir(tmp_path / f"shared{mode:o}", mode)
+    dc = DiskCache("unit", root=str(root))
+    dc.put("ab" * 32, b"binary")
+    assert DiskCache("unit", root=str(root)).get("ab" * 32) == b"binary"
+    assert stat.S_IMODE(root.stat().st_mode) == mode
+    assert stat.S_IMODE((root / "unit").stat().st_mode) == 0o700
 
 
 @pytest.mark.parametrize("value", ["lots", "0", "-5", "1.5"])

@@ -141,14 +141,20 @@ def _remove(path: str) -> bool:
   return True
 
 
+def _disabled(root: str, why: str, fix: str = "set PLUGRT_CACHE_DIR to a private directory of yours") -> None:
+  """Warn, once per root, that the cache under it is off."""
+  if root not in _warned_roots:
+    _warned_roots.add(root)
+    warnings.warn(f"plugrt: compile cache disabled: {why}; {fix}", stacklevel=5)
+
+
 def open_root(root: str) -> bool:
-  """Create the cache root 0700, or check an existing one: ours and writable by nobody else (a
-  root only readable by others is made private). Anything else turns the cache off, with one
-  warning per root: someone else could have planted entries that pass every check."""
+  """Create the cache root 0700, or check an existing one: ours and writable by nobody else. Anything else turns the
+  cache off, with one warning per root: someone else could have planted entries that pass every check. The mode of a
+  directory plugrt did not create is never changed (a shared folder, or /usr for root): what plugrt keeps in it lives
+  in namespace directories it makes 0700."""
   def refuse(why: str, fix: str = "set PLUGRT_CACHE_DIR to a private directory of yours") -> bool:
-    if root not in _warned_roots:
-      _warned_roots.add(root)
-      warnings.warn(f"plugrt: compile cache disabled: {why}; {fix}", stacklevel=4)
+    _disabled(root, why, fix)
     return False
   try:
     try: st = os.stat(root)
@@ -162,10 +168,7 @@ def open_root(root: str) -> bool:
   if st.st_mode & 0o022:
     return refuse(f"{root} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}), so anything in it may have been planted",
                   f"remove it (rm -r {root}) or point PLUGRT_CACHE_DIR at a private directory")
-  if st.st_mode & 0o077:
-    try: os.chmod(root, 0o700)
-    except OSError as e: return refuse(f"cannot make {root} private: {e}")
-  return True
+  return True  # readable by others is no risk to what is read back, and its namespace directories are made 0700
 
 
 def _pack(key: str, payload: bytes) -> bytes:
@@ -229,7 +232,9 @@ class DiskCache:
         if not create: return False
         try: os.mkdir(path, 0o700)
         except FileExistsError: pass
-        except OSError: return False
+        except OSError as e:
+          _disabled(self._root, f"cannot create {path}: {e.strerror or e}")
+          return False
         continue
       except OSError: return False
       if (why := _untrusted(st, True)) is None:
@@ -364,12 +369,14 @@ class DiskCache:
     try:
       if _untrusted(os.fstat(fd), False): return
       fcntl.flock(fd, fcntl.LOCK_EX)  # one writer of the total at a time; released by close
-      try: total: int | None = int(os.pread(fd, 32, 0)) + nbytes
+      try:
+        held = int(os.pread(fd, 32, 0))
+        total: int | None = held - len(str(held)) + nbytes  # the other files' bytes (the total counts its own file too)
       except ValueError: total = None  # new or unreadable: count once
       cap = cache_max_bytes(self.env)
       if total is None or total > cap: total = evict_to(self._root, cap * 7 // 8 if total is not None else cap)
       os.ftruncate(fd, 0)
-      os.pwrite(fd, str(total).encode(), 0)
+      os.pwrite(fd, str(_with_own_digits(total)).encode(), 0)
     except OSError: pass
     finally: os.close(fd)
 
@@ -423,7 +430,8 @@ def scan(root: str, namespace: str | None = None) -> Iterator[Entry]:
 
 
 def _packs(root: str, namespace: str | None = None) -> Iterator[tuple[str, Pack, dict[bytes, tuple[int, int, int]], int]]:
-  """(namespace, pack, its live slots, its file size) for each trusted namespace directory that holds a pack."""
+  """(namespace, pack, its live slots, the bytes of its files: pack, index and lock) for each trusted namespace
+  directory that holds a pack."""
   if not _HAVE_FLOCK: return
   from plugrt.cachepack import Pack
   try: names = sorted(os.listdir(root))
@@ -435,32 +443,53 @@ def _packs(root: str, namespace: str | None = None) -> Iterator[tuple[str, Pack,
       if _untrusted(os.lstat(d), True) or not os.path.lexists(os.path.join(d, "pack")): continue
       pack = Pack(d, _untrusted, lambda path, why: _remove(path) if path else None, MAX_ENTRY)
       live = pack.live()
-      yield ns, pack, live, os.lstat(pack.pack_path).st_size
+      yield ns, pack, live, pack.files_bytes()
     except OSError: continue
 
 
 def evict_to(root: str, target: int) -> int:
-  """Remove least recently used entries until at most `target` bytes remain; returns the bytes that remain. Entries
-  in a pack are dropped by compacting it (which also drops its dead records)."""
+  """Remove least recently used entries until at most `target` bytes remain; returns the bytes that remain (every file
+  but the running total's). Entries in a pack are dropped by compacting it (which also drops its dead records), and a
+  namespace none of whose entries stays goes whole."""
   from plugrt.cachepack import PACK_HEAD, REC_HEAD
+  from plugrt.cachepack_write import index_bytes
   aged: list[tuple[float, int, Any]] = [(e.mtime, e.size, e.path) for e in scan(root)]
   packs = list(_packs(root))
   for _, pack, live, _ in packs:
     aged += [(used * 60.0, (REC_HEAD + n + 7) & ~7, (pack, raw)) for raw, (_, n, used) in live.items()]
-  total = sum(a[1] for a in aged) + PACK_HEAD * len(packs)  # what remains once every pack is compacted
+  # what remains once every pack is compacted: its records, its header and an index for what it holds now (at most)
+  total = sum(a[1] for a in aged) + sum(PACK_HEAD + index_bytes(len(live)) for _, _, live, _ in packs)
   drop: dict[Any, set[bytes]] = {}
   for _, size, what in sorted(aged, key=lambda a: a[0]):
     if total <= target: break
     if isinstance(what, str):
       if _remove(what): total -= size
     else:
-      drop.setdefault(what[0], set()).add(what[1])
+      gone = drop.setdefault(what[0], set())
+      gone.add(what[1])
       total -= size
-  for _, pack, live, size in packs:
-    if pack in drop or size > PACK_HEAD + sum((REC_HEAD + n + 7) & ~7 for _, n, _ in live.values()):
+  for ns, pack, live, size in packs:
+    if len(drop.get(pack, ())) == len(live) and live:  # nothing of it stays: the namespace goes, index and all
+      _retire(root, ns, pack)
+    elif pack in drop or size > PACK_HEAD + index_bytes(len(live)) + sum((REC_HEAD + n + 7) & ~7 for _, n, _ in live.values()):
       try: pack.compact(drop.get(pack, set()))
       except OSError: pass
   return sum(e.size for e in scan(root)) + sum(size for *_, size in _packs(root))
+
+
+def _with_own_digits(n: int) -> int:
+  """n bytes of other files plus the running total's file, which holds this number in decimal."""
+  t = n + len(str(n))
+  return n + len(str(t))
+
+
+def _retire(root: str, namespace: str, pack: Pack) -> None:
+  """Remove a namespace's pack and index: processes that map them stop serving from them, then its directory goes."""
+  try:
+    with pack.locked() as ok:
+      if ok: pack.retire(lambda: os.unlink(pack.index_path))
+  except OSError: pass
+  _remove(os.path.join(root, namespace))
 
 
 def info(root: str | None = None) -> dict:
@@ -488,12 +517,9 @@ def clear(namespace: str | None = None, root: str | None = None) -> tuple[int, i
   entries = list(scan(root, namespace))
   removed = [e for e in entries if _remove(e.path)]
   packed = []
-  for _, pack, live, size in _packs(root, namespace):
+  for ns, pack, live, size in _packs(root, namespace):
     packed.append((len(live), size))
-    try:
-      with pack.locked() as ok:
-        if ok: pack.retire(lambda pack=pack: os.unlink(pack.index_path))  # processes that map it stop serving from it
-    except OSError: pass
+    _retire(root, ns, pack)
   names = [namespace] if namespace else [n for n in os.listdir(root) if _valid_namespace(n)]
   for ns in names: _remove(os.path.join(root, ns))  # the directories too (and anything untrusted in them)
   if namespace is None: _remove(os.path.join(root, _SIZE_FILE))

@@ -221,6 +221,7 @@ class Pack:
   def retire(self, replace: Callable[[], object] = lambda: None) -> None: _writer().retire(self, replace)
   def live(self) -> dict[bytes, tuple[int, int, int]]: return _writer().live(self)
   def compact(self, drop: set[bytes]) -> None: _writer().compact(self, drop)
+  def files_bytes(self) -> int: return _writer().files_bytes(self)
 
 
 def _find(v: _View, raw: bytes, slot: int) -> tuple[int, int, int, int] | None:

@@ -41,11 +41,23 @@ def _current(p: Pack) -> _View | None:
   return p._map_plain()
 
 
+def files_bytes(p: Pack) -> int:
+  """The bytes of the namespace's pack, index and lock files as they are now (what counts against the cache's cap)."""
+  total = 0
+  for path in (p.pack_path, p.index_path, p.lock_path):
+    try: total += os.stat(path, follow_symlinks=False).st_size
+    except OSError: pass
+  return total
+
+
 def put(p: Pack, raw: bytes, payload: bytes) -> int:
-  """Append key `raw`'s record and publish it; returns the bytes the pack grew by (0: already there or not written)."""
+  """Append key `raw`'s record and publish it; returns the bytes the namespace's files (pack, index: new, appended to or
+  rebuilt larger) grew by (0: already there or not written)."""
   slot = int.from_bytes(raw[:8], "little")
   with locked(p) as ok:
-    if not ok or (v := _current(p)) is None: return 0
+    if not ok: return 0
+    before = files_bytes(p)
+    if (v := _current(p)) is None: return 0
     found = _find(v, raw, slot)
     if found is not None and found[2] and p._record(v, raw, found[1], found[2]) == payload: return 0
     size = os.fstat(v.pkfd).st_size
@@ -61,7 +73,7 @@ def put(p: Pack, raw: bytes, payload: bytes) -> int:
     else:
       _write_slot(v, _free_slot(v, slot), off, len(payload), _minute(), raw)
       os.pwrite(v.ixfd, (used + 1).to_bytes(4, "little"), 28)
-    return off + len(rec) - size
+    return max(files_bytes(p) - before, 0)
 
 
 def remove(p: Pack, raw: bytes) -> None:
@@ -90,6 +102,12 @@ def _replace(p: Pack, path: str, data: bytes | bytearray) -> None:
     try: os.unlink(tmp)
     except OSError: pass
     raise
+
+
+def index_bytes(nkeys: int, nslots: int = MIN_SLOTS) -> int:
+  """The size of an index written for `nkeys` keys (a table at most half full, of at least `nslots` slots)."""
+  while nkeys * 2 > nslots: nslots *= 2
+  return INDEX_HEAD + nslots * SLOT
 
 
 def _write_index(p: Pack, pack_id: bytes, slots: dict[bytes, tuple[int, int, int]], nslots: int) -> None:
