@@ -224,7 +224,7 @@ class _Translator:
     span = self.binop(ast.Sub(), stop, start, it) if step > 0 else self.binop(ast.Sub(), start, stop, it)
     count = span if abs(step) == 1 else self.binop(ast.FloorDiv(), self.binop(ast.Add(), span, abs(step) - 1, it), abs(step), it)
     with self.b.range(self.b.const(0, dt), self.convert(count, dt)) as k:
-      value = k if start == 0 and step == 1 and not isinstance(start, Val) else self.binop(ast.Add(), self.binop(ast.Mult(), k, step, it), start, it)
+      value = k if not isinstance(start, Val) and start == 0 and step == 1 else self.binop(ast.Add(), self.binop(ast.Mult(), k, step, it), start, it)
       self.assign(s.target, value, s)
       self.block(s.body)
 
@@ -376,8 +376,8 @@ class _Translator:
       for _ in range(b): out = out * a
       return out
     base = self.convert(a, a.dtype if a.dtype.kind == "f" else dtypes.default_float) if isinstance(a, Val) else a
-    if b == 0.5: return self.math("sqrt", base)
-    if b == -1: return self.math("recip", base)
+    if not isinstance(b, Val) and b == 0.5: return self.math("sqrt", base)
+    if not isinstance(b, Val) and b == -1: return self.math("recip", base)
     base, e = self.coerce(base, b)
     if base.dtype.kind != "f": base, e = self.convert(base, dtypes.default_float), self.convert(e, dtypes.default_float)
     return (e * base.log2()).exp2()  # for positive bases, as the CPU's pow does for them
