@@ -177,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for eng in ("plugrt WGPU", "plugrt DAWN"):
       s = sides.get(eng)
       if s is None or isinstance(s, str) or "dispatch" not in keys: continue
-      def bare(launch: Any = s.prg._launch, sync: Any = s.dev.synchronize, n: int = cfg.n_fast) -> float:
+      def bare(launch: Any = s.prg._prepared.submit, sync: Any = s.dev.synchronize, n: int = cfg.n_fast) -> float:
         t = time.perf_counter()
         for _ in range(n): launch()
         sync()

@@ -171,7 +171,7 @@ def test_largest_accepted_launch_has_exact_ids(compiler, axis, gs, ls):
   out = Buffer.from_numpy(np.full(4, -1, np.int32), d)
   prg.check_args([out], (n - 3, axis), gs, ls)  # accepted
   prg(out, global_size=(1,), local_size=(1,), vals=(n - 3, axis))  # a tiny launch, then the big one's arguments by hand:
-  launch = prg._prepare(prg._launch, (out,), (n - 3, axis), gs, ls)
+  launch = prg._prepare(prg._prepared, (out,), (n - 3, axis), gs, ls)
   assert math.prod(gs) == gs[axis]  # one axis of groups: group k along it is flat group k
   prg._fn(launch.argp, ctypes.c_uint64((n - 3) // ls[axis]), ctypes.c_uint64(gs[axis]))  # the groups holding the top 3 ids
   assert out.numpy().tolist() == [n - 3, n - 2, n - 1, -1]

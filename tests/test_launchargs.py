@@ -257,6 +257,6 @@ def test_a_repeated_cpu_launch_reuses_its_prepared_launch():
   prg = d.program(recip.ir())
   for a in (3.0, 1.0, 0.0):
     prg(out, vals=(a,))
-    launch = prg._launch
+    launch = prg._prepared
     prg(out, vals=(a * 1,))  # a new, equal tuple (with 1.0 and 0.0: compared exactly, and still the same)
-    assert prg._launch is launch
+    assert prg._prepared is launch

@@ -29,13 +29,14 @@ def test_cache_dir_is_private_and_entries_roundtrip(tmp_path, monkeypatch):
   assert not [p for p in root.rglob(".tmp-*")]  # no temporary left behind
 
 
-def test_cache_tightens_a_readable_dir(tmp_path, monkeypatch):
+def test_cache_leaves_a_readable_dir_as_it_is(tmp_path, monkeypatch):
+  """A root of ours that others may read but not write is used without changing its mode (issue 32, item 11)."""
   root = tmp_path / "loose"
   root.mkdir(mode=0o755)
   os.chmod(root, 0o755)
   monkeypatch.setenv("PLUGRT_CACHE_DIR", str(root))
   DiskCache("unit").put("cd" * 32, b"x")
-  assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+  assert stat.S_IMODE(os.stat(root).st_mode) == 0o755 and DiskCache("unit").get("cd" * 32) == b"x"
 
 
 def test_cache_refuses_a_dir_of_another_user(tmp_path, monkeypatch):

@@ -1,13 +1,14 @@
 """Launch arguments: scalar packers for each kind of argument slot, and the record of the call a launch was prepared for.
 
-A Program turns its `vals` into what the device reads once per new set of arguments, and on every call compares
-the call with the one it prepared last; a call that repeats it reuses what was prepared, so a repeated launch is
-one comparison and the native call. The comparison stays inline in the program's __call__ (one Python frame from
-`prg(...)` to the native call), reading the attributes of a PreparedCall:
+A Program (plugrt.runtime) turns its `vals` into what the device reads once per new set of arguments, and on every
+call compares the call with the one it prepared last; a call that repeats it reuses what was prepared, so a repeated
+launch is one comparison and the native call. The comparison stays inline in the core's Program.__call__, reading the
+attributes of a PreparedCall:
 
     p = self._prepared
     if bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims:
-      p = self._prepared = self._prepare(...)  # check_args, pack, and a new PreparedCall subclass
+      p = self._prepared = self._prepare(p, bufs, vals, global_size, local_size)  # check_args, pack, the backend's _encode
+    p.submit()
 
 Which scalars are the same argument: Python's == says 1 == 1.0 == True and 0.0 == -0.0, yet -0.0 is another
 argument than 0.0 (1/x), and True is no int32 (check_args refuses it). Telling them apart takes a type-exact
@@ -30,7 +31,7 @@ from collections.abc import Callable, Sequence
 from marshal import dumps as _exact_bytes
 from typing import Any
 
-from plugrt.dtype import DType, dtypes, float_bits, float_packer, float_value
+from plugrt.dtype import DType, cast_value, dtypes, float_bits, float_packer, float_value
 
 # marshal's format 2: each value's type and exact bits (numpy scalars: their bytes), and no back-references (format 3 on
 # marks objects by their reference count, so equal scalars could serialise differently)
@@ -56,6 +57,12 @@ def bytes_packer(dt: DType) -> Callable[[Any], bytes]:
     bits, n = float_packer(dt), dt.itemsize
     return lambda v: bits(v).to_bytes(n, "little")
   return struct.Struct("<" + dt.fmt).pack
+
+
+def value_packer(dt: DType) -> Callable[[Any], Any]:
+  """A scalar -> its value as the dtype holds it, a Python bool, int or float (floats rounded to the dtype, ints
+  wrapped to its width), for backends that run kernels in Python."""
+  return lambda v: cast_value(v, dt)
 
 
 #: the ctypes type holding each dtype as a kernel parameter (float16 and bfloat16: their raw 16 bits)
@@ -116,21 +123,34 @@ def call_key(vals: Sequence[Any], global_size: Any, local_size: Any) -> tuple[Se
   return (list(vals) if type(vals) is list else vals), (global_size, local_size)
 
 
+def _no_submit() -> None: raise RuntimeError("this prepared call was never encoded: it cannot be submitted")
+
+
 class PreparedCall:
-  """The arguments one launch was prepared for, never changed once built: a program's prepared launch subclasses it
-  (adding what it prepared) and its __call__ compares a call with it inline (see the module docstring). Replacing
-  the program's prepared launch by a single assignment lets threads share the program: a launch reads either the
-  old or the new one, never a mix.
+  """The arguments one launch was prepared for, and what the backend made of them, never changed once built.
+  Program.__call__ compares a call with it inline (see the module docstring); replacing the program's prepared call by
+  a single assignment lets threads share the program: a launch reads either the old or the new one, never a mix.
 
-  bufs: the Buffers (compared by identity); vals: the scalars (ExactScalars where == cannot tell twins apart; a list
-  copied); dims: (global_size, local_size), lists copied.
+  The call: bufs, the Buffers (compared by identity); vals, the scalars (ExactScalars where == cannot tell twins apart;
+  a list copied); dims, (global_size, local_size) as given, lists copied.
+  What the core checked and packed for it: sizes, the checked (global_size, local_size) as 3-tuples; scalars, the
+  scalars packed by the program's scalar_packer.
+  What the backend made of it (Program._encode): submit, a callable of no arguments that enqueues the launch (what it
+  returns, if anything, is for the backend's own Program._timed). A backend subclasses PreparedCall to keep its native
+  argument block beside it; `submit` must not hold the PreparedCall itself (a cycle would keep its buffers alive until
+  the garbage collector runs): a Graph keeps each launch's PreparedCall alive while it may submit it.
   """
-  __slots__ = ("bufs", "dims", "vals")
+  __slots__ = ("bufs", "dims", "scalars", "sizes", "submit", "vals")
 
-  def __init__(self, bufs: tuple, call: tuple[Sequence[Any], tuple[Any, Any]]):
-    """`call`: call_key() of the arguments, or `prepared.call` of a launch with the same scalars and sizes. A subclass
-    whose __init__ is on a launch path may set the three attributes itself instead of calling this."""
+  def __init__(self, bufs: tuple = (), call: tuple[Sequence[Any], tuple[Any, Any]] = ((), (None, None)),
+               submit: Callable[[], Any] = _no_submit):
+    """`call`: call_key() of the arguments, or `prepared.call` of a launch with the same scalars and sizes (the core's
+    Program sets bufs, vals, dims, scalars and sizes on what _encode returns; a backend need not pass them, and a
+    subclass whose __init__ is on a launch path may skip this one, setting only `submit`)."""
     self.bufs, (self.vals, self.dims) = bufs, call
+    self.scalars: tuple = ()
+    self.sizes: tuple[tuple[int, int, int], tuple[int, int, int]] = ((1, 1, 1), (1, 1, 1))
+    self.submit = submit
 
   @property
   def call(self) -> tuple[Sequence[Any], tuple[Any, Any]]: return (self.vals, self.dims)
@@ -141,7 +161,8 @@ class PreparedCall:
 
 
 #: matches no call: a program's first launch prepares
-NO_CALL = PreparedCall((), ((), (None, None)))
+NO_CALL = PreparedCall()
 
 
-__all__ = ["NO_CALL", "SCALAR_CTYPES", "ExactScalars", "PreparedCall", "bytes_packer", "call_key", "ctypes_packer", "slot_packer"]
+__all__ = ["NO_CALL", "SCALAR_CTYPES", "ExactScalars", "PreparedCall", "bytes_packer", "call_key", "ctypes_packer", "slot_packer",
+           "value_packer"]

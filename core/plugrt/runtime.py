@@ -6,15 +6,17 @@ compiler's disk cache, and the program's argument checking.
 """
 from __future__ import annotations
 
+import time
 from _thread import allocate_lock  # threading's locks, without importing threading (~1 ms of discovery)
 from collections import OrderedDict, deque
-from collections.abc import Mapping, Sequence
-from functools import cache
+from collections.abc import Callable, Mapping, Sequence
+from functools import cache, partial
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from plugrt.context import DeviceInfo
-from plugrt.dtype import ImageDType
+from plugrt.dtype import DType, ImageDType
 from plugrt.errors import EnvError, LaunchError, OutOfMemoryError, UnsupportedError
+from plugrt.launchargs import NO_CALL, PreparedCall, call_key, slot_packer
 
 if TYPE_CHECKING:  # (the IR and the disk cache load when something compiles, not when a device opens)
   from plugrt.device import Buffer
@@ -449,17 +451,74 @@ class Program:
   and returns the run time in seconds. Arguments are checked before anything
   reaches native code: wrong counts or types raise TypeError, sizes past the device's
   `launch_limits` raise LaunchError (a ValueError).
+
+  The launch protocol is the core's; a backend defines no __call__. A call that repeats the one prepared last (the same
+  Buffers, the scalars compared exactly, the same sizes: plugrt.launchargs) submits what was prepared. A call with the
+  last one's scalars and sizes and other buffers keeps what was checked and packed, and the backend puts the buffers in
+  (_rebind). Any other call is checked (check_args), its scalars packed (scalar_packer) and encoded by the backend
+  (_encode). The new prepared call replaces the last by one assignment, so threads may share a program.
+
+  A backend implements
+    _encode(bufs, scalars, global_size, local_size) -> PreparedCall: a new one, its `submit` set (the native argument
+      block and how it is enqueued); the sizes are checked 3-tuples, the scalars packed;
+  and where it has something better than the defaults:
+    _rebind(last, bufs) -> PreparedCall: last's scalars and sizes with other buffers (default: _encode again);
+    _timed(prepared) -> float: submit and wait, the launch's seconds (default: the host's clock around submit and the
+      device's synchronize);
+    scalar_packer: DType -> (value -> packed scalar), a class attribute (default launchargs.slot_packer).
+  A backend whose encode or submit changes state that other launches share (arguments set on a driver's kernel
+  object, a device's command slots) derives from LockedProgram instead.
   """
+  scalar_packer: Callable[[DType], Callable[[Any], Any]] = staticmethod(slot_packer)
 
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     self.device, self.name, self.lib, self.signature = device, name, lib, signature
     self.nbufs, self.nvals = len(signature.buffers), len(signature.scalars)
     #: what a launch may ask of the device; a backend with tighter limits replaces it (check_args applies it)
     self.launch_limits = LaunchLimits(str(device))
+    self._packers = [self.scalar_packer(dt) for dt in signature.scalars]
+    self._prepared: PreparedCall = NO_CALL
 
   def __call__(self, *bufs: Buffer, global_size: LaunchSize = (1, 1, 1), local_size: LaunchSize = (1, 1, 1),
                vals: Sequence[Any] = (), wait: bool = False) -> float | None:
-    raise NotImplementedError
+    p = self._prepared  # read once: everything below uses this one prepared call
+    if bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims:  # see plugrt.launchargs
+      p = self._prepared = self._prepare(p, bufs, vals, global_size, local_size)
+    if wait: return self._timed(p)
+    p.submit()
+    return None
+
+  def _prepare(self, last: PreparedCall, bufs: tuple, vals: Sequence[Any], global_size: Any, local_size: Any) -> PreparedCall:
+    """A new prepared call for these arguments (`last`: the current one, which lends what it checked and packed when
+    only the buffers changed)."""
+    if self.repeats_but_buffers(last, bufs, vals, global_size, local_size):
+      p = self._rebind(last, bufs)
+      p.vals, p.dims, p.scalars, p.sizes = last.vals, last.dims, last.scalars, last.sizes
+    else:
+      gs, ls = self.check_args(bufs, vals, global_size, local_size)
+      scalars = tuple([pack(v) for pack, v in zip(self._packers, vals)])
+      p = self._encode(bufs, scalars, gs, ls)
+      p.vals, p.dims = call_key(vals, global_size, local_size)
+      p.scalars, p.sizes = scalars, (gs, ls)
+    p.bufs = bufs
+    return p
+
+  # ---- what a backend implements (see the class docstring)
+  def _encode(self, bufs: tuple, scalars: tuple, global_size: tuple[int, int, int], local_size: tuple[int, int, int]) -> PreparedCall:
+    raise NotImplementedError(f"{type(self).__name__} does not encode launches (a backend's Program implements _encode)")
+
+  def _rebind(self, last: PreparedCall, bufs: tuple) -> PreparedCall:
+    return self._encode(bufs, last.scalars, *last.sizes)
+
+  def _timed(self, prepared: PreparedCall) -> float:
+    st = time.perf_counter()
+    prepared.submit()
+    self.device.synchronize()
+    return time.perf_counter() - st
+
+  def _graph_step(self, launch: Launch) -> PreparedCall:
+    """What a Graph submits to replay `launch`: a prepared call of its own (prepared calls never change once built)."""
+    return self._prepare(NO_CALL, launch.bufs, launch.vals, launch.global_size, launch.local_size)
 
   def repeats_but_buffers(self, last: Any, bufs: Sequence[Any], vals: Sequence[Any], global_size: Any, local_size: Any) -> bool:
     """Whether a call repeats the scalars and sizes of `last` (the PreparedCall a launch was made for) with other
@@ -496,7 +555,31 @@ class Program:
     return gs, ls
 
 
-__all__ = ["Allocator", "Compiler", "DeviceState", "LaunchLimits", "Program", "check_nbytes", "launch_dims", "size_str"]
+class LockedProgram(Program):
+  """A Program whose encode or submit changes state that other launches share: the comparison with the last prepared
+  call, the prepare, the submit and (with wait) the wait run under `launch_lock`, a lock of the program's own unless
+  the backend sets a shared one (its device's) in its __init__. A Graph replays such a program launch by launch."""
+
+  def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
+    super().__init__(device, name, lib, signature)
+    self.launch_lock: Any = allocate_lock()
+
+  def __call__(self, *bufs: Buffer, global_size: LaunchSize = (1, 1, 1), local_size: LaunchSize = (1, 1, 1),
+               vals: Sequence[Any] = (), wait: bool = False) -> float | None:
+    with self.launch_lock:
+      p = self._prepared
+      if bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims:  # see plugrt.launchargs
+        p = self._prepared = self._prepare(p, bufs, vals, global_size, local_size)
+      if wait: return self._timed(p)
+      p.submit()
+      return None
+
+  def _graph_step(self, launch: Launch) -> PreparedCall:
+    return PreparedCall(submit=partial(self, *launch.bufs, global_size=launch.global_size, local_size=launch.local_size, vals=launch.vals))
+
+
+__all__ = ["Allocator", "Compiler", "DeviceState", "Graph", "Launch", "LaunchLimits", "LockedProgram", "Program", "check_nbytes",
+           "launch_dims", "size_str"]
 
 
 class Launch:
@@ -512,21 +595,30 @@ class Launch:
 class Graph:
   """A fixed batch of launches replayed as one: `graph(wait=False) -> seconds | None`.
 
-  This base replays the launches one by one; a backend with a cheaper way to replay a
-  batch (CUDA graphs) builds its own through the plugrt_graph hook. The arguments are
-  checked once, when the graph is made.
+  The arguments are checked, and each launch prepared, once, when the graph is made. A replay submits the launches in
+  order (`_replay`); with wait=True, `_timed` replays and waits, returning seconds. A backend with a cheaper way to
+  replay a batch (CUDA graphs, Metal's indirect command buffers) builds its own Graph through the plugrt_graph hook,
+  overriding _replay and, where it has the device's own clock, _timed.
   """
 
   def __init__(self, device: Any, launches: Sequence[Launch]):
     self.device, self.launches = device, list(launches)
     for ln in self.launches:
       if ln.program.device is not device: raise TypeError(f"a graph of {device} got a program of {ln.program.device}")
+    self._steps: list[PreparedCall] | None = None
 
   def __call__(self, wait: bool = False) -> float | None:
-    import time
+    if wait: return self._timed()
+    self._replay()
+    return None
+
+  def _replay(self) -> None:
+    if (steps := self._steps) is None: steps = self._steps = [ln.program._graph_step(ln) for ln in self.launches]
+    for step in steps: step.submit()
+
+  def _timed(self) -> float:
     st = time.perf_counter()
-    for ln in self.launches: ln.program(*ln.bufs, global_size=ln.global_size, local_size=ln.local_size, vals=ln.vals)
-    if not wait: return None
+    self._replay()
     self.device.synchronize()
     return time.perf_counter() - st
 

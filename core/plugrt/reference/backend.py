@@ -12,14 +12,15 @@ import ctypes
 import math
 import struct
 import sys
-import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from plugrt.dtype import DType, cast_value, dtypes
 from plugrt.errors import CompileError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import BINARY, COMPARE, Kernel, Ops, Signature, UOp
+from plugrt.launchargs import PreparedCall, value_packer
 from plugrt.lowering import serialize_groups
 from plugrt.runtime import Allocator, Compiler, Program
 
@@ -288,19 +289,18 @@ class PythonCompiler(Compiler):
 # ---------------------------------------------------------------- programs
 
 class PythonProgram(Program):
+  """The rendered kernel as a Python function; a launch calls it on the buffers' numpy arrays (see the core's launch
+  protocol, plugrt.runtime.Program)."""
+  scalar_packer = staticmethod(value_packer)
+
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     super().__init__(device, name, lib, signature)
     ns: dict[str, Any] = {"_r": ops, "_dt": dtypes}
     exec(compile(lib.decode(), f"<plugrt kernel {name}>", "exec"), ns)
     self.fn = ns[name]
 
-  def __call__(self, *bufs: Any, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
-               wait: bool = False) -> float | None:
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)
-    args = [cast_value(v, dt) for v, dt in zip(vals, self.signature.scalars)]
-    st = time.perf_counter()
-    self.fn([b.handle for b in bufs], args, gs, ls, 0, gs[0] * gs[1] * gs[2])
-    return time.perf_counter() - st if wait else None
+  def _encode(self, bufs: tuple, scalars: tuple, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> PreparedCall:
+    return PreparedCall(submit=partial(self.fn, [b.handle for b in bufs], list(scalars), gs, ls, 0, gs[0] * gs[1] * gs[2]))
 
 
 __all__ = ["PythonAllocator", "PythonCompiler", "PythonProgram", "PythonRenderer", "ops"]

@@ -1,8 +1,8 @@
 """INTERP's allocator, compiler and program."""
 from __future__ import annotations
 
-import time
-from typing import Any, Sequence
+from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -10,6 +10,7 @@ import plugrt
 from plugrt import interpreter
 from plugrt.errors import CompileError, IRError
 from plugrt.ir import Kernel, Signature, parse
+from plugrt.launchargs import PreparedCall, value_packer
 from plugrt.runtime import Allocator, Compiler, Program
 
 
@@ -40,14 +41,16 @@ class InterpCompiler(Compiler):
 
 
 class InterpProgram(Program):
+  """The kernel's IR, run by plugrt's reference interpreter. The core owns the launch (plugrt.runtime.Program):
+  this program says only how a checked call becomes something to submit."""
+  scalar_packer = staticmethod(value_packer)  # each scalar as the dtype holds it, for the interpreter
+
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     super().__init__(device, name, lib, signature)
     self.kernel = parse(lib.decode())
 
-  def __call__(self, *bufs: Any, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
-               wait: bool = False) -> float | None:
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)  # the core's checks: counts, types, sizes
+  def _encode(self, bufs: tuple, scalars: tuple, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> PreparedCall:
+    """A checked call (the core checked counts, types and sizes, and packed the scalars with scalar_packer) as what
+    submits it; the core keeps it for the calls that repeat this one."""
     arrays = [b.handle.view(dt.numpy) for b, dt in zip(bufs, self.signature.buffers)]
-    st = time.perf_counter()
-    interpreter.run(self.kernel, arrays, vals, gs, ls)
-    return time.perf_counter() - st if wait else None
+    return PreparedCall(submit=partial(interpreter.run, self.kernel, arrays, list(scalars), gs, ls))

@@ -23,15 +23,15 @@ from __future__ import annotations
 import time
 import weakref
 from _thread import RLock
-from collections.abc import Sequence
+from functools import partial
 from typing import Any, Protocol
 
-from plugrt.device import Buffer
 from plugrt.errors import LaunchError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import queue_timeout
 from plugrt.ir import Signature
-from plugrt.runtime import Allocator, DeviceState, LaunchLimits, Program, check_nbytes
+from plugrt.launchargs import PreparedCall, bytes_packer
+from plugrt.runtime import Allocator, DeviceState, LaunchLimits, LockedProgram, check_nbytes
 from plugrt_amd import compute, mec, scratch, vm
 from plugrt_amd.runtime import kernel_info
 
@@ -200,14 +200,16 @@ def check_descriptor(info: Any, name: str, max_lds: int) -> None:
     raise LaunchError(f"{name}: {d.group_segment_fixed_size} bytes of LDS, the GPU has {max_lds}", "use less shared memory")
 
 
-class PCIProgram(Program):
+class PCIProgram(LockedProgram):
   """A code object loaded into VRAM (mapped executable in VMID 8) and launched on the MEC queue: the kernarg segment
-  (explicit arguments at the code object's offsets, then the hidden ones) in a kernarg block, one AQL dispatch packet."""
+  (explicit arguments at the code object's offsets, then the hidden ones) in a kernarg block, one AQL dispatch packet,
+  under the device's lock."""
+  scalar_packer = staticmethod(bytes_packer)
 
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     super().__init__(device, name, lib, signature)
     st: PCIState = device.info.state
-    self.state = st
+    self.state, self.launch_lock = st, st.lock
     _, info = kernel_info(name, lib, signature, compute.KERNARG_SLOT)
     check_descriptor(info, name, st.max_lds)
     if info.private_segment_size or info.descriptor.private_segment_enabled:   # the queue's scratch, made or grown now
@@ -219,29 +221,24 @@ class PCIProgram(Program):
     self.info = info
     self.max_threads = min(1024, info.max_flat_workgroup_size or 1024)
     self.launch_limits = LaunchLimits(str(device), (U32 - 1,) * 3, (1024, 1024, 1024), self.max_threads)
-    self.pack = [_packer(dt) for dt in signature.scalars]
     weakref.finalize(self, _release_program, st, self.va)
 
-  def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
-               wait: bool = False) -> float | None:
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)
+  def _encode(self, bufs: tuple, scalars: tuple, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> PreparedCall:
     if max(g * n for g, n in zip(gs, ls)) >= U32:
       raise LaunchError(f"program {self.name}: {gs} groups of {ls}; an AQL dispatch runs fewer than 2**32 work-items per axis",
                         "launch fewer groups")
+    return PreparedCall(submit=partial(self._submit, [b.handle for b in bufs], list(scalars), gs, ls))
+
+  def _submit(self, handles: list[int], scalars: list[bytes], gs: tuple[int, int, int], ls: tuple[int, int, int]) -> int:
     st = self.state
-    with st.lock:
-      if st.broken: raise mec.QueueError(f"{st.label} cannot run {self.name}: {st.broken}", "restart the process (and reset the GPU)")
-      if wait: st.queue.clear_timestamps()
-      t = time.perf_counter()
-      value = compute.launch(st.compute, self.code, self.va, self.name, [b.handle for b in bufs],
-                             [p(v) for p, v in zip(self.pack, vals)], gs, ls)
-      if not wait: return None
-      st.wait(value)
-      host = time.perf_counter() - t
-      gpu = st.queue.gpu_seconds()     # the packet processor's start_ts/end_ts (amd_queue_t profiles); None where it wrote none
-      return host if gpu is None else gpu
+    if st.broken: raise mec.QueueError(f"{st.label} cannot run {self.name}: {st.broken}", "restart the process (and reset the GPU)")
+    return compute.launch(st.compute, self.code, self.va, self.name, handles, scalars, gs, ls)
 
-
-def _packer(dt: Any) -> Any:
-  from plugrt.launchargs import bytes_packer
-  return bytes_packer(dt)
+  def _timed(self, prepared: PreparedCall) -> float:
+    st = self.state
+    st.queue.clear_timestamps()
+    t = time.perf_counter()
+    st.wait(prepared.submit())
+    host = time.perf_counter() - t
+    gpu = st.queue.gpu_seconds()     # the packet processor's start_ts/end_ts (amd_queue_t profiles); None where it wrote none
+    return host if gpu is None else gpu

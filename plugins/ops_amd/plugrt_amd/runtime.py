@@ -18,16 +18,15 @@ import ctypes
 import time
 import weakref
 from _thread import RLock
-from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
-from plugrt.device import Buffer
 from plugrt.errors import CompileError, LaunchError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import PinnedStaging, StagedAllocator, queue_timeout, round_up
 from plugrt.ir import Signature
-from plugrt.launchargs import bytes_packer, call_key
-from plugrt.runtime import DeviceState, LaunchLimits, Program
+from plugrt.launchargs import PreparedCall, bytes_packer
+from plugrt.runtime import DeviceState, LaunchLimits, LockedProgram
 from plugrt_amd import codeobject
 
 KERNARG_SLOT, KERNARG_SLOTS = 4096, 256   # kernarg blocks: one per dispatch in flight (a v5 code object's hidden args take 256 bytes)
@@ -164,17 +163,23 @@ def kernel_info(name: str, lib: bytes, signature: Signature, max_kernarg: int) -
   return co, info
 
 
-class AMDProgram(Program):
+class _Launch(PreparedCall):
+  """A prepared dispatch: its AQL packet and kernarg bytes, never changed once built."""
+  __slots__ = ("args", "packet")
+
+
+class AMDProgram(LockedProgram):
   """An HSA code object loaded into executable VRAM (its image relocated to the load address, copied by SDMA); its
   descriptor checked once against the code object's kernarg size and the GPU's LDS (KFDDevice.check_dispatch). A
-  launch writes the kernarg segment (explicit arguments at the code object's offsets, then the hidden arguments:
-  block counts, group sizes, grid dims) into a kernarg block and pushes one AQL dispatch packet; a launch with the
-  arguments of the previous one reuses its prepared packet and kernarg bytes."""
+  launch copies its prepared kernarg segment (explicit arguments at the code object's offsets, then the hidden
+  arguments: block counts, group sizes, grid dims) into a kernarg block and pushes its prepared AQL dispatch packet,
+  under the device's lock (the queue, its kernarg blocks and timeline are the device's)."""
+  scalar_packer = staticmethod(bytes_packer)
 
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     super().__init__(device, name, lib, signature)
     st: AMDState = device.info.state
-    self.state = st
+    self.state, self.launch_lock = st, st.lock
     co, info = kernel_info(name, lib, signature, KERNARG_SLOT)
     st.kfd.check_dispatch(info.descriptor, info.kernarg_size, (1, 1, 1), 0, name)  # static LDS only: plugrt has no dynamic LDS
     if info.private_segment_size or info.descriptor.compute_pgm_rsrc2 & 1:  # ENABLE_PRIVATE_SEGMENT: the queue's scratch, on demand
@@ -183,45 +188,37 @@ class AMDProgram(Program):
     with st.lock: self.mem = st.kfd.alloc(round_up(co.image_size, 4096) + 4096, "vram", cpu=False, executable=True)
     device.allocator._copyin(self.mem.va, memoryview(co.image(self.mem.va)))
     self.kernel_object = self.mem.va + info.kd_offset
-    self.pack = [bytes_packer(dt) for dt in signature.scalars]
     self.max_threads = min(1024, info.max_flat_workgroup_size or 1024)
     self.launch_limits = LaunchLimits(str(device), (U32 - 1,) * 3, (1024, 1024, 1024), self.max_threads)
-    self.key: Any = None
-    self.prepared: Any = None
-    self.args = ctypes.create_string_buffer(info.kernarg_size or 1)
-    self.args_addr, self.args_size = ctypes.addressof(self.args), info.kernarg_size
     weakref.finalize(self, _release_program, st, self.mem)
 
-  def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
-               wait: bool = False) -> float | None:
-    st = self.state
-    with st.lock:
-      if (bufs, vals, global_size, local_size) != self.key: self._prepare(bufs, vals, global_size, local_size)
-      if st.broken: raise st.compute.error(f"{st.label} cannot run {self.name}: {st.broken}", "restart the process")
-      st.after_copies()
-      q, slots = st.compute, st.kernargs
-      i = slots.take(q)
-      addr = slots.base + i * slots.size
-      ctypes.memmove(addr, self.args_addr, self.args_size)
-      if not wait:
-        slots.last_use[i] = q.push_args(self.prepared, addr)
-        return None
-      q.clear_timestamps()
-      t = time.perf_counter()
-      slots.last_use[i] = value = q.push_args(self.prepared, addr)
-      q.wait(value)
-      host = time.perf_counter() - t
-      gpu = q.gpu_seconds()  # the packet processor's start_ts/end_ts (the queue profiles); None where it wrote none
-      return host if gpu is None else gpu
-
-  def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)
+  def _encode(self, bufs: tuple, scalars: tuple, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> _Launch:
     items = tuple(g * n for g, n in zip(gs, ls))
     if max(items) >= U32:
       raise LaunchError(f"program {self.name}: {items} work-items; an AQL dispatch runs fewer than 2**32 per axis", "launch fewer groups")
-    raw = self.info.kernargs([b.handle for b in bufs], [p(v) for p, v in zip(self.pack, vals)], gs, ls)
-    ctypes.memmove(self.args_addr, bytes(raw), len(raw))
+    p = _Launch()
+    p.args = ctypes.create_string_buffer(bytes(self.info.kernargs([b.handle for b in bufs], list(scalars), gs, ls)), max(self.info.kernarg_size, 1))
+    p.packet = self.state.compute.prepare(self.kernel_object, 0, items, ls, self.info.group_segment_size, self.info.private_segment_size)
+    p.submit = partial(self._submit, ctypes.addressof(p.args), self.info.kernarg_size, p.packet)
+    return p
+
+  def _submit(self, args: int, size: int, packet: Any) -> int:
+    """The dispatch's kernarg bytes into a free kernarg block, and its packet onto the queue; the timeline value it signals."""
     st = self.state
-    self.prepared = st.compute.prepare(self.kernel_object, 0, items, ls, self.info.group_segment_size, self.info.private_segment_size)
-    kept_vals, (g, l) = call_key(vals, global_size, local_size)
-    self.key = (tuple(bufs), kept_vals, g, l)
+    if st.broken: raise st.compute.error(f"{st.label} cannot run {self.name}: {st.broken}", "restart the process")
+    st.after_copies()
+    q, slots = st.compute, st.kernargs
+    i = slots.take(q)
+    addr = slots.base + i * slots.size
+    ctypes.memmove(addr, args, size)
+    slots.last_use[i] = value = q.push_args(packet, addr)
+    return value
+
+  def _timed(self, prepared: PreparedCall) -> float:
+    q = self.state.compute
+    q.clear_timestamps()
+    t = time.perf_counter()
+    q.wait(prepared.submit())
+    host = time.perf_counter() - t
+    gpu = q.gpu_seconds()  # the packet processor's start_ts/end_ts (the queue profiles); None where it wrote none
+    return host if gpu is None else gpu

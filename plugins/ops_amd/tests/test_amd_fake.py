@@ -106,7 +106,7 @@ def test_hidden_arguments_are_checked(amd):
   a = Buffer(dev, 256, dtypes.float32)
   prg(a, a, a, global_size=(1, 1, 1), local_size=(256, 1, 1), vals=(1.0, 256), wait=True)
   bc = prg.info.hidden("block_count_x")
-  ctypes.c_uint32.from_address(prg.args_addr + bc.offset).value = 7
+  ctypes.c_uint32.from_address(ctypes.addressof(prg._prepared.args) + bc.offset).value = 7  # the prepared kernarg bytes
   with pytest.raises(KFDHardwareFault, match="GPU hang"):
     prg(a, a, a, global_size=(1, 1, 1), local_size=(256, 1, 1), vals=(1.0, 256), wait=True)
   assert "hidden_block_count_x" in fake.error

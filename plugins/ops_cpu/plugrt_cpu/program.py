@@ -16,14 +16,13 @@ import ctypes
 import math
 import os
 import threading
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
-from plugrt.device import Buffer
 from plugrt.errors import EnvError
 from plugrt.ir import Signature
-from plugrt.launchargs import NO_CALL, PreparedCall, call_key, slot_packer
+from plugrt.launchargs import PreparedCall
 from plugrt.runtime import LaunchLimits, Program
 from plugrt_cpu.grid import HEAD, ONE_GROUP, SPAN
 from plugrt_cpu.span import SPAN_MAX_THREADS, SPAN_MIN_GROUPS, SPAN_MIN_ROW
@@ -79,24 +78,20 @@ POOL = _Pool()
 
 
 class _Launch(PreparedCall):
-  """One prepared launch: the call it was made for (PreparedCall) and its own argument block, never changed once
-  built. The program swaps in a new one by a single assignment, so a launch on another thread reads either the old
-  or the new set, never a mix, and no thread rewrites a block that another thread's foreign call is reading."""
+  """One prepared launch: its own argument block, never changed once built (see the module docstring), and what
+  submits it: one foreign call of the grid runner, or the worker pool's split of a big grid."""
   __slots__ = ("args", "argp", "head", "ngroups", "parallel", "tail")
 
-  def __init__(self, argtype: Any, head: list[int], bufs: tuple, call: tuple, tail: list[int], ngroups: Any, parallel: bool):
-    self.bufs, (self.vals, self.dims) = bufs, call  # the PreparedCall (plugrt.launchargs.call_key)
+  def __init__(self, argtype: Any, head: list[int], bufs: tuple, tail: list[int], ngroups: Any, parallel: bool):
+    # (on the launch path: the call's record is the core's to set, PreparedCall.__init__ is not run)
     self.head, self.tail = head, tail  # [kernel, ng0, ng1, kind]; the scalar slots, then num_groups[3], local_size[3]
-    self.args = a = argtype()  # [kernel, ng0, ng1, kind] (set by the program), then the kernel's args
+    self.args = a = argtype()  # [kernel, ng0, ng1, kind], then the kernel's args
     a[0:HEAD] = head
     for i, b in enumerate(bufs): a[HEAD + i] = b.handle
     a[HEAD + len(bufs):] = tail
     self.argp = ctypes.c_void_p(ctypes.addressof(a))
     self.ngroups = ngroups  # a c_uint64, never written: launches made for the same sizes share it
     self.parallel = parallel  # split across the worker pool
-
-
-_NONE = _Launch(ctypes.c_uint64 * HEAD, [0, 1, 1, ONE_GROUP], (), NO_CALL.call, [], _ZERO, False)  # matches no call: the first launch prepares
 
 
 class CPUProgram(Program):
@@ -114,37 +109,25 @@ class CPUProgram(Program):
     self._keepalive = (keepalive, runner[1])  # the loaded library or JIT engine that owns the code, and the runner's
     self._kernel_addr = fn_addr
     self._fn = KernelFn(runner[0])
-    self._pack = [slot_packer(dt) for dt in signature.scalars]
     self._argtype = ctypes.c_uint64 * (HEAD + self.nbufs + self.nvals + 6)
-    self._launch = _NONE
     self.launch_limits = LaunchLimits(str(device), max_local_total=MAX_GROUP_THREADS)
 
-  def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
-               wait: bool = False) -> float | None:
-    launch = self._launch  # read once: everything below uses this one prepared launch
-    if bufs != launch.bufs or vals != launch.vals or (global_size, local_size) != launch.dims:  # see plugrt.launchargs
-      launch = self._launch = self._prepare(launch, bufs, vals, global_size, local_size)
-    if launch.parallel:
-      return self._parallel(launch, wait)
-    if wait:
-      st = time.perf_counter()
-      self._fn(launch.argp, _ZERO, launch.ngroups)
-      return time.perf_counter() - st
-    self._fn(launch.argp, _ZERO, launch.ngroups)
-    return None
-
-  def _prepare(self, last: _Launch, bufs: tuple, vals: Sequence[Any], global_size: Any, local_size: Any) -> _Launch:
-    """A new prepared launch (`last`, the current one, lends its checked scalars and sizes when only the buffers changed)."""
-    if self.repeats_but_buffers(last, bufs, vals, global_size, local_size):
-      return _Launch(self._argtype, last.head, bufs, (last.vals, last.dims), last.tail, last.ngroups, last.parallel)
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)
-    tail = [pack(v) for v, pack in zip(vals, self._pack)] + [*gs, *ls]
+  def _encode(self, bufs: tuple, scalars: tuple, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> _Launch:
     ngroups = math.prod(gs)
     head = [self._kernel_addr, gs[0], gs[1], ONE_GROUP]
     if ngroups >= SPAN_MIN_GROUPS and gs[0] >= SPAN_MIN_ROW and math.prod(ls) <= SPAN_MAX_THREADS and (span := self.span_variant()):
       head = [span[0], gs[0], gs[1], SPAN]
-    return _Launch(self._argtype, head, bufs, call_key(vals, global_size, local_size), tail,
-                   ctypes.c_uint64(ngroups), ngroups * math.prod(ls) >= PARALLEL_MIN_THREADS)
+    return self._launch_of(head, bufs, [*scalars, *gs, *ls], ctypes.c_uint64(ngroups), ngroups * math.prod(ls) >= PARALLEL_MIN_THREADS)
+
+  def _rebind(self, last: PreparedCall, bufs: tuple) -> _Launch:
+    assert isinstance(last, _Launch)
+    return self._launch_of(last.head, bufs, last.tail, last.ngroups, last.parallel)
+
+  def _launch_of(self, head: list[int], bufs: tuple, tail: list[int], ngroups: Any, parallel: bool) -> _Launch:
+    launch = _Launch(self._argtype, head, bufs, tail, ngroups, parallel)
+    # (submit holds the block's address, not the launch: a cycle would keep its buffers until the collector runs)
+    launch.submit = partial(self._parallel, launch.argp, ngroups) if parallel else partial(self._fn, launch.argp, _ZERO, ngroups)
+    return launch
 
   def span_variant(self) -> tuple[int, Any] | None:
     """(address, owner) of this program's span variant (plugrt_cpu.span), made on the first call;
@@ -175,16 +158,14 @@ class CPUProgram(Program):
       if not cached: raise
       return load(comp.recompile(ssrc, e))  # the cache held a binary that does not load
 
-  def _parallel(self, launch: _Launch, wait: bool) -> float | None:
-    st = time.perf_counter()
+  def _parallel(self, argp: Any, ngroups: Any) -> None:
     executor, n = POOL.get()
-    total, fn, argp = launch.ngroups.value, self._fn, launch.argp
+    total, fn = ngroups.value, self._fn
     if executor is None or total < 2:
-      fn(argp, _ZERO, launch.ngroups)
+      fn(argp, _ZERO, ngroups)
     else:
       parts = min(n, total)
       cuts = [total * i // parts for i in range(parts + 1)]
       futures = [executor.submit(fn, argp, ctypes.c_uint64(cuts[i]), ctypes.c_uint64(cuts[i + 1])) for i in range(1, parts)]
       fn(argp, ctypes.c_uint64(cuts[0]), ctypes.c_uint64(cuts[1]))
       for f in futures: f.result()
-    return time.perf_counter() - st if wait else None

@@ -47,7 +47,7 @@ def test_any_slice_runs_exactly_its_groups(dev, compiler: str) -> None:
   prg(hits, ids, global_size=gs, wait=True)  # prepares the launch whose block the slices below run on
   for g0, g1 in [(0, n), (0, 1), (2, 3), (2, 5), (4, 6), (3, 14), (5, 10), (7, 23), (14, 16), (29, 30), (9, 9), (12, 3)]:
     hits.copyin(np.zeros(n, np.int32))
-    prg._fn(prg._launch.argp, ctypes.c_uint64(g0), ctypes.c_uint64(g1))
+    prg._fn(prg._prepared.argp, ctypes.c_uint64(g0), ctypes.c_uint64(g1))
     want = np.zeros(n, np.int32)
     want[g0:g1] = 1
     assert (hits.numpy() == want).all(), f"slice [{g0}, {g1}): groups ran {hits.numpy().tolist()} times"

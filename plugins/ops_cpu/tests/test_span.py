@@ -75,7 +75,7 @@ def test_every_group_runs_once_with_its_ids(dev, compiler: str, gs: tuple[int, i
   n = gs[0] * gs[1] * gs[2]
   hits, ids = Buffer(dev, n, dtypes.int32).copyin(np.zeros(n, np.int32)), Buffer(dev, n, dtypes.int32)
   prg(hits, ids, global_size=gs, local_size=(1, 1, 1), wait=True)
-  assert prg.span_variant() is not None and prg._launch.head[0] == prg.span_variant()[0], prg.span_error
+  assert prg.span_variant() is not None and prg._prepared.head[0] == prg.span_variant()[0], prg.span_error
   assert (hits.numpy() == 1).all(), f"groups ran {hits.numpy().tolist()} times"
   assert (ids.numpy() == want_ids(gs)).all()
 
@@ -88,7 +88,7 @@ def test_any_slice_runs_exactly_its_groups(dev, compiler: str, always_span) -> N
   n = gs[0] * gs[1] * gs[2]
   hits, ids = Buffer(dev, n, dtypes.int32), Buffer(dev, n, dtypes.int32)
   prg(hits, ids, global_size=gs, wait=True)
-  launch = prg._launch
+  launch = prg._prepared
   assert launch.head[3] == SPAN, "the launch should run the span variant"
   rng = np.random.default_rng(5)
   slices = [(0, n), (0, 1), (2, 3), (2, 5), (4, 6), (3, 14), (5, 10), (7, 23), (14, 16), (29, 30), (9, 9), (12, 3)]
@@ -129,7 +129,7 @@ def test_a_long_row_gives_back_each_groups_spill_arrays(dev, compiler: str, alwa
   bo, bx = Buffer(dev, ng * ls), Buffer(dev, ng * ls).copyin(xs)
   prg = dev.program(spill_kernel(f"span_spill_row_{compiler}", 512), compiler)
   prg(bo, bx, global_size=(ng, 1, 1), local_size=(ls, 1, 1), wait=True)
-  assert prg._launch.head[3] == SPAN, prg.span_error
+  assert prg._prepared.head[3] == SPAN, prg.span_error
   want = (xs * 2).reshape(ng, ls)
   np.testing.assert_array_equal(bo.numpy().reshape(ng, ls), want[:, ::-1] + want)
 
@@ -163,7 +163,7 @@ def test_span_off_in_the_context_runs_loop_free(compiler: str, always_span) -> N
   gs = (9, 2, 1)
   hits, ids = Buffer(dev, 18, dtypes.int32).copyin(np.zeros(18, np.int32)), Buffer(dev, 18, dtypes.int32)
   prg(hits, ids, global_size=gs, wait=True)
-  assert prg._span is None and prg.span_error == "off (PLUGRT_CPU_SPAN=0)" and prg._launch.head[3] == ONE_GROUP
+  assert prg._span is None and prg.span_error == "off (PLUGRT_CPU_SPAN=0)" and prg._prepared.head[3] == ONE_GROUP
   assert (hits.numpy() == 1).all() and (ids.numpy() == want_ids(gs)).all()
 
 

@@ -12,14 +12,14 @@ import ctypes
 import sys
 import threading
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
-from plugrt.device import Buffer
 from plugrt.errors import DeviceUnavailable, Reason, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import PinnedStaging
 from plugrt.ir import Signature
-from plugrt.launchargs import NO_CALL, PreparedCall, call_key, ctypes_packer
+from plugrt.launchargs import NO_CALL, PreparedCall, ctypes_packer
 from plugrt.runtime import Allocator, DeviceState, Graph, Launch, LaunchLimits, Program, buffer_address
 from plugrt_cuda import driver as D
 from plugrt_cuda import peer, trampoline
@@ -217,22 +217,22 @@ class CUDAAllocator(Allocator[int]):
 
 
 class _Launch(PreparedCall):
-  """One prepared launch: the call it was made for (PreparedCall), its parameter objects and cuLaunchKernel's
-  arguments (as a tuple and as the trampoline's slots), never changed once built. The program swaps in a new one by
-  a single assignment, so threads sharing a program never launch with a mix of their arguments."""
+  """One prepared launch: its parameter objects and cuLaunchKernel's arguments (as a tuple and as the trampoline's
+  slots), never changed once built (cuLaunchKernel copies the parameter values when it is called)."""
   __slots__ = ("args", "slots", "slots_ptr", "values")
 
-  def __init__(self, bufs: tuple, call: tuple, values: list[Any], args: tuple, slots: Any):
-    super().__init__(bufs, call)
+  def __init__(self, values: list[Any], args: tuple, slots: Any):
+    super().__init__()
     self.values, self.args, self.slots = values, args, slots
-    self.slots_ptr = ctypes.c_void_p(ctypes.addressof(slots)) if slots is not None else None
+    self.slots_ptr = ctypes.c_void_p(ctypes.addressof(slots))
 
 
-_NONE = _Launch((), NO_CALL.call, [], (), None)  # matches no call: the first launch prepares
-_PARAMS_SLOT = 10  # where the trampoline's slots hold cuLaunchKernel's kernelParams (see _prepare's slots)
+_PARAMS_SLOT = 10  # where the trampoline's slots hold cuLaunchKernel's kernelParams (see _encode's slots)
 
 
 class CUDAProgram(Program):
+  scalar_packer = staticmethod(ctypes_packer)  # 16-bit floats as their bits; IEEE rounding, out of range: inf
+
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     super().__init__(device, name, lib, signature)
     self.state: CUDAState = device.info.state
@@ -242,44 +242,39 @@ class CUDAProgram(Program):
     D.call("cuModuleLoadData", ctypes.byref(self.module), ctypes.c_char_p(image))
     D.call("cuModuleGetFunction", ctypes.byref(fn), self.module, name.encode())
     self.fn = fn
-    self._pack = [ctypes_packer(dt) for dt in signature.scalars]  # 16-bit floats as their bits; IEEE rounding, out of range: inf
     self._launch = self.state.lib.cuLaunchKernel
     self._launch_addr = ctypes.cast(self._launch, ctypes.c_void_p).value
     self._tramp = trampoline.make()  # the launch's eleven arguments as 8-byte slots, for the one-argument trampoline (see trampoline.py)
-    self._prepared = _NONE
     self.launch_limits = self.state.launch_limits
 
-  def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
-               wait: bool = False) -> float | None:
-    p = self._prepared  # read once: everything below uses this one prepared launch
-    if bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims:  # see plugrt.launchargs
-      p = self._prepared = self._prepare(bufs, vals, global_size, local_size, p)
-    if getattr(_tls, "ctx", None) != self.state.ctx.value: self.state.make_current()
-    if wait: return self.state.timed(lambda: self._enqueue(p))
-    if (r := self._tramp(p.slots_ptr) if self._tramp else self._launch(*p.args)) != 0: D.check(r, f"cuLaunchKernel({self.name})")
-    return None
-
-  def _enqueue(self, p: _Launch) -> None:
-    if (r := self._tramp(p.slots_ptr) if self._tramp else self._launch(*p.args)) != 0: D.check(r, f"cuLaunchKernel({self.name})")
-
-  def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any, last: _Launch = _NONE) -> _Launch:
-    """A new prepared launch for these arguments (cuLaunchKernel copies the parameter values when it is called). With
-    the scalars and sizes of `last` and other buffers (a kernel run on each new frame, each in memory of its own) it
-    keeps last's checked sizes and packed scalars, never changed once built, and checks and puts in the buffers
-    alone (the video conversion of a 1080p frame: 90 us of CPU a call before, 32 after, on the H200 machine)."""
-    if self.repeats_but_buffers(last, bufs, vals, global_size, local_size):
-      values = [ctypes.c_uint64(b.handle) for b in bufs] + last.values[len(bufs):]
-      params = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
-      slots = (ctypes.c_uint64 * trampoline.SLOTS)(*last.slots)
-      slots[_PARAMS_SLOT] = ctypes.addressof(params)
-      return _Launch(tuple(bufs), last.call, values, last.args[:-2] + (params, None), slots)
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)  # with the GPU's grid and block limits
-    values = [ctypes.c_uint64(b.handle) for b in bufs] + [pack(x) for pack, x in zip(self._pack, vals)]
+  def _encode(self, bufs: tuple, scalars: tuple, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> _Launch:
+    values = [ctypes.c_uint64(b.handle) for b in bufs] + list(scalars)
     params = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
     u, stream = ctypes.c_uint, self.state.stream
     args = (self.fn, u(gs[0]), u(gs[1]), u(gs[2]), u(ls[0]), u(ls[1]), u(ls[2]), u(0), stream, params, None)
     slots = (ctypes.c_uint64 * trampoline.SLOTS)(self._launch_addr, self.fn.value, *gs, *ls, 0, stream.value or 0, ctypes.addressof(params), 0)
-    return _Launch(tuple(bufs), call_key(vals, global_size, local_size), values, args, slots)
+    return self._launch_of(values, args, slots)
+
+  def _rebind(self, last: PreparedCall, bufs: tuple) -> _Launch:
+    """The scalars and sizes of `last` with other buffers (a kernel run on each new frame, each in memory of its own):
+    last's packed scalar objects, never changed once built, are shared, and only the buffers' are new."""
+    assert isinstance(last, _Launch)
+    values = [ctypes.c_uint64(b.handle) for b in bufs] + last.values[len(bufs):]
+    params = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+    slots = (ctypes.c_uint64 * trampoline.SLOTS)(*last.slots)
+    slots[_PARAMS_SLOT] = ctypes.addressof(params)
+    return self._launch_of(values, last.args[:-2] + (params, None), slots)
+
+  def _launch_of(self, values: list[Any], args: tuple, slots: Any) -> _Launch:
+    p = _Launch(values, args, slots)
+    p.submit = partial(self._submit, p.slots_ptr, args)  # (not p itself: a cycle would keep its buffers until the collector runs)
+    return p
+
+  def _submit(self, slots_ptr: Any, args: tuple) -> None:
+    if getattr(_tls, "ctx", None) != self.state.ctx.value: self.state.make_current()
+    if (r := self._tramp(slots_ptr) if self._tramp else self._launch(*args)) != 0: D.check(r, f"cuLaunchKernel({self.name})")
+
+  def _timed(self, prepared: PreparedCall) -> float: return self.state.timed(prepared.submit)
 
   def __del__(self) -> None:
     try:
@@ -303,7 +298,7 @@ class CUDAGraph(Graph):
       try:
         for ln in self.launches:
           prg = ln.program
-          prepared = prg._prepare(ln.bufs, ln.vals, ln.global_size, ln.local_size)  # kept alive: its args point into it
+          prepared = prg._prepare(NO_CALL, ln.bufs, ln.vals, ln.global_size, ln.local_size)  # kept alive: its args point into it
           args = list(prepared.args)  # the graph copies the parameter values now
           args[8] = stream
           D.check(prg._launch(*args), f"cuLaunchKernel({prg.name}) while capturing")
@@ -314,14 +309,14 @@ class CUDAGraph(Graph):
     finally:
       if graph.value: st.lib.cuGraphDestroy(graph)
       st.lib.cuStreamDestroy_v2(stream)
-    self._replay = st.lib.cuGraphLaunch
+    self._launch_graph = st.lib.cuGraphLaunch
 
-  def __call__(self, wait: bool = False) -> float | None:
+  def _replay(self) -> None:
     st = self.state
     if getattr(_tls, "ctx", None) != st.ctx.value: st.make_current()
-    if wait: return st.timed(lambda: D.check(self._replay(self.exec, st.stream), "cuGraphLaunch"))
-    if (r := self._replay(self.exec, st.stream)) != 0: D.check(r, "cuGraphLaunch")
-    return None
+    if (r := self._launch_graph(self.exec, st.stream)) != 0: D.check(r, "cuGraphLaunch")
+
+  def _timed(self) -> float: return self.state.timed(self._replay)
 
   def __del__(self) -> None:
     try: self.state.lib.cuGraphExecDestroy(self.exec)

@@ -38,8 +38,8 @@ def program(monkeypatch):
   prg.device, prg.name, prg.lib, prg.signature = cpu, "fake", b"", SIG
   prg.nbufs, prg.nvals, prg.launch_limits, prg.state = 1, 4, state.launch_limits, state
   prg.module, prg.fn = ctypes.c_void_p(0), ctypes.c_void_p(0xF00)
-  prg._pack = [cuda_device.ctypes_packer(dt) for dt in SIG.scalars]
-  prg._launch, prg._launch_addr, prg._tramp, prg._prepared = launch, 0, None, cuda_device._NONE
+  prg._packers = [cuda_device.ctypes_packer(dt) for dt in SIG.scalars]
+  prg._launch, prg._launch_addr, prg._tramp, prg._prepared = launch, 0, None, cuda_device.NO_CALL
   return prg, launches
 
 

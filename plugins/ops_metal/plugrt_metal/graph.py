@@ -35,7 +35,7 @@ class MetalGraph(Graph):
     binds = max((ln.program.nbufs + ln.program.nvals for ln in self.launches), default=0)
     if binds > MAX_BUFFER_BINDS: raise MetalError(f"{st.label}: a launch binds {binds} buffers; an indirect command binds at most {MAX_BUFFER_BINDS}")
     # every scalar of every launch in one shared buffer
-    packed = [pack(v) for ln in self.launches for pack, v in zip(ln.program._pack, ln.vals)]
+    packed = [pack(v) for ln in self.launches for pack, v in zip(ln.program._packers, ln.vals)]
     self.scalars = c.id_ulong_ulong(st.device, S.newBufferWithLength_options_, max(1, SCALAR_STRIDE * len(packed)), MTL_RESOURCE_STORAGE_MODE_SHARED)
     if not self.scalars: raise MemoryError(f"{st.label}: no memory for a graph's {len(packed)} scalars")
     host = c.id(self.scalars, S.contents)
@@ -68,7 +68,8 @@ class MetalGraph(Graph):
     self.range = NSRange(0, len(self.launches))
     self.keep = [ln.bufs for ln in self.launches]  # the buffers the commands point at stay alive with the graph
 
-  def __call__(self, wait: bool = False) -> float | None:
+  def _replay(self) -> Any:
+    """One command buffer executing the indirect commands, committed; returns it."""
     st = self.state
     c, S = st.calls, st.calls.S
     pool = st.rt.pool_push()
@@ -82,9 +83,12 @@ class MetalGraph(Graph):
       c.id(cb, S.retain)
     finally: st.rt.pool_pop(pool)
     st.committed(cb)
-    if not wait: return None
-    st.wait(cb)
-    return st.gpu_seconds(cb)
+    return cb
+
+  def _timed(self) -> float:
+    cb = self._replay()
+    self.state.wait(cb)
+    return self.state.gpu_seconds(cb)
 
   def __del__(self) -> None:
     try:

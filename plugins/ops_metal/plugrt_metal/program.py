@@ -5,26 +5,25 @@ them per binary and kernel name, so loading the same binary again builds nothing
 maxTotalThreadsPerThreadgroup bounds local_size (a LaunchError naming the device before anything is encoded);
 threadExecutionWidth is the SIMD-group size, kept as `simd_width`.
 
-A launch, in the one Python frame of __call__: push an autorelease pool, [queue commandBuffer],
+A launch (the core's protocol: plugrt.runtime.Program; a MetalProgram is a LockedProgram, its own lock around
+prepare and submit), in one Python frame after the core's comparison: push an autorelease pool, [queue commandBuffer],
 [cb computeCommandEncoder], setComputePipelineState:, setBuffer:offset:atIndex: per buffer (a view is its buffer
 and byte offset), setBytes:length:atIndex: per scalar, dispatchThreadgroups:threadsPerThreadgroup: (MTLSize by
 value: global_size groups of local_size threads), endEncoding, commit, retain the command buffer for the device's
 waits, pop the pool. Every call goes through a typed objc_msgSend made when the device opened, with selectors
-resolved then; the arguments (buffer triples, packed scalars, the two MTLSizes) are prepared when the call differs
-from the previous one (plugrt.launchargs). wait=True waits (bounded) and returns GPUEndTime - GPUStartTime.
+resolved then; the arguments (buffer triples, packed scalars, the two MTLSizes) are prepared (_encode) when the call
+differs from the previous one (plugrt.launchargs). wait=True waits (bounded) and returns GPUEndTime - GPUStartTime.
 """
 from __future__ import annotations
 
 import ctypes
-from _thread import allocate_lock
-from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
-from plugrt.device import Buffer
 from plugrt.errors import CompileError, PluginError
 from plugrt.ir import Signature
-from plugrt.launchargs import NO_CALL, PreparedCall, bytes_packer, call_key
-from plugrt.runtime import Program
+from plugrt.launchargs import PreparedCall, bytes_packer
+from plugrt.runtime import LockedProgram
 from plugrt_metal.compiler import BUG_HINT, load_library
 from plugrt_metal.device import MetalState
 from plugrt_metal.objc import MTLSize
@@ -67,7 +66,9 @@ def build_pipeline(state: MetalState, lib: bytes, name: str) -> Pipeline:
   return p
 
 
-class MetalProgram(Program):
+class MetalProgram(LockedProgram):
+  scalar_packer = staticmethod(bytes_packer)  # bool: one byte (uchar); float16/bfloat16: their 16 bits
+
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature, pipeline: Pipeline):
     super().__init__(device, name, lib, signature)
     st: MetalState = device.info.state
@@ -80,48 +81,38 @@ class MetalProgram(Program):
       c.id, c.void, c.void_id, c.set_buffer, c.set_bytes, c.dispatch
     self._sels = (S.commandBuffer, S.computeCommandEncoder, S.setComputePipelineState_, S.setBuffer_offset_atIndex_,
                   S.setBytes_length_atIndex_, S.dispatchThreadgroups_threadsPerThreadgroup_, S.endEncoding, S.commit, S.retain, S.release)
-    self._pack = [bytes_packer(dt) for dt in signature.scalars]  # bool: one byte (uchar); float16/bfloat16: their 16 bits
-    self._last: PreparedCall = NO_CALL
-    self._bind: tuple[tuple[int, int, int], ...] = ()   # (MTLBuffer, byte offset, index) per buffer
-    self._bytes: tuple[tuple[bytes, int, int], ...] = ()  # (packed scalar, length, index) per scalar
-    self._groups, self._threads = MTLSize(1, 1, 1), MTLSize(1, 1, 1)
-    self._lock = allocate_lock()
 
-  def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
-               wait: bool = False) -> float | None:
-    with self._lock:
-      last = self._last
-      if bufs != last.bufs or vals != last.vals or (global_size, local_size) != last.dims:  # see plugrt.launchargs
-        self._prepare(bufs, vals, global_size, local_size)
-      s_cb, s_enc, s_pso, s_buf, s_bytes, s_dispatch, s_end, s_commit, s_retain, s_release = self._sels
-      ident, void, set_buffer, set_bytes = self._id, self._void, self._set_buffer, self._set_bytes
-      pool = self._push()
-      try:
-        cb = ident(self._queue, s_cb)
-        enc = ident(cb, s_enc)
-        self._void_id(enc, s_pso, self._pso)
-        for buf, off, i in self._bind: set_buffer(enc, s_buf, buf, off, i)
-        for data, n, i in self._bytes: set_bytes(enc, s_bytes, data, n, i)
-        self._dispatch(enc, s_dispatch, self._groups, self._threads)
-        void(enc, s_end)
-        void(cb, s_commit)
-        ident(cb, s_retain)  # past the pool: the device waits on it; the one it waited on before is let go
-        st = self.state
-        prev, st.last = st.last, cb  # MetalState.committed, inline: no second Python frame per launch
-        if prev: void(prev, s_release)
-      finally: self._pop(pool)
-    if wait:
-      self.state.wait(cb)
-      return self.state.gpu_seconds(cb)
-    return None
-
-  def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)  # includes the pipeline's maxTotalThreadsPerThreadgroup
-    self._bind = tuple((b.handle.buf, b.handle.offset, i) for i, b in enumerate(bufs))
+  def _encode(self, bufs: tuple, scalars: tuple, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> PreparedCall:
+    bind = tuple((b.handle.buf, b.handle.offset, i) for i, b in enumerate(bufs))  # (MTLBuffer, byte offset, index) per buffer
     base = self.nbufs
-    self._bytes = tuple((data, len(data), base + j) for j, data in enumerate(pack(v) for pack, v in zip(self._pack, vals)))
-    self._groups, self._threads = MTLSize(*gs), MTLSize(*ls)
-    self._last = PreparedCall(tuple(bufs), call_key(vals, global_size, local_size))
+    data = tuple((d, len(d), base + j) for j, d in enumerate(scalars))  # (packed scalar, length, index) per scalar
+    return PreparedCall(submit=partial(self._submit, bind, data, MTLSize(*gs), MTLSize(*ls)))
+
+  def _submit(self, bind: tuple, data: tuple, groups: Any, threads: Any) -> Any:
+    """Encode and commit one command buffer (under the program's lock); returns it."""
+    s_cb, s_enc, s_pso, s_buf, s_bytes, s_dispatch, s_end, s_commit, s_retain, s_release = self._sels
+    ident, void, set_buffer, set_bytes = self._id, self._void, self._set_buffer, self._set_bytes
+    pool = self._push()
+    try:
+      cb = ident(self._queue, s_cb)
+      enc = ident(cb, s_enc)
+      self._void_id(enc, s_pso, self._pso)
+      for buf, off, i in bind: set_buffer(enc, s_buf, buf, off, i)
+      for d, n, i in data: set_bytes(enc, s_bytes, d, n, i)
+      self._dispatch(enc, s_dispatch, groups, threads)
+      void(enc, s_end)
+      void(cb, s_commit)
+      ident(cb, s_retain)  # past the pool: the device waits on it; the one it waited on before is let go
+      st = self.state
+      prev, st.last = st.last, cb  # MetalState.committed, inline
+      if prev: void(prev, s_release)
+    finally: self._pop(pool)
+    return cb
+
+  def _timed(self, prepared: PreparedCall) -> float:
+    cb = prepared.submit()
+    self.state.wait(cb)
+    return self.state.gpu_seconds(cb)
 
 
 def load_program(device: Any, name: str, lib: bytes, signature: Signature) -> MetalProgram:

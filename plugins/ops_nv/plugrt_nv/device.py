@@ -28,10 +28,9 @@ import struct
 import time
 import weakref
 from _thread import RLock
-from collections.abc import Sequence
+from functools import partial
 from typing import Any, NoReturn
 
-from plugrt.device import Buffer
 from plugrt.dtype import dtypes
 from plugrt.errors import CompileError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
@@ -47,9 +46,9 @@ from plugrt.hwqueue import (
   round_up,
 )
 from plugrt.ir import Signature
-from plugrt.launchargs import bytes_packer, call_key
+from plugrt.launchargs import PreparedCall, bytes_packer
 from plugrt.probing import install_hint
-from plugrt.runtime import DeviceState, LaunchLimits, Program
+from plugrt.runtime import DeviceState, LaunchLimits, LockedProgram
 from plugrt_nv import cmd, cubin, hw, nvdec
 from plugrt_nv.iface import Channel, GPUInterface, Mem, NVError
 
@@ -351,7 +350,11 @@ def _release_program(state: NVState, *mems: Mem) -> None:
   except Exception: pass  # interpreter shutdown, or a device that failed meanwhile
 
 
-class NVProgram(Program):
+class _Launch(PreparedCall):
+  __slots__ = ("entry",)  # the resident entry holding the launch's QMD and constants; None: they travel in its command slot
+
+
+class NVProgram(LockedProgram):
   """A cubin loaded into GPU memory, with prepared launches. A launch descriptor (QMD) and its constant bank 0 (the
   arguments) are written once per set of arguments into one of the program's own resident entries in GPU memory that
   the CPU writes; a launch with arguments an entry already holds then writes only its 12 command words (start that
@@ -360,11 +363,12 @@ class NVProgram(Program):
   GPU has finished every launch that used it, and when none is free the launch carries its QMD and constant bank in
   its command slot instead."""
   ENTRIES = 4
+  scalar_packer = staticmethod(bytes_packer)  # each scalar's bytes (IEEE rounding, out of range: inf)
 
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     super().__init__(device, name, lib, signature)
     st: NVState = device.info.state
-    self.state = st
+    self.state, self.launch_lock = st, st.lock
     k = cubin.parse(lib, name)
     want = [8] * self.nbufs + [dt.itemsize for dt in signature.scalars]
     if [s for _, s in k.params] != want:
@@ -401,7 +405,6 @@ class NVProgram(Program):
     struct.pack_into("<I", self.blob, CBUF_OFF + stack, hw.STACK_TOP)
     self.dims_off = CBUF_OFF + dims
     self.arg_offs = [CBUF_OFF + k.param_base + off for off, _ in k.params]
-    self.pack = [bytes_packer(dt) for dt in signature.scalars]  # each scalar's bytes (IEEE rounding, out of range: inf)
     self.blob_buf = (ctypes.c_char * len(self.blob)).from_buffer(self.blob)
     self.blob_addr = ctypes.addressof(self.blob_buf)
     self.max_threads = min(1024, 65536 // round_up(max(1, k.regs) * 32, 256) // 4 * 4 * 32)
@@ -415,77 +418,89 @@ class NVProgram(Program):
     self.entries = self.resident.entries  # the launch path searches this list inline
     weakref.finalize(self, _release_program, st, self.mem, self.res)
 
-  def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
-               wait: bool = False) -> float | None:
-    st = self.state
-    with st.lock:  # the device's slots, rings and timeline, and this program's entries, are shared by all threads
-      key = (bufs, vals, global_size, local_size)
-      for e in self.entries:
-        if e.key == key: break
-      else: e = self._entry(key, bufs, vals, global_size, local_size)
-      if e is not None and st.fast and not wait:  # the fast path: 12 words into a slot, a ring entry, GP_PUT, the doorbell
-        slots = st.slots  # CommandSlots.take and DoorbellRing.push/publish, inline
-        i = slots.next
-        if slots.last_use[i] > st.done: st.wait(slots.last_use[i])
-        slots.next = (i + 1) % SLOTS
-        o, value, ch, words = i * SLOT, st.value + 1, st.compute, e.commands
-        _PAYLOAD(words, FAST_PAYLOAD, value & M32)
-        slots.view[o:o + FAST_WORDS * 4] = words
-        put = ch.put
-        ch.ring[put % ch.entries] = slots.base + o | FAST_ENTRY
-        ch.put = put = put + 1
-        st._fence()  # the slot and the ring entry first: see _kick
-        ch.put_register.value = put % ch.entries
-        ch.doorbell.value = ch.token
-        st.value = slots.last_use[i] = e.last_use = value
-        return None
-      if st.broken: raise NVError(f"NV:{st.index} cannot run {self.name}: {st.broken}", "restart the process")
-      slot = st.slots.take(st)
-      va, value = st.slots.address(slot), st.value + 1
-      if e is None:  # no resident entry free: QMD and constant bank travel in the slot
-        off, shift, hi = self.cbuf_patch
-        cb = (va + CBUF_OFF) >> shift
-        struct.pack_into("<II", self.blob, off, cb & M32, hi | cb >> 32)
-        ctypes.memmove(va, self.blob_addr, self.cmd_off)
-        qmd, c = va, self.cmd_off
-      else: qmd, c, e.last_use = e.descriptor, 0, value
-      words = st.waits(st.compute) + (cmd.sem_release(st.ts, value) if wait else [])
-      words += cmd.launch(qmd) + cmd.sem_release(st.sem, value)  # with the cache invalidation
-      struct.pack_into(f"<{len(words)}I", st.slots.view, slot * SLOT + c, *words)
-      st._kick(st.compute, va + c, len(words), value, slot)
-      st.fast = True
-      if not wait: return None
-      t = time.perf_counter()  # still holding the lock: the start-timestamp slot is the device's
-      st.wait(value)
-      t = time.perf_counter() - t
-      t0, t1 = ctypes.c_uint64.from_address(st.ts + 8).value, ctypes.c_uint64.from_address(st.sem + 8).value
-      return (t1 - t0) / 1e9 if 0 < t1 - t0 < 10 ** 12 else t  # the GPU's own timestamps (ns), else the host's clock
+  # ---- under the device's lock (the launch lock): its slots, rings and timeline, and this program's entries
+  def _encode(self, bufs: tuple, scalars: tuple, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> _Launch:
+    """The launch's QMD and constant bank 0 in self.blob (what a slot launch copies: the blob always holds the prepared
+    call the program launches, which is the last one encoded), and the resident entry that holds the same bytes."""
+    blob = self.blob
+    self.qmd.set_dims(gs, ls)
+    blob[:len(self.qmd.buf)] = self.qmd.buf
+    struct.pack_into("<6I", blob, self.dims_off, *ls, *gs)
+    for o, b in zip(self.arg_offs, bufs): struct.pack_into("<Q", blob, o, b.handle)
+    for o, arg in zip(self.arg_offs[self.nbufs:], scalars): blob[o:o + len(arg)] = arg
+    off, _, hi = self.cbuf_patch
+    struct.pack_into("<II", blob, off, 0, hi)  # the constant bank's address: wherever the blob goes patches its own
+    p = _Launch()
+    p.entry = self._resident(bytes(blob))
+    p.submit = partial(self._submit, p.entry)
+    return p
 
-  def _entry(self, key: Any, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> ResidentLaunch | None:
-    """A resident launch holding these arguments: a free one (its launches done) rewritten, a new one, or None (all busy)."""
-    self._prepare(bufs, vals, global_size, local_size)  # checks the arguments before anything changes
+  def _resident(self, key: bytes) -> ResidentLaunch | None:
+    """The resident entry holding `key` (the launch's bytes): one that holds them already, a free one (its launches done)
+    rewritten, a new one, or None (all busy: the launch carries its QMD and constants in its command slot)."""
+    for e in self.entries:
+      if e.key == key: return e
     st = self.state
-    e = self.resident.claim(st.completed())
-    if e is None: return None
+    if (e := self.resident.claim(st.completed())) is None: return None
     off, shift, hi = self.cbuf_patch
     cb = (e.descriptor + CBUF_OFF) >> shift
     struct.pack_into("<II", self.blob, off, cb & M32, hi | cb >> 32)
     ctypes.memmove(e.descriptor, self.blob_addr, self.cmd_off)
-    kept_vals, (gs, ls) = call_key(vals, global_size, local_size)  # 1, 1.0, True and 0.0, -0.0 told apart; lists copied
-    e.key = (tuple(bufs), kept_vals, gs, ls)
+    e.key = key
     st.fast = False  # the GPU may hold the entry's old constants in its caches
     # the fast path's words: invalidate the data caches only, start the grid, release the timeline (no timestamp); the
     # release's payload is patched per launch
     e.commands = bytearray(cmd.words(cmd.launch(e.descriptor, hw.Compute.INVALIDATE_GLOBAL_DATA) + cmd.sem_release(st.sem, 0, timestamp=False)))
     assert len(e.commands) == FAST_WORDS * 4 and e.commands[FAST_PAYLOAD:FAST_PAYLOAD + 4] == bytes(4)
-    return e if e.key == key else None  # a key that does not compare equal to itself (a NaN value) never matches: slot path
+    return e
 
-  def _prepare(self, bufs: Sequence[Buffer], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)  # with the grid and block limits (self.launch_limits)
-    self.qmd.set_dims(gs, ls)
-    self.blob[:len(self.qmd.buf)] = self.qmd.buf
-    struct.pack_into("<6I", self.blob, self.dims_off, *ls, *gs)
-    for o, b in zip(self.arg_offs, bufs): struct.pack_into("<Q", self.blob, o, b.handle)
-    for o, pack, v in zip(self.arg_offs[self.nbufs:], self.pack, vals):
-      arg = pack(v)
-      self.blob[o:o + len(arg)] = arg
+  def _submit(self, e: ResidentLaunch | None) -> None:
+    st = self.state
+    if e is not None and st.fast:  # the fast path: 12 words into a slot, a ring entry, GP_PUT, the doorbell
+      slots = st.slots  # CommandSlots.take and DoorbellRing.push/publish, inline
+      i = slots.next
+      if slots.last_use[i] > st.done: st.wait(slots.last_use[i])
+      slots.next = (i + 1) % SLOTS
+      o, value, ch, words = i * SLOT, st.value + 1, st.compute, e.commands
+      _PAYLOAD(words, FAST_PAYLOAD, value & M32)
+      slots.view[o:o + FAST_WORDS * 4] = words
+      put = ch.put
+      ch.ring[put % ch.entries] = slots.base + o | FAST_ENTRY
+      ch.put = put = put + 1
+      st._fence()  # the slot and the ring entry first: see _kick
+      ch.put_register.value = put % ch.entries
+      ch.doorbell.value = ch.token
+      st.value = slots.last_use[i] = e.last_use = value
+      return
+    self._slot_launch(e, timed=False)
+
+  def _slot_launch(self, e: ResidentLaunch | None, timed: bool) -> int:
+    """A launch whose commands (and, without a resident entry, its QMD and constants) go in a command slot, after the
+    device's pending waits, with a start timestamp when timed; returns its timeline value."""
+    st = self.state
+    if st.broken: raise NVError(f"NV:{st.index} cannot run {self.name}: {st.broken}", "restart the process")
+    slot = st.slots.take(st)
+    va, value = st.slots.address(slot), st.value + 1
+    if e is None:  # no resident entry free: QMD and constant bank travel in the slot
+      off, shift, hi = self.cbuf_patch
+      cb = (va + CBUF_OFF) >> shift
+      struct.pack_into("<II", self.blob, off, cb & M32, hi | cb >> 32)
+      ctypes.memmove(va, self.blob_addr, self.cmd_off)
+      qmd, c = va, self.cmd_off
+    else: qmd, c, e.last_use = e.descriptor, 0, value
+    words = st.waits(st.compute) + (cmd.sem_release(st.ts, value) if timed else [])
+    words += cmd.launch(qmd) + cmd.sem_release(st.sem, value)  # with the cache invalidation
+    struct.pack_into(f"<{len(words)}I", st.slots.view, slot * SLOT + c, *words)
+    st._kick(st.compute, va + c, len(words), value, slot)
+    st.fast = True
+    return value
+
+  def _timed(self, prepared: PreparedCall) -> float:
+    assert isinstance(prepared, _Launch)
+    st = self.state
+    value = self._slot_launch(prepared.entry, timed=True)
+    t = time.perf_counter()  # still holding the lock: the start-timestamp slot is the device's
+    st.wait(value)
+    t = time.perf_counter() - t
+    t0, t1 = ctypes.c_uint64.from_address(st.ts + 8).value, ctypes.c_uint64.from_address(st.sem + 8).value
+    return (t1 - t0) / 1e9 if 0 < t1 - t0 < 10 ** 12 else t  # the GPU's own timestamps (ns), else the host's clock

@@ -18,16 +18,16 @@ import weakref
 from _thread import RLock
 from array import array
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
-from plugrt.device import Buffer
 from plugrt.dtype import ImageDType, dtypes
 from plugrt.errors import CompileError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import CommandSlots, queue_timeout, round_up
 from plugrt.ir import Signature
-from plugrt.launchargs import bytes_packer
-from plugrt.runtime import Allocator, DeviceState, LaunchLimits, Program, buffer_address
+from plugrt.launchargs import PreparedCall, bytes_packer
+from plugrt.runtime import Allocator, DeviceState, LaunchLimits, LockedProgram, buffer_address
 from plugrt_qcom import binary, cmd
 from plugrt_qcom.kgsldev import GpuMem, KGSLDevice, KGSLError, KGSLOps, KGSLTimeline
 
@@ -281,13 +281,15 @@ def _release_program(st: QCOMState, mem: GpuMem) -> None:
   except Exception: pass  # the device may be closed already
 
 
-class QCOMProgram(Program):
-  """A kernel compiled by Qualcomm's OpenCL driver: its shader in GPU memory, and where each argument goes."""
+class QCOMProgram(LockedProgram):
+  """A kernel compiled by Qualcomm's OpenCL driver: its shader in GPU memory, and where each argument goes. A launch
+  writes its argument block and command words into one of the device's command slots, under the device's lock."""
+  scalar_packer = staticmethod(bytes_packer)
 
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     super().__init__(device, name, lib, signature)
     st: QCOMState = device.info.state
-    self.state = st
+    self.state, self.launch_lock = st, st.lock
     sb = binary.parse(lib, name)
     want = 2 * self.nbufs + self.nvals  # the renderer's parameters: (base, offset) per buffer or image, then the scalars
     if len(sb.args) != want:
@@ -313,17 +315,16 @@ class QCOMProgram(Program):
     self.buf_offs = [a.offset for a in sb.args[:2 * self.nbufs:2]]
     self.off_offs = [a.offset for a in sb.args[1:2 * self.nbufs:2]]
     self.val_offs = [a.offset for a in sb.args[2 * self.nbufs:]]
-    self.pack = [bytes_packer(dt) for dt in signature.scalars]
     self.consts = bytearray(MAX_ARG_BYTES)
     for value, off, size in sb.consts: self.consts[off:off + size] = value.to_bytes(size, "little")
     self.samplers = b"".join(struct.pack("<4I", *cmd.sampler()) for _ in range(self.nsamp))
     regs = max(1, sb.full_regs + round_up(sb.half_regs, 2) // 2)
     self.max_threads = max(64, min(1024, (384 * 32) // (regs * 128) * 128))  # the register file as Qualcomm's driver divides it
     self.launch_limits = LaunchLimits(str(device), (65535, 65535, 65535), (1024, 1024, 1024), self.max_threads)
-    self.prepared: dict[Any, tuple[array, list[int]]] = {}  # (grid, block, private memory) -> the launch's words and where its argument block goes
+    self.words: dict[Any, tuple[array, list[int]]] = {}  # (grid, block, private memory) -> the launch's words and where its argument block goes
     weakref.finalize(self, _release_program, st, self.mem)
 
-  def _prepare(self, key: tuple[tuple[int, int, int], tuple[int, int, int], int]) -> tuple[array, list[int]]:
+  def _words_for(self, key: tuple[tuple[int, int, int], tuple[int, int, int], int]) -> tuple[array, list[int]]:
     """The launch's words for this grid with the argument block at address 0 and timeline value 0, and where the
     block's address goes (found by building them for two addresses): a launch copies them and patches those words."""
     st = self.state
@@ -333,53 +334,56 @@ class QCOMProgram(Program):
                         run_opencl=st.run_opencl, gen=st.gen) + st.gen.timestamp(st.counter_address, 0)
     a, b = words(0), words(0x10000)
     prep = array("I", a), [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
-    if len(self.prepared) >= 64: self.prepared.clear()
-    self.prepared[key] = prep
+    if len(self.words) >= 64: self.words.clear()
+    self.words[key] = prep
     return prep
 
-  def __call__(self, *bufs: Buffer, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
-               wait: bool = False) -> float | None:
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)
-    return self.launch(tuple(b.handle for b in bufs), vals, gs, ls, wait)
+  def _encode(self, bufs: tuple, scalars: tuple, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> PreparedCall:
+    return PreparedCall(submit=partial(self._submit, tuple(b.handle for b in bufs), scalars, gs, ls))
+
+  def _timed(self, prepared: PreparedCall) -> float:
+    t = time.perf_counter()
+    self.state.wait(prepared.submit())
+    return time.perf_counter() - t
 
   def launch(self, handles: Sequence[Any], vals: Sequence[Any], gs: tuple[int, int, int], ls: tuple[int, int, int],
-             wait: bool = False) -> float | None:
-    """One launch with the buffers' handles (GPU addresses, QCOMImages) and the scalars, already checked."""
+             wait: bool = False) -> None:
+    """One launch on raw handles (GPU addresses, QCOMImages) and scalars the caller checked (the device's own copies)."""
+    with self.launch_lock:
+      value = self._submit(handles, tuple(pack(v) for pack, v in zip(self._packers, vals)), gs, ls)
+      if wait: self.state.wait(value)
+
+  def _submit(self, handles: Sequence[Any], scalars: Sequence[bytes], gs: tuple[int, int, int], ls: tuple[int, int, int]) -> int:
+    """The launch's argument block and words into a command slot, submitted (under the device's lock); its timeline value."""
     st = self.state
-    with st.lock:
-      slot, base = st.take_slot()
-      o = slot * SLOT
-      view = st.slots.view
-      view[o:o + MAX_ARG_BYTES] = self.consts
-      uav_at, tex_at = o + cmd.DESC_OFF, o + cmd.DESC_OFF + self.nuav * cmd.DESC_BYTES
-      for h, off in zip(handles, self.buf_offs):
-        struct.pack_into("<Q", view, o + off, h.address if isinstance(h, QCOMImage) else h)
-      for off in self.off_offs: struct.pack_into("<Q", view, o + off, 0)
-      for off, pack, v in zip(self.val_offs, self.pack, vals):
-        raw = pack(v)
-        view[o + off:o + off + len(raw)] = raw
-      for i, kind in self.images:
-        h = handles[i]
-        if kind == binary.ARG_UAV:
-          struct.pack_into("<16I", view, uav_at, *cmd.tex_descriptor(h.dtype, h.address, store=True))
-          uav_at += cmd.DESC_BYTES
-        else:
-          struct.pack_into("<16I", view, tex_at, *cmd.tex_descriptor(h.dtype, h.address))
-          tex_at += cmd.DESC_BYTES
-      if self.nsamp:
-        s = o + cmd.DESC_OFF + (self.nuav + self.ntex) * cmd.DESC_BYTES
-        view[s:s + len(self.samplers)] = self.samplers
-      key = (gs, ls, st.ensure_private(self.private_bytes) if self.private_bytes else 0)  # private memory may have moved
-      if (prep := self.prepared.get(key)) is None: prep = self._prepare(key)
-      template, lows = prep
-      words = array("I", template)
-      for i in lows:  # the argument block's address, in each place the launch names it (low word, then high word)
-        a = template[i] + base
-        words[i], words[i + 1] = a & 0xFFFFFFFF, a >> 32
-      value = st.value + 1
-      words[-1] = value & 0xFFFFFFFF  # the timeline store's payload
-      t = time.perf_counter()
-      st.submit(slot, words, value)
-      if not wait: return None
-      st.wait(value)
-      return time.perf_counter() - t
+    slot, base = st.take_slot()
+    o = slot * SLOT
+    view = st.slots.view
+    view[o:o + MAX_ARG_BYTES] = self.consts
+    uav_at, tex_at = o + cmd.DESC_OFF, o + cmd.DESC_OFF + self.nuav * cmd.DESC_BYTES
+    for h, off in zip(handles, self.buf_offs):
+      struct.pack_into("<Q", view, o + off, h.address if isinstance(h, QCOMImage) else h)
+    for off in self.off_offs: struct.pack_into("<Q", view, o + off, 0)
+    for off, raw in zip(self.val_offs, scalars): view[o + off:o + off + len(raw)] = raw
+    for i, kind in self.images:
+      h = handles[i]
+      if kind == binary.ARG_UAV:
+        struct.pack_into("<16I", view, uav_at, *cmd.tex_descriptor(h.dtype, h.address, store=True))
+        uav_at += cmd.DESC_BYTES
+      else:
+        struct.pack_into("<16I", view, tex_at, *cmd.tex_descriptor(h.dtype, h.address))
+        tex_at += cmd.DESC_BYTES
+    if self.nsamp:
+      s = o + cmd.DESC_OFF + (self.nuav + self.ntex) * cmd.DESC_BYTES
+      view[s:s + len(self.samplers)] = self.samplers
+    key = (gs, ls, st.ensure_private(self.private_bytes) if self.private_bytes else 0)  # private memory may have moved
+    if (prep := self.words.get(key)) is None: prep = self._words_for(key)
+    template, lows = prep
+    words = array("I", template)
+    for i in lows:  # the argument block's address, in each place the launch names it (low word, then high word)
+      a = template[i] + base
+      words[i], words[i + 1] = a & 0xFFFFFFFF, a >> 32
+    value = st.value + 1
+    words[-1] = value & 0xFFFFFFFF  # the timeline store's payload
+    st.submit(slot, words, value)
+    return value

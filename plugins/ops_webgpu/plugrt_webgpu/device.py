@@ -26,8 +26,8 @@ from typing import Any
 from plugrt.dtype import DType, dtypes, float_bits, float_packer, float_value
 from plugrt.errors import DeviceUnavailable, Reason
 from plugrt.hookspecs import DeviceInfo
-from plugrt.launchargs import NO_CALL, PreparedCall, call_key
-from plugrt.runtime import Allocator, Compiler, DeviceState, LaunchLimits, Program
+from plugrt.launchargs import PreparedCall
+from plugrt.runtime import Allocator, Compiler, DeviceState, LaunchLimits, LockedProgram
 from plugrt_webgpu import engine_hint
 from plugrt_webgpu.engine import FEATURE_F16, Engine, Pipeline
 from plugrt_webgpu.wgsl import Header, WGSLRenderer, parse_header, specialize
@@ -184,8 +184,13 @@ def _word_packer(dt: DType) -> Any:
   return lambda v: float_bits(float_value(v, dt), dtypes.float32)
 
 
-class WebGPUProgram(Program):
+class _Launch(PreparedCall):
+  __slots__ = ("timed",)
+
+
+class WebGPUProgram(LockedProgram):
   """A WGSL kernel on one engine: see the module docstring for the launch path."""
+  scalar_packer = staticmethod(_word_packer)
 
   def __init__(self, device: Any, name: str, lib: bytes, signature: Any):
     super().__init__(device, name, lib, signature)
@@ -194,42 +199,26 @@ class WebGPUProgram(Program):
     self.header: Header = parse_header(self.src)
     if len(self.header.buffers) != self.nbufs or self.header.nscalars != self.nvals:
       raise ValueError(f"program {name}: its WGSL header does not match its signature")
-    self._lock = self.engine.lock
+    self.launch_lock = self.engine.lock  # see the module docstring
     self._modules: dict[tuple[int, ...], Any] = {}
     ident = tuple(range(self.nbufs))
-    with self._lock:
+    with self.launch_lock:
       fresh = _fresh_modules(self.engine).pop(self.src, None)
       self._modules[ident] = fresh if fresh is not None else self.engine.create_module(self.src)
       self._uniform = self.engine.create_uniform(self.header.uniform_bytes)
     self._pipelines: dict[tuple[tuple[int, ...], tuple[int, int, int]], Pipeline] = {}
     self._groups: OrderedDict[tuple, Any] = OrderedDict()
     self._uniform_bytes = b""
-    self._word_of = [_word_packer(dt) for dt in signature.scalars]
     self._scale = [1 if dt.itemsize < 4 else 4 for dt in signature.buffers]  # view offsets: packed dtypes in bytes, others in words
-    self._last: PreparedCall = NO_CALL
-    self._launch: Any = None
-    self._timed: Any = None
     lim = self.engine.limits
     self.launch_limits = LaunchLimits(str(device), (lim.max_workgroups_per_dimension,) * 3, lim.max_workgroup_size, lim.max_invocations_per_workgroup)
     self.pipelines_built = 0   # for tests and `plugrt bench`: pipelines made so far
     self.bind_groups_built = 0
 
-  def __call__(self, *bufs: Any, global_size: Any = (1, 1, 1), local_size: Any = (1, 1, 1), vals: Sequence[Any] = (),
-               wait: bool = False) -> float | None:
-    with self._lock:  # see the module docstring
-      last = self._last
-      if bufs != last.bufs or vals != last.vals or (global_size, local_size) != last.dims:  # see plugrt.launchargs
-        self._prepare(bufs, vals, global_size, local_size)
-      if wait: return self._timed()
-      self._launch()
-    return None
-
   # ---- everything below runs only when the arguments changed, with the engine's lock held
-  def _prepare(self, bufs: Sequence[Any], vals: Sequence[Any], global_size: Any, local_size: Any) -> None:
-    gs, ls = self.check_args(bufs, vals, global_size, local_size)  # with the adapter's workgroup limits (self.launch_limits)
+  def _encode(self, bufs: tuple, scalars: tuple, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> _Launch:
     alias, bindings, starts = self._bindings(bufs)
-    words = [(b.handle.offset - starts[alias[k]]) // self._scale[k] for k, b in enumerate(bufs)]
-    words += [pack(v) for pack, v in zip(self._word_of, vals)]
+    words = [(b.handle.offset - starts[alias[k]]) // self._scale[k] for k, b in enumerate(bufs)] + list(scalars)
     data = struct.pack(f"<{len(words)}I", *words).ljust(self.header.uniform_bytes, b"\0")
     if data != self._uniform_bytes:  # queue.writeBuffer is ordered after earlier submits: in-flight launches keep their values
       self.engine.write(self._uniform, 0, memoryview(data))
@@ -241,9 +230,13 @@ class WebGPUProgram(Program):
       self.bind_groups_built += 1
       if len(self._groups) > BIND_GROUP_CACHE: self.engine.release(self._groups.popitem(last=False)[1])
     else: self._groups.move_to_end(key)
-    self._launch = self.engine.launcher(pipe, bg, gs)
-    self._timed = self.engine.timed_launcher(pipe, bg, gs)
-    self._last = PreparedCall(tuple(bufs), call_key(vals, global_size, local_size))
+    p = _Launch(submit=self.engine.launcher(pipe, bg, gs))
+    p.timed = self.engine.timed_launcher(pipe, bg, gs)
+    return p
+
+  def _timed(self, prepared: PreparedCall) -> float:
+    assert isinstance(prepared, _Launch)
+    return prepared.timed()
 
   def _bindings(self, bufs: Sequence[Any]) -> tuple[tuple[int, ...], list[tuple[Any, int, int]], list[int]]:
     """(binding of each argument, (buffer, offset, size) of each binding, start of each binding).
@@ -282,7 +275,7 @@ class WebGPUProgram(Program):
   def __del__(self) -> None:
     """Give the engine's objects back (engines whose handles are garbage-collected ignore this)."""
     try:
-      with self._lock:
+      with self.launch_lock:
         for obj in [*self._groups.values(), *self._pipelines.values(), *self._modules.values()]: self.engine.release(obj)
         self._groups.clear(); self._pipelines.clear(); self._modules.clear()
         self.engine.free(self._uniform)
