@@ -166,6 +166,84 @@ def test_every_variable_the_code_reads_is_documented():
   assert {n: where for n, where in names.items() if f"`{n}" not in doc} == {}
 
 
+# ---------------------------------------------------------------- broken installs (any distribution, plugrt's or not)
+
+def _broken(fake: FakePlugins, case: str) -> str:
+  """Install one distribution whose metadata plugrt cannot read, in the way `case` names; returns its directory's name."""
+  plugin = {"plugrt": {"broken": "broken_mod"}}
+  if case == "entry points not UTF-8":  # an unrelated package's console script with a Latin-1 name
+    return fake.dist("latin", {}, raw_entry_points="[console_scripts]\ncaf\u00e9 = caf:main\n".encode("latin-1")).name
+  if case == "entry points in UTF-16":
+    return fake.dist("wide", {}, raw_entry_points="[plugrt]\nwide = wide_mod\n".encode("utf-16")).name
+  if case == "entry points not INI":
+    return fake.dist("noini", {}, raw_entry_points=b"[plugrt]\nbroken = broken_mod\n[console_scripts]\njust some words\n").name
+  if case == "section never closed":
+    return fake.dist("unclosed", {}, raw_entry_points=b"[plugrt]\nbroken = broken_mod\n[gui_scripts\nx = y\n").name
+  if case == "value not a module":
+    return fake.dist("badvalue", {}, raw_entry_points=b"[plugrt]\nbroken = not a module!\n").name
+  if case == "METADATA not UTF-8":
+    return fake.dist("badmeta", plugin, raw_metadata=b"Metadata-Version: 2.1\nName: badm\xe9ta\nVersion: 1.0\n\n").name
+  if case == "METADATA missing":
+    d = fake.dist("nometa", plugin)
+    (d / "METADATA").unlink()
+    return d.name
+  if case == "METADATA a directory":
+    d = fake.dist("dirmeta", plugin)
+    (d / "METADATA").unlink()
+    (d / "METADATA").mkdir()
+    return d.name
+  assert case == "directory unreadable"
+  loop = fake.root / "loop-1.0.dist-info"
+  loop.symlink_to(loop.name)  # a link to itself: opening anything in it fails (ELOOP), for root too
+  return loop.name
+
+
+BROKEN = ["entry points not UTF-8", "entry points in UTF-16", "entry points not INI", "section never closed", "value not a module",
+          "METADATA not UTF-8", "METADATA missing", "METADATA a directory", "directory unreadable"]
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_a_distribution_whose_metadata_cannot_be_read_is_skipped_with_a_warning(fake_plugins, case):
+  """One broken install costs only itself: discovery goes on, finds the working plugins around it, and says what it
+  skipped and why (a Python warning at discovery, and Registry.skipped for `plugrt devices`)."""
+  from plugrt._entrypoints import clear_cache, entry_points
+  fake_plugins.backend("BEFORE", priority=100)
+  name = _broken(fake_plugins, case)
+  fake_plugins.backend("AFTER", priority=90, dist="zz-after")  # sorted after the broken one in the same folder
+  clear_cache()
+  with pytest.warns(UserWarning, match=f"plugrt: distribution {re.escape(name)} in .* is skipped: ") as caught:
+    eps = entry_points("plugrt")
+  assert {"before", "after"} <= {e.name for e in eps} and not {"broken", "wide"} & {e.name for e in eps}
+  why = str(caught[0].message)
+  assert "reinstall it, or remove" in why and {
+    "entry points not UTF-8": "entry_points.txt is not UTF-8 (byte 0xe9", "entry points in UTF-16": "entry_points.txt is not UTF-8 (byte 0xff",
+    "entry points not INI": "line 4 ('just some words') in [console_scripts] is not `name = value`",
+    "section never closed": "line 3 ('[gui_scripts') opens a section it does not close",
+    "value not a module": "entry 'broken' the value 'not a module!', not `module` or `module:attr`",
+    "METADATA not UTF-8": "METADATA is not UTF-8", "METADATA missing": "it has no METADATA",
+    "METADATA a directory": "its METADATA cannot be read (IsADirectoryError", "directory unreadable": "entry_points.txt cannot be read (OSError",
+  }[case] in why
+  reg = Registry(env={})
+  with use(reg):
+    assert reg.default == "BEFORE" and {"BEFORE", "AFTER", "CPU", "PYTHON"} <= set(reg.available())
+    assert len(reg.skipped) == 1 and name in reg.skipped[0]
+
+
+def test_a_non_utf8_distribution_breaks_neither_import_nor_plugrt_devices(fake_plugins):
+  """The audit's case, in fresh processes: an unrelated package's entry_points.txt in Latin-1."""
+  fake_plugins.backend("NEIGHBOUR", priority=100)
+  name = _broken(fake_plugins, "entry points not UTF-8")
+  r = run(fake_plugins, "import plugrt; print(plugrt.Device.DEFAULT)")
+  assert r.returncode == 0 and r.stdout.split() == ["NEIGHBOUR"], r.stderr
+  assert f"distribution {name} in {fake_plugins.root} is skipped: its entry_points.txt is not UTF-8" in r.stderr
+  data, _ = devices_json(fake_plugins)
+  assert data["default"] == "NEIGHBOUR" and [w for w in data["plugin_warnings"] if name in w["warning"]]
+  r = run(fake_plugins, "import sys; from plugrt.cli import main; sys.exit(main(['devices']))")
+  assert r.returncode == 0 and re.search(r"^NEIGHBOUR .* ready", r.stdout, re.M), r.stderr
+  assert re.search(rf"installed distributions skipped .*\n  warning: distribution {re.escape(name)} in .* is skipped: its entry_points.txt "
+                   r"is not UTF-8", r.stdout), r.stdout
+
+
 # ---------------------------------------------------------------- re-entrance
 
 def test_a_plugin_that_reads_the_default_device_at_import_breaks_only_itself(fake_plugins):

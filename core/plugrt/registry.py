@@ -25,7 +25,7 @@ from types import BuiltinFunctionType, BuiltinMethodType, FunctionType, MethodTy
 from typing import Any
 
 from plugrt import hookspecs
-from plugrt._entrypoints import entry_points, foreign_modules, import_warning, name_warning, value_warning
+from plugrt._entrypoints import entry_points, foreign_modules, import_warning, name_warning, skipped, value_warning
 from plugrt.context import DeviceInfo, PluginContext
 from plugrt.errors import DeviceUnavailable, EnvError, PluginError, PlugrtError, Reason, UnknownDeviceError, did_you_mean
 from plugrt.hookspecs import PLUGIN_API_VERSION, BackendSpec, DeviceListing, InterfaceSpec, Probe
@@ -163,6 +163,7 @@ class Registry:
     self.plugins: list[PluginRecord] = []
     self.backends: dict[str, BackendRecord] = {}
     self.interfaces: dict[str, list[tuple[InterfaceSpec, PluginRecord]]] = {}
+    self.skipped: list[str] = []  # installed distributions left out because their metadata cannot be read, and why
     self._probes: dict[Any, Probe] = {}
     self._selection: Selection | None = None
     self._devices: dict[str, Any] = {}
@@ -193,6 +194,7 @@ class Registry:
       for ep in entry_points(GROUP):
         records.append(rec := PluginRecord(ep.name, ep.module, ep.dist, ep.version))
         if (w := value_warning(ep)): rec.warnings.append(w)
+      self.skipped = list(skipped(GROUP))
     records += [PluginRecord(m, m, source="PLUGRT_EXTRA_PLUGINS") for m in _names(env.get("PLUGRT_EXTRA_PLUGINS", ""))]
     for p in self._explicit:
       name = p if isinstance(p, str) else getattr(p, "__name__", type(p).__name__)  # a module, or an object with hook methods
