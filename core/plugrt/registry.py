@@ -746,7 +746,7 @@ _SPEC_FIELDS: dict[str, tuple[Any, str]] = {
   "probe": (lambda v: v is None or callable(v), "a function or None"),
   "open": (callable, "a function"),
   "unique_id": (lambda v: v is None or callable(v), "a function or None"),
-  "codecs": (lambda v: isinstance(v, tuple) and all(isinstance(c, str) for c in v), "a tuple of codec names"),
+  "codecs": (lambda v: isinstance(v, (tuple, list)) and all(isinstance(c, str) for c in v), "a tuple of codec names"),
   "priority": (lambda v: type(v) is int, "an int"),
   "local": (lambda v: type(v) is bool, "a bool"),
   "description": (lambda v: isinstance(v, str), "a str"),
