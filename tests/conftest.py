@@ -101,14 +101,16 @@ class FakePlugins:
     return name
 
   def dist(self, name: str, entry_points: Mapping[str, Mapping[str, str]], version: str = "1.0", where: Path | None = None,
-           kind: str = "dist-info") -> Path:
-    """Write `<name>-<version>.dist-info/` (METADATA, entry_points.txt) under `where` (default: the root)."""
+           kind: str = "dist-info", raw_entry_points: bytes | None = None, raw_metadata: bytes | None = None) -> Path:
+    """Write `<name>-<version>.dist-info/` (METADATA, entry_points.txt) under `where` (default: the root). `raw_entry_points`
+    and `raw_metadata` are written as the files' bytes instead (a broken install: not UTF-8, not INI)."""
     base = where or self.root
     meta = base / f"{name.replace('-', '_')}-{version}.{kind}"
     meta.mkdir(parents=True)
-    (meta / ("METADATA" if kind == "dist-info" else "PKG-INFO")).write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\nfake\n")
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\nfake\n".encode()
+    (meta / ("METADATA" if kind == "dist-info" else "PKG-INFO")).write_bytes(metadata if raw_metadata is None else raw_metadata)
     text = "".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n" for group, eps in entry_points.items())
-    (meta / "entry_points.txt").write_text(text)
+    (meta / "entry_points.txt").write_bytes(text.encode() if raw_entry_points is None else raw_entry_points)
     from plugrt import _entrypoints
     _entrypoints.clear_cache()  # a test that writes more metadata after a read must see it
     importlib.invalidate_caches()

@@ -116,9 +116,26 @@ def sub_communicator() -> None:
   c.close()
 
 
+def absent(timeout: float, missing: int, done: str) -> None:
+  """Rank `missing` never starts MPI: it waits until the others are done (file `done` exists), then leaves. The others'
+  from_env ends in CollectiveTimeout naming it within the timeout, where MPI_Init alone would wait forever."""
+  rank = int(os.environ["PMI_RANK"])
+  if rank == missing:
+    for _ in range(1200):
+      if os.path.exists(done): break
+      time.sleep(0.05)
+    return
+  t = time.monotonic()
+  try: dist.from_env("CPU", timeout=timeout)
+  except dist.CollectiveTimeout as e: say(f"ERR {rank} CollectiveTimeout {time.monotonic() - t:.2f} {e.message} (fix: {e.hint})")
+  else: say(f"OK {rank} absent: from_env returned")
+  open(done, "w").close()
+
+
 def main() -> None:
   scenario, timeout = sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 30.0
   if scenario == "from_mpi": return sub_communicator()
+  if scenario == "absent": return absent(timeout, int(sys.argv[3]), sys.argv[4])
   c = dist.from_env("CPU", timeout=timeout)
   if scenario == "all": every_collective(c)
   elif scenario == "staged":  # the engine as it runs for a device whose memory is not host memory: copies through the host

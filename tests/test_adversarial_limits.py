@@ -11,10 +11,12 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +25,8 @@ from plugrt import Buffer, Device, KernelBuilder, Tensor, dtypes
 from plugrt.errors import CompileError, LaunchError, OutOfMemoryError
 from plugrt.runtime import INT32_MAX, MAX_ALLOC_BYTES
 from plugrt.testing.fuzz import ir_targets
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TARGETS = [str(t) for t in ir_targets()]  # every device and compiler: CPU:CLANG, CPU:LLVM, CL:..., WEBGPU:WGSL, PYTHON:PY
 
@@ -318,3 +322,75 @@ def test_broken_c_compiler_is_a_toolchain_problem(monkeypatch, cc):
   else: monkeypatch.setenv("CC", usual_cc)
   comp = ClangCompiler(Device["CPU"].info)
   with pytest.raises(CompileError, match="renderer bug"): comp.compile_uncached("void f(void) { int x = ; }")  # a real source error
+
+
+# ---------------------------------------------------------------- acknowledgement variables: exactly 1
+
+ACK_REFUSED, ACK_BAD = [None, "", "0", " 0 "], ["yes", "true", "on", "YES", "2", "01", "1 1", "-1", "y"]
+
+
+def test_an_acknowledgement_is_exactly_1():
+  """PluginContext.acknowledged, the one rule of every acknowledgement variable: 1 acknowledges, unset, blank or 0
+  refuses, anything else is an EnvError that names the variable and the accepted values (never consent)."""
+  from plugrt.context import PluginContext
+  from plugrt.errors import EnvError
+  assert PluginContext({"ACK": "1"}).acknowledged("ACK") and PluginContext({"ACK": " 1\n"}).acknowledged("ACK")
+  for v in ACK_REFUSED: assert not PluginContext({} if v is None else {"ACK": v}).acknowledged("ACK")
+  for v in ACK_BAD:
+    with pytest.raises(EnvError, match=f"ACK={v!r} is not an acknowledgement: only 1 acknowledges") as e:
+      PluginContext({"ACK": v}).acknowledged("ACK")
+    assert "set ACK=1 to acknowledge, or ACK=0" in e.value.hint
+
+
+def _amd_fakes() -> object:
+  sys.path.insert(0, str(ROOT / "plugins" / "ops_amd" / "tests"))
+  try: return __import__("fake_amdgpu")
+  finally: sys.path.pop(0)
+
+
+@pytest.mark.parametrize("value", ACK_BAD)
+def test_amd_takes_a_gpu_from_its_driver_only_on_exactly_1(tmp_path, value):
+  """PLUGRT_AMD_ALLOW_UNBIND=yes used to count as consent to unbind amdgpu (PCI) or detach usb-storage (USB): it is an
+  EnvError now, before anything is touched, and 0 or unset still refuses with the command to do it by hand."""
+  pci, usb = pytest.importorskip("plugrt_amd_pci"), pytest.importorskip("plugrt_amd_usb")
+  from plugrt.context import DeviceInfo, PluginContext
+  from plugrt.errors import EnvError
+  from plugrt_amd.device import AcknowledgementRequired
+  fake = _amd_fakes()
+
+  def info(iface: str, env: dict[str, str]) -> DeviceInfo: return DeviceInfo("AMD", 0, "LLVM", iface, context=PluginContext(env))
+  devices, drivers = fake.make_sysfs(str(tmp_path / "sys"))
+  kernel = fake.KernelWrites(devices, drivers)
+  bridge = fake.FakeASM24(*fake.fake_gpu())
+  with pytest.raises(EnvError, match=f"PLUGRT_AMD_ALLOW_UNBIND={value!r} is not an acknowledgement"):
+    pci.open_pci(info("PCI", {"PLUGRT_AMD_ALLOW_UNBIND": value}), devices, drivers, kernel)
+  with pytest.raises(EnvError, match=f"PLUGRT_AMD_ALLOW_UNBIND={value!r} is not an acknowledgement"):
+    usb.open_usb(info("USB", {"PLUGRT_AMD_ALLOW_UNBIND": value}), bridge)
+  assert kernel.log == [] and os.path.islink(os.path.join(devices, "0000:03:00.0", "driver")) and bridge.commands == 0
+  for refused in ACK_REFUSED:
+    env = {} if refused is None else {"PLUGRT_AMD_ALLOW_UNBIND": refused}
+    with pytest.raises(AcknowledgementRequired, match="PLUGRT_AMD_ALLOW_UNBIND=1 is not set"):
+      pci.open_pci(info("PCI", env), devices, drivers, kernel)
+    with pytest.raises(AcknowledgementRequired, match="PLUGRT_AMD_ALLOW_UNBIND=1 is not set"): usb.open_usb(info("USB", env), bridge)
+  assert kernel.log == [] and bridge.commands == 0
+
+
+def test_every_acknowledgement_variable_is_read_by_the_one_rule():
+  """No code reads an acknowledgement variable (PLUGRT_*_ALLOW_*) other than through PluginContext.acknowledged:
+  a `flag` (which takes yes/true/on) or a raw environment lookup of one would bring the lenient reading back."""
+  import ast
+  found, wrong = set(), []
+  for path in [*(ROOT / "core" / "plugrt").rglob("*.py"), *(ROOT / "plugins").rglob("plugrt_*/**/*.py")]:
+    tree = ast.parse(path.read_text())
+    names = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+             and isinstance(n.value.value, str) and re.fullmatch(r"PLUGRT_\w*_ALLOW_\w+", n.value.value)
+             for t in n.targets if isinstance(t, ast.Name)}
+    for n in ast.walk(tree):
+      if not isinstance(n, ast.Call) or not n.args: continue
+      arg = n.args[0]
+      is_ack = (isinstance(arg, ast.Name) and arg.id in names) or (isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+                                                                    and re.fullmatch(r"PLUGRT_\w*_ALLOW_\w+", arg.value))
+      if not is_ack: continue
+      how = n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "?")
+      (found if how == "acknowledged" else wrong).add(f"{path.relative_to(ROOT)}:{n.lineno} {how}")
+  assert found and not wrong, wrong

@@ -92,8 +92,11 @@ def _video_rows() -> list[dict[str, Any]]:
 
 
 def plugin_warnings() -> list[dict[str, str]]:
-  """Each plugin's mistakes that did not stop it loading (an entry point's ignored attribute, ...)."""
-  return [{"plugin": p.entry, "package": p.package, "module": p.module_name, "warning": w} for p in _registry().plugins for w in p.warnings]
+  """Each plugin's mistakes that did not stop it loading (an entry point's ignored attribute, ...), then each installed
+  distribution discovery skipped because its metadata cannot be read (plugin, package and module empty)."""
+  reg = _registry()
+  return [{"plugin": p.entry, "package": p.package, "module": p.module_name, "warning": w} for p in reg.plugins for w in p.warnings] + \
+         [{"plugin": "", "package": "", "module": "", "warning": why} for why in reg.skipped]
 
 
 def _fmt_compilers(cs: list[dict[str, Any]]) -> str:
@@ -180,9 +183,13 @@ def cmd_devices(args: argparse.Namespace) -> int:
     for what, detail, hint in notes: print(f"  {what}: {detail}" + (f"\n      fix: {hint}" if hint else ""))
   _print_extras("video decoders (plugrt.video)", _video_rows(), "decoder")
   _print_extras("collective engines (plugrt.distributed)", _collective_rows(), "engine")
-  if warnings := plugin_warnings():
+  warnings = plugin_warnings()
+  if (loaded := [w for w in warnings if w["module"]]):
     print("\nplugin warnings (the plugins load; their authors should fix these):")
-    for w in warnings: print(f"  warning: {w['package']} ({w['module']}): {w['warning']}")
+    for w in loaded: print(f"  warning: {w['package']} ({w['module']}): {w['warning']}")
+  if (skipped := [w for w in warnings if not w["module"]]):
+    print("\ninstalled distributions skipped (their metadata cannot be read; any plugrt plugin in them is not loaded):")
+    for w in skipped: print(f"  warning: {w['warning']}")
   return 2 if env_error else 0
 
 

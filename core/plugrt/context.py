@@ -56,6 +56,16 @@ class PluginContext:
     if low in _FALSE: return False
     raise EnvError(f"{name}={v!r} is not a switch", f"write {name}=1 or {name}=0")
 
+  def acknowledged(self, name: str) -> bool:
+    """An acknowledgement variable (one that lets plugrt do something it never does unasked, such as taking a GPU from
+    its kernel driver): exactly `1` acknowledges; unset, blank or `0` does not; anything else (`yes`, `true`, `2`) is an
+    EnvError, so that a value meant otherwise never counts as consent. The one rule of every such variable."""
+    v = self.get(name)
+    if v in ("", "0"): return False
+    if v == "1": return True
+    raise EnvError(f"{name}={self.env.get(name)!r} is not an acknowledgement: only 1 acknowledges, 0 (or unset) does not",
+                   f"set {name}=1 to acknowledge, or {name}=0 (or unset it) to refuse")
+
   def integer(self, name: str, default: int, *, lo: int | None = None, hi: int | None = None, unit: str = "") -> int:
     """A whole number in [lo, hi]; unset or blank is `default`."""
     v = self.get(name)

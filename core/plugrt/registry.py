@@ -25,7 +25,7 @@ from types import BuiltinFunctionType, BuiltinMethodType, FunctionType, MethodTy
 from typing import Any
 
 from plugrt import hookspecs
-from plugrt._entrypoints import entry_points, foreign_modules, import_warning, name_warning, value_warning
+from plugrt._entrypoints import entry_points, foreign_modules, import_warning, name_warning, skipped, value_warning
 from plugrt.context import DeviceInfo, PluginContext
 from plugrt.errors import DeviceUnavailable, EnvError, PluginError, PlugrtError, Reason, UnknownDeviceError, did_you_mean
 from plugrt.hookspecs import PLUGIN_API_VERSION, BackendSpec, DeviceListing, InterfaceSpec, Probe
@@ -163,6 +163,7 @@ class Registry:
     self.plugins: list[PluginRecord] = []
     self.backends: dict[str, BackendRecord] = {}
     self.interfaces: dict[str, list[tuple[InterfaceSpec, PluginRecord]]] = {}
+    self.skipped: list[str] = []  # installed distributions left out because their metadata cannot be read, and why
     self._probes: dict[Any, Probe] = {}
     self._selection: Selection | None = None
     self._devices: dict[str, Any] = {}
@@ -174,6 +175,7 @@ class Registry:
                                  lambda device: [i.name for i, _ in self.interfaces.get(device, ())])
     self._plugin_manager: Any = None
     self._declared: dict[str, list[tuple[Any, PluginRecord]]] = {}  # optional declaration hook -> (spec, plugin), read once
+    self._declaration_failures: dict[str, list[tuple[PluginRecord, Probe]]] = {}  # hook -> (plugin, why its declarations are missing)
 
   # ------------------------------------------------------------ discovery
   def load(self) -> Registry:
@@ -193,6 +195,7 @@ class Registry:
       for ep in entry_points(GROUP):
         records.append(rec := PluginRecord(ep.name, ep.module, ep.dist, ep.version))
         if (w := value_warning(ep)): rec.warnings.append(w)
+      self.skipped = list(skipped(GROUP))
     records += [PluginRecord(m, m, source="PLUGRT_EXTRA_PLUGINS") for m in _names(env.get("PLUGRT_EXTRA_PLUGINS", ""))]
     for p in self._explicit:
       name = p if isinstance(p, str) else getattr(p, "__name__", type(p).__name__)  # a module, or an object with hook methods
@@ -308,19 +311,48 @@ class Registry:
   # ------------------------------------------------------------ calling one plugin's hooks
   def declared(self, hook: str, kind: type) -> list[tuple[Any, PluginRecord]]:
     """(spec, plugin) for each `kind` that a loaded plugin's optional declaration hook `hook` returns
-    (plugrt_video_decoders, plugrt_collective_engines), in plugin order, read once per registry. A hook that raises
-    hides that plugin's declarations only, never the others'."""
+    (plugrt_video_decoders, plugrt_collective_engines), in plugin order, read once per registry. Each plugin's hook runs
+    as its probes do (on the worker under PLUGRT_PROBE_TIMEOUT, its output moved to stderr, the registry refused to it).
+    One that raises, overruns or returns anything but a list of well-formed `kind`s contributes nothing and is listed
+    in declaration_failures(hook) with its reason; the other plugins' declarations stand."""
     self.load()
     with self._lock:
       if (found := self._declared.get(hook)) is None:
-        found = []
+        found, failed = [], []
         for rec in self.plugins:
-          if rec.reason is not None or rec.hooks is None: continue
-          try: specs = self.call_hook(rec, hook) or ()
-          except Exception: continue
-          found += [(s, rec) for s in specs if isinstance(s, kind)]
-        self._declared[hook] = found
+          if rec.reason is not None or rec.hooks is None or hook not in rec.impls: continue
+          if rec.stalled is not None:
+            failed.append((rec, rec.stalled))
+            continue
+          try:
+            specs = self.run_plugin(rec, f"declaring its {hook.removeprefix('plugrt_').replace('_', ' ')}", _declared_specs,
+                                    self.call_hook, rec, hook, kind, limit=self._probe_limit, variable=PROBE_TIMEOUT)
+          except PluginTimeout as e: failed.append((rec, e.probe))
+          except (Exception, SystemExit) as e:
+            why = str(e) if isinstance(e, _Malformed) else f"raised {_short_error(e)}"
+            failed.append((rec, Probe.missing(Reason.HOOK_ERROR, f"{hook} of plugin {rec.entry} ({rec.module_name}) {why}",
+                                              DEFAULT_HINTS[Reason.HOOK_ERROR].format(package=rec.package, entry=rec.entry))))
+          else: found += [(s, rec) for s in specs]
+        self._declared[hook], self._declaration_failures[hook] = found, failed
     return found
+
+  def declaration_failures(self, hook: str) -> list[tuple[PluginRecord, Probe]]:
+    """(plugin, why) for each plugin whose `hook` raised, overran its limit or returned garbage (see declared)."""
+    if hook not in self._declaration_failures: raise KeyError(f"{hook} has not been read: call declared() first")
+    return self._declaration_failures[hook]
+
+  def run_plugin(self, rec: PluginRecord | None, doing: str, fn: Any, *args: Any, limit: float | None = None,
+                 variable: str = OPEN_TIMEOUT, hint: str = "") -> Any:
+    """fn(*args), plugin `rec`'s code, run as probes and opens run: on the worker within `limit` seconds (default
+    PLUGRT_OPEN_TIMEOUT; 0: no limit, on this thread), what it prints moved to stderr, the registry refused to it. Its
+    own exceptions pass through. Past the limit the plugin is stalled for the process (none of its code runs again: its
+    worker may hold its locks) and PluginTimeout is raised, now and on every later call; `variable` and `hint` are the
+    setting and the fix its message names (default: raise `variable`, or PLUGRT_DISABLE the plugin)."""
+    if rec is not None and rec.stalled is not None: raise PluginTimeout(rec.stalled)
+    try: return self._run(rec, doing, fn, *args, limit=self._open_limit if limit is None else limit)
+    except _Overran as e:
+      who = f"plugin {rec.entry} ({rec.module_name})" if rec is not None else "a plugin"
+      raise PluginTimeout(self._stall(rec, f"{who} {e} while {doing}", variable, hint)) from None
 
   def call_hook(self, rec: PluginRecord, hook: str, **kwargs: Any) -> Any:
     """Call plugin `rec`'s implementation of `hook` directly (no pluggy dispatch), or return None when it has none.
@@ -383,10 +415,10 @@ class Registry:
       self._probes[key] = p
     return self._probes[key]
 
-  def _stall(self, rec: PluginRecord | None, detail: str, variable: str) -> Probe:
+  def _stall(self, rec: PluginRecord | None, detail: str, variable: str, hint: str = "") -> Probe:
     """After plugin code overran its limit, the plugin is unavailable for this process: its worker may still hold its locks."""
-    if rec is None: return Probe.missing(Reason.TIMED_OUT, detail)
-    hint = DEFAULT_HINTS[Reason.TIMED_OUT].format(package=rec.package, entry=rec.entry, variable=variable)
+    if rec is None: return Probe.missing(Reason.TIMED_OUT, detail, hint)
+    hint = hint or DEFAULT_HINTS[Reason.TIMED_OUT].format(package=rec.package, entry=rec.entry, variable=variable)
     rec.stalled = Probe.missing(Reason.TIMED_OUT, detail, hint)
     return rec.stalled
 
@@ -703,6 +735,41 @@ def _declarations(hooks: ModuleType) -> tuple[list, list]:
          [*(found["plugrt_interfaces"]() or ())] if "plugrt_interfaces" in found else []
 
 
+class _Malformed(TypeError):
+  """What an optional declaration hook returned is not a list of its specs (str: what is wrong)."""
+
+
+#: what each field of a spec an optional declaration hook returns (VideoDecoderSpec, CollectiveEngineSpec) must be
+_SPEC_FIELDS: dict[str, tuple[Any, str]] = {
+  "name": (_valid_name, "a name (" + NAME_RULE + ")"),
+  "device": (lambda v: v == "" or _valid_name(v), "\"\" or a device name"),
+  "probe": (lambda v: v is None or callable(v), "a function or None"),
+  "open": (callable, "a function"),
+  "unique_id": (lambda v: v is None or callable(v), "a function or None"),
+  "codecs": (lambda v: isinstance(v, (tuple, list)) and all(isinstance(c, str) for c in v), "a tuple of codec names"),
+  "priority": (lambda v: type(v) is int, "an int"),
+  "local": (lambda v: type(v) is bool, "a bool"),
+  "description": (lambda v: isinstance(v, str), "a str"),
+}
+
+
+def _declared_specs(call_hook: Any, rec: PluginRecord, hook: str, kind: type) -> list[Any]:
+  """On the worker: the plugin's `hook`, its result iterated (a generator runs here, under the limit) and checked:
+  a list (tuple, iterable) of `kind`s whose fields are what _SPEC_FIELDS says, or _Malformed saying what is wrong."""
+  got = call_hook(rec, hook)
+  if got is None: return []
+  if isinstance(got, (str, bytes, dict, kind)) or not hasattr(type(got), "__iter__"):
+    raise _Malformed(f"returned {type(got).__name__}, not a list of {kind.__name__}")
+  specs = list(got)
+  for s in specs:
+    if not isinstance(s, kind): raise _Malformed(f"returned a list holding {type(s).__name__}, not {kind.__name__}")
+    for field in kind._fields:
+      check, what = _SPEC_FIELDS.get(field, (None, ""))
+      if check is not None and not check(value := getattr(s, field)):
+        raise _Malformed(f"returned {kind.__name__} {s.name!r} whose {field} is {value!r}, not {what}")
+  return specs
+
+
 def _api_problem(version: Any) -> str:
   """What is wrong with a BackendSpec's api_version: "MAJOR.MINOR" (a string) or (major, minor), as PLUGIN_API_VERSION."""
   if isinstance(version, tuple) and len(version) == 2 and all(type(x) is int for x in version): major, minor = version
@@ -721,6 +788,16 @@ def _api_problem(version: Any) -> str:
 # ------------------------------------------------------------ running plugin code under a time limit
 class _Overran(Exception):
   """Plugin code did not finish within its time limit (str: "did not finish within N s")."""
+
+
+class PluginTimeout(PluginError, TimeoutError):
+  """Plugin code run by Registry.run_plugin overran its time limit (now or before): the plugin is stalled for the
+  process. `probe` is its stalled Probe (reason TIMED_OUT, the detail naming the step, the hint)."""
+  reason = Reason.TIMED_OUT
+
+  def __init__(self, probe: Probe):
+    self.probe = probe
+    super().__init__(probe.detail, probe.hint)
 
 
 #: thread id -> what plugin code that thread runs now ("plugin cpu (plugrt_cpu) while being imported"): re-entry is refused

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from plugrt.distributed.comm import Communicator, group, make_communicators
-from plugrt.distributed.engine import Call, Engine, EngineRequest, choose, engines
+from plugrt.distributed.engine import Call, Engine, EngineRequest, choose, engines, start
 from plugrt.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, CollectiveUnavailable, EnvError, RankError
 
 __all__ = ["Call", "CollectiveError", "CollectiveMismatch", "CollectiveTimeout", "CollectiveUnavailable", "Communicator", "Engine",
@@ -62,7 +62,7 @@ def _open(devices: list[Any], ranks: tuple[int, ...], size: int, share: Callable
   kinds = {d.name for d in opened}
   if len(kinds) != 1: raise TypeError(f"a communicator's devices must be of one kind, got {sorted(kinds)}")
   spec = choose(kinds.pop(), local, engine, reg)
-  eng = spec.open(EngineRequest(tuple(opened), ranks, size, share, timeout, mpi_comm))
+  eng = start(spec, EngineRequest(tuple(opened), ranks, size, share, timeout, mpi_comm), reg)
   return make_communicators(eng, opened, ranks, size, local, check)
 
 
@@ -158,7 +158,10 @@ def unique_id(kind: str = "CUDA", engine: str | None = None) -> bytes:
   if spec.unique_id is None:
     from plugrt.errors import UnsupportedError
     raise UnsupportedError(f"the {spec.name} engine needs no shared id", "use from_env or from_mpi")
-  return spec.unique_id(registry.context)  # the plugin reads its settings (PLUGRT_NCCL_LIBRARY) there, as a probe does
+  rec = next((r for s, r in engines(registry) if s is spec), None)
+  # the plugin reads its settings (PLUGRT_NCCL_LIBRARY) from the context, as a probe does; it runs as an open does (PLUGRT_OPEN_TIMEOUT)
+  if rec is None: return spec.unique_id(registry.context)
+  return registry.run_plugin(rec, f"making a unique id for collective engine {spec.name}", spec.unique_id, registry.context)
 
 
 def from_id(uid: bytes, rank: int, size: int, device: Any = None, *, engine: str | None = None, timeout: float | None = None,

@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from plugrt.errors import CollectiveUnavailable, Reason
+from plugrt.errors import CollectiveTimeout, CollectiveUnavailable, Reason
 from plugrt.hookspecs import CollectiveEngineSpec, Probe
 
 #: what a Call does; the index is the code the metadata check exchanges
@@ -111,10 +111,33 @@ def engines(registry: Any = None) -> list[tuple[CollectiveEngineSpec, Any]]:
 
 
 def engine_rows(registry: Any = None) -> list[dict[str, Any]]:
-  """One row per collective engine for `plugrt devices`: name, device, package, available, reason, detail, hint."""
+  """One row per collective engine for `plugrt devices`: name, device, package, available, reason, detail, hint; then
+  one row (engine "?") per plugin whose plugrt_collective_engines raised, overran its limit or returned garbage."""
   from plugrt.registry import current
   reg = (registry or current()).load()
-  return [{"engine": spec.name, **reg.declared_status("collective", spec, rec), "local": spec.local} for spec, rec in engines(reg)]
+  rows = [{"engine": spec.name, **reg.declared_status("collective", spec, rec), "local": spec.local} for spec, rec in engines(reg)]
+  return rows + [{"engine": "?", "device": "-", "package": rec.package, "available": False, "reason": p.reason.value if p.reason else None,
+                  "detail": p.detail, "hint": p.hint, "description": "", "local": False}
+                 for rec, p in reg.declaration_failures("plugrt_collective_engines")]
+
+
+def start(spec: CollectiveEngineSpec, request: EngineRequest, registry: Any = None) -> Any:
+  """spec.open(request). A plugin's factory runs as its device opens do (on the worker, its output moved to stderr, the
+  registry refused to it), bounded by the request's timeout and a grace (a tenth of it and 1 s, so an engine that keeps
+  its own deadline reports its own CollectiveTimeout first): past that, CollectiveTimeout, and the plugin is stalled for
+  the process. The core's MPI engine bounds its own waits and runs here (MPI_Init belongs on the main thread)."""
+  from plugrt.registry import PluginTimeout, current
+  reg = (registry or current()).load()
+  rec = next((r for s, r in engines(reg) if s is spec), None)
+  if rec is None: return spec.open(request)
+  limit = request.timeout * 1.1 + 1
+  hint = (f"{spec.name}'s factory ignored the timeout: report this to {rec.package}'s authors; pick another engine (engine=), "
+          f"or PLUGRT_DISABLE={rec.entry}")
+  try: return reg.run_plugin(rec, f"opening collective engine {spec.name}", spec.open, request, limit=limit, variable="PLUGRT_DIST_TIMEOUT",
+                             hint=hint)
+  except PluginTimeout as e:
+    raise CollectiveTimeout(e.probe.detail + f" (the communicator's timeout is {request.timeout:g} s)", e.probe.hint,
+                            rank=request.ranks[0] if len(request.ranks) == 1 else None) from None
 
 
 def choose(kind: str, local: bool, engine: str | None, registry: Any = None) -> CollectiveEngineSpec:
@@ -128,7 +151,8 @@ def choose(kind: str, local: bool, engine: str | None, registry: Any = None) -> 
     if not chosen:
       from plugrt.errors import UnknownDeviceError, did_you_mean
       names = [e[0].name for e in found]
-      raise UnknownDeviceError(f"no collective engine is named {engine}{did_you_mean(engine, names)}", f"engines: {', '.join(names)}")
+      also = "".join(f"; plugin {rec.entry} declared none: {p.detail}" for rec, p in reg.declaration_failures("plugrt_collective_engines"))
+      raise UnknownDeviceError(f"no collective engine is named {engine}{did_you_mean(engine, names)}", f"engines: {', '.join(names)}{also}")
   else: chosen = found
   reasons: dict[str, str] = {}
   first: tuple[Reason, str] | None = None
@@ -141,6 +165,9 @@ def choose(kind: str, local: bool, engine: str | None, registry: Any = None) -> 
     else: return spec
     reasons[spec.name] = why[1] + (f" (fix: {why[2]})" if why[2] else "")
     if first is None or (first[0] is Reason.NO_DEVICE and why[0] is not Reason.NO_DEVICE): first = (why[0], why[2])
+  if engine is None:
+    for rec, p in reg.declaration_failures("plugrt_collective_engines"):  # plugins whose engines are missing: say why
+      reasons[f"plugin {rec.entry}"] = p.detail + (f" (fix: {p.hint})" if p.hint else "")
   detail = "; ".join(f"{n}: {r}" for n, r in reasons.items())
   assert first is not None
   raise CollectiveUnavailable(f"no collective engine can serve {kind} {'in one process' if local else 'across processes'} ({detail})",

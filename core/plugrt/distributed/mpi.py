@@ -8,6 +8,8 @@ reductions (MPI has no such types) gather the ranks' data and reduce it in float
 from __future__ import annotations
 
 import ctypes
+import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,8 +38,6 @@ def _skip_finalize() -> None:
   if _exit_hooked: return
   _exit_hooked = True
   import atexit
-  import os
-  import sys
 
   def leave() -> None:  # atexit runs handlers last-registered first: this one before mpi4py's finalisation
     sys.stderr.write("plugrt.distributed: exiting without MPI_Finalize (a collective timed out: it would wait for the lost rank)\n")
@@ -52,6 +52,9 @@ class MPIEngine(Engine):
   name = "MPI"
 
   def __init__(self, request: EngineRequest):
+    if request.mpi_comm is None and "mpi4py.MPI" not in sys.modules:  # importing it runs MPI_Init, unbounded: meet the ranks first
+      from plugrt.distributed.rendezvous import before_mpi_init
+      before_mpi_init(request.ranks[0], request.world_size, os.environ, request.timeout)
     MPI = self.MPI = _mpi()
     import numpy as np
     self.np = np

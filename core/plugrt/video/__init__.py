@@ -86,10 +86,21 @@ def _probe(reg: Any, d: DecoderRecord) -> Probe:
 
 
 def decoder_rows(registry: Any = None) -> list[dict[str, Any]]:
-  """One row per decoder for `plugrt devices`: name, device, package, available, reason, detail, hint."""
+  """One row per decoder for `plugrt devices`: name, device, package, available, reason, detail, hint; then one row
+  (decoder "?") per plugin whose plugrt_video_decoders raised, overran its limit or returned garbage."""
   from plugrt.registry import current
   reg = (registry or current()).load()
-  return [{"decoder": d.spec.name, **reg.declared_status("video", d.spec, d.plugin), "codecs": list(d.spec.codecs)} for d in decoders(reg)]
+  rows = [{"decoder": d.spec.name, **reg.declared_status("video", d.spec, d.plugin), "codecs": list(d.spec.codecs)} for d in decoders(reg)]
+  return rows + [{"decoder": "?", "device": "-", "package": rec.package, "available": False, "reason": p.reason.value if p.reason else None,
+                  "detail": p.detail, "hint": p.hint, "description": "", "codecs": []}
+                 for rec, p in reg.declaration_failures("plugrt_video_decoders")]
+
+
+def _start(reg: Any, d: DecoderRecord, dev: Any, stream: bytes, info: Any, options: dict[str, Any]) -> Any:
+  """spec.open of decoder `d`: a plugin's runs as its device opens do (PLUGRT_OPEN_TIMEOUT; a hang is Reason.TIMED_OUT,
+  and the automatic choice moves on); the core's own (PyAV) runs here."""
+  if d.plugin is None: return d.spec.open(dev, stream, info, options)
+  return reg.run_plugin(d.plugin, f"opening video decoder {d.spec.name}", d.spec.open, dev, stream, info, options)
 
 
 def _open(stream: bytes, device: Any, decoder: str | None, options: dict[str, Any]) -> tuple[Any, Any]:
@@ -101,12 +112,14 @@ def _open(stream: bytes, device: Any, decoder: str | None, options: dict[str, An
   info = hevc.scan(stream)
   reg = current().load()
   found = decoders(reg)
+  failed = {f"plugin {rec.entry}": p for rec, p in reg.declaration_failures("plugrt_video_decoders")}  # declarations that are missing
   if decoder is not None:
     chosen = [d for d in found if d.spec.name == decoder.upper()]
     if not chosen:
       from plugrt.errors import did_you_mean
       names = [d.spec.name for d in found]
-      raise UnknownDeviceError(f"no video decoder is named {decoder}{did_you_mean(decoder, names)}", f"video decoders: {', '.join(names)}")
+      also = "".join(f"; {who} declared none: {p.detail}" for who, p in failed.items())
+      raise UnknownDeviceError(f"no video decoder is named {decoder}{did_you_mean(decoder, names)}", f"video decoders: {', '.join(names)}{also}")
   else: chosen = [d for d in found if d.hardware]
   want = None if device is None else (device.name if hasattr(device, "name") else str(device).split(":")[0].split("+")[-1].upper())
   reasons: dict[str, str] = {}
@@ -121,13 +134,17 @@ def _open(stream: bytes, device: Any, decoder: str | None, options: dict[str, An
     else:
       try:
         dev = _device(device if device is not None else (spec.device or None))
-        return spec.open(dev, bytes(stream), info, options), dev
+        return _start(reg, d, dev, bytes(stream), info, options), dev
       except VideoDecoderUnavailable as e: why = (e.reason, e.message, e.hint)
       except VideoStreamError: raise
       except PlugrtError as e: why = (getattr(e, "reason", Reason.OPEN_FAILED), e.message, e.hint)
     reasons[spec.name] = why[1] + (f" (fix: {why[2]})" if why[2] else "")
     if first is None: first = (why[0], why[2])
-  if not chosen: reasons["-"] = "no hardware video decoder is installed"
+  if decoder is None:
+    for who, p in failed.items():
+      reasons[who] = p.detail + (f" (fix: {p.hint})" if p.hint else "")
+      if first is None: first = (p.reason or Reason.HOOK_ERROR, p.hint)
+  if not chosen and not failed: reasons["-"] = "no hardware video decoder is installed"
   detail = "; ".join(f"{k}: {v}" for k, v in reasons.items())
   raise VideoDecoderUnavailable(f"no video decoder can decode this stream here ({detail})", first[0] if first else Reason.NOT_INSTALLED,
                                 'install plugrt-cuda on an NVIDIA GPU machine, or decode in software: fallback=lambda err: '

@@ -78,7 +78,7 @@ def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any =
     raise DeviceUnavailable(f"{device.canonical} through PCI: {len(gpus)} AMD GPU function(s) on PCI", Reason.NO_DEVICE,
                             "DEV=PCI+AMD:<index> with an index below that" if gpus else "run on a machine with an AMD GPU")
   address, _, _, driver = gpus[device.index]
-  if not device.context.flag(ACK):
+  if not device.context.acknowledged(ACK):
     bound = f"; {address} is bound to {driver}: without {ACK}=1 plugrt never unbinds it" if driver else ""
     cmd = f" (to unbind it yourself: echo {address} | sudo tee {root}/{address}/driver/unbind)" if driver else ""
     raise AcknowledgementRequired(f"{device.canonical} through PCI: {WOULD}, and {ACK}=1 is not set{bound}",

@@ -83,7 +83,7 @@ def open_usb(device: DeviceInfo, transport: Any = None, root: str = USB_DEVICES,
   by default libusb."""
   from plugrt.errors import DeviceUnavailable
   from plugrt_amd.device import AcknowledgementRequired
-  if not device.context.flag(ACK):
+  if not device.context.acknowledged(ACK):
     raise AcknowledgementRequired(f"{device.canonical} through USB: {WOULD}, and {ACK}=1 is not set", f"set {ACK}=1 to accept that; or {HINT}")
   own = transport is None
   if own:
