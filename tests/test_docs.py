@@ -1,4 +1,5 @@
-"""The documentation: its examples run, its links point at files that exist, and CI runs the README's test command."""
+"""The documentation: its examples run, its links point at files and headings that exist, and CI runs the README's
+commands."""
 import os
 import re
 import subprocess
@@ -10,15 +11,42 @@ import pytest
 from plugrt import Device
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted(REPO.glob("examples/*/README.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted(REPO.glob("examples/*/README.md"))]
+
+
+def _prose(text: str) -> str: return re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", text, flags=re.S))  # code is not links
+
+
+def heading_anchors(text: str) -> set[str]:
+  """The anchors GitHub gives a Markdown file's headings: the heading's text as rendered (code and link text kept,
+  their markup gone), lower-cased, every character but letters, digits, _, - and spaces dropped, each space a '-';
+  a repeated anchor gets -1, -2, ... in order."""
+  out, seen = set(), {}
+  for heading in re.findall(r"^#{1,6}[ \t]+(.*?)[ \t]*#*[ \t]*$", re.sub(r"```.*?```", "", text, flags=re.S), re.M):
+    heading = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
+    slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+    n = seen.get(slug, 0)
+    seen[slug] = n + 1
+    out.add(slug if n == 0 else f"{slug}-{n}")
+  return out
+
+
+def test_heading_anchors_follow_githubs_rules():
+  text = "# Set up\n## Issue 17: first hit, 2026-11-25 (fourth session)\n## `plugrt.video` and [links](x.md)\n## Set up\n" \
+         "## Import + discovery\n```\n# not a heading\n```\n"
+  assert heading_anchors(text) == {"set-up", "issue-17-first-hit-2026-11-25-fourth-session", "plugrtvideo-and-links", "set-up-1",
+                                   "import--discovery"}
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
-def test_links_point_at_files(doc: Path):
-  prose = re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", doc.read_text(), flags=re.S))  # code is not links
-  for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", prose):
-    if "://" in target: continue
-    assert (doc.parent / target).exists(), f"{doc.name} links to {target}, which does not exist"
+def test_links_point_at_files_and_headings(doc: Path):
+  prose = _prose(doc.read_text())
+  for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", prose):
+    if "://" in target or target.startswith("mailto:"): continue
+    path = doc.parent / target if target else doc
+    assert path.exists(), f"{doc.name} links to {target}, which does not exist"
+    if anchor and path.suffix == ".md":
+      assert anchor in heading_anchors(path.read_text()), f"{doc.name} links to {target}#{anchor}: {path.name} has no such heading"
 
 
 def test_ci_runs_the_readme_test_command():
