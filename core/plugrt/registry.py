@@ -40,7 +40,7 @@ GROUP = "plugrt"
 FIRST_PARTY: dict[str, tuple[str, dict[str, str]]] = {
   "CPU": ("plugrt-cpu", {"CLANG": "CPU:CLANG", "LLVM": "CPU:LLVM"}),
   "CUDA": ("plugrt-cuda", {}),
-  "NV": ("plugrt-nv", {}),
+  "NV": ("plugrt-nv plugrt-nv-nvk", {}),  # the device package and its kernel-driver interface
   "AMD": ("plugrt-amd plugrt-amd-kfd", {}),  # the device package and its kernel-driver interface
   "QCOM": ("plugrt-qcom", {}),
   "METAL": ("plugrt-metal", {}),
