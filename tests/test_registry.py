@@ -317,7 +317,8 @@ def test_first_party_backends_not_installed(name):
   with isolated(["plugrt.reference", "plugrt_cpu"]) as reg:
     br = reg.load().backends[name]
     assert br.reason is Reason.NOT_INSTALLED and br.spec is None
-    dists = [f"plugrt-{name.lower()}"] + {"WEBGPU": ["plugrt-webgpu-wgpu"], "AMD": ["plugrt-amd-kfd"], "NV": ["plugrt-nv-nvk"]}.get(name, [])  # an engine, an interface
+    extra = {"WEBGPU": ["plugrt-webgpu-wgpu"], "AMD": ["plugrt-amd-kfd"], "NV": ["plugrt-nv-nvk"]}  # an engine, an interface
+    dists = [f"plugrt-{name.lower()}"] + extra.get(name, [])
     assert br.detail == f"plugrt-{name.lower()} is not installed" and br.hint == install_hint(*dists)
     assert br.hint.startswith("pip install ")
     assert name not in reg.available()
