@@ -1,17 +1,90 @@
 #!/usr/bin/env bash
-# Install plugrt with the backends that run on a machine without a GPU, on a fresh Debian/Ubuntu machine.
-#   bash scripts/setup.sh          the runtime: clang, binutils, PoCL and Mesa (apt); plugrt, plugrt-cpu, plugrt-cl,
-#                                  plugrt-webgpu with both engines, plugrt-cuda, plugrt-nv and plugrt-amd with their interfaces
-#                                  (and plugrt-nvidia-toolchain, which both of those require), plugrt-metal ("Metal needs macOS" here; its
-#                                  renderer and Objective-C layer are tested), plugrt-qcom ("no device" without an Adreno; its KGSL layer
-#                                  runs against a fake KGSL)
-#                                  (pip; CUDA and NV stay "no device" without a GPU, but their compilers are tested)
-#   bash scripts/setup.sh --test   the same, plus what the test suite needs
+# Install plugrt with the backends this machine can run, on a fresh Debian/Ubuntu machine.
+#   bash scripts/setup.sh            the runtime: clang, binutils, PoCL and Mesa (apt); plugrt, plugrt-cpu, plugrt-cl and
+#                                    plugrt-webgpu with both engines (pip), and the backends whose device this machine can
+#                                    have: plugrt-cuda and plugrt-nv with its interfaces (and plugrt-nvidia-toolchain, which
+#                                    both require) where /dev/nvidia* or libcuda is, plugrt-amd with its interfaces where
+#                                    /dev/kfd or an AMD GPU on PCI is, plugrt-qcom where /dev/kgsl-3d0 is, plugrt-metal on
+#                                    macOS. It says what it skipped and the one command that adds each.
+#   bash scripts/setup.sh --all      every backend, also those this machine cannot run (their compilers and renderers work)
+#   bash scripts/setup.sh --test     every backend (the test suite runs each against its fake), plus what the tests need
+#   --dry-run (with any of those)    print what would be installed and skipped, and install nothing
 # pip installs into the active virtual or conda environment, or else into .venv in this checkout (scripts/env.sh);
 # scripts/run COMMAND runs a command there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
+MODE=default
+DRY=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) MODE=test ;;
+    --all) MODE=all ;;
+    --dry-run) DRY=1 ;;
+    *) echo "scripts/setup.sh: unknown option $arg (options: --all, --test, --dry-run)" >&2; exit 2 ;;
+  esac
+done
+
+# The backends by the folders pip installs (a requirement one of them provides, plugrt-nvidia-toolchain, comes first),
+# and whether this machine can have their device: the same facts their probes look at, read without Python.
+BASE="./core ./plugins/ops_cpu ./plugins/ops_cl ./plugins/ops_webgpu ./plugins/ops_webgpu/iface_wgpu ./plugins/ops_webgpu/iface_dawn"
+folders() {
+  case "$1" in
+    CUDA) echo "./plugins/ops_cuda/toolchain ./plugins/ops_cuda" ;;
+    NV) echo "./plugins/ops_cuda/toolchain ./plugins/ops_nv ./plugins/ops_nv/iface_nvk ./plugins/ops_nv/iface_pci" ;;
+    AMD) echo "./plugins/ops_amd ./plugins/ops_amd/iface_kfd ./plugins/ops_amd/iface_pci ./plugins/ops_amd/iface_usb" ;;
+    METAL) echo "./plugins/ops_metal" ;;
+    QCOM) echo "./plugins/ops_qcom" ;;
+  esac
+}
+nvidia_here() {
+  ls /dev/nvidiactl /dev/nvidia[0-9]* >/dev/null 2>&1 && return 0
+  local ldc
+  for ldc in "$(command -v ldconfig || true)" /sbin/ldconfig /usr/sbin/ldconfig; do
+    [ -x "$ldc" ] && "$ldc" -p 2>/dev/null | grep -qE '^[[:space:]]*libcuda\.so' && return 0
+  done
+  return 1
+}
+amd_here() {
+  [ -e /dev/kfd ] && return 0
+  local d
+  for d in /sys/bus/pci/devices/*; do
+    [ "$(cat "$d/vendor" 2>/dev/null)" = 0x1002 ] && case "$(cat "$d/class" 2>/dev/null)" in 0x03*|0x12*) return 0 ;; esac
+  done
+  return 1
+}
+# why a backend's device cannot be here, or nothing when it can
+absent() {
+  case "$1" in
+    CUDA|NV) nvidia_here || echo "no /dev/nvidia* and no libcuda: no NVIDIA GPU or driver" ;;
+    AMD) amd_here || echo "no /dev/kfd and no AMD GPU on PCI" ;;
+    METAL) [ "$(uname -s)" = Darwin ] || echo "Metal needs macOS" ;;
+    QCOM) [ -e /dev/kgsl-3d0 ] || echo "no /dev/kgsl-3d0: no Adreno GPU" ;;
+  esac
+}
+FOLDERS_NOW="$BASE"
+SKIPPED=()
+for b in CUDA NV AMD METAL QCOM; do
+  why=$(absent "$b")
+  if [ "$MODE" != default ] || [ -z "$why" ]; then FOLDERS_NOW="$FOLDERS_NOW $(folders "$b")"; else SKIPPED+=("$b|$why"); fi
+done
+FOLDERS_NOW=$(echo "$FOLDERS_NOW" | tr ' ' '\n' | awk '!seen[$0]++' | tr '\n' ' ')
+skipped_report() {
+  [ ${#SKIPPED[@]} -gt 0 ] || return 0
+  echo "skipped, as this machine cannot run them (their packages stay uninstalled; add one with its command):"
+  local s
+  for s in "${SKIPPED[@]}"; do
+    echo "  ${s%%|*}: ${s#*|}"
+    echo "      scripts/run python3 -m pip install $(folders "${s%%|*}")"
+  done
+  echo "  or every backend: bash scripts/setup.sh --all"
+}
+if [ "$DRY" = 1 ]; then
+  echo "would install: $FOLDERS_NOW"
+  [ "$MODE" = test ] && echo "would install: -r requirements-test.txt"
+  skipped_report
+  exit 0
+fi
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 # clang: the CPU backend; PoCL: OpenCL on the CPU; Mesa's lavapipe (Vulkan) and llvmpipe (OpenGL): WebGPU on the CPU;
@@ -41,11 +114,9 @@ if [ "$KIND" = venv ]; then
 fi
 PIP="$PY -m pip install -q --disable-pip-version-check"
 # one pip call: a requirement that one of these folders provides (plugrt, plugrt-nvidia-toolchain) is taken from it
-$PIP ./core ./plugins/ops_cpu ./plugins/ops_cl ./plugins/ops_cuda/toolchain ./plugins/ops_cuda \
-  ./plugins/ops_webgpu ./plugins/ops_webgpu/iface_wgpu ./plugins/ops_webgpu/iface_dawn \
-  ./plugins/ops_nv ./plugins/ops_nv/iface_nvk ./plugins/ops_nv/iface_pci \
-  ./plugins/ops_amd ./plugins/ops_amd/iface_kfd ./plugins/ops_amd/iface_pci ./plugins/ops_amd/iface_usb ./plugins/ops_metal ./plugins/ops_qcom
-if [ "${1:-}" = "--test" ]; then
+# shellcheck disable=SC2086
+$PIP $FOLDERS_NOW
+if [ "$MODE" = test ]; then
   $PIP -r requirements-test.txt
 fi
 if [ "$KIND" = venv ]; then
@@ -53,3 +124,4 @@ if [ "$KIND" = venv ]; then
 else
   echo "plugrt is installed in $($PY -c 'import sys; print(sys.prefix)')"
 fi
+skipped_report

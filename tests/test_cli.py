@@ -39,10 +39,34 @@ def test_devices_json_and_env_selection():
 def test_devices_reports_a_bad_environment_but_still_lists():
   r = plugrt("devices", env={"CPU": "1", "PYTHON": "1"})
   assert r.returncode == 2
-  assert "environment: CPU=1 and PYTHON=1 ask for different default devices" in r.stdout
-  assert "default device: none" in r.stdout
+  assert r.stderr.startswith("plugrt: environment: CPU=1 and PYTHON=1 ask for different default devices")  # an error: stderr
+  assert "default device: none" in r.stdout and "ask for different" not in r.stdout
   j = plugrt("devices", "--json", env={"CPU": "1", "PYTHON": "1"})
   assert j.returncode == 2 and "ask for different default devices" in json.loads(j.stdout)["environment_error"]
+  assert "ask for different default devices" in j.stderr
+
+
+@pytest.mark.parametrize("cmd", [("devices",), ("devices", "--json"), ("doctor", "--device", "PYTHON"), ("bench", "--json", "--device", "PYTHON"),
+                                 ("doctor",)])
+@pytest.mark.parametrize("env", [{"CPU": "1", "PYTHON": "1"}, {"DEV": "PYTHON:1"}, {"DEV": "CUDDA"}])
+def test_errors_go_to_stderr_and_json_stays_pure(cmd, env):
+  """An environment error (two defaults, an index that does not exist, an unknown device) goes to stderr in every
+  command, exit 2; stdout holds the result alone (strict JSON with --json)."""
+  if cmd == ("doctor",) and env != {"DEV": "PYTHON:1"}: pytest.skip("the same path as doctor --device PYTHON")
+  if cmd[0] == "bench" and env == {"DEV": "PYTHON:1"}: pytest.skip("bench measures the devices named, whatever the default")
+  r = plugrt(*cmd, env=env)
+  assert r.returncode == 2, r.stdout + r.stderr
+  assert r.stderr.startswith("plugrt: "), r.stderr
+  error = r.stderr.splitlines()[0].removeprefix("plugrt: ").removeprefix("environment: ").split(" (fix: ")[0]
+  if cmd == ("devices", "--json"): assert json.loads(r.stdout, parse_constant=_refuse)["environment_error"].startswith(error)
+  elif "--json" in cmd: assert r.stdout == ""  # no result to write: nothing on stdout, not a half document
+  else: assert error not in r.stdout, r.stdout
+
+
+def test_an_index_that_does_not_exist_lists_the_indices_that_do():
+  r = plugrt("devices", "--json", env={"DEV": "PYTHON:1"})
+  err = json.loads(r.stdout)["environment_error"]
+  assert "PYTHON:1 does not exist: PYTHON has 1 device here" in err and "available: PYTHON:0" in err, err
 
 
 @pytest.mark.parametrize("cmd", [("devices",), ("doctor",), ("bench", "--quick", "--device", "PYTHON"), ("bench", "--json")])
@@ -64,13 +88,40 @@ def test_missing_compiler_is_explained():
 def test_doctor_runs_kernels_on_every_device():
   r = plugrt("doctor", "--device", "PYTHON", "--device", "CPU")
   assert r.returncode == 0, r.stdout + r.stderr
-  assert "PYTHON:PY" in r.stdout and "CPU:CLANG" in r.stdout and r.stdout.count(": ok in") >= 2
+  lines = r.stdout.splitlines()
+  assert lines[0].startswith("devices ready: ") and "CPU (default)" in lines[0] and "PYTHON" in lines[0]  # the verdict first
+  assert lines[1].startswith("kernels passed: ") and "PYTHON:PY" in lines[1] and "CPU:CLANG" in lines[1]
+  assert ": ok in" not in r.stdout and "plugrt doctor --verbose" in lines[-1]  # the figures are behind --verbose
+  v = plugrt("doctor", "--verbose", "--device", "PYTHON", "--device", "CPU")
+  assert v.returncode == 0 and v.stdout.splitlines()[:2] == lines[:2]
+  assert "DEVICE  PACKAGE" in v.stdout and v.stdout.count(": ok in") >= 2 and "video decoders" in v.stdout
+
+
+def test_doctor_is_short_with_one_line_per_unavailable_backend():
+  r = plugrt("doctor", "--device", "PYTHON")
+  assert r.returncode == 0, r.stdout + r.stderr
+  rows = {b["device"]: b for b in json.loads(plugrt("devices", "--json").stdout)["backends"]}
+  missing = [d for d, b in rows.items() if not b["available"]]
+  body = r.stdout.split("\nunavailable:\n")[1].split("\n\n")[0].splitlines() if missing else []
+  assert [line.split()[0] for line in body] == missing
+  for line in body:
+    row = rows[line.split()[0]]
+    assert row["detail"] in line and (not row["hint"] or f"fix: {row['hint']}" in line)
+  assert len(r.stdout.splitlines()) <= 6 + len(missing), r.stdout  # the verdict, the unavailable, the pointer to --verbose
+
+
+def test_doctor_and_devices_list_a_mistyped_device_variable():
+  r = plugrt("doctor", "--device", "PYTHON", env={"CUDAA": "1"})
+  assert r.returncode == 0 and "warning: CUDAA=1 is not a device; did you mean CUDA=1?" in r.stdout.split("\n\n")[0], r.stdout
+  assert "EnvWarning" not in r.stderr  # listed, not warned of a second time
+  d = plugrt("devices", "--json", env={"CLL": "1"})
+  assert json.loads(d.stdout)["environment_warnings"] == ["CLL=1 is not a device; did you mean CL=1?"]
 
 
 def test_named_unavailable_device_fails_loudly():
   r = plugrt("doctor", env={"DEV": "CUDDA"})
   assert r.returncode == 2
-  assert r.stdout.count("did you mean CUDA") == 1
+  assert r.stderr.count("did you mean CUDA") == 1 and "did you mean" not in r.stdout
 
 
 def _device_error(name: str) -> str:

@@ -1,4 +1,5 @@
-"""The documentation: its examples run, its links point at files that exist, and CI runs the README's test command."""
+"""The documentation: its examples run, its links point at files and headings that exist, and CI runs the README's
+commands."""
 import os
 import re
 import subprocess
@@ -10,26 +11,83 @@ import pytest
 from plugrt import Device
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted(REPO.glob("examples/*/README.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted(REPO.glob("examples/*/README.md"))]
+
+
+def _prose(text: str) -> str: return re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", text, flags=re.S))  # code is not links
+
+
+def heading_anchors(text: str) -> set[str]:
+  """The anchors GitHub gives a Markdown file's headings: the heading's text as rendered (code and link text kept,
+  their markup gone), lower-cased, every character but letters, digits, _, - and spaces dropped, each space a '-';
+  a repeated anchor gets -1, -2, ... in order."""
+  out, seen = set(), {}
+  for heading in re.findall(r"^#{1,6}[ \t]+(.*?)[ \t]*#*[ \t]*$", re.sub(r"```.*?```", "", text, flags=re.S), re.M):
+    heading = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
+    slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+    n = seen.get(slug, 0)
+    seen[slug] = n + 1
+    out.add(slug if n == 0 else f"{slug}-{n}")
+  return out
+
+
+def test_heading_anchors_follow_githubs_rules():
+  text = "# Set up\n## Issue 17: first hit, 2026-11-25 (fourth session)\n## `plugrt.video` and [links](x.md)\n## Set up\n" \
+         "## Import + discovery\n```\n# not a heading\n```\n"
+  assert heading_anchors(text) == {"set-up", "issue-17-first-hit-2026-11-25-fourth-session", "plugrtvideo-and-links", "set-up-1",
+                                   "import--discovery"}
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
-def test_links_point_at_files(doc: Path):
-  prose = re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", doc.read_text(), flags=re.S))  # code is not links
-  for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", prose):
-    if "://" in target: continue
-    assert (doc.parent / target).exists(), f"{doc.name} links to {target}, which does not exist"
+def test_links_point_at_files_and_headings(doc: Path):
+  prose = _prose(doc.read_text())
+  for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", prose):
+    if "://" in target or target.startswith("mailto:"): continue
+    path = doc.parent / target if target else doc
+    assert path.exists(), f"{doc.name} links to {target}, which does not exist"
+    if anchor and path.suffix == ".md":
+      assert anchor in heading_anchors(path.read_text()), f"{doc.name} links to {target}#{anchor}: {path.name} has no such heading"
 
 
-def test_ci_runs_the_readme_test_command():
+def _system_python_first(command: str) -> str:
+  """A README command as CI runs it in a fresh clone: with Debian's externally managed python3 first on PATH."""
+  return re.sub(r"(?<![\w/])(bash scripts/|scripts/run )", r"PATH=/usr/bin:$PATH \1", command)
+
+
+def test_ci_runs_the_readme_commands():
+  """The set-up section's commands: the install-and-doctor one and the test one (the two set-up commands), then the
+  one that adds backends from the wheelhouse. CI runs the test command, and the other two in a fresh clone with the
+  system python3 first on PATH."""
   readme = (REPO / "README.md").read_text()
   setup = readme.split("## Set up on a fresh machine")[1].split("\n## ")[0]
   commands = re.findall(r"```sh\n(.*?)\n```", setup, re.S)
-  assert len(commands) == 2, "the README keeps exactly two set-up commands"
+  assert len(commands) == 3, "the README's set-up section keeps its two set-up commands and the one for extras"
+  first, test, extras = commands
+  assert first == "bash scripts/setup.sh && scripts/run plugrt doctor" and test.startswith("bash scripts/setup.sh --test && ")
+  assert "scripts/wheelhouse.sh" in extras and "--find-links dist 'plugrt[" in extras
   ci = (REPO / ".ci" / "run").read_text()
-  assert commands[1] in ci
-  em = "PATH=/usr/bin:$PATH "  # the first command too, with an externally managed python3 first on PATH
-  assert commands[0].replace("bash scripts/setup.sh", em + "bash scripts/setup.sh").replace("scripts/run", em + "scripts/run") in ci
+  assert test in ci
+  assert _system_python_first(first) in ci and _system_python_first(extras) in ci
+  assert _system_python_first(first) == "PATH=/usr/bin:$PATH bash scripts/setup.sh && PATH=/usr/bin:$PATH scripts/run plugrt doctor"
+
+
+def test_the_readme_links_the_guide_on_its_first_screen():
+  first_screen = "\n".join((REPO / "README.md").read_text().splitlines()[:24])
+  assert "](docs/guide.md)" in first_screen.split("## Set up")[0]
+
+
+@pytest.mark.parametrize("doc", [REPO / "README.md", REPO / "docs" / "guide.md"], ids=lambda p: p.name)
+def test_every_code_block_is_run(doc: Path):
+  """Every fenced block of the README and the guide runs somewhere: python blocks here (test_examples_run_on_every_device),
+  sh blocks in CI (.ci/run, as the README's set-up commands are), and only `text` blocks (a folder tree) run nowhere."""
+  blocks = re.findall(r"^```(\w*)\n(.*?)^```", doc.read_text(), re.S | re.M)
+  assert blocks
+  ci = (REPO / ".ci" / "run").read_text()
+  found = {code for d, _, code in EXAMPLES if d == doc.name}
+  for lang, code in blocks:
+    assert lang in ("python", "sh", "text"), f"{doc.name}: a ```{lang} block: say python, sh or text"
+    if lang == "python": assert code in found
+    if lang == "sh": assert code.strip() in ci or _system_python_first(code.strip()) in ci, f"{doc.name}: CI does not run\n{code}"
 
 
 def _examples() -> list[tuple[str, int, str]]:
@@ -61,7 +119,6 @@ def _run(code: str, path: Path, device: str, repeat: int = 1) -> subprocess.Comp
 def _refusal(code: str, device: str) -> str | None:
   """The documented error an example must raise on `device`, when the device refuses what it does (else None)."""
   if "from_blob" in code and not Device[device].allocator.supports_wrap: return f"UnsupportedError: {device} cannot wrap external memory"
-  if "dtypes.imagef" in code and not Device[device].allocator.supports_images: return f"UnsupportedError: {device} has no image support"
   return None
 
 

@@ -16,7 +16,7 @@ def test_doctor_prints_nothing_on_stderr(tmp_path, engine):
   env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
   # cold caches: plugrt's, and PoCL's and Mesa's (under XDG_CACHE_HOME), so that every compiler really runs
   env.update(PLUGRT_CACHE_DIR=str(tmp_path / "cache"), XDG_CACHE_HOME=str(tmp_path / "xdg-cache"), TMPDIR=str(tmp_path), WEBGPU_IFACE=engine)
-  r = subprocess.run([sys.executable, "-m", "plugrt", "doctor"], capture_output=True, text=True, env=env, timeout=600)
+  r = subprocess.run([sys.executable, "-m", "plugrt", "doctor", "--verbose"], capture_output=True, text=True, env=env, timeout=600)
   assert r.returncode == 0, r.stdout + r.stderr
   if "WEBGPU:WGSL" not in r.stdout: pytest.skip("WEBGPU has no device here")
   assert "WEBGPU:WGSL     saxpy" in r.stdout and "CL:CL" in r.stdout

@@ -194,7 +194,7 @@ def test_dsl_image_kernel(device):
   d = data.reshape(h, w, 4)
   want = d * [2, 2, 1, 1]
   want[..., 2] = np.concatenate([d[:, 1:], d[:, -1:]], axis=1)[..., 2]
-  assert np.array_equal(dst.numpy(), want)
+  assert np.array_equal(dst.numpy().reshape(h, w, 4), want)
 
 
 def test_dsl_rejects_image_misuse():
@@ -217,24 +217,40 @@ def test_dsl_rejects_image_misuse():
 
 @pytest.mark.parametrize("device", IMAGE_DEVICES)
 def test_image_tensors(device):
+  """An image tensor is a float tensor whose storage is an image (as in the seeds): it keeps the caller's shape, and
+  elementwise ops and reductions read its texels as float32 (imagef) or float16 (imageh) into plain tensors."""
   h, w = 3, 5
   data = np.arange(h * w * 4, dtype=np.float32)
   t = Tensor(data, dtype=dtypes.imagef((h, w)), device=device)
-  assert t.shape == (h, w, 4) and t.dtype is dtypes.imagef((h, w)) and np.array_equal(t.numpy(), data.reshape(h, w, 4))
-  cpu = t.to("CPU")  # no images there: a plain tensor of the texels
+  assert t.shape == (h * w * 4,) and t.dtype is dtypes.imagef((h, w)) and np.array_equal(t.numpy(), data)
+  t3 = Tensor(data.reshape(h, w, 4), dtype=dtypes.imagef((h, w)), device=device)
+  assert t3.shape == (h, w, 4) and np.array_equal(t3.numpy(), data.reshape(h, w, 4))
+  cpu = t3.to("CPU")  # no images there: a plain tensor of the texels
   assert cpu.dtype is dtypes.float32 and cpu.shape == (h, w, 4) and np.array_equal(cpu.numpy(), data.reshape(h, w, 4))
-  plain = t.cast(dtypes.float32)
+  one = t + 1
+  assert one.dtype is dtypes.float32 and one.shape == t.shape and np.array_equal(one.numpy(), data + 1)
+  assert one.realize().node.buffer.dtype is dtypes.float32  # the result is a plain buffer
+  assert t.sum().item() == data.sum() and t3.sum(axis=(0, 1)).tolist() == data.reshape(-1, 4).sum(axis=0).tolist()
+  assert np.array_equal((t3[:, 1:] * t3[:, :-1]).numpy(), data.reshape(h, w, 4)[:, 1:] * data.reshape(h, w, 4)[:, :-1])
+  plain = t3.cast(dtypes.float32)
   assert plain.dtype is dtypes.float32 and np.array_equal((plain * 2).numpy(), data.reshape(h, w, 4) * 2)
   back = plain.cast(dtypes.imageh((h, w)))
-  assert back.dtype is dtypes.imageh((h, w)) and np.array_equal(back.numpy(), data.reshape(h, w, 4).astype(np.float16))
-  with pytest.raises(UnsupportedError, match="cast"): t + 1
-  with pytest.raises(UnsupportedError, match="reduced"): t.sum()
+  assert back.dtype is dtypes.imageh((h, w)) and back.shape == (h, w, 4) and np.array_equal(back.numpy(), data.reshape(h, w, 4).astype(np.float16))
+  half = back * 2
+  assert half.dtype is dtypes.float16 and np.array_equal(half.numpy(), data.reshape(h, w, 4).astype(np.float16) * 2)
+  with pytest.raises(UnsupportedError, match="assign into an image tensor"): t.assign(0)
   with pytest.raises(ImageError, match="h\\*w\\*4"): Tensor(data[:-1], dtype=dtypes.imagef((h, w)), device=device)
-  assert "Tensor([[[" in repr(t) and "imagef_3x5" in repr(t)
+  assert "Tensor([[[" in repr(t3) and "imagef_3x5" in repr(t3)
   other = "PYTHON" if device == "CL" else "CL"
   if other in IMAGE_DEVICES:
     moved = t.to(other)
-    assert moved.dtype is t.dtype and np.array_equal(moved.numpy(), t.numpy())
+    assert moved.dtype is t.dtype and moved.shape == t.shape and np.array_equal(moved.numpy(), t.numpy())
+
+
+def test_image_tensors_refuse_where_the_device_has_no_images():
+  data = np.zeros(16, np.float32)
+  with pytest.raises(UnsupportedError, match="CPU has no image support"): Tensor(data, dtype=dtypes.imagef((2, 2)), device="CPU")
+  with pytest.raises(UnsupportedError, match="CPU has no image support"): Tensor(data, device="CPU").cast(dtypes.imagef((2, 2)))
 
 
 @pytest.mark.parametrize("device", IMAGE_DEVICES)
@@ -245,18 +261,19 @@ def test_image_tensor_from_blob(device):
   if not Device[device].allocator.supports_wrap: pytest.skip(f"{device} does not wrap host memory here")
   if device == "QCOM": pytest.skip("QCOM wraps host images only with 64-byte rows (this one's are 80): tested in plugins/ops_qcom")
   t = Tensor.from_blob(host.ctypes.data, (h * w * 4,), dtype=dtypes.imagef((h, w)), device=device, keepalive=host)
-  assert t.shape == (h, w, 4) and np.array_equal(t.numpy(), host.reshape(h, w, 4))
+  assert t.shape == (h * w * 4,) and np.array_equal(t.numpy(), host)
   host[5] = 99
-  assert t.numpy().reshape(-1)[5] == 99  # wrapped, not copied
+  assert t.numpy()[5] == 99 and (t + 1).numpy()[5] == 100  # wrapped, not copied
   dst = Tensor(np.zeros(h * w * 4, np.float32), dtype=dtypes.imagef((h, w)), device=device)
   _brighten[(1, h), (w, 1)](dst, t, 1.0)
-  assert dst.numpy()[0, 1, 1] == 99  # element 5: texel (x=1, y=0), channel g
+  assert dst.numpy().reshape(h, w, 4)[0, 1, 1] == 99  # element 5: texel (x=1, y=0), channel g
   out = np.zeros_like(host)  # a kernel writing into a wrapped image: its owner sees it once the device is synchronised
   wrapped_out = Tensor.from_blob(out.ctypes.data, (h, w, 4), dtype=dtypes.imagef((h, w)), device=device, keepalive=out)
   _brighten[(1, h), (w, 1)](wrapped_out, t, 2.0)
   Device[device].synchronize()
   assert out[5] == 198 and out[4] == 8
   _brighten[(1, h), (w, 1)](Tensor(out, dtype=dtypes.imagef((h, w)), device=device), dst, 1.0)  # the program lets go of them
+  (Tensor(out, dtype=dtypes.imagef((h, w)), device=device) + 1).numpy()  # so does the fused kernel that read t
   del t, wrapped_out
   import gc
   gc.collect()

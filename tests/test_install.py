@@ -127,6 +127,70 @@ def test_scripts_run_uses_the_active_venv_or_else_the_checkouts(tmp_path):
   assert where("/usr/bin").stdout.strip() == str(tmp_path / ".venv")
 
 
+# ---------------------------------------------------------------- scripts/setup.sh's choice of backends
+
+#: the folder each optional backend's package is in (setup.sh installs it with its interfaces)
+BACKEND_FOLDERS = {"CUDA": "./plugins/ops_cuda", "NV": "./plugins/ops_nv", "AMD": "./plugins/ops_amd", "METAL": "./plugins/ops_metal",
+                   "QCOM": "./plugins/ops_qcom"}
+ALWAYS = {"./core", "./plugins/ops_cpu", "./plugins/ops_cl", "./plugins/ops_webgpu", "./plugins/ops_webgpu/iface_wgpu",
+          "./plugins/ops_webgpu/iface_dawn"}
+
+
+def _setup_plan(*args: str) -> tuple[list[str], str]:
+  """(the folders `bash scripts/setup.sh --dry-run ARGS` would pip install, in order; its whole output)."""
+  r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "setup.sh"), "--dry-run", *args], capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0, r.stderr
+  first = r.stdout.splitlines()[0]
+  assert first.startswith("would install: "), r.stdout
+  return first.removeprefix("would install: ").split(), r.stdout
+
+
+def _devices_possible_here() -> dict[str, bool]:
+  """Whether this machine can have each optional backend's device, read the way setup.sh's header says it reads it."""
+  ldconfig = next((p for p in (shutil.which("ldconfig"), "/sbin/ldconfig", "/usr/sbin/ldconfig") if p and os.path.exists(p)), None)
+  libs = subprocess.run([ldconfig, "-p"], capture_output=True, text=True).stdout if ldconfig else ""
+  nvidia = bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/dev/nvidiactl") or any(
+    line.strip().startswith("libcuda.so") for line in libs.splitlines())
+  def read(path: str) -> str:
+    try:
+      with open(path) as f: return f.read().strip()
+    except OSError: return ""
+  amd = os.path.exists("/dev/kfd") or any(read(f"{d}/vendor") == "0x1002" and read(f"{d}/class")[:4] in ("0x03", "0x12")
+                                          for d in glob.glob("/sys/bus/pci/devices/*"))
+  return {"CUDA": nvidia, "NV": nvidia, "AMD": amd, "METAL": sys.platform == "darwin", "QCOM": os.path.exists("/dev/kgsl-3d0")}
+
+
+def test_setup_installs_the_backends_this_machine_can_run_and_names_the_rest():
+  folders, out = _setup_plan()
+  assert ALWAYS <= set(folders) and len(folders) == len(set(folders))
+  possible = _devices_possible_here()
+  for name, folder in BACKEND_FOLDERS.items():
+    assert (folder in folders) == possible[name], (name, folders)
+    if possible[name]: continue
+    lines = out.splitlines()
+    at = lines.index(next(line for line in lines if line.startswith(f"  {name}: ")))  # what it skipped, and why
+    add = lines[at + 1].strip()
+    assert add.startswith("scripts/run python3 -m pip install ") and folder in add.split(), add  # the one command that adds it
+    assert all(os.path.isdir(os.path.join(ROOT, f)) for f in add.split()[5:]), add
+    if name in ("CUDA", "NV"): assert add.split()[5] == "./plugins/ops_cuda/toolchain"  # what both require, first
+  if not all(possible.values()): assert "or every backend: bash scripts/setup.sh --all" in out
+  assert "plugins/ops_cuda/toolchain" not in " ".join(folders) or possible["CUDA"]
+
+
+@pytest.mark.parametrize("mode", ["--all", "--test"])
+def test_setup_all_and_test_install_every_backend(mode):
+  folders, out = _setup_plan(mode)
+  every = {"./" + f for f in DISTRIBUTIONS.values()}
+  assert set(folders) == every and "skipped" not in out  # every distribution of this repository: their fakes test them all
+  assert ("would install: -r requirements-test.txt" in out) == (mode == "--test")
+  assert folders.index("./plugins/ops_cuda/toolchain") < folders.index("./plugins/ops_cuda")
+
+
+def test_setup_refuses_an_unknown_option():
+  r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "setup.sh"), "--dry-run", "--gpu"], capture_output=True, text=True, timeout=60)
+  assert r.returncode == 2 and "unknown option --gpu" in r.stderr and r.stdout == ""
+
+
 # ---------------------------------------------------------------- the wheelhouse, for real
 
 #: what `plugrt devices --json` shows installed for each extra (the core's PYTHON always)

@@ -33,7 +33,7 @@ def test_index_error_names_the_count_and_the_devices(reg):
   msg = ei.value.message
   assert msg.startswith("MULTI:3 does not exist: MULTI has 2 devices here (indices 0-1: 2 fake GPUs)"), msg
   assert "MULTI:1 is Fake GPU B at 0000:19:00.0" in msg and ei.value.reason is Reason.NO_DEVICE
-  assert "below 2" in ei.value.hint
+  assert "below 2" in ei.value.hint and ei.value.available[:2] == ("MULTI:0", "MULTI:1")  # the indices that exist
   assert reg.open("MULTI:1") is not reg.open("MULTI:0")  # each index its own device
 
 

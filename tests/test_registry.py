@@ -317,7 +317,8 @@ def test_first_party_backends_not_installed(name):
   with isolated(["plugrt.reference", "plugrt_cpu"]) as reg:
     br = reg.load().backends[name]
     assert br.reason is Reason.NOT_INSTALLED and br.spec is None
-    dists = [f"plugrt-{name.lower()}"] + {"WEBGPU": ["plugrt-webgpu-wgpu"], "AMD": ["plugrt-amd-kfd"]}.get(name, [])  # an engine, an interface
+    extra = {"WEBGPU": ["plugrt-webgpu-wgpu"], "AMD": ["plugrt-amd-kfd"], "NV": ["plugrt-nv-nvk"]}  # an engine, an interface
+    dists = [f"plugrt-{name.lower()}"] + extra.get(name, [])
     assert br.detail == f"plugrt-{name.lower()} is not installed" and br.hint == install_hint(*dists)
     assert br.hint.startswith("pip install ")
     assert name not in reg.available()
@@ -607,7 +608,7 @@ def test_device_strings():
     assert cpu is Device["CPU"] is Device["CPU:0"] is Device[" Cpu "] and cpu.canonical == "CPU"
     with pytest.raises(DeviceUnavailable, match="CPU:1 does not exist: CPU has 1 device") as ei:
       Device["CPU:1"]
-    assert ei.value.reason is Reason.NO_DEVICE and ours(ei.value.available) == ["PYTHON"]
+    assert ei.value.reason is Reason.NO_DEVICE and ours(ei.value.available) == ["CPU:0", "PYTHON"]  # the index that exists, first
     with pytest.raises(UnknownDeviceError, match="'CPU:LLVM' is not a device name") as ui:
       Device["CPU:LLVM"]
     assert "DEV=CPU:LLVM" in ui.value.hint

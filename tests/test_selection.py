@@ -161,6 +161,70 @@ def test_unrelated_variables_are_ignored(env):
   assert sel(**env) == Selection()
 
 
+# ---------------------------------------------------------------- variables that read like mistyped requests
+
+@pytest.mark.parametrize(("env", "note"), [
+  ({"CUDAA": "1"}, "CUDAA=1 is not a device; did you mean CUDA=1?"),
+  ({"CLL": "1"}, "CLL=1 is not a device; did you mean CL=1?"),
+  ({"CDUA": "1"}, "CDUA=1 is not a device; did you mean CUDA=1?"),
+  ({"WEBGPUU": "1"}, "WEBGPUU=1 is not a device; did you mean WEBGPU=1?"),
+  ({"GPUU": "1"}, "GPUU=1 is not a device; did you mean GPU=1?"),  # an older name
+  ({"CLANGG": "1"}, "CLANGG=1 is not a device; did you mean CLANG=1?"),
+  ({"CPUU_LLVM": "1"}, "CPUU_LLVM=1 names no device; did you mean CPU_LLVM=1?"),
+  ({"CUDDA_PTX": "1"}, "CUDDA_PTX=1 names no device; did you mean CUDA_PTX=1?"),
+  ({"AMDD_IFACE": "PCI"}, "AMDD_IFACE=PCI names no device; did you mean AMD_IFACE=PCI?"),
+])
+def test_a_mistyped_device_variable_is_named_with_its_likely_intent(env, note):
+  s = sel(**env)
+  assert s.notes == (note,) and s.default is None and s == Selection()  # noted, and no request
+
+
+#: variables a real machine has (a CI runner, a CUDA box, a build shell): none of them reads as a mistyped request
+REALISTIC = {
+  "PATH": "/usr/local/bin:/usr/bin", "HOME": "/root", "CUDA_HOME": "/usr/local/cuda", "CUDA_VISIBLE_DEVICES": "1",
+  "CUDA_LAUNCH_BLOCKING": "1", "CUDA_MODULE_LOADING": "LAZY", "CC": "clang", "CXX": "clang++", "LLVM_CONFIG": "/usr/bin/llvm-config-19",
+  "GPU_DEVICE_ORDINAL": "1", "GPU_MAX_HW_QUEUES": "1", "CL_CONFIG_USE_VECTORIZER": "1", "CL_LOG_ERRORS": "stdout", "CI": "1",
+  "GITHUB_ACTIONS": "true", "V": "1", "DEBUG": "1", "VERBOSE": "1", "NO_COLOR": "1", "FORCE_COLOR": "1", "PYTHONUNBUFFERED": "1",
+  "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "SHLVL": "1", "NVIDIA_VISIBLE_DEVICES": "all", "NVCC": "1",
+  "HIP_VISIBLE_DEVICES": "1", "ROCR_VISIBLE_DEVICES": "1", "AMD_LOG_LEVEL": "1", "AMD_SERIALIZE_KERNEL": "1", "HSA_ENABLE_SDMA": "1",
+  "METAL_DEVICE_WRAPPER_TYPE": "1", "MTL_DEBUG_LAYER": "1", "POCL_DEVICES": "pthread", "OCL_ICD_VENDORS": "/etc/OpenCL/vendors",
+  "CPU": "0", "NV": "0", "NVK": "1", "WGPU": "1", "PCI": "1", "LANG": "C.UTF-8", "TERM": "xterm", "DEVICE": "CUDA", "CPU_COUNT": "1",
+  "cuda": "1", "JOBS": "1", "MAKEFLAGS": "-j2", "TPU": "1", "XLA_FLAGS": "--xla_gpu_autotune_level=1", "CUDNN": "1", "CU": "1",
+}
+
+
+def test_a_realistic_environment_reads_as_no_mistake():
+  assert sel(**REALISTIC).notes == () and sel(**REALISTIC) == Selection()
+  assert select(REALISTIC, FACTS).notes == ()
+
+
+def test_a_device_of_an_installed_plugin_is_no_mistake():
+  facts = [*FACTS, BackendFacts("CUDAA", ("X",))]  # a third party's device, one letter from CUDA
+  assert select({"CUDAA": "1"}, facts).notes == () and select({"CUDAA": "1"}, facts).default.device == "CUDAA"
+
+
+def test_the_registry_warns_of_a_mistyped_variable_once():
+  from plugrt.errors import EnvWarning
+  with pytest.warns(EnvWarning, match=r"plugrt: CUDAA=1 is not a device; did you mean CUDA=1\?") as record:
+    reg = real({"CUDAA": "1"})
+    assert reg.default == "CPU" and reg.selection.notes == ("CUDAA=1 is not a device; did you mean CUDA=1?",)
+    reg.selection  # noqa: B018  (made once: no second warning)
+  assert len([w for w in record if issubclass(w.category, EnvWarning)]) == 1
+
+
+def test_a_mistyped_variable_warns_once_on_stderr_and_the_program_runs():
+  import os
+  import subprocess
+  import sys
+  code = "from plugrt import Device, Tensor\nprint((Tensor([1, 2]) + 1).tolist(), Device.DEFAULT, Tensor([3]).tolist())"
+  env = {k: v for k, v in os.environ.items() if k not in ("DEV", "CPU", "CL", "PYTHON", "WEBGPU", "PLUGRT_DISABLE")}
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, "CUDAA": "1", "CLL": "1"}, timeout=120)
+  assert r.returncode == 0 and r.stdout.startswith("[2, 3] "), r.stderr
+  assert r.stderr.count("CUDAA=1 is not a device; did you mean CUDA=1?") == 1 and r.stderr.count("CLL=1 is not a device; did you mean CL=1?") == 1
+  quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**REALISTIC, **env}, timeout=120)
+  assert quiet.returncode == 0 and "EnvWarning" not in quiet.stderr, quiet.stderr
+
+
 @pytest.mark.parametrize(("var", "value"), [("CPU", "yes"), ("CPU", "2"), ("CPU", "true"), ("CPU_LLVM", "on"), ("LLVM", "2"), ("GPU", "-1")])
 def test_flags_are_0_or_1(var, value):
   with pytest.raises(EnvError) as ei:
@@ -271,8 +335,9 @@ def test_a_named_device_fails_loudly_with_reason_and_available(env, reason, mess
   with pytest.raises(DeviceUnavailable) as ei:
     _ = reg.default
   assert ei.value.reason is reason and message in str(ei.value)
-  assert set(ei.value.available or ()) <= {"CPU", "PYTHON"} and "PYTHON" in (ei.value.available or ())
+  assert set(ei.value.available or ()) <= {"CPU", "PYTHON", "CPU:0"} and "PYTHON" in (ei.value.available or ())
   assert "available: " in str(ei.value)
+  if env.get("DEV") == "CPU:1": assert ei.value.available[0] == "CPU:0"  # the index that exists is listed (issue 29, item 9)
 
 
 def test_automatic_choice_is_deterministic():

@@ -2,17 +2,21 @@
 
   plugrt devices [--json]     every backend plugrt knows of: package, version, status,
                               default, compilers, interfaces, and why it is unavailable
-  plugrt doctor               the devices, then a kernel run and checked on every
-                              available device and compiler
+  plugrt doctor [--verbose]   a kernel run and checked on every available device and
+                              compiler; first the verdict (devices ready, kernels passed),
+                              then each unavailable backend with its fix; --verbose adds
+                              the whole `devices` listing and each kernel's figures
   plugrt bench [--quick]      launch overhead, compile time, cache-hit time and copy
                               bandwidth for each available device and compiler
 
 `--device NAME` (doctor, bench) opens NAME as `Device[NAME]` does: an unknown or unavailable
 device fails with that same error. An environment error (CPU=1 with CL=1, DEV=CUDDA) concerns
-every device: it is reported once, and every command exits 2. A device that fails its kernels
-(doctor) or its measurements (bench) exits 1. Progress (a line per device and compiler) goes to stderr,
-and only when stderr is a terminal: stdout stays the result alone (`bench --json > out.json`),
-and logs of scripts stay clean.
+every device: it is reported once, on stderr, and every command exits 2. A device that fails its
+kernels (doctor) or its measurements (bench) exits 1. Errors go to stderr in every command; so does
+progress (a line per device and compiler), and only when stderr is a terminal: stdout stays the
+result alone (`devices --json`, `bench --json > out.json` stay strict JSON), and logs of scripts stay
+clean. A variable that reads like a mistyped device request (CUDAA=1) is listed by `devices` and
+`doctor` (plugrt.selection.mistyped); elsewhere plugrt warns of it once (EnvWarning).
 """
 from __future__ import annotations
 
@@ -24,9 +28,10 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from typing import Any, Iterator, Sequence
 
-from plugrt.errors import PlugrtError, Reason
+from plugrt.errors import EnvWarning, PlugrtError, Reason
 
 
 def _registry() -> Any:
@@ -91,6 +96,13 @@ def _video_rows() -> list[dict[str, Any]]:
     return [{"decoder": "?", "device": "-", "package": "-", "available": False, "reason": "hook error", "detail": str(e), "hint": ""}]
 
 
+def environment_notes() -> list[str]:
+  """The variables that read like mistyped device requests (CUDAA=1), each with the likely intent; none while the
+  environment has an error (that is reported instead)."""
+  try: return list(_registry().selection.notes)
+  except PlugrtError: return []
+
+
 def plugin_warnings() -> list[dict[str, str]]:
   """Each plugin's mistakes that did not stop it loading (an entry point's ignored attribute, ...), then each installed
   distribution discovery skipped because its metadata cannot be read (plugin, package and module empty)."""
@@ -148,16 +160,29 @@ def _print_extras(title: str, rows: list[dict[str, Any]], name: str) -> None:
           (f"\n      fix: {r['hint']}" if r["hint"] and not r["available"] else ""))
 
 
+def _environment_error(env_error: str) -> None:
+  print(f"plugrt: environment: {env_error}", file=sys.stderr)
+
+
 def cmd_devices(args: argparse.Namespace) -> int:
-  """The table; exits 2 when the environment leaves no usable default device (the table still lists everything)."""
+  """The table; exits 2 when the environment leaves no usable default device (the table still lists everything, and the
+  error goes to stderr)."""
   if args.json:  # strict JSON on stdout, whatever a plugin prints while it is imported or probed
     with _stdout_only_for_us() as out:
       rows, default, env_error = device_rows()
       videos, engines = _video_rows(), _collective_rows()
-    print(json.dumps({"default": default, "environment_error": env_error, "backends": rows, "plugin_warnings": plugin_warnings(),
-                      "video_decoders": videos, "collective_engines": engines}, indent=2), file=out)
+    if env_error: _environment_error(env_error)
+    print(json.dumps({"default": default, "environment_error": env_error, "environment_warnings": environment_notes(), "backends": rows,
+                      "plugin_warnings": plugin_warnings(), "video_decoders": videos, "collective_engines": engines}, indent=2), file=out)
     return 2 if env_error else 0
   rows, default, env_error = device_rows()
+  if env_error: _environment_error(env_error)
+  _print_devices(rows, default)
+  return 2 if env_error else 0
+
+
+def _print_devices(rows: list[dict[str, Any]], default: str | None) -> None:
+  """`plugrt devices`' listing on stdout: the table, what is here, why the rest is not, decoders, engines, warnings."""
   table = [("DEVICE", "PACKAGE", "VERSION", "STATUS", "DEFAULT", "COMPILERS", "INTERFACES")]
   for r in rows:
     status = (f"ready ({r['count']})" if r["count"] != 1 else "ready") if r["available"] else r["reason"] or "unavailable"
@@ -166,8 +191,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
   widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
   for row in table: print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
   print()
-  if env_error: print(f"environment: {env_error}\n")
   print(f"default device: {default or 'none'}   (* marks the default device and each device's default compiler)")
+  if notes := environment_notes():
+    print("\nenvironment (these variables do nothing):")
+    for n in notes: print(f"  warning: {n}")
   facts = [(r["device"], r["detail"], r["info"]) for r in rows if r["available"] and (r["detail"] or r["info"])]
   facts += [(f"{r['device']} interface {f['name']}", f["detail"], f["info"]) for r in rows for f in r["interfaces"] if f["ok"]]
   if facts:
@@ -175,12 +202,12 @@ def cmd_devices(args: argparse.Namespace) -> int:
     for what, detail, info in facts:
       print(f"  {what}: {detail}" + "".join(f"\n      {k}: {v}" for k, v in info.items()))
       for d in next((r["devices"] for r in rows if r["device"] == what and r["available"]), []): print("      " + _fmt_listing(what, d))
-  notes = [(r["device"], r["detail"], r["hint"]) for r in rows if not r["available"]]
-  notes += [(f"{r['device']} compiler {c['name']}", c["detail"], c["hint"]) for r in rows for c in r["compilers"] if c["ok"] is False]
-  notes += [(f"{r['device']} interface {f['name']}", f["detail"], f["hint"]) for r in rows for f in r["interfaces"] if not f["ok"]]
-  if notes:
+  unavailable = [(r["device"], r["detail"], r["hint"]) for r in rows if not r["available"]]
+  unavailable += [(f"{r['device']} compiler {c['name']}", c["detail"], c["hint"]) for r in rows for c in r["compilers"] if c["ok"] is False]
+  unavailable += [(f"{r['device']} interface {f['name']}", f["detail"], f["hint"]) for r in rows for f in r["interfaces"] if not f["ok"]]
+  if unavailable:
     print("\nwhy some are unavailable:")
-    for what, detail, hint in notes: print(f"  {what}: {detail}" + (f"\n      fix: {hint}" if hint else ""))
+    for what, detail, hint in unavailable: print(f"  {what}: {detail}" + (f"\n      fix: {hint}" if hint else ""))
   _print_extras("video decoders (plugrt.video)", _video_rows(), "decoder")
   _print_extras("collective engines (plugrt.distributed)", _collective_rows(), "engine")
   warnings = plugin_warnings()
@@ -190,7 +217,6 @@ def cmd_devices(args: argparse.Namespace) -> int:
   if (skipped := [w for w in warnings if not w["module"]]):
     print("\ninstalled distributions skipped (their metadata cannot be read; any plugrt plugin in them is not loaded):")
     for w in skipped: print(f"  warning: {w['warning']}")
-  return 2 if env_error else 0
 
 
 def _targets(only: Sequence[str] | None = None) -> list[tuple[str, str]]:
@@ -218,28 +244,25 @@ def _targets(only: Sequence[str] | None = None) -> list[tuple[str, str]]:
   return out
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
+class _KernelResult:
+  """One device and compiler's kernels in `plugrt doctor`: passed or not, and the line --verbose prints."""
+  __slots__ = ("target", "ok", "line")
+
+  def __init__(self, target: str, ok: bool, line: str): self.target, self.ok, self.line = target, ok, line
+
+
+def _run_doctor_kernels(targets: list[tuple[str, str]]) -> list[_KernelResult]:
+  """saxpy (checked against numpy) and a group reduction with barriers (checked against the interpreter) on each target."""
   import numpy as np
 
   from plugrt.device import Buffer, Device
   from plugrt.testing.kernels import reduce_case, run_case, saxpy_kernel
-  # a named device that cannot be used raises its typed error (exit 2) before the table, not under it
-  named = _targets(args.device) if args.device else None
-  env_status = cmd_devices(argparse.Namespace(json=False))  # prints an environment error, once
-  try: _registry().selection  # noqa: B018
-  except PlugrtError:
-    print("\nno kernels run: the environment error above stops every device from opening")
-    return 2
-  targets = named if named is not None else _targets()
-  print("\nrunning kernels:")
-  failures = 0
+  out_results = []
   n = 1 << 20
   x, y = np.arange(n, dtype=np.float32) / 7, np.ones(n, dtype=np.float32)
   for i, (name, compiler) in enumerate(targets):
     _progress(f"doctor: {name}:{compiler} ({i + 1}/{len(targets)})")
-    label = f"  {name}:{compiler}".ljust(18)
-    if name == "PYTHON": n_run = 4096  # pure Python: keep it short
-    else: n_run = n
+    n_run = 4096 if name == "PYTHON" else n  # pure Python: keep it short
     try:
       dev = Device[name]
       t0 = time.perf_counter()
@@ -247,17 +270,53 @@ def cmd_doctor(args: argparse.Namespace) -> int:
       t_build = time.perf_counter() - t0
       out, xb, yb = Buffer(dev, n_run, "float32"), Buffer.from_numpy(x[:n_run], dev), Buffer.from_numpy(y[:n_run], dev)
       t_run = prg(out, xb, yb, global_size=((n_run + 255) // 256, 1, 1), local_size=(256, 1, 1), vals=(2.0, n_run), wait=True)
-      ok = np.array_equal(out.numpy(), 2 * x[:n_run] + y[:n_run])
+      ok = bool(np.array_equal(out.numpy(), 2 * x[:n_run] + y[:n_run]))
       run_case(dev, reduce_case(), compiler)  # shared memory and barriers, checked against the interpreter
       gbs = 3 * 4 * n_run / t_run / 1e9 if t_run else 0.0
-      print(f"{label}saxpy of {n_run} floats: {'ok' if ok else 'WRONG RESULT'} in {t_run * 1e3:.3f} ms ({gbs:.1f} GB/s), "
-            f"built in {t_build * 1e3:.1f} ms; group reduction with barriers: ok")
-      failures += not ok
+      line = (f"saxpy of {n_run} floats: {'ok' if ok else 'WRONG RESULT'} in {t_run * 1e3:.3f} ms ({gbs:.1f} GB/s), "
+              f"built in {t_build * 1e3:.1f} ms; group reduction with barriers: ok")
     except Exception as e:  # report every device, then fail
-      failures += 1
-      print(f"{label}FAILED: {type(e).__name__}: {e}")
-  if not targets: print("  no device available (see above)")
-  return 1 if failures else env_status
+      ok, line = False, f"FAILED: {type(e).__name__}: {e}"
+    out_results.append(_KernelResult(f"{name}:{compiler}", ok, line))
+  return out_results
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+  """The verdict first (devices ready, kernels passed, variables that do nothing), then one line per unavailable
+  backend with its fix; --verbose then prints the whole `plugrt devices` listing and each kernel's figures."""
+  # a named device that cannot be used raises its typed error (exit 2) before anything is printed
+  named = _targets(args.device) if args.device else None
+  rows, default, env_error = device_rows()
+  if env_error: _environment_error(env_error)
+  try: _registry().selection  # noqa: B018
+  except PlugrtError:
+    print("plugrt: doctor: no kernels run: the environment error above stops every device from opening", file=sys.stderr)
+    results = None
+  else: results = _run_doctor_kernels(named if named is not None else _targets())
+  ready = [r["device"] + (" (default)" if r["default"] else "") + (f" x{r['count']}" if r["count"] > 1 else "") for r in rows if r["available"]]
+  print(f"devices ready: {', '.join(ready) if ready else 'none (see below)'}")
+  if results is None: print("kernels: none run (environment error)")
+  elif not results: print("kernels: none run: no device is available")
+  else:
+    passed, failed = [k.target for k in results if k.ok], [k for k in results if not k.ok]
+    print(f"kernels passed: {', '.join(passed) if passed else 'none'}" + (f" ({len(passed)} of {len(results)})" if failed else ""))
+    for k in failed: print(f"kernels FAILED on {k.target}: {k.line.removeprefix('FAILED: ')}")
+  for note in environment_notes(): print(f"warning: {note}")
+  missing = [r for r in rows if not r["available"]]
+  if missing:
+    print("\nunavailable:")
+    width = max(len(r["device"]) for r in missing)
+    for r in missing:
+      print(f"  {r['device']:<{width}}  {r['reason'] or 'unavailable'}: {r['detail']}" + (f"; fix: {r['hint']}" if r["hint"] else ""))
+  if args.verbose:
+    print()
+    _print_devices(rows, default)
+    if results:
+      print("\nkernels:")
+      for k in results: print(f"  {k.target}".ljust(18) + k.line)
+  else: print("\n(plugrt doctor --verbose: compilers, interfaces, video decoders, collective engines and each kernel's figures)")
+  if results is None: return 2
+  return 1 if any(not k.ok for k in results) else (2 if env_error else 0)
 
 
 def _median_us(fn: Any, n: int) -> float:
@@ -378,6 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   d.set_defaults(fn=cmd_devices)
   doc = sub.add_parser("doctor", help="list the devices, then run and check kernels on each")
   doc.add_argument("--device", action="append", help="only this device (repeatable)")
+  doc.add_argument("--verbose", "-v", action="store_true", help="also the whole `devices` listing and each kernel's figures")
   doc.set_defaults(fn=cmd_doctor)
   b = sub.add_parser("bench", help="launch, compile, cache-hit and copy figures per device and compiler")
   b.add_argument("--device", action="append", help="only this device (repeatable)")
@@ -393,7 +453,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.cmd is None:  # as argparse answers a missing argument: the usage, on stderr, exit 2 (here with the commands listed)
     p.print_help(sys.stderr)
     return 2
-  try: return args.fn(args)
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", EnvWarning)  # `devices` and `doctor` list these themselves
+      return args.fn(args)
   except PlugrtError as e:
     print(f"plugrt: {e}", file=sys.stderr)
     return 2

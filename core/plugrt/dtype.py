@@ -262,6 +262,12 @@ _IMAGE_NAME = re.compile(r"^image([fh])_(\d+)x(\d+)$")  # canonical names only (
 def iter_dtypes() -> Iterator[DType]: return iter(_ALL)
 
 
+# The seeds' spellings (tinygrad.dtype's), kept beside plugrt's own so their torch interop code runs unchanged:
+# `from plugrt.dtype import _from_torch_dtype` is dtypes.from_torch, `_to_torch_dtype` dtypes.to_torch.
+_from_torch_dtype = dtypes.from_torch
+_to_torch_dtype = dtypes.to_torch
+
+
 def bf16_to_f32(raw: Any) -> Any:
   """numpy uint16 raw bfloat16 bits -> float32 (exact)."""
   import numpy as np

@@ -116,6 +116,11 @@ class StagedCopyWarning(UserWarning):
   once per pair of devices and direction, with how it travels and why (Allocator.peer_path)."""
 
 
+class EnvWarning(UserWarning):
+  """A variable that reads like a device request with a typo in the device's name (CUDAA=1): plugrt does not act on
+  it, and says so once, with the likely intent (plugrt.selection.mistyped)."""
+
+
 class CollectiveError(PlugrtError, RuntimeError):
   """A collective (plugrt.distributed) failed: the engine reported an error, or the communicator was aborted or closed.
   `rank` is this process's rank in the communicator, where known."""

@@ -19,6 +19,7 @@ import importlib
 import os
 import re
 import sys
+import warnings
 from _thread import TIMEOUT_MAX, RLock, allocate_lock, get_ident, start_new_thread  # threading's, without importing threading (~1 ms)
 from collections.abc import Iterator, Sequence
 from types import BuiltinFunctionType, BuiltinMethodType, FunctionType, MethodType, ModuleType
@@ -27,7 +28,7 @@ from typing import Any
 from plugrt import hookspecs
 from plugrt._entrypoints import entry_points, foreign_modules, import_warning, name_warning, skipped, value_warning
 from plugrt.context import DeviceInfo, PluginContext
-from plugrt.errors import DeviceUnavailable, EnvError, PluginError, PlugrtError, Reason, UnknownDeviceError, did_you_mean
+from plugrt.errors import DeviceUnavailable, EnvError, EnvWarning, PluginError, PlugrtError, Reason, UnknownDeviceError, did_you_mean
 from plugrt.hookspecs import PLUGIN_API_VERSION, BackendSpec, DeviceListing, InterfaceSpec, Probe
 from plugrt.probing import install_hint
 from plugrt.selection import BackendFacts, Selection, Target, parse_target, select
@@ -39,7 +40,7 @@ GROUP = "plugrt"
 FIRST_PARTY: dict[str, tuple[str, dict[str, str]]] = {
   "CPU": ("plugrt-cpu", {"CLANG": "CPU:CLANG", "LLVM": "CPU:LLVM"}),
   "CUDA": ("plugrt-cuda", {}),
-  "NV": ("plugrt-nv", {}),
+  "NV": ("plugrt-nv plugrt-nv-nvk", {}),  # the device package and its kernel-driver interface
   "AMD": ("plugrt-amd plugrt-amd-kfd", {}),  # the device package and its kernel-driver interface
   "QCOM": ("plugrt-qcom", {}),
   "METAL": ("plugrt-metal", {}),
@@ -389,6 +390,7 @@ class Registry:
                                     {a.env: a.target for a in br.spec.aliases}, True))
         else: facts.append(BackendFacts(br.name, (), ifaces, FIRST_PARTY.get(br.name, ("", {}))[1], False))
       self._selection = select(self.env, facts)
+      for note in self._selection.notes: warnings.warn(f"plugrt: {note}", EnvWarning, stacklevel=2)  # once: selection is made once
     return self._selection
 
   def declared_status(self, kind: str, spec: Any, rec: PluginRecord | None) -> dict[str, Any]:
@@ -549,7 +551,7 @@ class Registry:
         listed = "".join(f"; {name}:{d.index} is {d.name}" + (f" at {d.bus_id}" if d.bus_id else "") for d in p.devices)
         raise DeviceUnavailable(f"{key} does not exist: {name} has {p.count} device{'s' if p.count != 1 else ''} here ({indices}: "
                                 f"{p.detail}){listed}", Reason.NO_DEVICE, f"use an index below {p.count} (`plugrt devices` lists them)",
-                                self._others(name))
+                                [f"{name}:{i}" for i in range(p.count)] + self._others(name))  # the indices that exist first
       chosen, _ = self.choose_compiler(name)  # also when `compiler` is given: it checks the environment's request
       compiler = compiler or chosen
       iface = self.choose_interface(name)

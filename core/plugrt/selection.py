@@ -10,7 +10,10 @@ interface and arch each device opens.
 | `DEV=...`                        | all of it in one variable, see parse_target     |
 
 Two requests that disagree are a ConflictError naming both; a name no backend
-declares is an UnknownDeviceError with a "did you mean".
+declares is an UnknownDeviceError with a "did you mean". A variable that reads like a
+request with a typo in the device's name (CUDAA=1, CLL=1, CPUU_LLVM=1, AMDD_IFACE=PCI)
+is no request at all: `Selection.notes` names it and the likely intent, and the registry
+warns of it once (`mistyped`).
 """
 from __future__ import annotations
 
@@ -86,13 +89,14 @@ class BackendFacts(NamedTuple):
 
 class Selection:
   """What the environment asks for: the default device, and compilers, interfaces and archs by device name."""
-  __slots__ = ("default", "compiler", "interface", "arch")
+  __slots__ = ("default", "compiler", "interface", "arch", "notes")
 
   def __init__(self) -> None:
     self.default: Target | None = None      # None: choose automatically
     self.compiler: dict[str, Target] = {}   # device name -> the request naming its compiler
     self.interface: dict[str, Target] = {}
     self.arch: dict[str, Target] = {}
+    self.notes: tuple[str, ...] = ()        # variables that look like mistyped requests (see mistyped)
 
   def _fields(self) -> tuple: return (self.default, self.compiler, self.interface, self.arch)
 
@@ -114,6 +118,58 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
   if v is None or v.strip() in ("", "0"): return False
   if v.strip() == "1": return True
   raise EnvError(f"{name}={v!r} is not 0 or 1", f"set {name}=1 to choose it, or unset it")
+
+
+def _distance(a: str, b: str) -> int:
+  """Edits (insert, delete, substitute, swap two neighbours) from a to b: the optimal string alignment distance."""
+  prev2: list[int] = []
+  prev = list(range(len(b) + 1))
+  for i in range(1, len(a) + 1):
+    row = [i] + [0] * len(b)
+    for j in range(1, len(b) + 1):
+      row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+      if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]: row[j] = min(row[j], prev2[j - 2] + 1)
+    prev2, prev = prev, row
+  return prev[-1]
+
+
+def _typo_of(word: str, name: str) -> bool:
+  """Whether `word` reads as `name` mistyped. Short names take only a doubled letter or two neighbours swapped (CLL,
+  LC for CL), so that CI, CC or V (CI=1, V=1 are common) are not taken for CL or NV; names of 4 to 6 letters one edit
+  (CUDAA, CUDE), longer ones two."""
+  if word == name or not word: return False
+  if len(name) <= 3:
+    doubled = len(word) == len(name) + 1 and any(word[:i] + word[i + 1:] == name and word[i] == word[i - 1] for i in range(1, len(word)))
+    return doubled or (len(word) == len(name) and _distance(word, name) == 1 and sorted(word) == sorted(name))
+  return _distance(word, name) <= (1 if len(name) <= 6 else 2)
+
+
+def mistyped(env: Mapping[str, str], backends: Sequence[BackendFacts]) -> list[str]:
+  """The variables that read as device requests with a typo in the device's name, each with the likely intent:
+  `<NAME>=1` where NAME is close to a device or an older name (CUDAA=1), `<NAME>_<COMPILER>=1` where NAME is close to a
+  device that has that compiler (CPUU_LLVM=1), `<NAME>_IFACE=...` where NAME is close to a device (AMDD_IFACE=PCI).
+  A name some backend declares is never one; nor is any other variable (CUDA_VISIBLE_DEVICES, CC, CI=1)."""
+  names = {b.name: b for b in backends}
+  older = {alias for b in backends for alias in b.aliases}
+  out: list[str] = []
+  for key in sorted(env):
+    value = env[key].strip()
+    if key in names or key in older or not re.fullmatch(r"[A-Z][A-Z0-9_]*", key): continue
+    if key.endswith("_IFACE") and value:
+      prefix = key[:-len("_IFACE")]
+      if prefix not in names and (near := [n for n in sorted(names) if _typo_of(prefix, n)]):
+        out.append(f"{key}={value} names no device; did you mean {near[0]}_IFACE={value}?")
+      continue
+    if value != "1": continue
+    if (near := [n for n in sorted({*names, *older}) if _typo_of(key, n)]):
+      out.append(f"{key}=1 is not a device; did you mean {near[0]}=1?")
+      continue
+    for b in sorted(backends, key=lambda b: b.name):
+      prefix, _, compiler = key.rpartition("_")
+      if prefix and prefix not in names and compiler in b.compilers and _typo_of(prefix, b.name):
+        out.append(f"{key}=1 names no device; did you mean {b.name}_{compiler}=1?")
+        break
+  return out
 
 
 def select(env: Mapping[str, str], backends: Sequence[BackendFacts]) -> Selection:
@@ -159,6 +215,7 @@ def select(env: Mapping[str, str], backends: Sequence[BackendFacts]) -> Selectio
     settings += targets
 
   sel = Selection()
+  sel.notes = tuple(mistyped(env, backends))
   for t in defaults:
     if sel.default is not None and sel.default.device_string != t.device_string:
       raise ConflictError(f"{sel.default.source} and {t.source} ask for different default devices "

@@ -18,11 +18,13 @@ floats exactly: a zero divisor gives inf or NaN). Integers wrap at their dtype's
 Bools: `+` and maximum are or, `*` and minimum and, max() any, min() all; `//` and `%`
 give int8; `-` is a TypeError (use `^`).
 
-Image tensors (dtype dtypes.imagef((h, w)) or imageh, on a device with images: CL, PYTHON) always have shape
-(h, w, 4) and live in the device's image memory. They are made, copied (`.to`, `.numpy()`) and passed to @kernel
-functions (which use read_texel/write_texel); elementwise ops and reductions refuse them (UnsupportedError):
-`t.cast(dtypes.float32)` is their texels in a plain tensor (a copy), and `.to()` a device without images gives that
-plain tensor too.
+Image tensors (dtype dtypes.imagef((h, w)) or imageh, on a device with images: CL, QCOM, PYTHON) are float tensors
+whose storage is the device's image memory, as in the seeds: any shape of h*w*4 elements (the caller's: (h*w*4,) as
+the seeds pass it, or (h, w, 4)), element (y*w + x)*4 + c being texel (x, y)'s channel c. Elementwise ops, reductions,
+views and `.numpy()` read the texels as float32 (imagef) or float16 (imageh), and write their results to plain
+buffers; `assign` into one is refused (a @kernel writes texels with write_texel). `t.cast(dtypes.float32)` is the
+texels as a plain tensor, and `.to()` a device without images gives that plain tensor too. A device without images
+refuses image buffers, and so image tensors, with UnsupportedError.
 """
 from __future__ import annotations
 
@@ -107,20 +109,23 @@ class Node:
 def _numel(shape: Shape) -> int: return math.prod(shape)
 
 
-def _refuse_image(dt: ImageDType, what: str) -> None:
-  from plugrt.errors import UnsupportedError
-  raise UnsupportedError(f"image tensors ({dt!r}) cannot be {what} by Tensor operations",
-                         f"t.cast(dtypes.{dt.base.name}) gives the texels as a plain (h, w, 4) tensor (a copy); or write a @kernel "
-                         "with read_texel/write_texel")
-
-
 def _image_shape(dt: ImageDType, shape: Shape) -> Shape:
-  """An image tensor's shape, (h, w, 4), from the one given (any shape of h*w*4 elements: (h*w*4,) as the seeds pass it)."""
+  """The shape the caller gave an image tensor, checked: any shape of h*w*4 elements ((h*w*4,) as the seeds pass it)."""
   if _numel(shape) != dt.size:
     from plugrt.errors import ImageError
     raise ImageError(f"a tensor of {dt!r} has h*w*4 = {dt.size} elements, the data has shape {shape} ({_numel(shape)} elements)",
-                     f"give {dt.size} values, e.g. shape {(dt.height, dt.width, 4)}")
-  return (dt.height, dt.width, 4)
+                     f"give {dt.size} values, e.g. shape {(dt.size,)} or {(dt.height, dt.width, 4)}")
+  return shape
+
+
+def _value_dtype(dt: DType) -> DType:
+  """The dtype a tensor's values compute in: an image's texel type (float32, float16), any other dtype itself."""
+  return dt.base if isinstance(dt, ImageDType) else dt
+
+
+def _texels(n: Node) -> Node:
+  """A node as the values operations take: an image's texels read as its texel type (a cast node over the image)."""
+  return _cast_node(n, n.dtype.base) if isinstance(n.dtype, ImageDType) else n
 
 
 def _as_shape(shape: Any) -> Shape:
@@ -227,8 +232,7 @@ class _FusedKernel:
 
   def __init__(self, root: Node, ctx: _Ctx, wide: bool, out_strides: tuple[int, ...] | None):
     self.root, self.ctx, self.out_strides = root, ctx, out_strides
-    for n in [root, *ctx.leaves]:
-      if isinstance(n.dtype, ImageDType): _refuse_image(n.dtype, "computed on")
+    assert not isinstance(root.dtype, ImageDType), "results are plain buffers: images are only read (TEXEL_LOAD)"
     it = self.it = dtypes.int64 if wide else dtypes.int32  # index arithmetic
     b = self.b = KernelBuilder("reduce" if root.op == "reduce" else "fused")
     self.out = b.buffer("out", root.dtype)
@@ -265,12 +269,19 @@ class _FusedKernel:
       addr: Val = off
       for i, s in zip(idx, n.view.strides):
         if s and not (isinstance(i, int) and i == 0): addr = addr + i * s
-      v = ptr[addr]
+      v = self.texel(ptr, n.dtype, addr) if isinstance(n.dtype, ImageDType) else ptr[addr]
     elif n.op == "const": v = self.params[self.ctx.index[id(n)]]
     elif n.op == "reduce": raise AssertionError("reduce sources are realised first")
     else: v = _apply(n.arg, [self.lower(s, idx, memo) for s in n.srcs], n)
     memo[id(n)] = v
     return v
+
+  def texel(self, img: Any, dt: ImageDType, addr: Val) -> Val:
+    """Element `addr` of an image, (y*w + x)*4 + c: channel c of texel (x, y), through TEXEL_LOAD (images have no plain loads)."""
+    e = addr.cast(dtypes.int32) if addr.dtype is not dtypes.int32 else addr  # an image has fewer than 2**31 elements
+    t, c = e // 4, e % 4
+    r, g, b, a = img.read_texel(t % dt.width, t // dt.width)
+    return c.eq(0).where(r, c.eq(1).where(g, c.eq(2).where(b, a)))
 
   def destination(self, g: Val, oidx: list[Any]) -> Val:
     if self.out_off is None: return g
@@ -343,7 +354,8 @@ def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> 
     seen.add(id(n))
     if n.op == "reduce": _realize_into(n, _realize(n))
     elif n.op == "ew": stack.extend(n.srcs)
-  root = node if node.op in ("ew", "reduce") else Node("ew", node.dtype, node.shape, node.device, (node,), "cast")  # a copy
+  # a copy (of an image: its texels, into a plain buffer)
+  root = node if node.op in ("ew", "reduce") else Node("ew", _value_dtype(node.dtype), node.shape, node.device, (node,), "cast")
   ctx = _Ctx()
   n = _numel(node.shape)
   key = (root.shape, root.dtype.name, ctx.key(root, {}))  # (collects the leaves too)
@@ -352,7 +364,7 @@ def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> 
   wide = max([n] + [l.buffer.size for l in ctx.leaves if l.op == "buf"] + ([into.buffer.size] if into else [])) >= 2**31 - 1
   out_strides = into.view.strides if into is not None else None
   # the memory first: a size no allocator can satisfy is OutOfMemoryError before a kernel is built for it
-  out = into.buffer if into is not None else Buffer(node.device, n, node.dtype)
+  out = into.buffer if into is not None else Buffer(node.device, n, root.dtype)
   prg = node.device.program(_kernel(root, ctx, key + (wide, out_strides), wide, out_strides))
   bufs = [out] + [l.buffer for l in ctx.leaves if l.op == "buf"]
   vals = tuple(l.view.offset if l.op == "buf" else l.arg for l in ctx.leaves) + ((into.view.offset,) if into is not None else ())
@@ -533,7 +545,7 @@ class Tensor:
                 keepalive: Any = None) -> Tensor:
     """Wrap memory plugrt does not own, without copying (see Buffer.from_blob for the lifetime rule)."""
     shape, dt = _as_shape(shape), dtypes.as_dtype(dtype)
-    if isinstance(dt, ImageDType): shape = _image_shape(dt, shape)  # (h*w*4,) or (h, w, 4): the tensor is (h, w, 4)
+    if isinstance(dt, ImageDType): shape = _image_shape(dt, shape)  # any shape of h*w*4 elements: (h*w*4,) or (h, w, 4)
     buf = Buffer.from_blob(ptr, _numel(shape), dt, device, keepalive)
     return _wrap(_buf_node(buf, shape))
 
@@ -581,7 +593,11 @@ class Tensor:
 
   def assign(self, value: Any) -> Tensor:
     """Write value (a tensor or number, broadcast to this shape) into this tensor's own memory, in place:
-    a from_blob tensor then shows the result to its owner (zero copy)."""
+    a from_blob tensor then shows the result to its owner (zero copy). Not into an image tensor (UnsupportedError)."""
+    if isinstance(self.dtype, ImageDType):
+      from plugrt.errors import UnsupportedError
+      raise UnsupportedError(f"cannot assign into an image tensor ({self.dtype!r}): Tensor operations only read texels",
+                             "write the texels with a @kernel (write_texel), or assign into a plain tensor, e.g. t.cast(dtypes.float32)")
     self.realize()
     src = value if isinstance(value, Tensor) else Tensor.full(self.shape, value, self.dtype, self.node.device)
     if src.node.device is not self.node.device: raise ValueError(f"assign from {src.device} into {self.device}: move it with .to()")
@@ -615,7 +631,7 @@ class Tensor:
 
   def to(self, device: str | RuntimeDevice) -> Tensor:
     """A copy on `device` (this tensor when it is there already). An image tensor on a device without images becomes
-    a plain tensor of its texels (dtype float32 or float16, shape (h, w, 4))."""
+    a plain tensor of its texels (dtype float32 or float16, the same shape)."""
     dev = _device(device)
     if dev is self.node.device: return self
     if isinstance(self.dtype, ImageDType) and not dev.allocator.supports_images:
@@ -624,13 +640,9 @@ class Tensor:
     return _wrap(_buf_node(self.contiguous_buffer().to(dev), self.shape))
 
   def cast(self, dtype: DType | str) -> Tensor:
-    """The values as `dtype`. To or from an image dtype this is a copy of the texels (its shape is (h, w, 4)): an image
-    tensor cast to its texel type is a plain tensor, and a plain tensor of h*w*4 values cast to an image dtype an image."""
+    """The values as `dtype`, lazily: an image tensor cast to its texel type is its texels as a plain tensor. A tensor of
+    h*w*4 values cast to an image dtype is an image of them (a copy into image memory, now), in the same shape."""
     dt = dtypes.as_dtype(dtype)
-    if dt is not self.dtype and isinstance(self.dtype, ImageDType):
-      buf = self.contiguous_buffer()
-      plain = _wrap(_buf_node(buf.copy_to(Buffer(buf.device, buf.size, self.dtype.base)), self.shape))
-      return plain.cast(dt)
     if dt is not self.dtype and isinstance(dt, ImageDType):
       shape = _image_shape(dt, self.shape)
       buf = self.cast(dt.base).contiguous_buffer()
@@ -641,10 +653,10 @@ class Tensor:
   def _const(self, x: Any, dt: DType) -> Node: return Node("const", dt, (), self.node.device, arg=_py(x, dt))
 
   def _operands(self, other: Any, reverse: bool = False) -> tuple[Node, Node]:
-    """Both operands as nodes of one dtype and one (broadcast) shape."""
-    a = self.node
+    """Both operands as nodes of one dtype and one (broadcast) shape (an image's: its texels)."""
+    a = _texels(self.node)
     if isinstance(other, Tensor):
-      b = other.node
+      b = _texels(other.node)
       if b.device is not a.device: raise ValueError(f"tensors on {a.device} and {b.device}: move one with .to()")
       dt = promote(a.dtype, b.dtype)
     elif isinstance(other, (bool, int, float)):
@@ -659,10 +671,8 @@ class Tensor:
     return (b, a) if reverse else (a, b)
 
   def _ew(self, op: str, other: Any = None, reverse: bool = False, result: DType | None = None) -> Tensor:
-    for t in (self, other):
-      if isinstance(t, Tensor) and isinstance(t.dtype, ImageDType): _refuse_image(t.dtype, "computed on")
     if other is None:
-      a = self.node
+      a = _texels(self.node)
       return _wrap(Node("ew", result or a.dtype, a.shape, a.device, (a,), op))
     ops = self._operands(other, reverse)
     if ops is NotImplemented: return NotImplemented
@@ -699,7 +709,7 @@ class Tensor:
   def __pow__(self, o: Any) -> Tensor:
     if self.dtype is dtypes.bool: return self.cast(dtypes.default_int) ** o  # a number, as bool * 1 is (numpy: int8)
     if isinstance(o, int) and not isinstance(o, bool) and 0 <= o <= 8:
-      out = Tensor.full(self.shape, 1, self.dtype, self.device)
+      out = Tensor.full(self.shape, 1, _value_dtype(self.dtype), self.device)
       for _ in range(o): out = out * self
       return out
     return self._float()._ew("pow", o)
@@ -729,7 +739,7 @@ class Tensor:
   def where(self, a: Any, b: Any) -> Tensor:
     """self ? a : b, elementwise (self is the condition; a and b are tensors or numbers)."""
     cond = self if self.dtype is dtypes.bool else self != 0
-    tensors = [x.dtype for x in (a, b) if isinstance(x, Tensor)]
+    tensors = [_value_dtype(x.dtype) for x in (a, b) if isinstance(x, Tensor)]
     if not tensors: dt = promote(dtypes.from_py(a), dtypes.from_py(b))
     else:  # numbers take the tensors' dtype, except a float meeting integers
       dt = tensors[0] if len(tensors) == 1 else promote(*tensors)
@@ -741,7 +751,6 @@ class Tensor:
 
   # ---- reductions
   def _reduce(self, op: str, axis: int | Sequence[int] | None, keepdim: bool, dtype: DType) -> Tensor:
-    if isinstance(self.dtype, ImageDType): _refuse_image(self.dtype, "reduced")
     nd = self.ndim
     axes = tuple(range(nd)) if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
     axes = tuple(sorted({a + nd if a < 0 else a for a in axes}))
@@ -752,14 +761,15 @@ class Tensor:
     return out if keepdim else out.reshape(tuple(d for i, d in enumerate(self.shape) if i not in axes))
 
   def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-    dt = self.dtype if self.dtype.kind == "f" or self.dtype.bits >= 32 else (dtypes.int32 if self.dtype.kind != "u" else dtypes.uint32)
+    vt = _value_dtype(self.dtype)
+    dt = vt if vt.kind == "f" or vt.bits >= 32 else (dtypes.int32 if vt.kind != "u" else dtypes.uint32)
     return self._reduce("sum", axis, keepdim, dt)
 
   def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-    return self._reduce("max", axis, keepdim, self.dtype)
+    return self._reduce("max", axis, keepdim, _value_dtype(self.dtype))
 
   def min(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-    return self._reduce("min", axis, keepdim, self.dtype)
+    return self._reduce("min", axis, keepdim, _value_dtype(self.dtype))
 
   def mean(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
     x = self._float()

@@ -269,6 +269,33 @@ class ConformanceSuite:
       assert np.array_equal(Buffer("PYTHON", h * w * 4, img).copyin(data).to(dev).numpy(), data)
     with pytest.raises(ValueError, match=str(h * w * 4)): Buffer(dev, h * w * 4 - 1, img)
 
+  @pytest.mark.parametrize("shape", ["flat", "hw4"])
+  @pytest.mark.parametrize("base", [dtypes.float32, dtypes.float16], ids=["imagef", "imageh"])
+  def test_image_tensors(self, dev: RuntimeDevice, compiler: str, base: DType, shape: str) -> None:
+    """An image tensor keeps the caller's shape ((h*w*4,) as the seeds pass it, or (h, w, 4)); elementwise ops, a strided
+    view, reductions and .numpy() read its texels as the texel type into plain results, against numpy. A device without
+    images refuses the tensor (UnsupportedError naming images)."""
+    from plugrt.tensor import Tensor
+    h, w = 3, 5
+    img = dtypes.imagef((h, w)) if base is dtypes.float32 else dtypes.imageh((h, w))
+    data = (np.arange(h * w * 4) % 23 - 7).astype(base.numpy)
+    data = data.reshape((h * w * 4,) if shape == "flat" else (h, w, 4))
+    if not dev.allocator.supports_images:
+      with pytest.raises(UnsupportedError, match="image"): Tensor(data, dtype=img, device=dev)
+      return
+    t = Tensor(data, dtype=img, device=dev)
+    assert t.shape == data.shape and t.dtype is img
+    got = t.numpy()
+    assert got.dtype == base.numpy and got.shape == data.shape and np.array_equal(got, data)
+    out = (t * 2 + 1).numpy()
+    assert out.dtype == base.numpy and np.array_equal(out, data * base.numpy.type(2) + base.numpy.type(1))
+    assert np.array_equal((t.maximum(t * -1)).numpy(), np.maximum(data, -data))
+    assert t.sum().item() == float(data.astype(np.float64).sum()) and t.max().item() == float(data.max())
+    view = t.reshape(h, w, 4)[1:, ::2, 1:3]  # texels of a strided view
+    want = data.reshape(h, w, 4)[1:, ::2, 1:3]
+    assert np.array_equal(view.numpy(), want) and np.array_equal(view.sum(axis=1).numpy(), want.sum(axis=1, dtype=base.numpy))
+    assert (t + Tensor(data.astype(np.float32), device=dev)).dtype is dtypes.float32  # meets a plain tensor as its texel type
+
   # ------------------------------------------------------------ programs
   def test_timing(self, dev: RuntimeDevice, compiler: str) -> None:
     prg = dev.program(K.tiny_kernel(), compiler)
