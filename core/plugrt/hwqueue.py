@@ -22,6 +22,9 @@ pieces of that which do not depend on the GPU are here:
 - `StagedAllocator`: GPU memory whose handle is its GPU address, freed after the device is idle, host copies through
   a `PinnedStaging`; the backend supplies the allocation, the release and its device-to-device copy, and where it
   can, copies to another device of the backend through a peer mapping (`_peer_copy`; else through host memory).
+- `HCQState`, `HCQProgram`, `HCQGraph`: what every such device's programs and graphs share: the launch under the
+  device's lock, timed launches by the device's clock, graphs replayed under the lock; a backend supplies only its
+  command encoding (`HCQProgram._encode`) and its state's waits.
 
 The per-launch path stays in the backend, inline: the classes here are plain objects with `__slots__` whose fields
 the backend's fast path reads directly (no method call, no allocation per launch); their methods are for the slow
@@ -33,11 +36,15 @@ import ctypes
 import os
 import threading
 import time
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from plugrt.context import DeviceInfo, PluginContext
 from plugrt.errors import PlugrtError
-from plugrt.runtime import Allocator, buffer_address
+from plugrt.launchargs import NO_CALL, PreparedCall
+from plugrt.runtime import Allocator, DeviceState, Graph, Launch, LockedProgram, buffer_address
+
+if TYPE_CHECKING:
+  from plugrt.ir import Signature
 
 
 def round_up(x: int, a: int) -> int: return (x + a - 1) // a * a
@@ -408,3 +415,66 @@ class StagedAllocator(Allocator[int]):
         piece = host[:min(len(host), nbytes - off)]
         src_dev.allocator._copyout(piece, src + off)
         dest_dev.allocator._copyin(dest + off, piece)
+
+
+# ---------------------------------------------------------------- HCQ: programs and graphs of user-space-queue devices
+
+class HCQState(DeviceState):
+  """What a user-space-queue device's state gives its programs and graphs (NV, AMD through KFD or PCI, QCOM).
+
+  `lock` is held around everything that writes the device's submission state (command memory, rings, timelines, the
+  programs' resident launches), so threads take turns. A program's launch returns the timeline value that says it
+  finished; `launch_wait(value)` waits for it (bounded: faults and timeouts are the backend's QueueError). Where the
+  device measures launches by its own clock, `launch_clock_start()` resets that measure before a timed launch and
+  `launch_seconds()` reads it after (None: the device has none, the host's clock is used)."""
+  lock: Any
+
+  def launch_wait(self, value: int) -> None:
+    """Wait for a launch's timeline value (this default: the state's own `wait`, as a Timeline has it)."""
+    self.wait(value)  # type: ignore[attr-defined]
+  def launch_clock_start(self) -> None: pass
+  def launch_seconds(self) -> float | None: return None
+
+
+class HCQProgram(LockedProgram):
+  """A program on an HCQState device. The launch is the core's (plugrt.runtime.Program), under the device's lock; the
+  backend supplies only its command encoding: _encode makes the launch's descriptor and arguments (a QMD and constant
+  bank, an AQL packet and kernarg block, CP words) into a PreparedCall whose submit writes its commands and returns
+  their timeline value. A prepared call stays valid while it lives, whatever the program launches after it (a backend
+  whose resident launch memory is shared between calls overrides _graph_encode to give a graph's launches their own).
+  A timed launch (wait=True) waits for that value and returns the device's own measure of it where it has one."""
+
+  def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
+    super().__init__(device, name, lib, signature)
+    self.state: HCQState = device.info.state
+    self.launch_lock = self.state.lock
+
+  def _timed(self, prepared: PreparedCall) -> float:
+    st = self.state
+    st.launch_clock_start()
+    t = time.perf_counter()
+    st.launch_wait(self._submit_timed(prepared))
+    host = time.perf_counter() - t
+    return host if (gpu := st.launch_seconds()) is None else gpu
+
+  def _submit_timed(self, prepared: PreparedCall) -> int:
+    """Submit a launch whose time is measured; its timeline value (a backend that marks the start overrides this)."""
+    return prepared.submit()
+
+  def _graph_step(self, launch: Launch) -> PreparedCall:
+    with self.launch_lock: return self._graph_encode(launch)
+
+  def _graph_encode(self, launch: Launch) -> PreparedCall:
+    """A prepared call of `launch` for a graph, valid while the graph lives."""
+    return self._prepare(NO_CALL, launch.bufs, launch.vals, launch.global_size, launch.local_size)
+
+
+class HCQGraph(Graph):
+  """A fixed batch of launches on one HCQState device: each launch prepared once, for the graph alone
+  (HCQProgram._graph_encode), and a replay submits them in order under the device's lock, so that no other thread's
+  work falls between them. The backends' plugrt_graph hooks return this class."""
+
+  def _replay(self) -> None:
+    if (steps := self._steps) is None: steps = self._steps = [ln.program._graph_step(ln) for ln in self.launches]
+    with self.device.info.state.lock:
+      for step in steps: step.submit()

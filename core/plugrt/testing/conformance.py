@@ -358,6 +358,31 @@ class ConformanceSuite:
       prg(o, global_size=(4, 1, 1), local_size=(4, 1, 1), vals=(a_,))
       assert (o.numpy() == want).all(), f"{dev.canonical}:{compiler}: 1/{a_!r} after another sign gave {o.numpy()[0]}"
 
+  def test_graph_replays_its_launches(self, dev: RuntimeDevice, compiler: str) -> None:
+    """A graph of launches of one program with different buffers and scalars replays each with its own arguments, in
+    order, also after the program was launched directly with others in between (backends keep a prepared launch per
+    call: the graph's must be its own), and times a replay with wait=True."""
+    from plugrt.ir import KernelBuilder
+    from plugrt.runtime import Launch
+    b = KernelBuilder("axpb_inplace")
+    x, a, c = b.buffer("x", dtypes.int32), b.scalar("a", dtypes.int32), b.scalar("c", dtypes.int32)
+    i = b.global_id(0)
+    x[i] = x[i] * a + c
+    prg = dev.program(b.finish(), compiler)
+    xs = [Buffer.from_numpy(np.arange(8, dtype=np.int32) + 10 * k, dev) for k in range(3)]
+    steps = [(0, 2, 1), (1, 3, 0), (0, 1, 5), (2, -1, 7)]  # (buffer, a, c): buffer 0 twice, in this order
+    graph = dev.graph([Launch(prg, [xs[k]], (2, 1, 1), (4, 1, 1), (a_, c_)) for k, a_, c_ in steps])
+    want = [np.arange(8, dtype=np.int64) + 10 * k for k in range(3)]
+    other = Buffer.from_numpy(np.zeros(8, np.int32), dev)
+    for rep in range(3):
+      t = graph(wait=rep == 1)
+      assert t is None if rep != 1 else isinstance(t, float)
+      for k, a_, c_ in steps: want[k] = want[k] * a_ + c_
+      prg(other, global_size=(2, 1, 1), local_size=(4, 1, 1), vals=(1, rep + 100))  # another call of the program between replays
+    dev.synchronize()
+    for k in range(3): assert xs[k].numpy().tolist() == want[k].tolist(), f"{dev.canonical}:{compiler}: graph buffer {k}"
+    assert other.numpy().tolist() == [sum(range(100, 103))] * 8
+
   def test_compile_error(self, dev: RuntimeDevice, compiler: str) -> None:
     with pytest.raises(CompileError): dev.compiler_for(compiler).compile("this is not a kernel in any language {{{")
 

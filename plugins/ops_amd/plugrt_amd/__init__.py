@@ -146,6 +146,12 @@ def plugrt_program(device: DeviceInfo) -> Any:
   return AMDProgram
 
 
+@hookimpl
+def plugrt_graph(device: DeviceInfo) -> Any:
+  from plugrt.hwqueue import HCQGraph  # a batch of launches replayed under the device's lock
+  return HCQGraph
+
+
 def compiler_for(arch: str = "", compiler: str = "LLVM", env: dict[str, str] | None = None) -> Any:
   """An AMD compiler (LLVM or HIP) for `arch` (default gfx1100) without a device; `env` is its environment (default: the process's)."""
   from plugrt_amd.device import compiler_for as make

@@ -20,7 +20,6 @@ refused at once. **Never run on AMD hardware**: tested against the fake GPU (plu
 """
 from __future__ import annotations
 
-import time
 import weakref
 from _thread import RLock
 from functools import partial
@@ -28,10 +27,10 @@ from typing import Any, Protocol
 
 from plugrt.errors import LaunchError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.hwqueue import queue_timeout
+from plugrt.hwqueue import HCQProgram, HCQState, queue_timeout
 from plugrt.ir import Signature
 from plugrt.launchargs import PreparedCall, bytes_packer
-from plugrt.runtime import Allocator, DeviceState, LaunchLimits, LockedProgram, check_nbytes
+from plugrt.runtime import Allocator, LaunchLimits, check_nbytes
 from plugrt_amd import compute, mec, scratch, vm
 from plugrt_amd.runtime import kernel_info
 
@@ -47,7 +46,7 @@ class BARTooSmall(UnsupportedError):
   """A buffer the CPU was asked to read or write lies beyond the VRAM BAR."""
 
 
-class PCIState(DeviceState):
+class PCIState(HCQState):
   """One AMD GPU held by the PCI interface: `compute` (VMID 8, the VRAM heap, the MEC queue) and `gpu` (the interface
   object, closed with the device). `lock` is held around everything that submits or touches VRAM."""
   driverless = True
@@ -75,6 +74,10 @@ class PCIState(DeviceState):
     except mec.QueueError as e:
       self.broken = f"the MEC queue stopped: {e.message}"
       raise
+
+  # a launch's time (HCQState): the packet processor's timestamps on the MEC queue
+  def launch_clock_start(self) -> None: self.queue.clear_timestamps()
+  def launch_seconds(self) -> float | None: return self.queue.gpu_seconds()
 
   def synchronize(self) -> None:
     with self.lock:
@@ -200,7 +203,7 @@ def check_descriptor(info: Any, name: str, max_lds: int) -> None:
     raise LaunchError(f"{name}: {d.group_segment_fixed_size} bytes of LDS, the GPU has {max_lds}", "use less shared memory")
 
 
-class PCIProgram(LockedProgram):
+class PCIProgram(HCQProgram):
   """A code object loaded into VRAM (mapped executable in VMID 8) and launched on the MEC queue: the kernarg segment
   (explicit arguments at the code object's offsets, then the hidden ones) in a kernarg block, one AQL dispatch packet,
   under the device's lock."""
@@ -208,8 +211,7 @@ class PCIProgram(LockedProgram):
 
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     super().__init__(device, name, lib, signature)
-    st: PCIState = device.info.state
-    self.state, self.launch_lock = st, st.lock
+    st: PCIState = self.state
     _, info = kernel_info(name, lib, signature, compute.KERNARG_SLOT)
     check_descriptor(info, name, st.max_lds)
     if info.private_segment_size or info.descriptor.private_segment_enabled:   # the queue's scratch, made or grown now
@@ -234,11 +236,3 @@ class PCIProgram(LockedProgram):
     if st.broken: raise mec.QueueError(f"{st.label} cannot run {self.name}: {st.broken}", "restart the process (and reset the GPU)")
     return compute.launch(st.compute, self.code, self.va, self.name, handles, scalars, gs, ls)
 
-  def _timed(self, prepared: PreparedCall) -> float:
-    st = self.state
-    st.queue.clear_timestamps()
-    t = time.perf_counter()
-    st.wait(prepared.submit())
-    host = time.perf_counter() - t
-    gpu = st.queue.gpu_seconds()     # the packet processor's start_ts/end_ts (amd_queue_t profiles); None where it wrote none
-    return host if gpu is None else gpu

@@ -15,7 +15,6 @@ its memory). **None of this has run on AMD hardware**; it runs in CI against a f
 from __future__ import annotations
 
 import ctypes
-import time
 import weakref
 from _thread import RLock
 from functools import partial
@@ -23,10 +22,10 @@ from typing import Any
 
 from plugrt.errors import CompileError, LaunchError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.hwqueue import PinnedStaging, StagedAllocator, queue_timeout, round_up
+from plugrt.hwqueue import HCQProgram, HCQState, PinnedStaging, StagedAllocator, queue_timeout, round_up
 from plugrt.ir import Signature
 from plugrt.launchargs import PreparedCall, bytes_packer
-from plugrt.runtime import DeviceState, LaunchLimits, LockedProgram
+from plugrt.runtime import LaunchLimits
 from plugrt_amd import codeobject
 
 KERNARG_SLOT, KERNARG_SLOTS = 4096, 256   # kernarg blocks: one per dispatch in flight (a v5 code object's hidden args take 256 bytes)
@@ -35,7 +34,7 @@ STAGE = 16 << 20                          # two GTT staging buffers of this size
 U32 = 1 << 32
 
 
-class AMDState(DeviceState):
+class AMDState(HCQState):
   """One AMD GPU opened through KFD: `kfd` (the interface's KFDDevice), `compute` (AQLQueue) and `copy` (SDMAQueue),
   each with its own bounded timeline, and the kernarg blocks. `lock` is held around everything that submits."""
 
@@ -55,6 +54,11 @@ class AMDState(DeviceState):
 
   @property
   def broken(self) -> str: return self.compute.broken or self.copy.broken
+
+  # a launch's wait and its time (HCQState): the compute queue's timeline, and the packet processor's timestamps
+  def launch_wait(self, value: int) -> None: self.compute.wait(value)
+  def launch_clock_start(self) -> None: self.compute.clear_timestamps()
+  def launch_seconds(self) -> float | None: return self.compute.gpu_seconds()
 
   def after_dispatches(self) -> None:
     """Before an SDMA copy: the compute queue's work is done (a copy must not race a kernel on its memory)."""
@@ -168,7 +172,7 @@ class _Launch(PreparedCall):
   __slots__ = ("args", "packet")
 
 
-class AMDProgram(LockedProgram):
+class AMDProgram(HCQProgram):
   """An HSA code object loaded into executable VRAM (its image relocated to the load address, copied by SDMA); its
   descriptor checked once against the code object's kernarg size and the GPU's LDS (KFDDevice.check_dispatch). A
   launch copies its prepared kernarg segment (explicit arguments at the code object's offsets, then the hidden
@@ -178,8 +182,7 @@ class AMDProgram(LockedProgram):
 
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     super().__init__(device, name, lib, signature)
-    st: AMDState = device.info.state
-    self.state, self.launch_lock = st, st.lock
+    st: AMDState = self.state
     co, info = kernel_info(name, lib, signature, KERNARG_SLOT)
     st.kfd.check_dispatch(info.descriptor, info.kernarg_size, (1, 1, 1), 0, name)  # static LDS only: plugrt has no dynamic LDS
     if info.private_segment_size or info.descriptor.compute_pgm_rsrc2 & 1:  # ENABLE_PRIVATE_SEGMENT: the queue's scratch, on demand
@@ -214,11 +217,3 @@ class AMDProgram(LockedProgram):
     slots.last_use[i] = value = q.push_args(packet, addr)
     return value
 
-  def _timed(self, prepared: PreparedCall) -> float:
-    q = self.state.compute
-    q.clear_timestamps()
-    t = time.perf_counter()
-    q.wait(prepared.submit())
-    host = time.perf_counter() - t
-    gpu = q.gpu_seconds()  # the packet processor's start_ts/end_ts (the queue profiles); None where it wrote none
-    return host if gpu is None else gpu

@@ -130,3 +130,9 @@ def plugrt_compiler(device: DeviceInfo, compiler: str) -> Any:
 def plugrt_program(device: DeviceInfo) -> Any:
   from plugrt_nv.device import NVProgram
   return NVProgram
+
+
+@hookimpl
+def plugrt_graph(device: DeviceInfo) -> Any:
+  from plugrt.hwqueue import HCQGraph  # a batch of launches replayed under the device's lock
+  return HCQGraph

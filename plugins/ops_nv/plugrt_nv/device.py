@@ -25,7 +25,6 @@ from __future__ import annotations
 import bisect
 import ctypes
 import struct
-import time
 import weakref
 from _thread import RLock
 from functools import partial
@@ -37,6 +36,8 @@ from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import (
   CommandSlots,
   DoorbellRing,
+  HCQProgram,
+  HCQState,
   PinnedStaging,
   ResidentLaunch,
   ResidentLaunches,
@@ -48,7 +49,7 @@ from plugrt.hwqueue import (
 from plugrt.ir import Signature
 from plugrt.launchargs import PreparedCall, bytes_packer
 from plugrt.probing import install_hint
-from plugrt.runtime import DeviceState, LaunchLimits, LockedProgram
+from plugrt.runtime import Launch, LaunchLimits
 from plugrt_nv import cmd, cubin, hw, nvdec
 from plugrt_nv.iface import Channel, GPUInterface, Mem, NVError
 
@@ -81,7 +82,7 @@ FAST_ENTRY = 1 << 41 | FAST_WORDS << 42    # its GPFIFO entry's flags and length
 _PAYLOAD = struct.Struct("<I").pack_into
 
 
-class NVState(Timeline, DeviceState):  # Timeline first: its synchronize() is the device's
+class NVState(Timeline, HCQState):  # Timeline first: its synchronize() is the device's
   """One GPU opened through an interface: its channels, the timeline (inherited: `value`, `done`, `wait`), the
   command slots, local memory."""
   error = NVError
@@ -206,6 +207,12 @@ class NVState(Timeline, DeviceState):  # Timeline first: its synchronize() is th
   def fail(self, what: str, value: int | None = None, timed_out: bool = False) -> NoReturn:
     self.fast = False
     super().fail(what, value, timed_out)
+
+  # ------------------------------------------------------------ a launch's wait and its time (HCQState)
+  def launch_seconds(self) -> float | None:
+    """A timed launch's duration by the GPU's clock: its start timestamp (written before the grid) to its release's."""
+    t0, t1 = ctypes.c_uint64.from_address(self.ts + 8).value, ctypes.c_uint64.from_address(self.sem + 8).value
+    return (t1 - t0) / 1e9 if 0 < t1 - t0 < 10 ** 12 else None
 
 
   def ensure_local(self, need: int) -> None:
@@ -351,10 +358,12 @@ def _release_program(state: NVState, *mems: Mem) -> None:
 
 
 class _Launch(PreparedCall):
-  __slots__ = ("entry",)  # the resident entry holding the launch's QMD and constants; None: they travel in its command slot
+  """A launch's QMD and constant bank 0 (`blob`, with the constant bank's address left 0: wherever it goes patches its
+  own), and the resident entry holding them (None: they travel in the launch's command slot)."""
+  __slots__ = ("__weakref__", "blob", "entry")
 
 
-class NVProgram(LockedProgram):
+class NVProgram(HCQProgram):
   """A cubin loaded into GPU memory, with prepared launches. A launch descriptor (QMD) and its constant bank 0 (the
   arguments) are written once per set of arguments into one of the program's own resident entries in GPU memory that
   the CPU writes; a launch with arguments an entry already holds then writes only its 12 command words (start that
@@ -367,8 +376,7 @@ class NVProgram(LockedProgram):
 
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     super().__init__(device, name, lib, signature)
-    st: NVState = device.info.state
-    self.state, self.launch_lock = st, st.lock
+    st: NVState = self.state
     k = cubin.parse(lib, name)
     want = [8] * self.nbufs + [dt.itemsize for dt in signature.scalars]
     if [s for _, s in k.params] != want:
@@ -405,8 +413,6 @@ class NVProgram(LockedProgram):
     struct.pack_into("<I", self.blob, CBUF_OFF + stack, hw.STACK_TOP)
     self.dims_off = CBUF_OFF + dims
     self.arg_offs = [CBUF_OFF + k.param_base + off for off, _ in k.params]
-    self.blob_buf = (ctypes.c_char * len(self.blob)).from_buffer(self.blob)
-    self.blob_addr = ctypes.addressof(self.blob_buf)
     self.max_threads = min(1024, 65536 // round_up(max(1, k.regs) * 32, 256) // 4 * 4 * 32)
     # the QMD's grid (x < 2**31, y and z < 65536) and block (1024, 1024, 64) fields; threads per block as this kernel's registers allow
     self.launch_limits = LaunchLimits(str(device), ((1 << 31) - 1, 65535, 65535), (1024, 1024, 64), self.max_threads)
@@ -420,8 +426,7 @@ class NVProgram(LockedProgram):
 
   # ---- under the device's lock (the launch lock): its slots, rings and timeline, and this program's entries
   def _encode(self, bufs: tuple, scalars: tuple, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> _Launch:
-    """The launch's QMD and constant bank 0 in self.blob (what a slot launch copies: the blob always holds the prepared
-    call the program launches, which is the last one encoded), and the resident entry that holds the same bytes."""
+    """The launch's QMD and constant bank 0, and the resident entry that holds the same bytes."""
     blob = self.blob
     self.qmd.set_dims(gs, ls)
     blob[:len(self.qmd.buf)] = self.qmd.buf
@@ -431,30 +436,51 @@ class NVProgram(LockedProgram):
     off, _, hi = self.cbuf_patch
     struct.pack_into("<II", blob, off, 0, hi)  # the constant bank's address: wherever the blob goes patches its own
     p = _Launch()
-    p.entry = self._resident(bytes(blob))
-    p.submit = partial(self._submit, p.entry)
+    p.blob = bytes(blob)
+    p.entry = self._resident(p.blob)
+    p.submit = partial(self._submit, p.entry, p.blob)
     return p
 
-  def _resident(self, key: bytes) -> ResidentLaunch | None:
-    """The resident entry holding `key` (the launch's bytes): one that holds them already, a free one (its launches done)
-    rewritten, a new one, or None (all busy: the launch carries its QMD and constants in its command slot)."""
+  def _resident(self, blob: bytes) -> ResidentLaunch | None:
+    """The resident entry holding `blob`: one that holds it already, a free one (its launches done) rewritten, a new
+    one, or None (all busy: the launch carries its QMD and constants in its command slot)."""
     for e in self.entries:
-      if e.key == key: return e
+      if e.key == blob: return e
+    if (e := self.resident.claim(self.state.completed())) is None: return None
+    self._write_entry(e, blob)
+    return e
+
+  def _write_entry(self, e: ResidentLaunch, blob: bytes) -> None:
+    """`blob` into the entry's descriptor memory (its constant bank's address patched in), and the entry's fast-path words."""
     st = self.state
-    if (e := self.resident.claim(st.completed())) is None: return None
-    off, shift, hi = self.cbuf_patch
-    cb = (e.descriptor + CBUF_OFF) >> shift
-    struct.pack_into("<II", self.blob, off, cb & M32, hi | cb >> 32)
-    ctypes.memmove(e.descriptor, self.blob_addr, self.cmd_off)
-    e.key = key
+    ctypes.memmove(e.descriptor, blob, self.cmd_off)
+    self._patch_cbuf(e.descriptor)
+    e.key = blob
     st.fast = False  # the GPU may hold the entry's old constants in its caches
     # the fast path's words: invalidate the data caches only, start the grid, release the timeline (no timestamp); the
     # release's payload is patched per launch
     e.commands = bytearray(cmd.words(cmd.launch(e.descriptor, hw.Compute.INVALIDATE_GLOBAL_DATA) + cmd.sem_release(st.sem, 0, timestamp=False)))
     assert len(e.commands) == FAST_WORDS * 4 and e.commands[FAST_PAYLOAD:FAST_PAYLOAD + 4] == bytes(4)
-    return e
 
-  def _submit(self, e: ResidentLaunch | None) -> None:
+  def _patch_cbuf(self, va: int) -> None:
+    """Point the QMD at `va` (CPU-writable GPU memory holding a blob) to its constant bank, right after it."""
+    off, shift, hi = self.cbuf_patch
+    cb = (va + CBUF_OFF) >> shift
+    struct.pack_into("<II", (ctypes.c_char * 8).from_address(va + off), 0, cb & M32, hi | cb >> 32)
+
+  def _graph_encode(self, launch: Launch) -> _Launch:
+    """A graph's launch holds an entry of its own (the program's entries are rewritten by later launches), freed with it."""
+    p = super()._graph_encode(launch)
+    assert isinstance(p, _Launch)
+    st = self.state
+    mem = st.iface.alloc(self.entry_size, "mapped")
+    weakref.finalize(p, _release_program, st, mem)
+    p.entry = ResidentLaunch(mem.va)
+    self._write_entry(p.entry, p.blob)
+    p.submit = partial(self._submit, p.entry, p.blob)
+    return p
+
+  def _submit(self, e: ResidentLaunch | None, blob: bytes) -> int:
     st = self.state
     if e is not None and st.fast:  # the fast path: 12 words into a slot, a ring entry, GP_PUT, the doorbell
       slots = st.slots  # CommandSlots.take and DoorbellRing.push/publish, inline
@@ -471,10 +497,10 @@ class NVProgram(LockedProgram):
       ch.put_register.value = put % ch.entries
       ch.doorbell.value = ch.token
       st.value = slots.last_use[i] = e.last_use = value
-      return
-    self._slot_launch(e, timed=False)
+      return value
+    return self._slot_launch(e, blob, timed=False)
 
-  def _slot_launch(self, e: ResidentLaunch | None, timed: bool) -> int:
+  def _slot_launch(self, e: ResidentLaunch | None, blob: bytes, timed: bool) -> int:
     """A launch whose commands (and, without a resident entry, its QMD and constants) go in a command slot, after the
     device's pending waits, with a start timestamp when timed; returns its timeline value."""
     st = self.state
@@ -482,10 +508,8 @@ class NVProgram(LockedProgram):
     slot = st.slots.take(st)
     va, value = st.slots.address(slot), st.value + 1
     if e is None:  # no resident entry free: QMD and constant bank travel in the slot
-      off, shift, hi = self.cbuf_patch
-      cb = (va + CBUF_OFF) >> shift
-      struct.pack_into("<II", self.blob, off, cb & M32, hi | cb >> 32)
-      ctypes.memmove(va, self.blob_addr, self.cmd_off)
+      ctypes.memmove(va, blob, self.cmd_off)
+      self._patch_cbuf(va)
       qmd, c = va, self.cmd_off
     else: qmd, c, e.last_use = e.descriptor, 0, value
     words = st.waits(st.compute) + (cmd.sem_release(st.ts, value) if timed else [])
@@ -495,12 +519,6 @@ class NVProgram(LockedProgram):
     st.fast = True
     return value
 
-  def _timed(self, prepared: PreparedCall) -> float:
+  def _submit_timed(self, prepared: PreparedCall) -> int:
     assert isinstance(prepared, _Launch)
-    st = self.state
-    value = self._slot_launch(prepared.entry, timed=True)
-    t = time.perf_counter()  # still holding the lock: the start-timestamp slot is the device's
-    st.wait(value)
-    t = time.perf_counter() - t
-    t0, t1 = ctypes.c_uint64.from_address(st.ts + 8).value, ctypes.c_uint64.from_address(st.sem + 8).value
-    return (t1 - t0) / 1e9 if 0 < t1 - t0 < 10 ** 12 else t  # the GPU's own timestamps (ns), else the host's clock
+    return self._slot_launch(prepared.entry, prepared.blob, timed=True)  # a start timestamp before the grid (launch_seconds)

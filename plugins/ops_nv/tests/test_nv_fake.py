@@ -28,7 +28,8 @@ def fake_plugins(gpu: FakeGPU) -> list[types.ModuleType]:
   nv = types.ModuleType("fake_plugrt_nv")
   spec = plugrt_nv.plugrt_backends()[0]._replace(probe=lambda: Probe.found(1, "fake"))
   nv.plugrt_backends = hookimpl(lambda: [spec])  # type: ignore[attr-defined]
-  for hook in ("plugrt_open_device", "plugrt_allocator", "plugrt_compiler", "plugrt_program"): setattr(nv, hook, getattr(plugrt_nv, hook))
+  for hook in ("plugrt_open_device", "plugrt_allocator", "plugrt_compiler", "plugrt_program", "plugrt_graph"):
+    setattr(nv, hook, getattr(plugrt_nv, hook))
   iface = types.ModuleType("fake_nv_iface")
   iface.plugrt_interfaces = hookimpl(lambda: [InterfaceSpec("NV", "FAKE", lambda: Probe.found(1, "fake"))])  # type: ignore[attr-defined]
   iface.plugrt_open_interface = hookimpl(lambda device, interface: gpu)  # type: ignore[attr-defined]
@@ -242,3 +243,32 @@ def test_a_resident_launch_sees_a_changed_list(fake):
   prg(out, global_size=gs, local_size=(4, 1, 1), vals=vals)
   dev.synchronize()
   assert out.numpy().tolist() == [0.25] * 12 + [0.0] * 4
+
+
+def test_a_graph_keeps_its_own_launches(fake):
+  """An NV graph (the core's HCQGraph) holds resident launches of its own: direct launches of the same program with
+  more argument sets than the program keeps resident entries for (which rewrites them) leave the graph's intact."""
+  from plugrt import kernel
+  from plugrt.dsl import global_id
+  from plugrt.hwqueue import HCQGraph
+  from plugrt.runtime import Launch
+
+  @kernel
+  def axpb(x: dtypes.int32[:], a: dtypes.int32, c: dtypes.int32):
+    i = global_id(0)
+    x[i] = x[i] * a + c
+
+  gpu, dev = fake
+  prg = dev.program(axpb.ir())
+  gpu.load(prg, axpb.ir())
+  xs = [Buffer(dev, 4, dtypes.int32).copyin(np.arange(4, dtype=np.int32)) for _ in range(2)]
+  graph = dev.graph([Launch(prg, [xs[0]], (1, 1, 1), (4, 1, 1), (2, 1)), Launch(prg, [xs[1]], (1, 1, 1), (4, 1, 1), (3, 0))])
+  assert isinstance(graph, HCQGraph)
+  junk = Buffer(dev, 4, dtypes.int32).copyin(np.zeros(4, np.int32))
+  for rep in range(3):
+    graph()
+    for k in range(2 * prg.ENTRIES): prg(junk, global_size=(1, 1, 1), local_size=(4, 1, 1), vals=(1, k + 10 * rep))
+    dev.synchronize()
+  want0, want1 = np.arange(4), np.arange(4)
+  for _ in range(3): want0, want1 = want0 * 2 + 1, want1 * 3
+  assert xs[0].numpy().tolist() == want0.tolist() and xs[1].numpy().tolist() == want1.tolist()

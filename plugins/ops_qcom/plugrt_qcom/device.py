@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import time
 import weakref
 from _thread import RLock
 from array import array
@@ -24,10 +23,10 @@ from typing import Any
 from plugrt.dtype import ImageDType, dtypes
 from plugrt.errors import CompileError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.hwqueue import CommandSlots, queue_timeout, round_up
+from plugrt.hwqueue import CommandSlots, HCQProgram, HCQState, queue_timeout, round_up
 from plugrt.ir import Signature
 from plugrt.launchargs import PreparedCall, bytes_packer
-from plugrt.runtime import Allocator, DeviceState, LaunchLimits, LockedProgram, buffer_address
+from plugrt.runtime import Allocator, LaunchLimits, buffer_address
 from plugrt_qcom import binary, cmd
 from plugrt_qcom.kgsldev import GpuMem, KGSLDevice, KGSLError, KGSLOps, KGSLTimeline
 
@@ -78,7 +77,7 @@ def gpu_only(handle: Any) -> bool:
   def __repr__(self) -> str: return f"QCOMImage({self.address:#x}, {self.dtype!r})"
 
 
-class QCOMState(KGSLTimeline, DeviceState):
+class QCOMState(KGSLTimeline, HCQState):
   """One Adreno GPU through KGSL: the context, the timeline (inherited), the command slots, private memory."""
 
   def __init__(self, info: DeviceInfo, ops: KGSLOps | None = None):
@@ -281,15 +280,14 @@ def _release_program(st: QCOMState, mem: GpuMem) -> None:
   except Exception: pass  # the device may be closed already
 
 
-class QCOMProgram(LockedProgram):
+class QCOMProgram(HCQProgram):
   """A kernel compiled by Qualcomm's OpenCL driver: its shader in GPU memory, and where each argument goes. A launch
   writes its argument block and command words into one of the device's command slots, under the device's lock."""
   scalar_packer = staticmethod(bytes_packer)
 
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     super().__init__(device, name, lib, signature)
-    st: QCOMState = device.info.state
-    self.state, self.launch_lock = st, st.lock
+    st: QCOMState = self.state
     sb = binary.parse(lib, name)
     want = 2 * self.nbufs + self.nvals  # the renderer's parameters: (base, offset) per buffer or image, then the scalars
     if len(sb.args) != want:
@@ -340,11 +338,6 @@ class QCOMProgram(LockedProgram):
 
   def _encode(self, bufs: tuple, scalars: tuple, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> PreparedCall:
     return PreparedCall(submit=partial(self._submit, tuple(b.handle for b in bufs), scalars, gs, ls))
-
-  def _timed(self, prepared: PreparedCall) -> float:
-    t = time.perf_counter()
-    self.state.wait(prepared.submit())
-    return time.perf_counter() - t
 
   def launch(self, handles: Sequence[Any], vals: Sequence[Any], gs: tuple[int, int, int], ls: tuple[int, int, int],
              wait: bool = False) -> None:
