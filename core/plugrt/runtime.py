@@ -517,7 +517,10 @@ class Program:
     return time.perf_counter() - st
 
   def _graph_step(self, launch: Launch) -> PreparedCall:
-    """What a Graph submits to replay `launch`: a prepared call of its own (prepared calls never change once built)."""
+    """What a Graph submits to replay `launch`: a prepared call of its own (prepared calls never change once built); for
+    a program written before the core owned the launch (its own __call__, no _encode), a call of the program."""
+    if type(self)._encode is Program._encode:
+      return PreparedCall(submit=partial(self, *launch.bufs, global_size=launch.global_size, local_size=launch.local_size, vals=launch.vals))
     return self._prepare(NO_CALL, launch.bufs, launch.vals, launch.global_size, launch.local_size)
 
   def repeats_but_buffers(self, last: Any, bufs: Sequence[Any], vals: Sequence[Any], global_size: Any, local_size: Any) -> bool:
