@@ -256,7 +256,7 @@ def _unique_kernel() -> Kernel:
 
 def test_cpu_loader_refuses_truncated_and_foreign_elfs() -> None:
   from plugrt.errors import PluginError
-  from plugrt_cpu.loader import check_elf
+  from plugrt_cpu.objects import check_elf
   comp = Device["CPU"].compiler_for("CLANG")
   so = comp.compile_uncached(comp.render(kernel("add")))  # a relocatable object (ET_REL), linked in-process
   assert check_elf(so, "adv") == 1

@@ -327,7 +327,7 @@ MISDECLARED = {
 def test_a_declaration_hook_that_misbehaves_is_listed_with_its_reason(fake_plugins, case, capsys):
   """A hook that raises, returns garbage or uses the registry contributes nothing, is listed in `plugrt devices` with
   its reason (never silently dropped), and costs nobody else: another plugin's decoder and engine, PyAV and MPI stay."""
-  from plugrt.distributed.engine import choose, engine_rows, engines
+  from plugrt.distributed.choice import choose, engine_rows, engines
   from plugrt.errors import CollectiveUnavailable
   from plugrt.video import decoder_rows, decoders
   body, reason, detail = MISDECLARED[case]
@@ -351,7 +351,7 @@ def test_a_declaration_hook_that_misbehaves_is_listed_with_its_reason(fake_plugi
 def test_a_declaration_hook_that_prints_keeps_stdout_clean(fake_plugins, capsys):
   fake_plugins.plugin(declaring(decoders="print('decoders here')\n      return [DEC]", engines="print('engines here')\n      return [ENG]"),
                       entry="chatty")
-  from plugrt.distributed.engine import engines
+  from plugrt.distributed.choice import engines
   from plugrt.video import decoders
   with use(Registry(env={"PLUGRT_PLUGINS": "chatty"})):
     assert decoders()[0].spec.name == "FAKEDEC" and engines()[0][0].name == "FAKENG"

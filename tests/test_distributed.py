@@ -18,8 +18,9 @@ import pytest
 
 import plugrt.distributed as dist
 from plugrt import Buffer, Device, Tensor, dtypes
+from plugrt.distributed.choice import choose
 from plugrt.distributed.comm import make_communicators
-from plugrt.distributed.engine import Call, Engine, choose
+from plugrt.distributed.engine import Call, Engine
 from plugrt.errors import CollectiveError, CollectiveMismatch, CollectiveUnavailable, EnvError, RankError, Reason, UnsupportedError
 from plugrt.hookspecs import CollectiveEngineSpec, Probe, hookimpl
 from plugrt.registry import isolated

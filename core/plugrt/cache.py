@@ -250,7 +250,7 @@ class DiskCache:
       base = self._base()
       if base and _HAVE_FLOCK:
         from plugrt.cachepack import Pack
-        self._pack = Pack(base, _untrusted, self._discard, MAX_ENTRY)
+        self._pack = Pack(base, _untrusted, self._discard, MAX_ENTRY, _writer)
       else: self._pack = False
     return self._pack or None
 
@@ -441,10 +441,17 @@ def _packs(root: str, namespace: str | None = None) -> Iterator[tuple[str, Pack,
     d = os.path.join(root, ns)
     try:
       if _untrusted(os.lstat(d), True) or not os.path.lexists(os.path.join(d, "pack")): continue
-      pack = Pack(d, _untrusted, lambda path, why: _remove(path) if path else None, MAX_ENTRY)
+      pack = Pack(d, _untrusted, lambda path, why: _remove(path) if path else None, MAX_ENTRY, _writer)
       live = pack.live()
       yield ns, pack, live, pack.files_bytes()
     except OSError: continue
+
+
+def _writer() -> Any:
+  """The pack's writing half (appends, rebuilds, compaction, the lock), imported at a process's first write or repair
+  (for its import cost: a process that only reads never loads it)."""
+  from plugrt import cachepack_write
+  return cachepack_write
 
 
 def evict_to(root: str, target: int) -> int:
@@ -452,7 +459,7 @@ def evict_to(root: str, target: int) -> int:
   but the running total's). Entries in a pack are dropped by compacting it (which also drops its dead records), and a
   namespace none of whose entries stays goes whole."""
   from plugrt.cachepack import PACK_HEAD, REC_HEAD
-  from plugrt.cachepack_write import index_bytes
+  index_bytes = _writer().index_bytes
   aged: list[tuple[float, int, Any]] = [(e.mtime, e.size, e.path) for e in scan(root)]
   packs = list(_packs(root))
   for _, pack, live, _ in packs:

@@ -26,7 +26,8 @@ compacted or cleared away. Nothing is fsync'ed: a crash can lose recent entries 
 pack, both of which the checks above turn into misses.
 
 This module is the reading half; the writing half (appends, rebuilds, compaction, the lock) is
-plugrt.cachepack_write, imported at a process's first write.
+plugrt.cachepack_write, which builds on this one: plugrt.cache hands each Pack a function that imports it, called at a
+process's first write or repair.
 """
 from __future__ import annotations
 
@@ -90,10 +91,12 @@ class Pack:
   """The pack and index of one namespace directory. Threads of a process share it: each reader works on the view
   it read once; writers (threads or processes) are serialised by the flock (each takes its own open file)."""
 
-  def __init__(self, directory: str, untrusted: Untrusted, discard: Discard, max_entry: int):
+  def __init__(self, directory: str, untrusted: Untrusted, discard: Discard, max_entry: int, writer: Callable[[], Any]):
+    """writer: returns the writing half (plugrt.cachepack_write), which this module, below it, does not import; the
+    cache hands it over so that a process that only reads never loads it."""
     self.dir = directory
     self.pack_path, self.index_path, self.lock_path = (os.path.join(directory, n) for n in ("pack", "index", "lock"))
-    self._untrusted, self._discard, self._max_entry = untrusted, discard, max_entry
+    self._untrusted, self._discard, self._max_entry, self._writer = untrusted, discard, max_entry, writer
     self._view: _View | None = None
 
   # ------------------------------------------------------------------ reading
@@ -144,7 +147,7 @@ class Pack:
       if not ok or (v := self._map(under_lock=True)) is None or (found := _find(v, raw, slot)) is None or not found[2]: return None
       at, off, n, _ = found
       if (payload := self._record(v, raw, off, n)) is not None: return payload
-      _writer()._write_slot(v, at, off, 0, 0)  # removed (the offset stays: an offset of 0 would end other keys' probes here)
+      self._writer()._write_slot(v, at, off, 0, 0)  # removed (the offset stays: an offset of 0 would end other keys' probes here)
       pk = v.pack[0]
       other = off + REC_HEAD <= v.pack[1] and pk[off:off + 4] == REC_MAGIC and pk[off + 40:off + 72] != raw
     self._discard("", f"the index slot of key {raw.hex()[:16]}... in {self.dir} "
@@ -199,12 +202,12 @@ class Pack:
     if (v := self._map_plain()) is not None: return v
     if not os.path.lexists(self.index_path) and not os.path.lexists(self.pack_path): return None  # nothing written yet
     if under_lock:
-      _writer()._rebuild(self)
+      self._writer()._rebuild(self)
       return self._map_plain()
     with self.locked() as ok:
       if not ok: return None
       if (v := self._map_plain()) is not None: return v
-      _writer()._rebuild(self)
+      self._writer()._rebuild(self)
       return self._map_plain()
 
   def _replaced(self, v: _View) -> bool:
@@ -215,13 +218,13 @@ class Pack:
 
   # ------------------------------------------------------------------ writing (plugrt.cachepack_write: imported at the first write)
 
-  def locked(self) -> AbstractContextManager[bool]: return _writer().locked(self)  # as ok: whether the flock was taken
-  def put(self, raw: bytes, payload: bytes) -> int: return _writer().put(self, raw, payload)
-  def remove(self, raw: bytes) -> None: _writer().remove(self, raw)
-  def retire(self, replace: Callable[[], object] = lambda: None) -> None: _writer().retire(self, replace)
-  def live(self) -> dict[bytes, tuple[int, int, int]]: return _writer().live(self)
-  def compact(self, drop: set[bytes]) -> None: _writer().compact(self, drop)
-  def files_bytes(self) -> int: return _writer().files_bytes(self)
+  def locked(self) -> AbstractContextManager[bool]: return self._writer().locked(self)  # as ok: whether the flock was taken
+  def put(self, raw: bytes, payload: bytes) -> int: return self._writer().put(self, raw, payload)
+  def remove(self, raw: bytes) -> None: self._writer().remove(self, raw)
+  def retire(self, replace: Callable[[], object] = lambda: None) -> None: self._writer().retire(self, replace)
+  def live(self) -> dict[bytes, tuple[int, int, int]]: return self._writer().live(self)
+  def compact(self, drop: set[bytes]) -> None: self._writer().compact(self, drop)
+  def files_bytes(self) -> int: return self._writer().files_bytes(self)
 
 
 def _find(v: _View, raw: bytes, slot: int) -> tuple[int, int, int, int] | None:
@@ -244,9 +247,3 @@ def _map_pack(v: _View, need: int) -> bool:
     v.pack = (mmap.mmap(v.pkfd, size, access=mmap.ACCESS_READ), size)  # the old map closes when no reader holds it
     return True
   except (OSError, ValueError): return False
-
-
-def _writer() -> Any:
-  """The writing half (appends, rebuilds, compaction, the lock): a process that only reads never imports it."""
-  from plugrt import cachepack_write
-  return cachepack_write

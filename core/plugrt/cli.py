@@ -81,7 +81,7 @@ def device_rows() -> tuple[list[dict[str, Any]], str | None, str | None]:
 def _collective_rows() -> list[dict[str, Any]]:
   """plugrt.distributed's collective engines (NCCL, MPI, ...) with their status, like the video decoders'."""
   try:
-    from plugrt.distributed.engine import engine_rows
+    from plugrt.distributed.choice import engine_rows
     return engine_rows(_registry())
   except Exception as e:  # a broken engine declaration must not take the device table down
     return [{"engine": "?", "device": "-", "package": "-", "available": False, "reason": "hook error", "detail": str(e), "hint": ""}]

@@ -6,7 +6,8 @@ of the process environment) and hands it to every probe (plugin API >= 1.2) and,
 so two registries with two environments see two different machines' worth of settings.
 
 Every reader validates: a value it cannot use is an `EnvError` that names the variable and the fix.
-This module is a leaf: it imports only the standard library and plugrt.errors / plugrt.probing.
+It also holds what every layer above names: `DeviceState` (what a device's objects share) and `BufferBase` (what a
+program takes). This module is a leaf: it imports only the standard library and plugrt.errors / plugrt.probing.
 """
 from __future__ import annotations
 
@@ -18,10 +19,23 @@ from plugrt import probing
 from plugrt.errors import EnvError, UnknownDeviceError, did_you_mean
 
 if TYPE_CHECKING:
-  from plugrt.runtime import DeviceState
   from plugrt.selection import Target
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+class DeviceState:
+  """What a device's objects share (plugrt_open_device's result, `DeviceInfo.state`). Backends with queues override
+  synchronize(): when it returns, every write queued before it is done, and memory the allocator wrapped (_wrap, for
+  from_blob) shows it to the memory's owner."""
+  def synchronize(self) -> None: pass
+  def close(self) -> None: pass
+
+
+class BufferBase:
+  """What programs take as arguments: typed memory on one opened device (plugrt.opened.Buffer). Here, below the
+  modules that make buffers, so that a program's argument check (plugrt.runtime) knows one without importing them."""
+  __slots__ = ()
 
 
 class PluginContext:

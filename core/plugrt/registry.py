@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from types import BuiltinFunctionType, BuiltinMethodType, FunctionType, MethodType, ModuleType
 from typing import Any
 
-from plugrt import hookspecs
+from plugrt import hookspecs, opened
 from plugrt._entrypoints import entry_points, foreign_modules, import_warning, name_warning, skipped, value_warning
 from plugrt.context import DeviceInfo, PluginContext
 from plugrt.errors import DeviceUnavailable, EnvError, EnvWarning, PluginError, PlugrtError, Reason, UnknownDeviceError, did_you_mean
@@ -541,7 +541,6 @@ class Registry:
 
   def _open_backend(self, name: str, index: int, key: str, compiler: str = "") -> Any:
     """Open device `index` of backend `name` (with `compiler`, else the chosen one) as the device called `key`."""
-    from plugrt.device import RuntimeDevice
     with self._lock:
       br = self.backend(name)
       p = self.probe(name)
@@ -571,7 +570,7 @@ class Registry:
         return iface_object, self.call_hook(rec, "plugrt_open_device", device=info)
       try:
         info.iface_object, info.state = self._run(rec, f"opening {key}", open_hooks, limit=self._open_limit)
-        dev = RuntimeDevice(self, br, info)
+        dev = opened.RuntimeDevice(self, br, info)
       except _Overran as e:
         stalled = self._stall(running[0], f"opening {key} (plugin {running[0].entry}'s open hook) {e}", OPEN_TIMEOUT)
         raise DeviceUnavailable(stalled.detail, Reason.TIMED_OUT, stalled.hint, self._others(name)) from None
@@ -922,6 +921,15 @@ def current() -> Registry:
     with _current_lock:
       if _current is None: _current = Registry()
   return _current
+
+
+def _open_by_name(name: str | None) -> opened.RuntimeDevice:
+  """A device of the process's registry by name (None: its default): how plugrt.opened opens `Buffer("CPU", ...)`."""
+  reg = current()
+  return reg.open(reg.default if name is None else name)
+
+
+opened.open_by_name = _open_by_name  # plugrt.opened sits below the registry: it is handed the opener, not an import of it
 
 
 @contextlib.contextmanager

@@ -10,26 +10,18 @@ import time
 from _thread import allocate_lock  # threading's locks, without importing threading (~1 ms of discovery)
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
-from functools import cache, partial
+from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from plugrt.context import DeviceInfo
-from plugrt.dtype import DType, ImageDType
+from plugrt.context import BufferBase, DeviceInfo, DeviceState
+from plugrt.dtype import DType, ImageDType, image_dtype
 from plugrt.errors import EnvError, LaunchError, OutOfMemoryError, UnsupportedError
 from plugrt.launchargs import NO_CALL, PreparedCall, call_key, slot_packer
 
 if TYPE_CHECKING:  # (the IR and the disk cache load when something compiles, not when a device opens)
-  from plugrt.device import Buffer
   from plugrt.ir import Kernel, Signature
 
 H = TypeVar("H")  # a backend's memory handle
-
-
-class DeviceState:
-  """What a device's objects share. Backends with queues override synchronize(): when it returns, every write
-  queued before it is done, and memory the allocator wrapped (_wrap, for from_blob) shows it to the memory's owner."""
-  def synchronize(self) -> None: pass
-  def close(self) -> None: pass
 
 
 def size_str(n: int) -> str:
@@ -174,7 +166,6 @@ class Allocator(Generic[H]):
     if not self.supports_images:
       raise UnsupportedError(f"{self.device.canonical} has no image support: cannot hold {dtype!r}",
                              f"use an image device (CL, or PYTHON for the reference), or a plain buffer of {dtype.base.name} ({dtype.size} elements)")
-    from plugrt.dtype import image_dtype
     image_dtype(dtype.base, dtype.shape, self.max_image)  # raises ImageError past max_image
 
   def offset(self, handle: H, offset: int, nbytes: int) -> H:
@@ -437,12 +428,6 @@ class LaunchLimits:
                         "split the work into several launches")
 
 
-@cache
-def _buffer_class() -> type:
-  from plugrt.device import Buffer  # (plugrt.device is not imported here at load: it is not needed until a launch)
-  return Buffer
-
-
 class Program:
   """A compiled kernel on one device.
 
@@ -479,7 +464,7 @@ class Program:
     self._packers = [self.scalar_packer(dt) for dt in signature.scalars]
     self._prepared: PreparedCall = NO_CALL
 
-  def __call__(self, *bufs: Buffer, global_size: LaunchSize = (1, 1, 1), local_size: LaunchSize = (1, 1, 1),
+  def __call__(self, *bufs: BufferBase, global_size: LaunchSize = (1, 1, 1), local_size: LaunchSize = (1, 1, 1),
                vals: Sequence[Any] = (), wait: bool = False) -> float | None:
     p = self._prepared  # read once: everything below uses this one prepared call
     if bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims:  # see plugrt.launchargs
@@ -529,18 +514,16 @@ class Program:
     last and puts in the buffers alone (a kernel run on each new frame or tensor, each in memory of its own). Any other
     call answers False, and the backend prepares it in full, check_args raising what is wrong."""
     if not (vals == last.vals and (global_size, local_size) == last.dims and len(bufs) == self.nbufs): return False
-    buffer = _buffer_class()
-    return all(type(b) is buffer and b.device is self.device and b.dtype is dt for b, dt in zip(bufs, self.signature.buffers))
+    return all(isinstance(b, BufferBase) and b.device is self.device and b.dtype is dt for b, dt in zip(bufs, self.signature.buffers))
 
   def check_args(self, bufs: Sequence[Any], vals: Sequence[Any], global_size: Any, local_size: Any) \
       -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """The full argument check, with messages; backends call it when their fast check fails."""
-    from plugrt.device import Buffer
     sig, name = self.signature, f"program {self.name}"
     if len(bufs) != self.nbufs:
       raise TypeError(f"{name} takes {self.nbufs} buffer(s) ({', '.join(d.name for d in sig.buffers) or 'none'}), got {len(bufs)}")
     for i, (b, dt) in enumerate(zip(bufs, sig.buffers)):
-      if not isinstance(b, Buffer): raise TypeError(f"program {self.name}: argument {i} must be a plugrt Buffer, not {type(b).__name__}")
+      if not isinstance(b, BufferBase): raise TypeError(f"program {self.name}: argument {i} must be a plugrt Buffer, not {type(b).__name__}")
       if b.device is not self.device:
         raise TypeError(f"{name} runs on {self.device}: argument {i} is a buffer on {b.device}; copy it with buf.to({str(self.device)!r})")
       if b.dtype is not dt:
@@ -567,7 +550,7 @@ class LockedProgram(Program):
     super().__init__(device, name, lib, signature)
     self.launch_lock: Any = allocate_lock()
 
-  def __call__(self, *bufs: Buffer, global_size: LaunchSize = (1, 1, 1), local_size: LaunchSize = (1, 1, 1),
+  def __call__(self, *bufs: BufferBase, global_size: LaunchSize = (1, 1, 1), local_size: LaunchSize = (1, 1, 1),
                vals: Sequence[Any] = (), wait: bool = False) -> float | None:
     with self.launch_lock:
       p = self._prepared
@@ -589,7 +572,7 @@ class Launch:
   """One launch of a program, with its arguments: a step of a Graph."""
   __slots__ = ("bufs", "global_size", "local_size", "program", "vals")
 
-  def __init__(self, program: Program, bufs: Sequence[Buffer], global_size: LaunchSize = (1, 1, 1), local_size: LaunchSize = (1, 1, 1),
+  def __init__(self, program: Program, bufs: Sequence[BufferBase], global_size: LaunchSize = (1, 1, 1), local_size: LaunchSize = (1, 1, 1),
                vals: Sequence[Any] = ()):
     self.program, self.bufs, self.vals = program, tuple(bufs), tuple(vals)
     self.global_size, self.local_size = program.check_args(self.bufs, self.vals, global_size, local_size)

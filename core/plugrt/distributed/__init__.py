@@ -18,8 +18,9 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from plugrt.distributed.choice import choose, engines, start
 from plugrt.distributed.comm import Communicator, group, make_communicators
-from plugrt.distributed.engine import Call, Engine, EngineRequest, choose, engines, start
+from plugrt.distributed.engine import Call, Engine, EngineRequest
 from plugrt.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, CollectiveUnavailable, EnvError, RankError
 
 __all__ = ["Call", "CollectiveError", "CollectiveMismatch", "CollectiveTimeout", "CollectiveUnavailable", "Communicator", "Engine",

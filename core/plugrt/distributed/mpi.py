@@ -16,6 +16,7 @@ from typing import Any
 
 from plugrt.distributed.engine import MPI_HINT, Call, Engine, EngineRequest
 from plugrt.errors import CollectiveError, CollectiveTimeout, CollectiveUnavailable, Reason
+from plugrt.hookspecs import CollectiveEngineSpec, Probe
 
 TAG_DATA, TAG_META = 0x504C, 0x504D  # "PL", "PM": data and metadata of send/recv never match each other
 
@@ -178,3 +179,18 @@ class MPIEngine(Engine):
     if self._stuck or self.comm is None: return
     comm, self.comm = self.comm, None
     comm.Free()
+
+
+def _mpi_probe(ctx: Any = None) -> Probe:
+  import importlib.util
+  if importlib.util.find_spec("mpi4py") is None:
+    return Probe.missing(Reason.MISSING_TOOLCHAIN, "mpi4py is not installed", MPI_HINT)
+  return Probe.found(1, "mpi4py")
+
+
+def _mpi_open(request: EngineRequest) -> Engine: return MPIEngine(request)
+
+
+#: the core's own engine: MPI over host memory, for any device (device memory is staged through the host)
+MPI_SPEC = CollectiveEngineSpec("MPI", "", _mpi_probe, _mpi_open, local=False, priority=-100,
+                                description="MPI through mpi4py, over host memory (any device; device buffers are staged)")

@@ -19,11 +19,9 @@ from plugrt.context import PluginContext
 from plugrt.errors import Reason
 from plugrt.hookspecs import Alias, BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
 from plugrt_cl import icd
+from plugrt_cl.icd import NO_PLATFORM_HINT
 
 __version__ = "0.1.0"
-
-NO_PLATFORM_HINT = ("install an OpenCL platform: apt-get install pocl-opencl-icd (PoCL, runs on the CPU) or "
-                    "pip install pocl-binary-distribution; for a GPU, its vendor's OpenCL driver (NVIDIA: the driver's libnvidia-opencl ICD)")
 
 
 def enumerate_platforms(ctx: PluginContext) -> tuple[int, dict[str, str]]:

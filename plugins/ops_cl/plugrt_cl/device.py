@@ -22,7 +22,8 @@ import pyopencl as cl
 from plugrt.errors import DeviceUnavailable, Reason
 from plugrt.hookspecs import DeviceInfo
 from plugrt.runtime import MAX_LAUNCH_THREADS, Allocator, DeviceState, LaunchLimits, size_str
-from plugrt_cl import NO_PLATFORM_HINT, icd
+from plugrt_cl import icd
+from plugrt_cl.icd import NO_PLATFORM_HINT
 
 _OOM = {cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE, cl.status_code.OUT_OF_RESOURCES, cl.status_code.OUT_OF_HOST_MEMORY,
         cl.status_code.INVALID_BUFFER_SIZE}

@@ -21,6 +21,8 @@ from plugrt.context import PluginContext
 from plugrt.probing import has_module
 
 DEFAULT_VENDORS = "/etc/OpenCL/vendors"
+NO_PLATFORM_HINT = ("install an OpenCL platform: apt-get install pocl-opencl-icd (PoCL, runs on the CPU) or "
+                    "pip install pocl-binary-distribution; for a GPU, its vendor's OpenCL driver (NVIDIA: the driver's libnvidia-opencl ICD)")
 
 
 class Manifest(NamedTuple):  # not a dataclass: discovery imports this module, and a dataclass execs its methods (~1 ms)

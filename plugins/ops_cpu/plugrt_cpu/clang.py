@@ -24,9 +24,9 @@ from plugrt.errors import CompileError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import Kernel
 from plugrt.runtime import Compiler
-from plugrt_cpu import MAX_SHARED_BYTES, probe_clang, which_cc
 from plugrt_cpu.crender import CPUCRenderer
 from plugrt_cpu.span import RenderedSources
+from plugrt_cpu.toolchain import MAX_SHARED_BYTES, probe_clang, which_cc
 
 # -fno-pic -mcmodel=large: absolute addresses only, so the JIT may place the code, its constants and libm anywhere
 CFLAGS = ("-O2", "-fno-pic", "-mcmodel=large", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-asynchronous-unwind-tables",

@@ -20,6 +20,7 @@ import threading
 from typing import Any
 
 from plugrt.errors import PluginError, PlugrtError
+from plugrt_cpu.objects import check_elf, load_relocatable
 
 RUNNER = "plugrt_grid"
 ONE_GROUP, SPAN = 0, 1  # block[3]: how the kernel at block[0] is called
@@ -127,8 +128,6 @@ def _load_runner(comp: Any) -> tuple[int, Any]:
   if (r := getattr(comp, "_grid_runner", None)) is not None: return r
   with _lock:
     if (r := getattr(comp, "_grid_runner", None)) is not None: return r
-    from plugrt_cpu.loader import check_elf, load_relocatable
-
     def load(lib: bytes, name: str) -> tuple[int, Any]:  # both compilers make relocatable objects
       check_elf(lib, name)
       return load_relocatable(lib, name)

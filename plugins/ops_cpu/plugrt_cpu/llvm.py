@@ -36,8 +36,8 @@ from plugrt.ir import Kernel, Ops, UOp
 from plugrt.lowering import THREAD_LOOP, serialize_groups
 from plugrt.renderer.llvmir import IRFunction, LLVMRenderer
 from plugrt.runtime import Compiler
-from plugrt_cpu import MAX_SHARED_BYTES
 from plugrt_cpu.span import RenderedSources
+from plugrt_cpu.toolchain import MAX_SHARED_BYTES
 
 OPT_LEVEL = 2
 #: a straight-line module up to this many lines of IR is code-generated at level 0 (see the module doc); a larger

@@ -25,6 +25,7 @@ from plugrt.ir import Signature
 from plugrt.launchargs import PreparedCall
 from plugrt.runtime import LaunchLimits, Program
 from plugrt_cpu.grid import HEAD, ONE_GROUP, SPAN
+from plugrt_cpu.objects import check_elf, load_relocatable
 from plugrt_cpu.span import SPAN_MAX_THREADS, SPAN_MIN_GROUPS, SPAN_MIN_ROW
 
 KernelFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)
@@ -140,7 +141,6 @@ class CPUProgram(Program):
     return self._span
 
   def _make_span(self) -> tuple[int, Any]:
-    from plugrt_cpu.loader import check_elf, load_relocatable
     from plugrt_cpu.span import span_name, span_source
     comp = self.device.compiler_for(self.compiler)
     if (src := comp.rendered.get(self.name)) is None: raise LookupError(f"{self.compiler} did not render {self.name} in this process")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from plugrt import Buffer, Device, KernelBuilder, dtypes
-from plugrt_cpu.loader import check_elf, load_relocatable
+from plugrt_cpu.objects import check_elf, load_relocatable
 from plugrt_cpu.relocate import link
 
 pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the linker is x86-64 only")

@@ -14,7 +14,7 @@ from plugrt import Buffer, Device, KernelBuilder, dtypes
 from plugrt.ir import Kernel
 from plugrt_cpu import program as cpu_program
 from plugrt_cpu.grid import ONE_GROUP, SPAN
-from plugrt_cpu.loader import check_elf
+from plugrt_cpu.objects import check_elf
 from plugrt_cpu.relocate import link
 from plugrt_cpu.span import SPAN_MAX_THREADS, SPAN_MIN_GROUPS, SPAN_MIN_ROW, span_name, span_source
 

@@ -28,7 +28,7 @@ def gpus() -> int:
 
 def nccl_missing() -> str | None:
   if gpus() < 2: return "needs at least 2 NVIDIA GPUs"
-  from plugrt.distributed.engine import choose
+  from plugrt.distributed.choice import choose
   try: choose("CUDA", True, "NCCL")
   except Exception as e: return f"NCCL is not usable here: {e}"
   return None

@@ -7,7 +7,7 @@ What compile() returns, and the core's disk cache keeps, is a frame (magic line,
   kept for the loader, so a new kernel is compiled once); a cache hit compiles the source again at load (Metal keeps
   its own shader cache for that).
 Either way fast math is off (MTLMathModeSafe, or fastMathEnabled NO before macOS 15; `-fno-fast-math` offline) and
-the language version is the device's (plugrt_metal.msl_version_for_macos). The cache key holds the macOS version, the
+the language version is the device's (plugrt_metal.macos.msl_version_for_macos). The cache key holds the macOS version, the
 MSL version, the GPU's name and the offline tools' version.
 """
 from __future__ import annotations

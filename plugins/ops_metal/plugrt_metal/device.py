@@ -18,7 +18,7 @@ from plugrt.dlpack import KDL_METAL
 from plugrt.errors import DeviceUnavailable, PluginError, Reason, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.runtime import Allocator, DeviceState, LaunchLimits, size_str
-from plugrt_metal import msl_version_for_macos
+from plugrt_metal.macos import msl_version_for_macos
 from plugrt_metal.objc import BOOL, ID, SEL, MTLSize, NSInteger, NSRange, NSUInteger, runtime
 
 # MTLResourceOptions (MTLResource.h): storage mode in bits 4..7; shared = 0, the CPU cache mode default = 0

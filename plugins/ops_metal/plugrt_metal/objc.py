@@ -17,7 +17,7 @@ import platform
 from collections.abc import Callable
 from typing import Any
 
-from plugrt_metal import METAL_FRAMEWORK
+from plugrt_metal.macos import METAL_FRAMEWORK
 
 _FRAMEWORKS = ("/System/Library/Frameworks/Foundation.framework/Foundation",
                # a process that never loaded CoreGraphics gets no device from MTLCreateSystemDefaultDevice (command-line tools)

@@ -13,23 +13,17 @@ from typing import Any
 from plugrt.context import PluginContext
 from plugrt.errors import Reason
 from plugrt.hookspecs import BackendSpec, CompilerSpec, DeviceInfo, Probe, hookimpl
-from plugrt.probing import has_module, install_hint
+from plugrt.probing import has_module
+from plugrt_webgpu.install import ENGINES, engine_hint
 
 __version__ = "0.1.0"
 
-#: first-party engines: (interface, its package's module, the library it drives, distribution to install)
-ENGINES = (("WGPU", "plugrt_webgpu_wgpu", "wgpu", "plugrt-webgpu-wgpu"), ("DAWN", "plugrt_webgpu_dawn", "pydawn", "plugrt-webgpu-dawn"))
 
 
 def _third_party_engines(ctx: PluginContext) -> list[str]:
   """Interfaces other plugins declare for WEBGPU (a third party's engine), as the registry found them."""
   known = {name for name, _, _, _ in ENGINES}
   return [name for name in ctx.interfaces("WEBGPU") if name not in known]
-
-
-def engine_hint() -> str:
-  """How to install the default engine, the way plugrt was installed."""
-  return f"{install_hint('plugrt-webgpu-wgpu')} (wgpu-native; or plugrt-webgpu-dawn: Dawn)"
 
 
 def probe_webgpu(ctx: PluginContext) -> Probe:

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from plugrt_webgpu import engine_hint
+from plugrt_webgpu.install import engine_hint
 
 
 def engines() -> list[dict[str, Any]]:

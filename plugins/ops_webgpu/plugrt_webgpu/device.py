@@ -28,8 +28,8 @@ from plugrt.errors import DeviceUnavailable, Reason
 from plugrt.hookspecs import DeviceInfo
 from plugrt.launchargs import PreparedCall
 from plugrt.runtime import Allocator, Compiler, DeviceState, LaunchLimits, LockedProgram
-from plugrt_webgpu import engine_hint
 from plugrt_webgpu.engine import FEATURE_F16, Engine, Pipeline
+from plugrt_webgpu.install import engine_hint
 from plugrt_webgpu.wgsl import Header, WGSLRenderer, parse_header, specialize
 
 #: bind groups kept per program (each pins its buffers): enough for ping-pong and small graphs

@@ -11,11 +11,10 @@ from typing import Any
 
 from plugrt.errors import Reason
 from plugrt.hookspecs import DeviceInfo, InterfaceSpec, Probe, hookimpl
+from plugrt_nv_nvk.branches import BRANCHES
 
 __version__ = "0.1.0"
 NAME = "NVK"
-#: driver branches with struct layouts in rm.py (580 is the one that has run; 570 and 610 come from the headers)
-BRANCHES = {570: range(570, 580), 580: range(580, 610), 610: range(610, 620)}
 
 
 def probe() -> Probe:

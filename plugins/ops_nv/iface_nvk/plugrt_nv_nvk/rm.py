@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from plugrt_nv.iface import NVError
-from plugrt_nv_nvk import BRANCHES
+from plugrt_nv_nvk.branches import BRANCHES
 
 u8, u16, u32, s32, u64 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64
 UUID = ctypes.c_uint8 * 16
