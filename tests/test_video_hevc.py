@@ -52,7 +52,7 @@ def test_nal_units_and_access_units(streams: dict) -> None:
   assert len(aus) == 5 and all(sum(u.is_vcl and u.first_slice_in_picture for u in au) == 1 for au in aus)
   assert [u for au in aus for u in au] == units
   # the scan records where each access unit starts, for a decoder that feeds them one at a time (cuvid's worker)
-  assert hevc.scan(data).access_units == [au[0].offset for au in aus]
+  assert list(hevc.scan(data).access_units) == [au[0].offset for au in aus]
 
 
 def test_resolution_change_is_two_sequences() -> None:

@@ -7,11 +7,14 @@ Syntax and semantics follow ITU-T H.265 (sections 7.3.1 NAL unit header, 7.3.2.1
 profile_tier_level, 7.3.4 scaling_list_data, 7.3.6.1 slice segment header, 7.3.7 st_ref_pic_set, E.2.1 VUI);
 docs/research/nvdec.md and docs/research/nv-video.md list them.
 Every malformed or truncated input raises plugrt.errors.VideoStreamError with the byte offset in the stream where
-the problem is; nothing here loops without consuming input, so garbage ends in an error, never a hang.
+the problem is; nothing here loops without consuming input, so garbage ends in an error, never a hang. What is kept
+while a stream is read is bounded by its structure (MAX_AU_UNITS, MAX_PARAMETER_SET_BYTES, MAX_SPS_VERSIONS), so a
+hostile stream costs time and memory linear in its size, with a small constant, or a VideoStreamError naming the limit.
 """
 from __future__ import annotations
 
 import re
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -24,6 +27,12 @@ NAMES = {VPS: "VPS", SPS: "SPS", PPS: "PPS", AUD: "AUD", EOS: "EOS", EOB: "EOB",
 _EMULATION = re.compile(b"\x00\x00\x03")
 SLICE_HEADER_PREFIX = 16  # bytes enough for first_slice_segment_in_pic_flag, no_output_of_prior_pics_flag, slice_pic_parameter_set_id
 MAX_UE_BITS = 32  # an Exp-Golomb code with more leading zeros than this is garbage in any HEVC syntax element
+# What a stream may hold before it is refused (nothing legal comes near them): a level 6.2 picture has at most 600
+# slice segments (H.265 Table A.8) and a stream at most 16 VPS, 16 SPS and 64 PPS ids; the largest parameter sets
+# (scaling lists, 64 reference picture sets, HRD for 7 sub-layers) are a few KB.
+MAX_AU_UNITS = 4096             # NAL units in one access unit, and in a row without a slice (before the first picture too)
+MAX_PARAMETER_SET_BYTES = 1 << 16  # one VPS, SPS or PPS
+MAX_SPS_VERSIONS = 1024         # different SPS contents in one stream
 
 
 @dataclass(frozen=True)
@@ -73,22 +82,33 @@ def split_nal_units(stream: bytes | bytearray | memoryview) -> Iterator[NalUnit]
     pos = nxt + 3
 
 
-def access_units(units: Iterator[NalUnit] | list[NalUnit]) -> Iterator[list[NalUnit]]:
-  """Group NAL units into access units (H.265 7.4.2.4.4): a new one starts at an AUD, EOB, or a VPS/SPS/PPS/prefix
-  SEI following a VCL unit, or at a VCL unit whose first_slice_segment_in_pic_flag is set after a VCL unit."""
-  au: list[NalUnit] = []
-  seen_vcl = False
+def _marked(units: Iterator[NalUnit] | list[NalUnit]) -> Iterator[tuple[NalUnit, bool]]:
+  """Each unit with whether it starts an access unit (H.265 7.4.2.4.4), holding nothing back: a new one starts at an
+  AUD, EOB, or a VPS/SPS/PPS/prefix SEI following a VCL unit, at a VCL unit whose first_slice_segment_in_pic_flag is
+  set after a VCL unit, and after an EOB. More than MAX_AU_UNITS units in one access unit, or in a row without a
+  slice, raise VideoStreamError."""
+  seen_vcl, ended, count, run = False, True, 0, 0  # ended: the last unit closed an access unit (an EOB, or none yet)
   for u in units:
-    starts = (u.type == AUD or (u.type in (VPS, SPS, PPS, PREFIX_SEI) or 41 <= u.type <= 44 or 48 <= u.type <= 55)) and seen_vcl
-    if u.is_vcl and u.first_slice_in_picture and seen_vcl: starts = True
+    starts = ended or (seen_vcl and (u.type in (AUD, VPS, SPS, PPS, PREFIX_SEI) or 41 <= u.type <= 44 or 48 <= u.type <= 55 or
+                                     (u.is_vcl and u.first_slice_in_picture)))
+    if starts: seen_vcl, count = False, 0
+    count, run = count + 1, 0 if u.is_vcl else run + 1
+    if count > MAX_AU_UNITS or run > MAX_AU_UNITS:
+      what = "an access unit" if count > MAX_AU_UNITS else "a run of NAL units without a slice"
+      raise VideoStreamError(f"{what} of more than {MAX_AU_UNITS} NAL units (plugrt.video.hevc.MAX_AU_UNITS; a picture has at most 600 "
+                             "slice segments): not a video stream, or a corrupt one", u.offset, "check the stream; split it at its pictures")
+    seen_vcl, ended = seen_vcl or u.is_vcl, u.type == EOB
+    yield u, starts
+
+
+def access_units(units: Iterator[NalUnit] | list[NalUnit]) -> Iterator[list[NalUnit]]:
+  """Group NAL units into access units (H.265 7.4.2.4.4; the boundaries and limits of `_marked`)."""
+  au: list[NalUnit] = []
+  for u, starts in _marked(units):
     if starts and au:
       yield au
-      au, seen_vcl = [], False
+      au = []
     au.append(u)
-    seen_vcl = seen_vcl or u.is_vcl
-    if u.type == EOB and au:
-      yield au
-      au, seen_vcl = [], False
   if au: yield au
 
 
@@ -289,8 +309,15 @@ def _profile_tier_level(r: BitReader, max_sub_layers_minus1: int) -> ProfileTier
   return ProfileTierLevel(idc, tier, level, compat)
 
 
+def _parameter_set(unit: NalUnit) -> BitReader:
+  if len(unit.data) > MAX_PARAMETER_SET_BYTES:
+    raise VideoStreamError(f"a {unit.name} of {len(unit.data)} bytes: parameter sets are at most {MAX_PARAMETER_SET_BYTES} bytes here "
+                           "(plugrt.video.hevc.MAX_PARAMETER_SET_BYTES; real ones are a few KB): corrupt", unit.offset)
+  return BitReader(unit)
+
+
 def parse_vps(unit: NalUnit) -> VPSInfo:
-  r = BitReader(unit)
+  r = _parameter_set(unit)
   vps_id = r.u(4, "vps_video_parameter_set_id")
   r.skip(2 + 6, "vps base layer flags and vps_max_layers_minus1")
   max_sub = r.u(3, "vps_max_sub_layers_minus1")
@@ -370,7 +397,7 @@ def _vui(r: BitReader) -> VUI:
 
 
 def parse_sps(unit: NalUnit) -> SPSInfo:
-  r = BitReader(unit)
+  r = _parameter_set(unit)
   vps_id = r.u(4, "sps_video_parameter_set_id")
   max_sub = r.u(3, "sps_max_sub_layers_minus1")
   if max_sub > 6: raise r.fail(f"sps_max_sub_layers_minus1 = {max_sub} is out of range 0..6")
@@ -425,7 +452,7 @@ def parse_sps(unit: NalUnit) -> SPSInfo:
 
 
 def parse_pps(unit: NalUnit) -> PPSInfo:
-  r = BitReader(unit)
+  r = _parameter_set(unit)
   p = PPSInfo(r.ue("pps_pic_parameter_set_id", 63), r.ue("pps_seq_parameter_set_id", 15), False, False)
   p.dependent_slice_segments, p.output_flag_present = r.flag("dependent_slice_segments_enabled_flag"), r.flag("output_flag_present_flag")
   p.num_extra_slice_header_bits = r.u(3, "num_extra_slice_header_bits")
@@ -537,6 +564,14 @@ def parse_slice_header(unit: NalUnit, pps: dict[int, PPSInfo], sps: dict[int, SP
   return h
 
 
+def slice_pps_id(unit: NalUnit) -> int:
+  """slice_pic_parameter_set_id of a VCL unit, from its first bytes (what a scan needs of a slice)."""
+  r = BitReader(unit, limit=SLICE_HEADER_PREFIX)
+  r.skip(1, "first_slice_segment_in_pic_flag")
+  if BLA_W_LP <= unit.type <= 23: r.skip(1, "no_output_of_prior_pics_flag")
+  return r.ue("slice_pic_parameter_set_id", 63)
+
+
 @dataclass
 class StreamInfo:
   """What a scan of a whole stream found: its parameter sets (the last of each id wins) and its pictures."""
@@ -546,30 +581,31 @@ class StreamInfo:
   sequences: list[SPSInfo] = field(default_factory=list)  # the SPS in force at each change of picture format, in order
   pictures: int = 0
   units: int = 0
-  access_units: list[int] = field(default_factory=list)  # where each access unit's first NAL unit header starts
-
-
-def _units_marking_access_units(stream: bytes | bytearray | memoryview, starts: list[int]) -> Iterator[NalUnit]:
-  """split_nal_units, appending to `starts` the offset of each access unit's first unit (a decoder feeding the stream
-  an access unit at a time then splits nothing again: that second pass held the GIL at each stream's start)."""
-  for au in access_units(split_nal_units(stream)):
-    starts.append(au[0].offset)
-    yield from au
+  access_units: array[int] = field(default_factory=lambda: array("q"))  # where each access unit's first NAL unit header starts
 
 
 def scan(stream: bytes | bytearray | memoryview) -> StreamInfo:
   """Split and check a whole stream: every parameter set parses, every slice refers to a PPS and SPS that came before.
-  Raises VideoStreamError naming the offset of the first problem."""
+  Raises VideoStreamError naming the offset of the first problem. Units are checked as they are split, and only
+  the parameter sets in force are kept (with at most MAX_SPS_VERSIONS different SPS), so memory stays a small
+  multiple of the stream's size and a malformed unit is reported without reading the rest."""
   info = StreamInfo()
   active: SPSInfo | None = None
-  for u in _units_marking_access_units(stream, info.access_units):
+  parsed_sps: dict[bytes, SPSInfo] = {}  # an SPS repeated at every random access point is parsed once, and sequences share it
+  for u, starts in _marked(split_nal_units(stream)):
+    # the decoders feed access units from these offsets (cuvid's worker), so the stream is split once
+    if starts: info.access_units.append(u.offset)
     info.units += 1
     if u.layer_id != 0: continue  # layers other than the base are not decoded
     if u.type == VPS:
       v = parse_vps(u)
       info.vps[v.id] = v
     elif u.type == SPS:
-      s = parse_sps(u)
+      if (s := parsed_sps.get(u.data)) is None:
+        if len(parsed_sps) >= MAX_SPS_VERSIONS:
+          raise VideoStreamError(f"more than {MAX_SPS_VERSIONS} different SPS in one stream (plugrt.video.hevc.MAX_SPS_VERSIONS)", u.offset,
+                                 "split the stream where its format changes")
+        s = parsed_sps[u.data] = parse_sps(u)
       info.sps[s.id] = s
     elif u.type == PPS:
       p = parse_pps(u)
@@ -577,10 +613,7 @@ def scan(stream: bytes | bytearray | memoryview) -> StreamInfo:
       info.pps[p.id] = p
     elif u.is_vcl:
       if u.type > 21: raise VideoStreamError(f"NAL unit type {u.type} is reserved (corrupt stream)", u.offset)
-      r = BitReader(u, limit=SLICE_HEADER_PREFIX)
-      first = r.flag("first_slice_segment_in_pic_flag")
-      if 16 <= u.type <= 23: r.skip(1, "no_output_of_prior_pics_flag")
-      pps_id = r.ue("slice_pic_parameter_set_id", 63)
+      first, pps_id = u.first_slice_in_picture, slice_pps_id(u)
       if pps_id not in info.pps:
         raise VideoStreamError(f"a slice refers to PPS {pps_id}, which has not appeared (the stream does not start with its parameter sets)",
                                u.offset, "start the stream at a VPS/SPS/PPS and an IRAP picture")
@@ -591,5 +624,5 @@ def scan(stream: bytes | bytearray | memoryview) -> StreamInfo:
             (active.width, active.height, active.bit_depth_luma, active.chroma_format_idc):
           info.sequences.append(sps)
         active = sps
-  if not info.pictures: raise VideoStreamError("the stream holds no picture (no slice NAL unit)", len(bytes(stream)))
+  if not info.pictures: raise VideoStreamError("the stream holds no picture (no slice NAL unit)", memoryview(stream).nbytes)
   return info
