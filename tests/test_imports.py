@@ -62,14 +62,15 @@ def _is_type_checking(test: ast.expr) -> bool:
   return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+def _module_level_imports(tree: ast.Module, deferred: bool = False) -> list[ast.Import | ast.ImportFrom]:
   """Imports that run when the module is imported: at the top level, in class bodies and in if/try/with blocks there,
-  but not in functions (they run when called) nor under `if TYPE_CHECKING:` (never at run time)."""
+  but not under `if TYPE_CHECKING:` (never at run time), nor, unless `deferred`, in functions (they run when called)."""
   found: list[ast.Import | ast.ImportFrom] = []
 
   def visit(stmts: list[ast.stmt]) -> None:
     for s in stmts:
       if isinstance(s, (ast.Import, ast.ImportFrom)): found.append(s)
+      elif deferred and isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)): visit(s.body)
       elif isinstance(s, ast.If):
         if not _is_type_checking(s.test): visit(s.body)
         visit(s.orelse)
@@ -86,13 +87,14 @@ def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]
   return found
 
 
-def import_graph(modules: dict[str, Path]) -> dict[str, dict[str, int]]:
-  """module -> {core module it imports at module level: the line of the (first) import}."""
+def import_graph(modules: dict[str, Path], deferred: bool = False) -> dict[str, dict[str, int]]:
+  """module -> {module of `modules` it imports at module level (with `deferred`, in functions too): the line of the
+  (first) import}."""
   graph: dict[str, dict[str, int]] = {}
   for name, path in modules.items():
     is_package = path.name == "__init__.py"
     edges: dict[str, int] = {}
-    for node in _module_level_imports(ast.parse(path.read_text(), str(path))):
+    for node in _module_level_imports(ast.parse(path.read_text(), str(path)), deferred):
       targets: list[str] = []
       if isinstance(node, ast.Import): targets = [a.name for a in node.names]
       else:
@@ -154,3 +156,33 @@ def test_the_core_has_no_import_cycle():
   if cycle is not None:
     steps = [f"  {a} -> {b}  ({core_modules()[a].relative_to(CORE.parent)}:{graph[a][b]})" for a, b in itertools.pairwise(cycle)]
     pytest.fail("import cycle among the core's modules (module-level imports):\n" + "\n".join(steps))
+
+
+def first_party_modules() -> dict[str, Path]:
+  """Every module of every first-party distribution (the core, each backend and interface package, the NVIDIA
+  toolchain, examples/ops_interp), by dotted name; tests and build copies left out."""
+  root = CORE.parent
+  found: dict[str, Path] = {}
+  for init in sorted([*root.glob("core/plugrt/__init__.py"), *root.glob("plugins/**/plugrt_*/__init__.py"),
+                      *root.glob("examples/*/plugrt_*/__init__.py")]):
+    pkg = init.parent
+    if "build" in pkg.relative_to(root).parts or "tests" in pkg.relative_to(root).parts: continue
+    found.update({_module_name(p, pkg.parent): p for p in sorted(pkg.rglob("*.py")) if "__pycache__" not in p.parts})
+  return found
+
+
+def test_the_first_party_list_is_complete():
+  mods = first_party_modules()
+  assert {"plugrt.runtime", "plugrt_cpu.program", "plugrt_nv.device", "plugrt_amd.runtime", "plugrt_amd_kfd.kfdev", "plugrt_qcom.device",
+          "plugrt_webgpu.device", "plugrt_nvidia_toolchain", "plugrt_interp.device"} <= set(mods)
+
+
+def test_no_import_cycle_anywhere_even_through_deferred_imports():
+  """No circle in the core or the plugins, counting the imports inside functions too: a function-local import may
+  defer an import's cost, never hide a circle (where a lower module needs a higher one's object, it is handed it)."""
+  mods = first_party_modules()
+  graph = import_graph(mods, deferred=True)
+  cycle = find_cycle(graph)
+  if cycle is not None:
+    steps = [f"  {a} -> {b}  ({mods[a].relative_to(CORE.parent)}:{graph[a][b]})" for a, b in itertools.pairwise(cycle)]
+    pytest.fail("import cycle (deferred imports included):\n" + "\n".join(steps))

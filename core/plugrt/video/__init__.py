@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from plugrt.errors import Reason, UnknownDeviceError, VideoDecoderUnavailable, VideoStreamError
 from plugrt.hookspecs import Probe, VideoDecoderSpec
-from plugrt.video.convert import MATRICES, Surface, VideoArgumentError, check_output, convert, resolve_color_space
+from plugrt.video.convert import MATRICES, Frame, Surface, VideoArgumentError, check_output, convert, resolve_color_space
 
 __all__ = [
   "MATRICES",
@@ -40,14 +40,6 @@ __all__ = [
   "decoders",
   "software_decode",
 ]
-
-
-class Frame(NamedTuple):
-  """One decoded picture, as a decoder hands it to the front end. `release()` (or None) gives the surface back to the
-  decoder once the conversion kernel that reads it is queued; the decoder decides when the memory may be reused."""
-  timestamp: int
-  surface: Surface
-  release: Callable[[], None] | None
 
 
 class DecoderRecord(NamedTuple):

@@ -20,7 +20,7 @@ the kernel once per (sample type, output dtype) and a frame costs one output all
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from plugrt.dtype import DType, dtypes
@@ -52,6 +52,15 @@ class Surface(NamedTuple):
   y0: int = 0
   full_range: bool = False    # the VUI's video_full_range_flag
   matrix: int = 2             # the VUI's matrix_coefficients (2: unspecified)
+
+
+class Frame(NamedTuple):
+  """One decoded picture, as a decoder hands it to the front end (plugrt.video). `release()` (or None) gives the
+  surface back to the decoder once the conversion kernel that reads it is queued; the decoder decides when the memory
+  may be reused."""
+  timestamp: int
+  surface: Surface
+  release: Callable[[], None] | None
 
 
 def coefficients(kr: float, kb: float) -> tuple[float, float, float, float]:

@@ -32,7 +32,7 @@ from typing import Any
 from plugrt.errors import Reason, VideoDecoderUnavailable, VideoStreamError
 from plugrt.hookspecs import Probe
 from plugrt.probing import has_module
-from plugrt.video.convert import surface_from_planes
+from plugrt.video.convert import Frame, surface_from_planes
 from plugrt.video.hevc import AUD, PPS, SPS, VPS, NalUnit, StreamInfo, access_units, parse_pps, parse_sps, parse_vps, slice_pps_id, split_nal_units
 
 NAME = "PYAV"
@@ -106,7 +106,6 @@ class SoftwareDecoder:
     return ctx
 
   def frames(self) -> Iterator[Any]:
-    from plugrt.video import Frame
     av, shown, offset = self.av, 0, 0
     params: dict[tuple[int, int], NalUnit] = {}  # the parameter sets in force, by (type, id)
     starts: list[tuple[int, list[NalUnit]]] = []  # the last two IRAP access units: (index, parameter sets in force there)
