@@ -3,7 +3,8 @@
 # (and the suites that run on every available device), then the benchmarks. Logs go to $OUT (the device tool
 # brings them back). Usage (from the repo root): bash scripts/gpu-check.sh [--quick] [--only=tests|bench|cuda|webgpu|nv|video|nvvideo|multi]
 # (--only=cuda: the CUDA tests and benches alone; --only=webgpu, nv, nvvideo (NV's own video engine) or multi (two or more GPUs:
-# indices, peer copies, CUDA_VISIBLE_DEVICES, collectives, bench/multi_gpu.py): install, then that section alone; the full run
+# indices, peer copies, CUDA_VISIBLE_DEVICES, collectives, bench/multi_gpu.py) or launch (CUDA's and NV's launches and graphs, the
+# seeds' GPU snippets, NVDEC, and bench/ab_gpu_launch.sh against .ab-old where it travels): install, then that section alone; the full run
 # includes multi where `nvidia-smi -L` lists two GPUs or more). Each step has its own time limit, so one hang costs one step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +44,21 @@ if [ "$ONLY" = "multi" ] || { [ -z "$ONLY" ] && [ "$NGPU" -ge 2 ]; }; then
 fi
 # video (issue 12): PyAV (~35 MB) and PyNvVideoCodec (~27 MB) wheels travel in .video-whl, in a device call of their own
 [ -d .video-whl ] && $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .video-whl/*.whl 2>&1 | tail -3
+if [ "$ONLY" = "launch" ]; then
+  # the core-owned launch (issue 28): CUDA's and NV's programs and graphs on the GPU, the seeds' GPU snippets, NVDEC (its
+  # decoder opens on the registry's worker since issue 32), then the launch rows of the tree before (.ab-old) and this one
+  echo "== launch: CUDA tests, seeds' snippets, NVDEC"
+  timeout ${LAUNCH_CUDA_S:-240} $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=200 --tb=short -rfE plugins/ops_cuda/tests \
+    tests/test_launchargs.py tests/test_launch_protocol.py tests/test_seed_snippets.py tests/test_conformance.py tests/test_adversarial_threads.py \
+    -k "not multi and not Multi and not thousand" \
+    2>&1 | tee "$OUT/launch_cuda_tests.txt" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -30
+  echo "== launch: NV tests"
+  env PLUGRT_PLUGINS=nv,nv-nvk,nv-pci,cpu,python PLUGRT_NV_TIMEOUT=10 timeout ${LAUNCH_NV_S:-150} $PY -m pytest -q -p no:cacheprovider \
+    -o faulthandler_timeout=120 --tb=short -rfE plugins/ops_nv/tests tests/test_dsl.py tests/test_tensor.py -k "not multi" \
+    2>&1 | tee "$OUT/launch_nv_tests.txt" | grep -E "^(FAILED|ERROR)|NVError|passed|failed" | tail -30
+  [ -d .ab-old ] && timeout ${LAUNCH_AB_S:-200} bash bench/ab_gpu_launch.sh .ab-old 2 2>&1 | tee "$OUT/launch_ab.txt"
+  exit 0
+fi
 if [ -z "$ONLY" ] || [ "$ONLY" = "video" -a "${NV_VIDEO:-1}" != 0 ] || [ "$ONLY" = "nvvideo" ]; then
   # NV's own video engine (plugrt_nv.nvvideo, no libnvcuvid): the engine-opening test first, then every frame vs PyAV
   echo "== video on NV's own decode engine (decoder NV_NVDEC, device NV) against PyAV"
