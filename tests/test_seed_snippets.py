@@ -207,6 +207,10 @@ def test_qcom_image_snippet(qcom):
 
 # ---------------------------------------------------------------- NVDEC
 
+#: the sample's picture: the smallest NVDEC decodes (144x144 and up on the H200), so the GPU run decodes the same stream
+W, H = 192, 144
+
+
 def _nvdec_ready() -> bool:
   from plugrt.video import decoder_rows
   return any(r["decoder"] == "NVDEC" and r["available"] for r in decoder_rows())
@@ -219,7 +223,7 @@ def _nvdec_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict,
   from plugrt import video
   from plugrt.dtype import dtypes
   from plugrt.testing.video import make_hevc
-  (tmp_path / "sample.hevc").write_bytes(make_hevc(64, 48, frames=4, tag="bt2020"))
+  (tmp_path / "sample.hevc").write_bytes(make_hevc(W, H, frames=4, tag="bt2020"))
   monkeypatch.chdir(tmp_path)
   consumed: list = []
   fallbacks: list = []
@@ -243,7 +247,7 @@ def test_nvdec_snippet_through_its_fallback(tmp_path, monkeypatch):
   exec(compile(NVDEC_AUTO, "NVDEC snippet", "exec"), ns)
   assert len(fallbacks) == 1 and ns["frames"] is fallbacks[0]
   assert [ts for ts, _ in ns["frames"]] == [0, 1, 2, 3]
-  assert all(t.shape == (48, 64, 3) and t.dtype.name == "uint8" for _, t in ns["frames"])
+  assert all(t.shape == (H, W, 3) and t.dtype.name == "uint8" for _, t in ns["frames"])
 
 
 @pytest.mark.gpu
@@ -251,7 +255,7 @@ def test_nvdec_snippet_on_nvdec(tmp_path, monkeypatch):
   if not _nvdec_ready(): pytest.skip("no NVDEC here (plugrt-cuda on an NVIDIA GPU machine)")
   ns, consumed, fallbacks = _nvdec_names(tmp_path, monkeypatch)
   exec(compile(NVDEC_ITER + NVDEC_AUTO, "NVDEC snippet", "exec"), ns)
-  assert [ts for ts, _ in consumed] == [0, 1, 2, 3] and all(f.shape == (48, 64, 3) and f.dtype == np.float16 for _, f in consumed)
+  assert [ts for ts, _ in consumed] == [0, 1, 2, 3] and all(f.shape == (H, W, 3) and f.dtype == np.float16 for _, f in consumed)
   assert fallbacks == [] and [ts for ts, _ in ns["frames"]] == [0, 1, 2, 3]
-  assert all(t.shape == (48, 64, 3) and t.device.startswith("CUDA") for _, t in ns["frames"])
+  assert all(t.shape == (H, W, 3) and t.device.startswith("CUDA") for _, t in ns["frames"])
   assert os.path.exists("sample.hevc")
