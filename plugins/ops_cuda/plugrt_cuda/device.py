@@ -11,8 +11,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
-from collections.abc import Sequence
-from functools import partial
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from plugrt.errors import DeviceUnavailable, Reason, UnsupportedError
@@ -267,12 +266,18 @@ class CUDAProgram(Program):
 
   def _launch_of(self, values: list[Any], args: tuple, slots: Any) -> _Launch:
     p = _Launch(values, args, slots)
-    p.submit = partial(self._submit, p.slots_ptr, args)  # (not p itself: a cycle would keep its buffers until the collector runs)
+    p.submit = self._submitter(p.slots_ptr, args)  # (not p itself: a cycle would keep its buffers until the collector runs)
     return p
 
-  def _submit(self, slots_ptr: Any, args: tuple) -> None:
-    if getattr(_tls, "ctx", None) != self.state.ctx.value: self.state.make_current()
-    if (r := self._tramp(slots_ptr) if self._tramp else self._launch(*args)) != 0: D.check(r, f"cuLaunchKernel({self.name})")
+  def _submitter(self, slots_ptr: Any, args: tuple) -> Callable[[], None]:
+    """The prepared call's submit, a closure over what it reads: this GPU's context made current on the calling thread
+    when it is not (cuLaunchKernel launches in the current context), then one call of the trampoline (or cuLaunchKernel)."""
+    st, ctx, tramp, launch, name = self.state, self.state.ctx, self._tramp, self._launch, self.name
+
+    def submit() -> None:
+      if getattr(_tls, "ctx", None) != ctx.value: st.make_current()
+      if (r := tramp(slots_ptr) if tramp else launch(*args)) != 0: D.check(r, f"cuLaunchKernel({name})")
+    return submit
 
   def _timed(self, prepared: PreparedCall) -> float: return self.state.timed(prepared.submit)
 

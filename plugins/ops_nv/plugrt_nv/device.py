@@ -27,7 +27,7 @@ import ctypes
 import struct
 import weakref
 from _thread import RLock
-from functools import partial
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from plugrt.dtype import dtypes
@@ -438,7 +438,7 @@ class NVProgram(HCQProgram):
     p = _Launch()
     p.blob = bytes(blob)
     p.entry = self._resident(p.blob)
-    p.submit = partial(self._submit, p.entry, p.blob)
+    p.submit = self._submitter(p.entry, p.blob)
     return p
 
   def _resident(self, blob: bytes) -> ResidentLaunch | None:
@@ -477,28 +477,37 @@ class NVProgram(HCQProgram):
     weakref.finalize(p, _release_program, st, mem)
     p.entry = ResidentLaunch(mem.va)
     self._write_entry(p.entry, p.blob)
-    p.submit = partial(self._submit, p.entry, p.blob)
+    p.submit = self._submitter(p.entry, p.blob)
     return p
 
-  def _submit(self, e: ResidentLaunch | None, blob: bytes) -> int:
-    st = self.state
-    if e is not None and st.fast:  # the fast path: 12 words into a slot, a ring entry, GP_PUT, the doorbell
-      slots = st.slots  # CommandSlots.take and DoorbellRing.push/publish, inline
+  def _submitter(self, e: ResidentLaunch | None, blob: bytes) -> Callable[[], int]:
+    """The prepared call's submit: a closure over what every launch of it reads (the device's slots and compute ring,
+    the entry's words), so the fast path is one Python frame of local reads; it returns the launch's timeline value."""
+    st, slot_launch = self.state, self._slot_launch
+    if e is None: return lambda: slot_launch(None, blob, False)
+    slots, ch, words, view, ring, base, entries, fence = st.slots, st.compute, e.commands, st.slots.view, st.compute.ring, \
+      st.slots.base, st.compute.entries, st._fence
+    last_use, put_register, doorbell, token = slots.last_use, ch.put_register, ch.doorbell, ch.token
+
+    def submit() -> int:
+      # (an entry rewritten since for other bytes, or a device that must invalidate first: the slot path, with this blob)
+      if not st.fast or e.key is not blob: return slot_launch(e if e.key is blob else None, blob, False)
+      # the fast path: 12 words into a slot, a ring entry, GP_PUT, the doorbell (CommandSlots.take and DoorbellRing.push/publish)
       i = slots.next
-      if slots.last_use[i] > st.done: st.wait(slots.last_use[i])
+      if last_use[i] > st.done: st.wait(last_use[i])
       slots.next = (i + 1) % SLOTS
-      o, value, ch, words = i * SLOT, st.value + 1, st.compute, e.commands
+      o, value = i * SLOT, st.value + 1
       _PAYLOAD(words, FAST_PAYLOAD, value & M32)
-      slots.view[o:o + FAST_WORDS * 4] = words
+      view[o:o + FAST_WORDS * 4] = words
       put = ch.put
-      ch.ring[put % ch.entries] = slots.base + o | FAST_ENTRY
+      ring[put % entries] = base + o | FAST_ENTRY
       ch.put = put = put + 1
-      st._fence()  # the slot and the ring entry first: see _kick
-      ch.put_register.value = put % ch.entries
-      ch.doorbell.value = ch.token
-      st.value = slots.last_use[i] = e.last_use = value
+      fence()  # the slot and the ring entry first: see _kick
+      put_register.value = put % entries
+      doorbell.value = token
+      st.value = last_use[i] = e.last_use = value
       return value
-    return self._slot_launch(e, blob, timed=False)
+    return submit
 
   def _slot_launch(self, e: ResidentLaunch | None, blob: bytes, timed: bool) -> int:
     """A launch whose commands (and, without a resident entry, its QMD and constants) go in a command slot, after the
