@@ -1,34 +1,123 @@
-"""plugrt-nv-pci: the PCI interface of the NV device, which would drive the GPU with no kernel driver at all.
+"""plugrt-nv-pci: the PCI interface of the NV device, which drives an NVIDIA GPU with no kernel driver, through sysfs.
 
-Doing that means unbinding the GPU from the nvidia driver, taking its PCI BARs through vfio or sysfs, and booting
-its GSP firmware from user space: it takes the GPU away from every other program on the machine. So this
-interface is never chosen automatically (`NV_IFACE=PCI` or `DEV=PCI+NV` must name it), and this release does
-not implement it: its probe says so, and opening it refuses. It never unbinds anything and never touches PCI
-configuration. Entry module: standard library and plugrt only.
+What is built (docs/backends/nv.md, "The PCI interface"; every constant's source in docs/research/nv-pci.md): a probe
+that lists NVIDIA display functions in sysfs, names each one's generation from its device id (Ampere GA10x, Ada AD10x,
+Blackwell GB20x; Hopper and others are listed and refused) and says what opening would do; on open, after
+PLUGRT_NV_ALLOW_UNBIND=1, the function taken from its driver (bound back on close or failure), BAR0 and BAR1 mapped from
+their resource files, the chip read from NV_PMC_BOOT_42, the VBIOS's boot awaited, WPR2 checked down, the VRAM sized,
+the GSP firmware files read from linux-firmware (MissingFirmware names a missing one and its Debian package), and the
+GSP's arguments (message queues, LibOS regions, GSP-RM's radix-3 image, WPR metadata) laid out in host memory. The boot
+stops before FWSEC-FRTS with NotBuilt and gives the GPU back. Built and tested against the fake GPU only, not reached by
+the open path yet: the falcon DMA and heavy-secure runs, booter_load on SEC2, the GSP-RM message queues and RPCs, the
+CPU sequencer, GSP_INIT_DONE. Not built: FWSEC-FRTS, the RM objects over RPC, GPU page tables, Blackwell's FSP boot.
+**Never run on hardware.**
+
+Never chosen automatically (`NV_IFACE=PCI` or `DEV=PCI+NV`). The probe reads sysfs only. Entry module: standard
+library and plugrt only.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from plugrt.errors import Reason, UnsupportedError
+from plugrt.context import PluginContext
+from plugrt.errors import Reason
 from plugrt.hookspecs import DeviceInfo, InterfaceSpec, Probe, hookimpl
 
 __version__ = "0.1.0"
 NAME = "PCI"
-WHY = ("the driverless PCI interface is not implemented in this release: it would unbind the GPU from the nvidia driver "
-       "and boot the GPU's firmware from user space, which no plugrt code does yet")
-HINT = "use the NVK interface (NV_IFACE=NVK, the default), which works alongside the NVIDIA kernel driver"
+ACK = "PLUGRT_NV_ALLOW_UNBIND"
+FIRMWARE = "PLUGRT_NV_FIRMWARE"
+TIMEOUT = "PLUGRT_NV_BOOT_TIMEOUT"
+WOULD = ("opening unbinds the GPU from its driver (binding it back on close), maps BAR0 and BAR1 through sysfs, reads the chip, waits for the "
+         "VBIOS's boot, checks that no GSP runs, reads the GSP firmware files and lays out the GSP's arguments in host memory, then stops "
+         "before FWSEC-FRTS (not built) and gives the GPU back")
+NOT_YET = ("never run on hardware; the GSP boot is built up to FWSEC-FRTS, the booter and GSP-RM message queues only against a fake GPU, "
+           "no RM objects, channels or kernels yet")
+HINT = "use the NVK interface (NV_IFACE=NVK, the default) with the NVIDIA kernel driver"
 
 
-def probe() -> Probe: return Probe.missing(Reason.NO_DEVICE, WHY, HINT)
+def _describe(c: Any) -> str:
+  from plugrt_nv_pci.chips import generation_of_device
+  g = generation_of_device(c.device)
+  what = f"{g.name} {g.chips}" if g else "a generation plugrt-nv-pci does not know"
+  shared = f"; bound to {c.driver}: opening takes it from every program that uses it" if c.driver else ""
+  verdict = "" if g and g.supported else f": not opened ({g.why_not if g else 'not in the seeds PCI list (Ampere, Ada, Blackwell)'})"
+  return f"{c.address} (device 0x{c.device:04x}, {what}, driver {c.driver or 'none'}{shared}){verdict}"
+
+
+def probe(ctx: PluginContext) -> Probe:
+  from plugrt_nv_pci.sysfs import PCI_DEVICES
+  return probe_tree(PCI_DEVICES)
+
+
+def probe_tree(root: str) -> Probe:
+  """The probe on the sysfs tree at `root`: reads file contents and links only."""
+  from plugrt_nv_pci.sysfs import nvidia_gpus
+  gpus = nvidia_gpus(root)
+  if not gpus:
+    return Probe.missing(Reason.NO_DEVICE, f"no NVIDIA GPU on PCI: sysfs shows no vendor 0x10de display function ({NOT_YET})",
+                         "run on a machine with an NVIDIA GPU")
+  listed = "; ".join(_describe(c) for c in gpus)
+  from plugrt_nv_pci.chips import generation_of_device
+  usable = [c for c in gpus if (g := generation_of_device(c.device)) and g.supported]
+  if not usable:
+    return Probe.missing(Reason.NO_DEVICE, f"found {listed}; none is a GPU this interface boots ({NOT_YET})", HINT)
+  return Probe.found(len(usable), f"found {listed}; {WOULD} (needs {ACK}=1); {NOT_YET}", gpus=" ".join(c.address for c in usable))
 
 
 @hookimpl
 def plugrt_interfaces() -> list[InterfaceSpec]:
   return [InterfaceSpec(device="NV", name=NAME, probe=probe, auto=False, priority=0,
-                        description="driverless: would unbind the GPU from its kernel driver (not implemented; never automatic)")]
+                        description=f"driverless through sysfs: GSP boot up to FWSEC-FRTS (not further yet), never run on hardware "
+                                    f"(never automatic; needs {ACK}=1)")]
+
+
+def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any = None, bars: Any = None, dma: Any = None) -> Any:
+  """Take the NV device's GPU function and run the implemented boot; today it always ends in an error saying where it
+  stopped, after giving the function back. `root`/`drivers`/`write` are the sysfs seam (tests pass a fake tree),
+  `bars(function, index)` maps a BAR (default: its resource file), `dma(function)` makes the host-memory allocator
+  (default: dma.PagemapDMA). DeviceUnavailable for a GPU this interface does not open (or cannot map),
+  AcknowledgementRequired without PLUGRT_NV_ALLOW_UNBIND=1, MissingFirmware/FirmwareError for the files, GSPError for
+  what the GPU answers, NotBuilt where the boot ends."""
+  from plugrt.errors import DeviceUnavailable
+  from plugrt_nv_pci import boot
+  from plugrt_nv_pci.chips import generation_of_device
+  from plugrt_nv_pci.dma import PagemapDMA
+  from plugrt_nv_pci.errors import AcknowledgementRequired
+  from plugrt_nv_pci.firmware import FIRMWARE_ROOT
+  from plugrt_nv_pci.sysfs import PCI_DEVICES, PCI_DRIVERS, REGISTER_BAR, VRAM_BAR, PCIFunction, nvidia_gpus
+  root, drivers = root or PCI_DEVICES, drivers or PCI_DRIVERS
+  gpus = nvidia_gpus(root)
+  if device.index >= len(gpus):
+    raise DeviceUnavailable(f"{device.canonical} through PCI: {len(gpus)} NVIDIA GPU function(s) on PCI", Reason.NO_DEVICE,
+                            "DEV=PCI+NV:<index> with an index below that" if gpus else "run on a machine with an NVIDIA GPU")
+  c = gpus[device.index]
+  gen = generation_of_device(c.device)
+  if gen is None or not gen.supported:
+    raise DeviceUnavailable(f"{device.canonical} through PCI: {_describe(c)}", Reason.NO_DEVICE, HINT)
+  ctx = device.context
+  if not ctx.acknowledged(ACK):
+    bound = f"; {c.address} is bound to {c.driver}: without {ACK}=1 plugrt never unbinds it" if c.driver else ""
+    raise AcknowledgementRequired(f"{device.canonical} through PCI: {WOULD}, and {ACK}=1 is not set{bound}",
+                                  f"set {ACK}=1 only on a machine where nothing else uses the GPU; or {HINT}")
+  timeout = ctx.number(TIMEOUT, 5.0, lo=0.001, unit="seconds")
+  fn = PCIFunction(c.address, root, drivers, write)
+  allocator = None
+  try:
+    fn.take()
+    regs = (bars or PCIFunction.map_bar)(fn, REGISTER_BAR)
+    (bars or PCIFunction.map_bar)(fn, VRAM_BAR)
+    allocator = (dma or PagemapDMA)(fn.dir)
+    boot.bring_up(regs, allocator, ctx.get(FIRMWARE) or FIRMWARE_ROOT, f"{device.canonical} through PCI ({c.address})", timeout)
+  except Exception as e:
+    done = fn.release()
+    if done and hasattr(e, "message"):
+      e.args = (f"{e.args[0]} [released: {', '.join(done)}]", *e.args[1:])
+    raise
+  finally:
+    if allocator is not None: allocator.close()
 
 
 @hookimpl
 def plugrt_open_interface(device: DeviceInfo, interface: str) -> Any:
-  raise UnsupportedError(f"NV:{device.index} through PCI: {WHY}", HINT)
+  return open_pci(device)
