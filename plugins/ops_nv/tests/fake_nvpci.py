@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from plugrt_nv_pci import boot, falcon, firmware, msgq
+from plugrt_nv_pci import boot, falcon, firmware, msgq, vbios
 from plugrt_nv_pci.chips import GSP_VERSION
 from plugrt_nv_pci.dma import PAGE, DMABuffer
 
@@ -179,6 +179,60 @@ class FakeDMA:
   def close(self) -> None: pass
 
 
+# ---- the VBIOS --------------------------------------------------------------------------------------------------------
+
+class FakeVBIOS:
+  """A VBIOS laid out as docs/research/nv-pci.md describes: a base image (with the BIT header and its falcon-data
+  token), an EFI-like image, and the extended image holding the falcon ucode table and FWSEC (descriptor v3, two
+  signatures for ucode versions 1 and 3, code, and data with an application interface whose DMEM mapper has a command
+  buffer). `fuse` is the ucode-version fuse value that selects the second signature."""
+  BASE, EFI, EXT = 0x2000, 0x1000, 0x3000          # image sizes; the extended image starts at BASE + EFI
+  IMEM_PA, IMEM_VA, ISIZE, DPA, DSIZE = 0, 0x100, 0x400, 0, 0x400
+  IFACE, MAPPER, CMD_IN, PKC = 0x20, 0x80, 0x200, 0x280
+  UCODE_ID, ENGINES, SIG_VERSIONS, FUSE = 2, 0x4, 0b1010, 0b100
+
+  def __init__(self, seed: int = 3):
+    rnd = random.Random(seed)
+    rom = bytearray(self.BASE + self.EFI + self.EXT)
+    for at, size, code, last in ((0, self.BASE, 0x00, 0), (self.BASE, self.EFI, 0x03, 0), (self.BASE + self.EFI, self.EXT, 0xE0, 0x80)):
+      struct.pack_into("<H", rom, at, 0xAA55)
+      struct.pack_into("<H", rom, at + 0x18, 0x40)
+      struct.pack_into("<I", rom, at + 0x40, vbios.PCIR)
+      struct.pack_into("<HHBB", rom, at + 0x40 + 0x10, size // 512, 0, code, last)  # image length, code revision, code type, indicator
+    ext = self.BASE + self.EFI - self.BASE           # what the falcon tables' pointers count from
+    struct.pack_into("<HIHBBBB", rom, 0x1B0, 0xB8FF, vbios.BIT_SIGNATURE, 0x100, 12, 8, 2, 0)
+    struct.pack_into("<BBHI", rom, 0x1B0 + 12, 0x42, 2, 8, 0x280)                      # another token first
+    struct.pack_into("<BBHI", rom, 0x1B0 + 20, vbios.TOKEN_FALCON_DATA, 2, 4, 0x300)
+    table = self.BASE + self.EFI + 0x100
+    struct.pack_into("<I", rom, 0x300, table - ext)
+    desc = table + 0x40
+    struct.pack_into("<6B", rom, table, 1, 6, 6, 2, 3, 0)
+    struct.pack_into("<BBI", rom, table + 6, 0x05, 0, 0)                                # another application first
+    struct.pack_into("<BBI", rom, table + 12, vbios.APP_FWSEC_PROD, 0, desc - ext)
+    self.signatures = [bytes(rnd.getrandbits(8) for _ in range(vbios.SIG_SIZE)) for _ in range(2)]
+    size = vbios.DESC_V3.size + 2 * vbios.SIG_SIZE
+    stored = self.ISIZE + self.DSIZE
+    rom[desc:desc + vbios.DESC_V3.size] = vbios.DESC_V3.pack(3 << 8 | size << 16 | 1, stored, self.PKC, self.IFACE, self.IMEM_PA, self.ISIZE,
+                                                             self.IMEM_VA, self.DPA, self.DSIZE, self.ENGINES, self.UCODE_ID, 2, self.SIG_VERSIONS, 0)
+    rom[desc + vbios.DESC_V3.size:desc + size] = b"".join(self.signatures)
+    self.code = bytes(rnd.getrandbits(8) for _ in range(self.ISIZE))
+    data = bytearray(rnd.getrandbits(8) for _ in range(self.DSIZE))
+    struct.pack_into("<4B", data, self.IFACE, 1, 4, 8, 2)
+    struct.pack_into("<IIII", data, self.IFACE + 4, 3, 0x40, vbios.DMEMMAPPER, self.MAPPER)
+    struct.pack_into("<II", data, self.MAPPER + 8, self.CMD_IN, 0x80)
+    self.data = bytes(data)
+    rom[desc + size:desc + size + stored] = self.code + self.data
+    self.rom = bytes(rom)
+
+  def patched_data(self, frts_offset: int) -> bytes:
+    """What DMEM must hold when FWSEC starts: FRTS as the init command, the command, the second signature."""
+    d = bytearray(self.data)
+    struct.pack_into("<I", d, self.MAPPER + 44, 0x15)
+    d[self.CMD_IN:self.CMD_IN + 44] = struct.pack("<IIQII", 1, 24, 0, 0, 2) + struct.pack("<5I", 1, 20, frts_offset >> 12, 0x100, 2)
+    d[self.PKC:self.PKC + vbios.SIG_SIZE] = self.signatures[1]
+    return bytes(d)
+
+
 # ---- the GPU -----------------------------------------------------------------------------------------------------------
 
 class FakeVRAM:
@@ -221,10 +275,13 @@ class FakeFalconModel:
 class FakeBAR0:
   """The register BAR: read32/write32 by byte offset. `boot42`, `gfw_done`, `wpr2`, `vram_mib` set what the GPU reports."""
 
-  def __init__(self, boot42: int, dma: FakeDMA, firmware: FakeFirmware | None, vram_mib: int = VRAM_MIB):
+  def __init__(self, boot42: int, dma: FakeDMA, firmware: FakeFirmware | None, vram_mib: int = VRAM_MIB, rom: FakeVBIOS | None = None):
     self.dma, self.fw = dma, firmware
     self.vram = FakeVRAM(vram_mib)
-    self.regs: dict[int, int] = {0xA00: boot42, boot.SCRATCH_05_PRIV_LEVEL_MASK: 1, boot.SCRATCH_05_0: 0xFF, boot.SCRATCH_42: vram_mib}
+    self.rom = rom or FakeVBIOS()
+    self.regs: dict[int, int] = {0xA00: boot42, boot.SCRATCH_05_PRIV_LEVEL_MASK: 1, boot.SCRATCH_05_0: 0xFF, boot.SCRATCH_42: vram_mib,
+                                 vbios.FUSE_GSP_UCODE1_VERSION + 4 * (FakeVBIOS.UCODE_ID - 1): FakeVBIOS.FUSE}
+    self.fwsec_ran = False
     self.falcons = {falcon.GSP_BASE: FakeFalconModel(falcon.GSP_BASE), falcon.SEC2_BASE: FakeFalconModel(falcon.SEC2_BASE)}
     self.violations: list[str] = []
     self.log: list[tuple[str, int, int]] = []
@@ -233,6 +290,9 @@ class FakeBAR0:
     self.booter_ok = False
 
   def read32(self, offset: int) -> int:
+    if vbios.PROM <= offset < vbios.PROM + vbios.PROM_SIZE:  # the ROM window (not logged: the boot reads it by the page)
+      at = offset - vbios.PROM
+      return struct.unpack_from("<I", self.rom.rom, at)[0] if at + 4 <= len(self.rom.rom) else 0
     v = self.regs.get(offset, 0)
     for base in self.falcons:
       if offset == base + falcon.HWCFG2: v = falcon.HWCFG2_RISCV      # scrubbing done at once, a RISC-V core present
@@ -269,7 +329,8 @@ class FakeBAR0:
   def _start(self, f: FakeFalconModel) -> None:
     b = f.base
     if b != falcon.SEC2_BASE:
-      self.violations.append("the GSP's falcon was started directly (only SEC2's booter starts GSP-RM)")
+      if f.riscv: self.violations.append("the GSP's RISC-V core was started directly (SEC2's booter starts GSP-RM)")
+      else: self._fwsec(f)
       return
     self.regs[b + falcon.CPUCTL] = falcon.CPUCTL_HALTED
     problems = self._check_booter(f)
@@ -280,6 +341,24 @@ class FakeBAR0:
       self.regs[falcon.GSP_BASE + falcon.RISCV_OFFSET + falcon.RISCV_CPUCTL] = falcon.RISCV_CPUCTL_ACTIVE_STAT
       self.gsp = FakeGSP(self)
       self.gsp.start()
+
+  def _fwsec(self, f: FakeFalconModel) -> None:
+    """FWSEC on the GSP's falcon: IMEM and DMEM as the VBIOS's FWSEC patched for FRTS, the boot ROM's parameters;
+    then WPR2 up and no FRTS error, or FRTS error 0xBAD and WPR2 down."""
+    rom, r, b, x, bad = self.rom, self.regs.get, f.base, falcon.RISCV_OFFSET, []
+    if f.imem[rom.IMEM_PA:rom.IMEM_PA + rom.ISIZE] != rom.code: bad.append("the GSP falcon's IMEM does not hold FWSEC's code")
+    frts = self.vram.size - (2 << 20)
+    if f.dmem[rom.DPA:rom.DPA + rom.DSIZE] != rom.patched_data(frts): bad.append("the GSP falcon's DMEM is not FWSEC's data patched for FRTS")
+    want = {x + falcon.BROM_PARAADDR0: rom.PKC, x + falcon.BROM_ENGIDMASK: rom.ENGINES, x + falcon.BROM_CURR_UCODE_ID: rom.UCODE_ID,
+            x + falcon.MOD_SEL: 1, falcon.BOOTVEC: rom.IMEM_VA}
+    bad += [f"GSP falcon register {b + k:#x} = {r(b + k, 0):#x}, FWSEC needs {v:#x}" for k, v in want.items() if r(b + k, 0) != v]
+    self.regs[b + falcon.CPUCTL] = falcon.CPUCTL_HALTED
+    self.violations += bad
+    if bad: self.regs[vbios.VBIOS_SCRATCH_0E] = 0xBAD << 16
+    else:
+      self.fwsec_ran = True
+      self.regs[boot.WPR2_ADDR_HI] = frts >> 12
+      self.regs[vbios.VBIOS_SCRATCH_0E] = 0
 
   def _check_booter(self, f: FakeFalconModel) -> list[str]:
     fw, b, r, bad = self.fw, f.base, self.regs.get, []
@@ -399,6 +478,7 @@ class FakeGSP(threading.Thread):
       self.received[-1] = (self.received[-1][0], self.received[-1][1] + payload)
       return True
     self.received.append((function, payload))
+    if function == msgq.Function.UNLOADING_GUEST_DRIVER: self.stop = True  # answers, then GSP-RM is gone
     handler = self.handlers.get(function, lambda p: (0, p))
     if (answer := handler(payload)) is not None: self.send(function, answer[1], answer[0])
     return True

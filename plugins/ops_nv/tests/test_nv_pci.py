@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import struct
 
+import fake_nvpci
 import pytest
 from fake_nvpci import ADA, AMPERE, BLACKWELL, BOOTER_FAILED, HOPPER, FakeBAR0, FakeDMA, FakeFirmware, KernelWrites, make_sysfs
 
@@ -39,7 +40,7 @@ class Rig:
 
   def bars(self, fn, index):
     self.mapped.append(index)
-    return self.gpu
+    return self.gpu.vram if index == 1 else self.gpu
 
   def open(self, index: int = 0, **env: str):
     env = {"PLUGRT_NV_FIRMWARE": self.fw_root, "PLUGRT_NV_BOOT_TIMEOUT": "0.3", **env}
@@ -53,7 +54,7 @@ def test_probe_lists_candidates_by_generation_and_touches_nothing(tmp_path) -> N
   assert p.ok and p.count == 2, p
   for part in (f"{A} (device 0x2204, Ampere GA10x, driver nvidia; bound to nvidia: opening takes it from every program that uses it)",
                f"{B} (device 0x2684, Ada AD10x, driver none)", f"{H} (device 0x2335, Hopper GH100", "Hopper (GH100) is not in the seeds' PCI list",
-               "needs PLUGRT_NV_ALLOW_UNBIND=1", "never run on hardware", "stops before FWSEC-FRTS"):
+               "needs PLUGRT_NV_ALLOW_UNBIND=1", "never run on hardware", "no device opens through it"):
     assert part in p.detail, (part, p.detail)
   assert "0000:09:00.0" not in p.detail  # the AMD GPU beside them
   assert sorted(os.walk(rig.devices)) == before and rig.kernel.log == []
@@ -85,16 +86,36 @@ def test_a_gpu_outside_the_table_is_refused_before_anything(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("gpu,chip", [(AMPERE, "GA102"), (ADA, "AD102")])
-def test_open_boots_to_fwsec_frts_then_gives_the_gpu_back(tmp_path, gpu, chip) -> None:
+def test_open_boots_gsp_rm_then_stops_resets_and_gives_the_gpu_back(tmp_path, gpu, chip) -> None:
   rig = Rig(tmp_path, [(A, gpu[0], "nvidia")], gpu[1])
   with pytest.raises(NotBuilt) as e: rig.open(PLUGRT_NV_ALLOW_UNBIND="1")
   msg = str(e.value)
   for part in (f"chip {chip}", "GFW boot complete", "WPR2 down", "512 MiB of VRAM", f"firmware {GSP_VERSION} read", "GSP arguments in host memory",
-               "stops before FWSEC-FRTS", "released: disabled, bound back to nvidia"):
+               "FWSEC-FRTS ran (ucode 2, FRTS at 510 MiB), WPR2 up", "booter_load ran on SEC2", "GSP-RM up (CPU sequencer ran 2 commands)",
+               "GSP-RM unloaded", "the RM objects over RPC", "released: reset, disabled, bound back to nvidia"):
     assert part in msg, (part, msg)
-  assert rig.kernel.log == [(f"devices/{A}/driver/unbind", A), (f"devices/{A}/enable", "1"), (f"devices/{A}/enable", "0"), ("drivers/nvidia/bind", A)]
+  assert rig.gpu.violations == [] and rig.gpu.fwsec_ran and rig.gpu.booter_ok and rig.gpu.gsp.errors == []
+  assert [f for f, _ in rig.gpu.gsp.received] == [msgq.Function.UNLOADING_GUEST_DRIVER]
+  assert rig.kernel.log == [(f"devices/{A}/driver/unbind", A), (f"devices/{A}/enable", "1"), (f"devices/{A}/reset", "1"),
+                            (f"devices/{A}/enable", "0"), ("drivers/nvidia/bind", A)]
   assert rig.mapped == [0, 1] and os.path.islink(os.path.join(rig.devices, A, "driver"))
-  assert not any(w == "w" for w, *_ in rig.gpu.log), "the boot wrote a register before FWSEC-FRTS"
+
+
+def test_a_failing_fwsec_is_a_typed_error_and_the_gpu_is_reset(tmp_path) -> None:
+  rig = Rig(tmp_path, [(A, AMPERE[0], "nvidia")], AMPERE[1])
+  rig.gpu.regs[fake_nvpci.vbios.FUSE_GSP_UCODE1_VERSION + 4] = 0b1  # ucode version 1: the first signature, which the fake FWSEC refuses
+  with pytest.raises(GSPError, match=r"FWSEC-FRTS did not set up WPR2 \(FRTS error code 0xbad") as e: rig.open(PLUGRT_NV_ALLOW_UNBIND="1")
+  assert e.value.step == "running FWSEC-FRTS on the GSP's falcon" and "released: reset, disabled, bound back" in str(e.value)
+  assert rig.gpu.violations == ["the GSP falcon's DMEM is not FWSEC's data patched for FRTS"]
+  rig.gpu.regs[fake_nvpci.vbios.FUSE_GSP_UCODE1_VERSION + 4] = 0b10  # version 2: no signature for it in the VBIOS
+  with pytest.raises(GSPError, match="has no signature for ucode version 2"): rig.open(PLUGRT_NV_ALLOW_UNBIND="1")
+
+
+def test_an_unreadable_vbios_is_a_typed_error(tmp_path) -> None:
+  rig = Rig(tmp_path, [(A, AMPERE[0], "")], AMPERE[1])
+  rig.gpu.rom.rom = bytes(0x100)
+  with pytest.raises(GSPError, match="the VBIOS's FWSEC tables are not readable: no expansion-ROM signature at 0x0"):
+    rig.open(PLUGRT_NV_ALLOW_UNBIND="1")
 
 
 def test_missing_firmware_names_the_file_and_package(tmp_path) -> None:

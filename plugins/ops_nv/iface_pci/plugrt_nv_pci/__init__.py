@@ -3,14 +3,15 @@
 What is built (docs/backends/nv.md, "The PCI interface"; every constant's source in docs/research/nv-pci.md): a probe
 that lists NVIDIA display functions in sysfs, names each one's generation from its device id (Ampere GA10x, Ada AD10x,
 Blackwell GB20x; Hopper and others are listed and refused) and says what opening would do; on open, after
-PLUGRT_NV_ALLOW_UNBIND=1, the function taken from its driver (bound back on close or failure), BAR0 and BAR1 mapped from
-their resource files, the chip read from NV_PMC_BOOT_42, the VBIOS's boot awaited, WPR2 checked down, the VRAM sized,
-the GSP firmware files read from linux-firmware (MissingFirmware names a missing one and its Debian package), and the
-GSP's arguments (message queues, LibOS regions, GSP-RM's radix-3 image, WPR metadata) laid out in host memory. The boot
-stops before FWSEC-FRTS with NotBuilt and gives the GPU back. Built and tested against the fake GPU only, not reached by
-the open path yet: the falcon DMA and heavy-secure runs, booter_load on SEC2, the GSP-RM message queues and RPCs, the
-CPU sequencer, GSP_INIT_DONE. Not built: FWSEC-FRTS, the RM objects over RPC, GPU page tables, Blackwell's FSP boot.
-**Never run on hardware.**
+PLUGRT_NV_ALLOW_UNBIND=1, the function taken from its driver, BAR0 and BAR1 mapped from their resource files, and the
+GSP boot of a GA10x/AD10x GPU (plugrt_nv_pci.boot): the chip from NV_PMC_BOOT_42, the VBIOS's boot awaited, WPR2 checked
+down, the VRAM sized, the 570.144 GSP firmware files read from linux-firmware (MissingFirmware names a missing one and
+its Debian package), the GSP's arguments laid out in host memory, FWSEC-FRTS from the VBIOS on the GSP's falcon,
+booter_load on SEC2, GSP-RM's message queues, its CPU-sequencer requests and GSP_INIT_DONE. Then GSP-RM is unloaded and
+the open ends in NotBuilt: the RM objects over RPC (client, device, VA space, channels), GPU page tables, the
+system-info and registry RPCs GSP-RM expects before its init, and Blackwell's FSP boot are not built. On every failure
+and on close the function is reset (once the boot changed the GPU), re-disabled and bound back to its driver.
+**Never run on hardware: tested against the fake GPU of plugins/ops_nv/tests/fake_nvpci.py only.**
 
 Never chosen automatically (`NV_IFACE=PCI` or `DEV=PCI+NV`). The probe reads sysfs only. Entry module: standard
 library and plugrt only.
@@ -28,11 +29,10 @@ NAME = "PCI"
 ACK = "PLUGRT_NV_ALLOW_UNBIND"
 FIRMWARE = "PLUGRT_NV_FIRMWARE"
 TIMEOUT = "PLUGRT_NV_BOOT_TIMEOUT"
-WOULD = ("opening unbinds the GPU from its driver (binding it back on close), maps BAR0 and BAR1 through sysfs, reads the chip, waits for the "
-         "VBIOS's boot, checks that no GSP runs, reads the GSP firmware files and lays out the GSP's arguments in host memory, then stops "
-         "before FWSEC-FRTS (not built) and gives the GPU back")
-NOT_YET = ("never run on hardware; the GSP boot is built up to FWSEC-FRTS, the booter and GSP-RM message queues only against a fake GPU, "
-           "no RM objects, channels or kernels yet")
+WOULD = ("opening unbinds the GPU from its driver, maps BAR0 and BAR1 through sysfs, boots GSP-RM from the linux-firmware files (FWSEC-FRTS "
+         "from the VBIOS, booter_load on SEC2, the GSP's message queues), then unloads it, resets the function and binds the driver back: "
+         "the RM objects, channels and kernels over RPC are not built")
+NOT_YET = "never run on hardware (tested against a fake GPU only); no RM objects, channels or kernels yet, so no device opens through it"
 HINT = "use the NVK interface (NV_IFACE=NVK, the default) with the NVIDIA kernel driver"
 
 
@@ -68,13 +68,14 @@ def probe_tree(root: str) -> Probe:
 @hookimpl
 def plugrt_interfaces() -> list[InterfaceSpec]:
   return [InterfaceSpec(device="NV", name=NAME, probe=probe, auto=False, priority=0,
-                        description=f"driverless through sysfs: GSP boot up to FWSEC-FRTS (not further yet), never run on hardware "
-                                    f"(never automatic; needs {ACK}=1)")]
+                        description=f"driverless through sysfs: GSP-RM boot on GA10x/AD10x against a fake GPU only, never run on "
+                                    f"hardware, no channels yet (never automatic; needs {ACK}=1)")]
 
 
 def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any = None, bars: Any = None, dma: Any = None) -> Any:
   """Take the NV device's GPU function and run the implemented boot; today it always ends in an error saying where it
-  stopped, after giving the function back. `root`/`drivers`/`write` are the sysfs seam (tests pass a fake tree),
+  stopped (NotBuilt after GSP-RM's init), after resetting the function (once the boot changed the GPU) and giving it
+  back. `root`/`drivers`/`write` are the sysfs seam (tests pass a fake tree),
   `bars(function, index)` maps a BAR (default: its resource file), `dma(function)` makes the host-memory allocator
   (default: dma.PagemapDMA). DeviceUnavailable for a GPU this interface does not open (or cannot map),
   AcknowledgementRequired without PLUGRT_NV_ALLOW_UNBIND=1, MissingFirmware/FirmwareError for the files, GSPError for
@@ -106,9 +107,10 @@ def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any =
   try:
     fn.take()
     regs = (bars or PCIFunction.map_bar)(fn, REGISTER_BAR)
-    (bars or PCIFunction.map_bar)(fn, VRAM_BAR)
+    vram = (bars or PCIFunction.map_bar)(fn, VRAM_BAR)
     allocator = (dma or PagemapDMA)(fn.dir)
-    boot.bring_up(regs, allocator, ctx.get(FIRMWARE) or FIRMWARE_ROOT, f"{device.canonical} through PCI ({c.address})", timeout)
+    boot.bring_up(regs, vram.write, allocator, ctx.get(FIRMWARE) or FIRMWARE_ROOT, f"{device.canonical} through PCI ({c.address})", timeout,
+                  started=lambda: setattr(fn, "reset_on_release", True))
   except Exception as e:
     done = fn.release()
     if done and hasattr(e, "message"):

@@ -12,12 +12,14 @@
    offsets), the LibOS memory regions (log buffers, RMARGS), GSP-RM's image behind a radix-3 page table, its
    signature, the bootloader, and GspFwWprMeta with the VRAM layout of kgspCalculateFbLayout_TU102.
    NOT BUILT: GSP_SET_SYSTEM_INFO and SET_REGISTRY, which the kernel driver queues before the boot for GSP-RM's init.
-7. FWSEC-FRTS: the FWSEC ucode from the VBIOS, patched with the FRTS command, run in heavy-secure mode on the GSP's
-   falcon, to carve out the FRTS region and raise WPR2. NOT BUILT: `bring_up` stops here with NotBuilt.
+7. FWSEC-FRTS: the FWSEC ucode from the VBIOS (vbios.py), patched with the FRTS command and the signature for the
+   fused ucode version, run in heavy-secure mode on the GSP's falcon from VRAM; afterwards WPR2 is up and
+   NV_PBUS_VBIOS_SCRATCH(0x0E) holds no FRTS error.
 8. GSP-RM: the GSP reset into RISC-V with the LibOS arguments in its mailboxes; booter_load on SEC2 with the WPR
    metadata's address in its mailboxes (mailbox 0 = 0 on success); NV_PFALCON_FALCON_OS = 0; the RISC-V core active;
-   then the status queue, GSP_RUN_CPU_SEQUENCER events run by the CPU, and GSP_INIT_DONE (`start_gsp`, tested against
-   the fake GPU; the open path reaches it once step 7 is built).
+   then the status queue, GSP_RUN_CPU_SEQUENCER events run by the CPU, and GSP_INIT_DONE (`start_gsp`).
+9. NOT BUILT: the RM objects over RPC. `bring_up` stops here with NotBuilt, after unloading GSP-RM
+   (UNLOADING_GUEST_DRIVER); the caller resets the function before binding the driver back, since WPR2 stays up.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plugrt.errors import DeviceUnavailable, Reason
-from plugrt_nv_pci import firmware, msgq
+from plugrt_nv_pci import firmware, msgq, vbios
 from plugrt_nv_pci.chips import BOOT_42, GSP_VERSION, Chip, decode_boot42
 from plugrt_nv_pci.dma import PAGE, DMAAllocator, DMABuffer
 from plugrt_nv_pci.errors import GSPError, NotBuilt
@@ -349,13 +351,41 @@ def start_gsp(regs: MMIO, vram_write: Callable[[int, bytes], None], args: GSPArg
   return q
 
 
-def bring_up(regs: MMIO, dma: DMAAllocator, firmware_root: str, label: str, timeout: float) -> Any:
-  """Steps 1-7 as far as they are built: raises NotBuilt at FWSEC-FRTS, saying what was done."""
+FWSEC_AT, BOOTER_AT = 1 << 20, 4 << 20   # where in VRAM the heavy-secure images go for the falcons' DMA (far below the WPR region)
+UNLOAD_FAST = 1 << 6                      # __GPU_STATE_FLAGS_FAST_UNLOAD, the newLevel of UNLOADING_GUEST_DRIVER
+
+
+def run_fwsec(regs: MMIO, vram_write: Callable[[int, bytes], None], meta: GspFwWprMeta, rec: Record, timeout: float) -> None:
+  """Step 7: FWSEC-FRTS on the GSP's falcon; WPR2 up afterwards, or a GSPError with FWSEC's error code."""
+  fw = vbios.find_fwsec(regs)
+  sig = vbios.signature_for(fw, regs.read32(vbios.FUSE_GSP_UCODE1_VERSION + 4 * (fw.ucode_id - 1)))
+  image = vbios.patch_frts(fw, meta.frtsOffset, sig)
+  vram_write(FWSEC_AT, image)
+  gsp = Falcon(regs, GSP_BASE, GSP_ENGINE, "GSP", timeout)
+  step = "running FWSEC-FRTS on the GSP's falcon"
+  gsp.reset(riscv=False, step=step)
+  gsp.run_hs(FWSEC_AT, (0, fw.imem_pa, fw.imem_size), (fw.imem_size, fw.dmem_pa, fw.dmem_size), fw.imem_va, fw.pkc_offset, fw.engine_mask,
+             fw.ucode_id, None, step)
+  err = regs.read32(vbios.VBIOS_SCRATCH_0E) >> 16
+  if err or not regs.read32(WPR2_ADDR_HI):
+    raise GSPError(f"FWSEC-FRTS did not set up WPR2 (FRTS error code {err:#x}, WPR2_ADDR_HI {regs.read32(WPR2_ADDR_HI):#x})",
+                   "reset the GPU and retry; a VBIOS plugrt does not know may need the NVIDIA driver", step=step, reason=f"FRTS error {err:#x}")
+  rec.done(f"FWSEC-FRTS ran (ucode {fw.ucode_id}, FRTS at {meta.frtsOffset >> 20} MiB), WPR2 up")
+
+
+def bring_up(regs: MMIO, vram_write: Callable[[int, bytes], None], dma: DMAAllocator, firmware_root: str, label: str, timeout: float,
+             started: Callable[[], None] = lambda: None) -> Any:
+  """Steps 1-8, then NotBuilt (step 9). `started()` is called once the GPU's state was changed (FWSEC ran), after
+  which only a reset of the function returns it to what the driver expects."""
   rec = Record(label)
   chip = identify(regs, rec)
   vram = preboot_checks(regs, rec, timeout)
   fw = load_firmware(firmware_root, chip, rec)
-  build_args(dma, fw, vram, rec)
-  raise NotBuilt(f"{label}: the GSP boot stops before FWSEC-FRTS (running the VBIOS's FWSEC ucode to set up WPR2), which plugrt-nv-pci does "
-                 f"not implement yet; done: {rec.so_far()}. Nothing was started on the GPU; its function is given back",
-                 "use the NVK interface (NV_IFACE=NVK) with the NVIDIA driver")
+  args = build_args(dma, fw, vram, rec)
+  started()
+  run_fwsec(regs, vram_write, args.meta, rec, timeout)
+  q = start_gsp(regs, vram_write, args, fw, rec, timeout, BOOTER_AT)
+  q.call(msgq.Function.UNLOADING_GUEST_DRIVER, struct.pack("<BBxxI", 0, 0, UNLOAD_FAST), "unloading GSP-RM")
+  rec.done("GSP-RM unloaded")
+  raise NotBuilt(f"{label}: GSP-RM booted, but the RM objects over RPC (client, device, VA space, channels) that the NV device needs are "
+                 f"not implemented yet; done: {rec.so_far()}", "use the NVK interface (NV_IFACE=NVK) with the NVIDIA driver")

@@ -105,6 +105,7 @@ class PCIFunction:
     self.write = write or _default_write
     self.unbound_driver = ""
     self.enabled_by_us = False
+    self.reset_on_release = False   # set once the GPU's state was changed (a GSP boot began): release() resets the function
     self.bars: dict[int, MappedBAR] = {}
     if not os.path.isdir(self.dir):
       raise DeviceUnavailable(f"no PCI function {address} ({self.dir} does not exist)", Reason.NO_DEVICE, "list them with lspci -D -d 10de:")
@@ -154,6 +155,10 @@ class PCIFunction:
     done = []
     for bar in self.bars.values(): bar.close()
     self.bars.clear()
+    if self.reset_on_release:  # a function-level reset: WPR2 and the GSP go, as the driver expects to find the GPU
+      try: self.write(self.path("reset"), "1"); done.append("reset")
+      except OSError as e: done.append(f"reset failed ({e}): echo 1 | sudo tee {self.path('reset')}")
+      self.reset_on_release = False
     if self.enabled_by_us:
       try: self.write(self.path("enable"), "0"); done.append("disabled")
       except OSError as e: done.append(f"disable failed: {e}")
