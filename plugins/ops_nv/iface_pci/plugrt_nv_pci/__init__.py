@@ -32,7 +32,7 @@ TIMEOUT = "PLUGRT_NV_BOOT_TIMEOUT"
 WOULD = ("opening unbinds the GPU from its driver, maps BAR0 and BAR1 through sysfs, boots GSP-RM from the linux-firmware files (FWSEC-FRTS "
          "from the VBIOS, booter_load on SEC2, the GSP's message queues), then unloads it, resets the function and binds the driver back: "
          "the RM objects, channels and kernels over RPC are not built")
-NOT_YET = "never run on hardware (tested against a fake GPU only); no RM objects, channels or kernels yet, so no device opens through it"
+NOT_YET = "never run on hardware, tested against a fake GPU only; no RM objects, channels or kernels yet, so no device opens through it"
 HINT = "use the NVK interface (NV_IFACE=NVK, the default) with the NVIDIA kernel driver"
 
 
