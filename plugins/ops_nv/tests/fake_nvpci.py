@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from plugrt_nv_pci import boot, falcon, firmware, msgq, vbios
+from plugrt_nv_pci import boot, falcon, firmware, msgq, rpc, vbios
 from plugrt_nv_pci.chips import GSP_VERSION
 from plugrt_nv_pci.dma import PAGE, DMABuffer
 
@@ -406,6 +406,52 @@ class FakeBAR0:
     if self.gsp is not None: self.gsp.stop = True
 
 
+#: what the fake GSP-RM offers per architecture: classes (device, subdevice, memory, VA space, channel objects, and the
+#: generation's compute, copy, GPFIFO and usermode classes) and GR's sizes (an RTX 3090-like GA102, an RTX 4090-like AD102)
+CLASSES = {0x17: [0x80, 0x2080, 0x70, 0x90F1, 0xA06C, 0x9067, 0xC56F, 0xC561, 0xC7C0, 0xC7B5, 0xC6B5],
+           0x19: [0x80, 0x2080, 0x70, 0x90F1, 0xA06C, 0x9067, 0xC56F, 0xC561, 0xC9C0, 0xC7B5]}
+GR = {0x17: {0x0C: 0x806, 0x0D: 48, 0x14: 7, 0x17: 6, 0x1D: 10496, 0x20: 2}, 0x19: {0x0C: 0x809, 0x0D: 48, 0x14: 12, 0x17: 6, 0x1D: 16384, 0x20: 2}}
+PARAM_SIZES = {0x0: 120, 0x80: 56, 0x2080: 4}
+PARENTS = {0x80: (0x0,), 0x2080: (0x80,)}
+INVALID_PARAM_STRUCT, NOT_SUPPORTED, OBJECT_NOT_FOUND, INVALID_OBJECT_PARENT = 0x3A, 0x56, 0x57, 0x36
+MALFORMED = 0xFF100002  # NV_VGPU_MSG_RESULT_RPC_INVALID_MESSAGE_FORMAT
+
+
+class FakeRM:
+  """GSP-RM's resource manager as far as plugrt uses it: objects by handle with their parents and classes, the
+  parameter sizes of the classes it knows, the class list and GR's static info; everything else NV_ERR_NOT_SUPPORTED."""
+
+  def __init__(self, arch: int):
+    self.arch, self.objects, self.client = arch, {}, None
+    self.calls: list[tuple[str, int, int]] = []   # ("alloc", class, handle) / ("control", cmd, object)
+
+  def alloc(self, p: bytes) -> tuple[int, bytes]:
+    if len(p) < rpc.ALLOC_HEADER.size: return MALFORMED, p
+    client, parent, handle, cls, _, size, _ = rpc.ALLOC_HEADER.unpack_from(p)
+    self.calls.append(("alloc", cls, handle))
+    if cls == rpc.ROOT_CLASS and self.client is None: self.client = client
+    if client != self.client or handle in self.objects: return (0xFF100004 if handle in self.objects else OBJECT_NOT_FOUND), p
+    if cls not in PARAM_SIZES and cls not in CLASSES[self.arch]: return 0x22, p                       # NV_ERR_INVALID_CLASS
+    if cls in PARAM_SIZES and size != PARAM_SIZES[cls]: return INVALID_PARAM_STRUCT, p
+    if cls != rpc.ROOT_CLASS and self.objects.get(parent) not in PARENTS.get(cls, (self.objects.get(parent),)): return INVALID_OBJECT_PARENT, p
+    self.objects[handle] = cls
+    return 0, p
+
+  def control(self, p: bytes) -> tuple[int, bytes]:
+    if len(p) < rpc.CONTROL_HEADER.size: return MALFORMED, p
+    client, obj, cmd, _, size, _ = rpc.CONTROL_HEADER.unpack_from(p)
+    self.calls.append(("control", cmd, obj))
+    body = bytearray(p[rpc.CONTROL_HEADER.size:])
+    if client != self.client or obj not in self.objects: return OBJECT_NOT_FOUND, p
+    if cmd == 0x800292 and self.objects[obj] == 0x80 and size == 404:   # NV0080_CTRL_CMD_GPU_GET_CLASSLIST_V2
+      cl = CLASSES[self.arch]
+      struct.pack_into(f"<I{len(cl)}I", body, 0, len(cl), *cl)
+    elif cmd == rpc.CTRL_KGR_INFO and self.objects[obj] == 0x2080 and size == ctypes.sizeof(rpc.KGR_INFO):
+      for index, value in GR[self.arch].items(): struct.pack_into("<II", body, 8 * index, index, value)
+    else: return NOT_SUPPORTED, p
+    return 0, p[:rpc.CONTROL_HEADER.size] + bytes(body)
+
+
 class FakeGSP(threading.Thread):
   """GSP-RM after the booter: its arguments read through the bus addresses, its status queue written, a CPU-sequencer
   request and GSP_INIT_DONE sent, then RPCs answered by `handlers` (function -> payload -> (result, reply) or None for
@@ -416,7 +462,9 @@ class FakeGSP(threading.Thread):
     self.gpu, self.dma, self.stop = gpu, gpu.dma, False
     self.silent = self.corrupt = False
     self.tx_seq = self.rx_seq = 0
-    self.handlers: dict[int, Callable[[bytes], tuple[int, bytes] | None]] = {}
+    self.rm = FakeRM(gpu.regs[0xA00] >> 24)
+    self.handlers: dict[int, Callable[[bytes], tuple[int, bytes] | None]] = {msgq.Function.GSP_RM_ALLOC: self.rm.alloc,
+                                                                             msgq.Function.GSP_RM_CONTROL: self.rm.control}
     self.received: list[tuple[int, bytes]] = []
     self.errors: list[str] = []
     libos = gpu.regs[boot.GSP_MAILBOX0] | gpu.regs[boot.GSP_MAILBOX1] << 32

@@ -14,7 +14,7 @@ from fake_nvpci import ADA, AMPERE, BLACKWELL, BOOTER_FAILED, HOPPER, FakeBAR0, 
 import plugrt_nv_pci
 from plugrt.context import DeviceInfo, PluginContext
 from plugrt.errors import DeviceUnavailable, EnvError
-from plugrt_nv_pci import boot, msgq
+from plugrt_nv_pci import boot, msgq, rpc
 from plugrt_nv_pci.chips import GSP_VERSION, decode_boot42
 from plugrt_nv_pci.errors import AcknowledgementRequired, FirmwareError, GSPError, MalformedRPC, MissingFirmware, NotBuilt, RPCError
 
@@ -85,17 +85,22 @@ def test_a_gpu_outside_the_table_is_refused_before_anything(tmp_path) -> None:
   assert rig.kernel.log == [] and rig.mapped == []
 
 
-@pytest.mark.parametrize("gpu,chip", [(AMPERE, "GA102"), (ADA, "AD102")])
-def test_open_boots_gsp_rm_then_stops_resets_and_gives_the_gpu_back(tmp_path, gpu, chip) -> None:
+@pytest.mark.parametrize("gpu,chip,objects", [
+  (AMPERE, "GA102", "RM client, device and subdevice over RPC (Ampere classes: compute 0xc7c0, copy 0xc7b5, channel 0xc56f; sm_86, 82 SMs)"),
+  (ADA, "AD102", "RM client, device and subdevice over RPC (Ada classes: compute 0xc9c0, copy 0xc7b5, channel 0xc56f; sm_89, 128 SMs)")])
+def test_open_boots_gsp_rm_then_stops_resets_and_gives_the_gpu_back(tmp_path, gpu, chip, objects) -> None:
   rig = Rig(tmp_path, [(A, gpu[0], "nvidia")], gpu[1])
   with pytest.raises(NotBuilt) as e: rig.open(PLUGRT_NV_ALLOW_UNBIND="1")
   msg = str(e.value)
   for part in (f"chip {chip}", "GFW boot complete", "WPR2 down", "512 MiB of VRAM", f"firmware {GSP_VERSION} read", "GSP arguments in host memory",
                "FWSEC-FRTS ran (ucode 2, FRTS at 510 MiB), WPR2 up", "booter_load ran on SEC2", "GSP-RM up (CPU sequencer ran 2 commands)",
-               "GSP-RM unloaded", "the RM objects over RPC", "released: reset, disabled, bound back to nvidia"):
+               objects, "GSP-RM unloaded", "the VA space, GPU page tables, GR context and channels over RPC",
+               "released: reset, disabled, bound back to nvidia"):
     assert part in msg, (part, msg)
   assert rig.gpu.violations == [] and rig.gpu.fwsec_ran and rig.gpu.booter_ok and rig.gpu.gsp.errors == []
-  assert [f for f, _ in rig.gpu.gsp.received] == [msgq.Function.UNLOADING_GUEST_DRIVER]
+  assert [f for f, _ in rig.gpu.gsp.received][-1] == msgq.Function.UNLOADING_GUEST_DRIVER
+  assert [c[:2] for c in rig.gpu.gsp.rm.calls] == [("alloc", 0), ("alloc", 0x80), ("alloc", 0x2080), ("control", 0x800292),
+                                                  ("control", rpc.CTRL_KGR_INFO)]
   assert rig.kernel.log == [(f"devices/{A}/driver/unbind", A), (f"devices/{A}/enable", "1"), (f"devices/{A}/reset", "1"),
                             (f"devices/{A}/enable", "0"), ("drivers/nvidia/bind", A)]
   assert rig.mapped == [0, 1] and os.path.islink(os.path.join(rig.devices, A, "driver"))
@@ -182,7 +187,9 @@ def test_booter_starts_gsp_rm_which_runs_the_sequencer_and_answers_rpcs(tmp_path
     assert rig.gpu.violations == [] and rig.gpu.booter_ok and rig.gpu.gsp.errors == []
     assert rig.gpu.regs[0x1E0000] == 0x1234 and "GSP-RM up (CPU sequencer ran 2 commands)" in rec.so_far()
     # an RPC and its reply; a payload larger than one message goes out with continuation records and arrives whole
-    assert q.call(msgq.Function.GSP_RM_CONTROL, b"abc" * 4, "a control") == b"abc" * 4
+    echo = msgq.Function.SET_PAGE_DIRECTORY  # the fake answers a function it does not model with the payload it got
+    assert q.call(echo, b"abc" * 4, "a call") == b"abc" * 4
+    with pytest.raises(RPCError, match="the GSP found the message malformed"): q.call(msgq.Function.GSP_RM_CONTROL, b"abc", "a control")
     big = bytes(range(256)) * 400
     q.send(msgq.Function.SET_REGISTRY, big)
     rig.gpu.gsp.handlers[msgq.Function.GSP_RM_ALLOC] = lambda p: (0x1F, p)  # NV_ERR_INVALID_ARGUMENT
@@ -191,8 +198,8 @@ def test_booter_starts_gsp_rm_which_runs_the_sequencer_and_answers_rpcs(tmp_path
     assert (msgq.Function.SET_REGISTRY, big) in rig.gpu.gsp.received and rig.gpu.gsp.errors == []
     # a reply whose checksum does not add up: that call and every later one fail, typed
     rig.gpu.gsp.corrupt = True
-    with pytest.raises(MalformedRPC, match="checksum of GSP_RM_CONTROL does not add up"): q.call(msgq.Function.GSP_RM_CONTROL, b"y")
-    with pytest.raises(MalformedRPC, match="unreadable since status queue element"): q.call(msgq.Function.GSP_RM_CONTROL, b"y")
+    with pytest.raises(MalformedRPC, match="checksum of SET_PAGE_DIRECTORY does not add up"): q.call(echo, b"y")
+    with pytest.raises(MalformedRPC, match="unreadable since status queue element"): q.call(echo, b"y")
   finally: rig.gpu.close()
 
 
@@ -202,8 +209,25 @@ def test_a_gsp_that_stops_answering_times_out_with_the_queue_positions(tmp_path)
     q = boot.start_gsp(rig.gpu, rig.gpu.vram.write, args, fw, rec, 2.0, booter_at=1 << 20)
     rig.gpu.gsp.silent = True
     q.timeout = 0.2
-    with pytest.raises(GSPError, match=r"did not answer GSP_RM_CONTROL within 0\.2 s") as e: q.call(msgq.Function.GSP_RM_CONTROL, b"z", "a control")
+    with pytest.raises(GSPError, match=r"did not answer GSP_RM_CONTROL within 0\.2 s") as e:
+      q.call(msgq.Function.GSP_RM_CONTROL, b"z", "a control")
     assert e.value.timed_out and e.value.step == "a control" and "status queue write pointer" in e.value.reason
+  finally: rig.gpu.close()
+
+
+def test_rm_refusals_over_rpc_are_typed_with_their_status(tmp_path) -> None:
+  """What GSP-RM refuses comes back as an RPCError with the NV_STATUS (or RPC result) name, never as a handle."""
+  rig, rec, fw, args = booted(tmp_path)
+  try:
+    r = rpc.RM(boot.start_gsp(rig.gpu, rig.gpu.vram.write, args, fw, rec, 2.0, booter_at=1 << 20))
+    objs = rpc.open_objects(r)
+    assert objs.classes.compute == 0xC7C0 and objs.gr["gpcs"] == 7 and objs.sm_version == 0x806
+    with pytest.raises(RPCError, match="NV_ERR_INVALID_PARAM_STRUCT") as e: r.alloc(objs.root, 0x80, rpc.rm.SUBDEVICE_PARAMS(), "a device")
+    assert e.value.status == 0x3A and e.value.function == msgq.Function.GSP_RM_ALLOC
+    with pytest.raises(RPCError, match="an object with that handle exists already"): r.alloc(objs.device, 0x2080, rpc.rm.SUBDEVICE_PARAMS(),
+                                                                                          handle=objs.subdevice)
+    with pytest.raises(RPCError, match="NV_ERR_INVALID_OBJECT_PARENT"): r.alloc(objs.root, 0x2080, rpc.rm.SUBDEVICE_PARAMS(), "a subdevice")
+    with pytest.raises(RPCError, match=r"NV_ERR_NOT_SUPPORTED \(0x56\)"): r.control(objs.subdevice, 0x20801201, rpc.rm.GR_INFO_PARAMS(), "GR info")
   finally: rig.gpu.close()
 
 

@@ -7,8 +7,9 @@ PLUGRT_NV_ALLOW_UNBIND=1, the function taken from its driver, BAR0 and BAR1 mapp
 GSP boot of a GA10x/AD10x GPU (plugrt_nv_pci.boot): the chip from NV_PMC_BOOT_42, the VBIOS's boot awaited, WPR2 checked
 down, the VRAM sized, the 570.144 GSP firmware files read from linux-firmware (MissingFirmware names a missing one and
 its Debian package), the GSP's arguments laid out in host memory, FWSEC-FRTS from the VBIOS on the GSP's falcon,
-booter_load on SEC2, GSP-RM's message queues, its CPU-sequencer requests and GSP_INIT_DONE. Then GSP-RM is unloaded and
-the open ends in NotBuilt: the RM objects over RPC (client, device, VA space, channels), GPU page tables, the
+booter_load on SEC2, GSP-RM's message queues, its CPU-sequencer requests and GSP_INIT_DONE, then the RM client, device
+and subdevice over RPC (plugrt_nv_pci.rpc) with the class list and GR's sizes. Then GSP-RM is unloaded and the open
+ends in NotBuilt: the VA space with plugrt's GPU page tables, the GR context, the channels and engine objects, the
 system-info and registry RPCs GSP-RM expects before its init, and Blackwell's FSP boot are not built. On every failure
 and on close the function is reset (once the boot changed the GPU), re-disabled and bound back to its driver.
 **Never run on hardware: tested against the fake GPU of plugins/ops_nv/tests/fake_nvpci.py only.**
@@ -30,9 +31,10 @@ ACK = "PLUGRT_NV_ALLOW_UNBIND"
 FIRMWARE = "PLUGRT_NV_FIRMWARE"
 TIMEOUT = "PLUGRT_NV_BOOT_TIMEOUT"
 WOULD = ("opening unbinds the GPU from its driver, maps BAR0 and BAR1 through sysfs, boots GSP-RM from the linux-firmware files (FWSEC-FRTS "
-         "from the VBIOS, booter_load on SEC2, the GSP's message queues), then unloads it, resets the function and binds the driver back: "
-         "the RM objects, channels and kernels over RPC are not built")
-NOT_YET = "never run on hardware, tested against a fake GPU only; no RM objects, channels or kernels yet, so no device opens through it"
+         "from the VBIOS, booter_load on SEC2, the GSP's message queues), allocates the RM client, device and subdevice over RPC, "
+         "then unloads it, resets the function and binds the driver back: "
+         "the VA space, channels and kernels over RPC are not built")
+NOT_YET = "never run on hardware, tested against a fake GPU only; no VA space, channels or kernels yet, so no device opens through it"
 HINT = "use the NVK interface (NV_IFACE=NVK, the default) with the NVIDIA kernel driver"
 
 

@@ -18,8 +18,10 @@
 8. GSP-RM: the GSP reset into RISC-V with the LibOS arguments in its mailboxes; booter_load on SEC2 with the WPR
    metadata's address in its mailboxes (mailbox 0 = 0 on success); NV_PFALCON_FALCON_OS = 0; the RISC-V core active;
    then the status queue, GSP_RUN_CPU_SEQUENCER events run by the CPU, and GSP_INIT_DONE (`start_gsp`).
-9. NOT BUILT: the RM objects over RPC. `bring_up` stops here with NotBuilt, after unloading GSP-RM
-   (UNLOADING_GUEST_DRIVER); the caller resets the function before binding the driver back, since WPR2 stays up.
+9. the first RM objects over RPC (rpc.py): the client, the device and subdevice, the class list and GR's sizes.
+10. NOT BUILT: the VA space with plugrt's page tables, the GR context, channels and engine objects. `bring_up` stops
+   here with NotBuilt, after unloading GSP-RM (UNLOADING_GUEST_DRIVER); the caller resets the function before
+   binding the driver back, since WPR2 stays up.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plugrt.errors import DeviceUnavailable, Reason
-from plugrt_nv_pci import firmware, msgq, vbios
+from plugrt_nv import hw
+from plugrt_nv_pci import firmware, msgq, rpc, vbios
 from plugrt_nv_pci.chips import BOOT_42, GSP_VERSION, Chip, decode_boot42
 from plugrt_nv_pci.dma import PAGE, DMAAllocator, DMABuffer
 from plugrt_nv_pci.errors import GSPError, NotBuilt
@@ -385,7 +388,11 @@ def bring_up(regs: MMIO, vram_write: Callable[[int, bytes], None], dma: DMAAlloc
   started()
   run_fwsec(regs, vram_write, args.meta, rec, timeout)
   q = start_gsp(regs, vram_write, args, fw, rec, timeout, BOOTER_AT)
+  objs = rpc.open_objects(rpc.RM(q))
+  c = objs.classes
+  rec.done(f"RM client, device and subdevice over RPC ({c.family.name} classes: compute {c.compute:#06x}, copy {c.copy:#06x}, "
+           f"channel {c.gpfifo:#06x}; {hw.arch_of(objs.sm_version)}, {objs.gr['sms']} SMs)")
   q.call(msgq.Function.UNLOADING_GUEST_DRIVER, struct.pack("<BBxxI", 0, 0, UNLOAD_FAST), "unloading GSP-RM")
   rec.done("GSP-RM unloaded")
-  raise NotBuilt(f"{label}: GSP-RM booted, but the RM objects over RPC (client, device, VA space, channels) that the NV device needs are "
-                 f"not implemented yet; done: {rec.so_far()}", "use the NVK interface (NV_IFACE=NVK) with the NVIDIA driver")
+  raise NotBuilt(f"{label}: GSP-RM booted, but the VA space, GPU page tables, GR context and channels over RPC that the NV device needs "
+                 f"are not implemented yet; done: {rec.so_far()}", "use the NVK interface (NV_IFACE=NVK) with the NVIDIA driver")
