@@ -262,6 +262,20 @@ class FakeVRAM:
     return bytes(out)
 
 
+def translate(vram: FakeVRAM, root: int, va: int) -> tuple[int, int] | None:
+  """What the GPU-MMU (version 2) makes of `va` with the page directory at `root`: (aperture, address) or None (a
+  fault), read from the NV_MMU_VER2 field layout independently of plugrt_nv_pci.mmu."""
+  table = root
+  for shift, bits, size in ((47, 2, 8), (38, 9, 8), (29, 9, 8), (21, 8, 16)):
+    raw = vram.read(table + (va >> shift & ((1 << bits) - 1)) * size, size)
+    e = struct.unpack("<Q", raw[8:16] if size == 16 else raw)[0]   # a dual PDE: the small-page half
+    if e & 1 or e >> 1 & 3 != 1: return None                     # IS_PTE, or not a video-memory table
+    table = (e >> 8 & ((1 << 46) - 1)) << 12
+  e = struct.unpack("<Q", vram.read(table + (va >> 12 & 511) * 8, 8))[0]
+  if not e & 1 or e >> 56 != 6: return None                       # invalid, or not generic memory
+  return e >> 1 & 3, (e >> 8 & ((1 << 46) - 1)) << 12 | va & 0xFFF
+
+
 class FakeFalconModel:
   """One falcon's memories and what its registers last got."""
 

@@ -14,7 +14,8 @@ from fake_nvpci import ADA, AMPERE, BLACKWELL, BOOTER_FAILED, HOPPER, FakeBAR0, 
 import plugrt_nv_pci
 from plugrt.context import DeviceInfo, PluginContext
 from plugrt.errors import DeviceUnavailable, EnvError
-from plugrt_nv_pci import boot, msgq, rpc
+from plugrt_nv_nvk.nvk import VASpace
+from plugrt_nv_pci import boot, mmu, msgq, rpc
 from plugrt_nv_pci.chips import GSP_VERSION, decode_boot42
 from plugrt_nv_pci.errors import AcknowledgementRequired, FirmwareError, GSPError, MalformedRPC, MissingFirmware, NotBuilt, RPCError
 
@@ -265,6 +266,24 @@ def test_an_unknown_sequencer_opcode_is_refused(tmp_path) -> None:
   with pytest.raises(GSPError, match=r"register 0x100 to read 0x1 under mask 0x1 \(GSP sequencer error 7\)") as e:
     seq.run(struct.pack("<II8I", 8, 6, *[0] * 8) + struct.pack("<6I", 2, 0x100, 1, 1, 5, 7))
   assert e.value.timed_out
+
+
+def test_page_tables_translate_as_the_mmu_reads_them() -> None:
+  """plugrt's MMU v2 tables, read back by the fake's independent walker: video and system pages where they were put,
+  nothing after unmapping, each table made once, the TLBs invalidated after each change."""
+  vram = fake_nvpci.FakeVRAM(64)
+  flushes = []
+  pt = mmu.PageTables(VASpace(16 << 20, 64 << 20), vram.write, lambda: flushes.append(1))
+  va, far = 0x10_0000_0000, 0x10_0000_0000 + (1 << 30) + (5 << 21)   # another PDE1 entry: its own PDE0 and PTE tables
+  pt.map(va, [0x100000, 0x300000, 0x101000], mmu.APERTURE_VIDEO)
+  pt.map(far, [0x4_0000_3000, 0x4_0000_9000], mmu.APERTURE_SYSTEM, volatile=True)
+  walk = lambda a: fake_nvpci.translate(vram, pt.root, a)
+  assert [walk(va + 0x10), walk(va + 0x1FFF), walk(va + 0x2000)] == [(0, 0x100010), (0, 0x300FFF), (0, 0x101000)]
+  assert [walk(far), walk(far + 0x1004)] == [(2, 0x4_0000_3000), (2, 0x4_0000_9004)] and walk(va + 0x3000) is None
+  assert len(pt.tables) == 1 + 1 + 1 + 2 + 2 and len(flushes) == 2 and pt.entries == 4  # one PDE2 and PDE1 table, two PDE0 and PTE tables
+  pt.unmap(va, 2)
+  assert walk(va) is None and walk(va + 0x2000) == (0, 0x101000) and len(flushes) == 3
+  with pytest.raises(ValueError, match="outside the 49-bit VA"): pt.map(1 << 49, [0], mmu.APERTURE_VIDEO)
 
 
 def test_message_checksum_zeroes_the_element() -> None:
