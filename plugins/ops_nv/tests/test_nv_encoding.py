@@ -216,8 +216,8 @@ def test_probe_reasons(monkeypatch, tmp_path):
   p = plugrt_nv.probe_nv(PluginContext.from_process())
   assert not p.ok and p.reason is Reason.NO_DEVICE and "/dev/nvidia" in p.detail and p.hint
   assert not plugrt_nv_nvk.probe().ok and "not loaded" in plugrt_nv_nvk.probe().detail
-  pci = plugrt_nv_pci.probe()
-  assert not pci.ok and "not implemented" in pci.detail and "NVK" in pci.hint
+  pci = plugrt_nv_pci.probe(PluginContext.from_process())
+  assert not pci.ok and "no NVIDIA GPU on PCI" in pci.detail and "never run on hardware" in pci.detail
   ver = tmp_path / "version"
   ver.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U22)\n")
   assert plugrt_nv.driver_version(str(ver)) == "580.159.04" and plugrt_nv.driver_version(str(tmp_path / "missing")) is None

@@ -1,34 +1,127 @@
-"""plugrt-nv-pci: the PCI interface of the NV device, which would drive the GPU with no kernel driver at all.
+"""plugrt-nv-pci: the PCI interface of the NV device, which drives an NVIDIA GPU with no kernel driver, through sysfs.
 
-Doing that means unbinding the GPU from the nvidia driver, taking its PCI BARs through vfio or sysfs, and booting
-its GSP firmware from user space: it takes the GPU away from every other program on the machine. So this
-interface is never chosen automatically (`NV_IFACE=PCI` or `DEV=PCI+NV` must name it), and this release does
-not implement it: its probe says so, and opening it refuses. It never unbinds anything and never touches PCI
-configuration. Entry module: standard library and plugrt only.
+What is built (docs/backends/nv.md, "The PCI interface"; every constant's source in docs/research/nv-pci.md): a probe
+that lists NVIDIA display functions in sysfs, names each one's generation from its device id (Ampere GA10x, Ada AD10x,
+Blackwell GB20x; Hopper and others are listed and refused) and says what opening would do; on open, after
+PLUGRT_NV_ALLOW_UNBIND=1, the function taken from its driver, BAR0 and BAR1 mapped from their resource files, and the
+GSP boot of a GA10x/AD10x GPU (plugrt_nv_pci.boot): the chip from NV_PMC_BOOT_42, the VBIOS's boot awaited, WPR2 checked
+down, the VRAM sized, the 570.144 GSP firmware files read from linux-firmware (MissingFirmware names a missing one and
+its Debian package), the GSP's arguments laid out in host memory, FWSEC-FRTS from the VBIOS on the GSP's falcon,
+booter_load on SEC2, GSP-RM's message queues, its CPU-sequencer requests and GSP_INIT_DONE, then the RM client, device
+and subdevice over RPC (plugrt_nv_pci.rpc) with the class list and GR's sizes. Then GSP-RM is unloaded and the open
+ends in NotBuilt: the VA space with plugrt's GPU page tables, the GR context, the channels and engine objects, the
+system-info and registry RPCs GSP-RM expects before its init, and Blackwell's FSP boot are not built. On every failure
+and on close the function is reset (once the boot changed the GPU), re-disabled and bound back to its driver.
+**Never run on hardware: tested against the fake GPU of plugins/ops_nv/tests/fake_nvpci.py only.**
+
+Never chosen automatically (`NV_IFACE=PCI` or `DEV=PCI+NV`). The probe reads sysfs only. Entry module: standard
+library and plugrt only.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from plugrt.errors import Reason, UnsupportedError
+from plugrt.context import PluginContext
+from plugrt.errors import Reason
 from plugrt.hookspecs import DeviceInfo, InterfaceSpec, Probe, hookimpl
 
 __version__ = "0.1.0"
 NAME = "PCI"
-WHY = ("the driverless PCI interface is not implemented in this release: it would unbind the GPU from the nvidia driver "
-       "and boot the GPU's firmware from user space, which no plugrt code does yet")
-HINT = "use the NVK interface (NV_IFACE=NVK, the default), which works alongside the NVIDIA kernel driver"
+ACK = "PLUGRT_NV_ALLOW_UNBIND"
+FIRMWARE = "PLUGRT_NV_FIRMWARE"
+TIMEOUT = "PLUGRT_NV_BOOT_TIMEOUT"
+WOULD = ("opening unbinds the GPU from its driver, maps BAR0 and BAR1 through sysfs, boots GSP-RM from the linux-firmware files (FWSEC-FRTS "
+         "from the VBIOS, booter_load on SEC2, the GSP's message queues), allocates the RM client, device and subdevice over RPC, "
+         "then unloads it, resets the function and binds the driver back: "
+         "the VA space, channels and kernels over RPC are not built")
+NOT_YET = "never run on hardware, tested against a fake GPU only; no VA space, channels or kernels yet, so no device opens through it"
+HINT = "use the NVK interface (NV_IFACE=NVK, the default) with the NVIDIA kernel driver"
 
 
-def probe() -> Probe: return Probe.missing(Reason.NO_DEVICE, WHY, HINT)
+def _describe(c: Any) -> str:
+  from plugrt_nv_pci.chips import generation_of_device
+  g = generation_of_device(c.device)
+  what = f"{g.name} {g.chips}" if g else "a generation plugrt-nv-pci does not know"
+  shared = f"; bound to {c.driver}: opening takes it from every program that uses it" if c.driver else ""
+  verdict = "" if g and g.supported else f": not opened ({g.why_not if g else 'not in the seeds PCI list (Ampere, Ada, Blackwell)'})"
+  return f"{c.address} (device 0x{c.device:04x}, {what}, driver {c.driver or 'none'}{shared}){verdict}"
+
+
+def probe(ctx: PluginContext) -> Probe:
+  from plugrt_nv_pci.sysfs import PCI_DEVICES
+  return probe_tree(PCI_DEVICES)
+
+
+def probe_tree(root: str) -> Probe:
+  """The probe on the sysfs tree at `root`: reads file contents and links only."""
+  from plugrt_nv_pci.sysfs import nvidia_gpus
+  gpus = nvidia_gpus(root)
+  if not gpus:
+    return Probe.missing(Reason.NO_DEVICE, f"no NVIDIA GPU on PCI: sysfs shows no vendor 0x10de display function ({NOT_YET})",
+                         "run on a machine with an NVIDIA GPU")
+  listed = "; ".join(_describe(c) for c in gpus)
+  from plugrt_nv_pci.chips import generation_of_device
+  usable = [c for c in gpus if (g := generation_of_device(c.device)) and g.supported]
+  if not usable:
+    return Probe.missing(Reason.NO_DEVICE, f"found {listed}; none is a GPU this interface boots ({NOT_YET})", HINT)
+  return Probe.found(len(usable), f"found {listed}; {WOULD} (needs {ACK}=1); {NOT_YET}", gpus=" ".join(c.address for c in usable))
 
 
 @hookimpl
 def plugrt_interfaces() -> list[InterfaceSpec]:
   return [InterfaceSpec(device="NV", name=NAME, probe=probe, auto=False, priority=0,
-                        description="driverless: would unbind the GPU from its kernel driver (not implemented; never automatic)")]
+                        description=f"driverless through sysfs: GSP-RM boot on GA10x/AD10x against a fake GPU only, never run on "
+                                    f"hardware, no channels yet (never automatic; needs {ACK}=1)")]
+
+
+def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any = None, bars: Any = None, dma: Any = None) -> Any:
+  """Take the NV device's GPU function and run the implemented boot; today it always ends in an error saying where it
+  stopped (NotBuilt after GSP-RM's init), after resetting the function (once the boot changed the GPU) and giving it
+  back. `root`/`drivers`/`write` are the sysfs seam (tests pass a fake tree),
+  `bars(function, index)` maps a BAR (default: its resource file), `dma(function)` makes the host-memory allocator
+  (default: dma.PagemapDMA). DeviceUnavailable for a GPU this interface does not open (or cannot map),
+  AcknowledgementRequired without PLUGRT_NV_ALLOW_UNBIND=1, MissingFirmware/FirmwareError for the files, GSPError for
+  what the GPU answers, NotBuilt where the boot ends."""
+  from plugrt.errors import DeviceUnavailable
+  from plugrt_nv_pci import boot
+  from plugrt_nv_pci.chips import generation_of_device
+  from plugrt_nv_pci.dma import PagemapDMA
+  from plugrt_nv_pci.errors import AcknowledgementRequired
+  from plugrt_nv_pci.firmware import FIRMWARE_ROOT
+  from plugrt_nv_pci.sysfs import PCI_DEVICES, PCI_DRIVERS, REGISTER_BAR, VRAM_BAR, PCIFunction, nvidia_gpus
+  root, drivers = root or PCI_DEVICES, drivers or PCI_DRIVERS
+  gpus = nvidia_gpus(root)
+  if device.index >= len(gpus):
+    raise DeviceUnavailable(f"{device.canonical} through PCI: {len(gpus)} NVIDIA GPU function(s) on PCI", Reason.NO_DEVICE,
+                            "DEV=PCI+NV:<index> with an index below that" if gpus else "run on a machine with an NVIDIA GPU")
+  c = gpus[device.index]
+  gen = generation_of_device(c.device)
+  if gen is None or not gen.supported:
+    raise DeviceUnavailable(f"{device.canonical} through PCI: {_describe(c)}", Reason.NO_DEVICE, HINT)
+  ctx = device.context
+  if not ctx.acknowledged(ACK):
+    bound = f"; {c.address} is bound to {c.driver}: without {ACK}=1 plugrt never unbinds it" if c.driver else ""
+    raise AcknowledgementRequired(f"{device.canonical} through PCI: {WOULD}, and {ACK}=1 is not set{bound}",
+                                  f"set {ACK}=1 only on a machine where nothing else uses the GPU; or {HINT}")
+  timeout = ctx.number(TIMEOUT, 5.0, lo=0.001, unit="seconds")
+  fn = PCIFunction(c.address, root, drivers, write)
+  allocator = None
+  try:
+    fn.take()
+    regs = (bars or PCIFunction.map_bar)(fn, REGISTER_BAR)
+    vram = (bars or PCIFunction.map_bar)(fn, VRAM_BAR)
+    allocator = (dma or PagemapDMA)(fn.dir)
+    boot.bring_up(regs, vram.write, allocator, ctx.get(FIRMWARE) or FIRMWARE_ROOT, f"{device.canonical} through PCI ({c.address})", timeout,
+                  started=lambda: setattr(fn, "reset_on_release", True))
+  except Exception as e:
+    done = fn.release()
+    if done and hasattr(e, "message"):
+      e.args = (f"{e.args[0]} [released: {', '.join(done)}]", *e.args[1:])
+    raise
+  finally:
+    if allocator is not None: allocator.close()
 
 
 @hookimpl
 def plugrt_open_interface(device: DeviceInfo, interface: str) -> Any:
-  raise UnsupportedError(f"NV:{device.index} through PCI: {WHY}", HINT)
+  return open_pci(device)

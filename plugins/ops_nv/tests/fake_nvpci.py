@@ -1,0 +1,546 @@
+"""Fakes below plugrt-nv-pci: a sysfs tree with NVIDIA functions, linux-firmware's GSP files, host memory with bus
+addresses (FakeDMA), and a GPU behind BAR0 (FakeBAR0) whose falcons, SEC2 booter and GSP check the boot step by step.
+
+The files are built from the layouts docs/research/nv-pci.md records (ELF64 sections, nvfw_bin_hdr, nvfw_hs_header_v2,
+RM_RISCV_UCODE_DESC); their contents are made up (no NVIDIA code). The GPU model answers what plugrt_nv_pci.boot
+touches: NV_PMC_BOOT_42, the GFW-boot scratch registers, WPR2, the usable VRAM size, the GSP's and SEC2's falcon
+registers (reset and scrubbing, core select, DMA into IMEM/DMEM from VRAM, the boot ROM's parameters, start, halt,
+mailboxes). SEC2 "runs" booter_load: it checks that IMEM and DMEM hold the booter's code and data from the file, that
+the boot ROM got the signature parameters, that the GSP was reset into RISC-V with the LibOS arguments in its
+mailboxes, and that the WPR metadata its mailboxes point at is whole (magic, the radix-3 table resolving to the GSP
+image, the signature, the bootloader, a layout inside VRAM); anything wrong sets mailbox 0 to BOOTER_FAILED and is
+listed in `violations`. Then a FakeGSP thread reads its arguments through the bus addresses (the queues through their
+page table), sets up its status queue, sends a CPU-sequencer request and GSP_INIT_DONE, and answers RPCs."""
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from plugrt_nv_pci import boot, falcon, firmware, msgq, rpc, vbios
+from plugrt_nv_pci.chips import GSP_VERSION
+from plugrt_nv_pci.dma import PAGE, DMABuffer
+
+BOOTER_FAILED = 0xBAD0
+AMPERE, ADA, BLACKWELL, HOPPER = (0x2204, 0x17 << 24 | 2 << 20), (0x2684, 0x19 << 24 | 2 << 20), (0x2B85, 0x1B << 24 | 2 << 20), (0x2335, 0x18 << 24)
+VRAM_MIB = 512
+
+
+# ---- sysfs -----------------------------------------------------------------------------------------------------------
+
+def make_sysfs(root: str, gpus: list[tuple[str, int, str]]) -> tuple[str, str]:
+  """A fake /sys/bus/pci tree: (devices dir, drivers dir); gpus = [(address, device id, bound driver or "")]. Each
+  function has vendor, device, class, enable, resource (BAR0 16 MiB, BAR1 256 MiB) and empty resource files."""
+  devices, drivers = os.path.join(root, "devices"), os.path.join(root, "drivers")
+  os.makedirs(devices)
+  for drv in {"nvidia", "nouveau"}:
+    os.makedirs(os.path.join(drivers, drv))
+    for n in ("bind", "unbind"): open(os.path.join(drivers, drv, n), "w").close()
+  for address, device, driver in gpus:
+    d = os.path.join(devices, address)
+    os.makedirs(d)
+    for n, v in (("vendor", "0x10de"), ("device", f"0x{device:04x}"), ("class", "0x030000"), ("enable", "0")):
+      with open(os.path.join(d, n), "w") as f: f.write(v + "\n")
+    lines = [(0xF2000000, 0xF2FFFFFF, 0x40200), (0xE0000000, 0xEFFFFFFF, 0x14220C), (0, 0, 0), (0xF0000000, 0xF1FFFFFF, 0x14220C)] + [(0, 0, 0)] * 9
+    with open(os.path.join(d, "resource"), "w") as f: f.write("".join(f"0x{a:016x} 0x{b:016x} 0x{c:016x}\n" for a, b, c in lines))
+    for i in (0, 1, 3): open(os.path.join(d, f"resource{i}"), "wb").close()
+    if driver: os.symlink(os.path.join("..", "..", "drivers", driver), os.path.join(d, "driver"))
+  # an AMD GPU beside them, which the NV probe must not list
+  d = os.path.join(devices, "0000:09:00.0")
+  os.makedirs(d)
+  for n, v in (("vendor", "0x1002"), ("device", "0x744c"), ("class", "0x030000")):
+    with open(os.path.join(d, n), "w") as f: f.write(v + "\n")
+  return devices, drivers
+
+
+class KernelWrites:
+  """The kernel's part for writes into the fake tree: unbind removes the driver link, bind puts it back."""
+
+  def __init__(self, devices: str, refuse_unbind: bool = False):
+    self.devices, self.refuse_unbind = devices, refuse_unbind
+    self.log: list[tuple[str, str]] = []
+
+  def __call__(self, path: str, text: str) -> None:
+    self.log.append((os.path.relpath(path, os.path.dirname(self.devices)), text))
+    if path.endswith("/driver/unbind"):
+      if not self.refuse_unbind: os.unlink(os.path.join(self.devices, text, "driver"))
+    elif path.endswith("/bind"):
+      os.symlink(os.path.join("..", "..", "drivers", os.path.basename(os.path.dirname(path))), os.path.join(self.devices, text, "driver"))
+    else:
+      with open(path, "w") as f: f.write(text)
+
+
+# ---- firmware files --------------------------------------------------------------------------------------------------
+
+def elf(sections: dict[str, bytes]) -> bytes:
+  """A minimal little-endian ELF64 file with these sections (and the section-name table)."""
+  names = b"\0" + b"".join(n.encode() + b"\0" for n in sections) + b".shstrtab\0"
+  body, heads, pos, off = bytearray(), [bytes(64)], 64, 1
+  for n, data in sections.items():
+    heads.append(struct.pack("<IIQQQQIIQQ", off, 1, 0, 0, pos + len(body), len(data), 0, 0, 1, 0))
+    body += data
+    off += len(n) + 1
+  heads.append(struct.pack("<IIQQQQIIQQ", off, 3, 0, 0, pos + len(body), len(names), 0, 0, 1, 0))
+  body += names
+  shoff = pos + len(body)
+  head = bytearray(64)
+  head[:6] = b"\x7fELF\x02\x01"
+  struct.pack_into("<Q", head, 0x28, shoff)
+  struct.pack_into("<HHH", head, 0x3A, 64, len(heads), len(heads) - 1)
+  return bytes(head + body) + b"".join(heads)
+
+
+def bin_file(header: bytes, image: bytes) -> bytes:
+  """nvfw_bin_hdr, then its header at 0x18, then the image (aligned to 256)."""
+  data_off = -(-(24 + len(header)) // 256) * 256
+  out = bytearray(struct.pack("<6I", firmware.BIN_MAGIC, 1, data_off + len(image), 24, data_off, len(image)))
+  out += header
+  out += bytes(data_off - len(out)) + image
+  return bytes(out)
+
+
+class FakeFirmware:
+  """linux-firmware's files for `chip` ("ga102", "ad102") under `root`/nvidia/<chip>/gsp/, with made-up contents."""
+
+  def __init__(self, root: str, chip: str, image_pages: int = 600):
+    rnd = random.Random(chip)
+    self.root, self.chip = root, chip
+    self.gsp_image = bytes(rnd.getrandbits(8) for _ in range(image_pages * PAGE - 123))
+    self.signatures = {f".fwsignature_{c}": bytes(rnd.getrandbits(8) for _ in range(0x1000)) for c in ("ga10x", "ad10x")}
+    self.bootloader = bytes(rnd.getrandbits(8) for _ in range(0x3000))
+    self.desc = firmware.RiscvUcodeDesc(version=4, monitorCodeOffset=0x1000, monitorDataOffset=0x2000, manifestOffset=0x2800)
+    # booter_load: the OS data at 0x200 of the image, the app's code at 0x1000; two signatures in the file, of which the
+    # patch words pick the second, to be patched in at 0x40 of the image
+    self.booter_code = bytes(rnd.getrandbits(8) for _ in range(0x800))
+    self.booter_data = bytes(rnd.getrandbits(8) for _ in range(0x300))
+    self.booter_sig = bytes(rnd.getrandbits(8) for _ in range(0x180))
+    image = bytearray(0x1000 + len(self.booter_code))
+    image[0x200:0x200 + len(self.booter_data)] = self.booter_data
+    image[0x1000:] = self.booter_code
+    hs_at, load_at, words_at, sigs_at = 24, 60, 88, 100
+    hs = struct.pack("<9I", sigs_at, 2 * len(self.booter_sig), words_at, words_at + 4, 0, 0, words_at + 8, load_at, 28)
+    load = struct.pack("<5I", 0, 0x200, 0x200, len(self.booter_data), 1) + struct.pack("<II", 0x1000, len(self.booter_code))
+    words = struct.pack("<III", 0x40, len(self.booter_sig), 2)
+    header = hs + load + words + bytes(len(self.booter_sig)) + self.booter_sig
+    assert 24 + len(hs) == load_at and load_at + len(load) == words_at and hs_at == 24
+    booter = bin_file(header, bytes(image))
+    self.booter_image = bytearray(image)
+    self.booter_image[0x40:0x40 + len(self.booter_sig)] = self.booter_sig
+    self.files = {"gsp": elf({".fwimage": self.gsp_image, **self.signatures, ".fwversion": GSP_VERSION.encode()}),
+                  "bootloader": bin_file(bytes(self.desc), self.bootloader), "booter_load": booter}
+    d = os.path.join(root, "nvidia", chip, "gsp")
+    os.makedirs(d, exist_ok=True)
+    for name, data in self.files.items():
+      with open(os.path.join(d, f"{name}-{GSP_VERSION}.bin"), "wb") as f: f.write(data)
+
+
+# ---- host memory with bus addresses ----------------------------------------------------------------------------------
+
+class FakeDMA:
+  """Host memory whose pages get bus addresses in a scattered order unless asked `contiguous` (so nothing may assume
+  them consecutive otherwise: the fake GPU reads a range where the hardware does); the fake
+  GPU reads and writes host memory only through `resolve(bus)`."""
+  BASE = 0x4_0000_0000
+
+  def __init__(self, seed: int = 7):
+    self.rnd = random.Random(seed)
+    self.page_of: dict[int, int] = {}  # bus page -> CPU address
+    self.buffers: list[Any] = []
+    self.next = 0
+
+  def alloc(self, size: int, contiguous: bool = False) -> DMABuffer:
+    size = -(-max(size, 1) // PAGE) * PAGE
+    buf = (ctypes.c_char * size)()
+    self.buffers.append(buf)
+    cpu = ctypes.addressof(buf)
+    slots = list(range(self.next, self.next + size // PAGE + 8))
+    if not contiguous: self.rnd.shuffle(slots)
+    self.next += size // PAGE + 8
+    pages = [self.BASE + s * PAGE for s in slots[:size // PAGE]]
+    for i, p in enumerate(pages): self.page_of[p] = cpu + i * PAGE
+    return DMABuffer(cpu, size, pages)
+
+  def resolve(self, bus: int) -> int:
+    if bus & ~(PAGE - 1) not in self.page_of: raise KeyError(f"no host page at bus address {bus:#x}")
+    return self.page_of[bus & ~(PAGE - 1)] + bus % PAGE
+
+  def read(self, bus: int, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+      k = min(n - len(out), PAGE - (bus + len(out)) % PAGE)
+      out += ctypes.string_at(self.resolve(bus + len(out)), k)
+    return out
+
+  def close(self) -> None: pass
+
+
+# ---- the VBIOS --------------------------------------------------------------------------------------------------------
+
+class FakeVBIOS:
+  """A VBIOS laid out as docs/research/nv-pci.md describes: a base image (with the BIT header and its falcon-data
+  token), an EFI-like image, and the extended image holding the falcon ucode table and FWSEC (descriptor v3, two
+  signatures for ucode versions 1 and 3, code, and data with an application interface whose DMEM mapper has a command
+  buffer). `fuse` is the ucode-version fuse value that selects the second signature."""
+  BASE, EFI, EXT = 0x2000, 0x1000, 0x3000          # image sizes; the extended image starts at BASE + EFI
+  IMEM_PA, IMEM_VA, ISIZE, DPA, DSIZE = 0, 0x100, 0x400, 0, 0x400
+  IFACE, MAPPER, CMD_IN, PKC = 0x20, 0x80, 0x200, 0x280
+  UCODE_ID, ENGINES, SIG_VERSIONS, FUSE = 2, 0x4, 0b1010, 0b100
+
+  def __init__(self, seed: int = 3):
+    rnd = random.Random(seed)
+    rom = bytearray(self.BASE + self.EFI + self.EXT)
+    for at, size, code, last in ((0, self.BASE, 0x00, 0), (self.BASE, self.EFI, 0x03, 0), (self.BASE + self.EFI, self.EXT, 0xE0, 0x80)):
+      struct.pack_into("<H", rom, at, 0xAA55)
+      struct.pack_into("<H", rom, at + 0x18, 0x40)
+      struct.pack_into("<I", rom, at + 0x40, vbios.PCIR)
+      struct.pack_into("<HHBB", rom, at + 0x40 + 0x10, size // 512, 0, code, last)  # image length, code revision, code type, indicator
+    ext = self.BASE + self.EFI - self.BASE           # what the falcon tables' pointers count from
+    struct.pack_into("<HIHBBBB", rom, 0x1B0, 0xB8FF, vbios.BIT_SIGNATURE, 0x100, 12, 8, 2, 0)
+    struct.pack_into("<BBHI", rom, 0x1B0 + 12, 0x42, 2, 8, 0x280)                      # another token first
+    struct.pack_into("<BBHI", rom, 0x1B0 + 20, vbios.TOKEN_FALCON_DATA, 2, 4, 0x300)
+    table = self.BASE + self.EFI + 0x100
+    struct.pack_into("<I", rom, 0x300, table - ext)
+    desc = table + 0x40
+    struct.pack_into("<6B", rom, table, 1, 6, 6, 2, 3, 0)
+    struct.pack_into("<BBI", rom, table + 6, 0x05, 0, 0)                                # another application first
+    struct.pack_into("<BBI", rom, table + 12, vbios.APP_FWSEC_PROD, 0, desc - ext)
+    self.signatures = [bytes(rnd.getrandbits(8) for _ in range(vbios.SIG_SIZE)) for _ in range(2)]
+    size = vbios.DESC_V3.size + 2 * vbios.SIG_SIZE
+    stored = self.ISIZE + self.DSIZE
+    rom[desc:desc + vbios.DESC_V3.size] = vbios.DESC_V3.pack(3 << 8 | size << 16 | 1, stored, self.PKC, self.IFACE, self.IMEM_PA, self.ISIZE,
+                                                             self.IMEM_VA, self.DPA, self.DSIZE, self.ENGINES, self.UCODE_ID, 2, self.SIG_VERSIONS, 0)
+    rom[desc + vbios.DESC_V3.size:desc + size] = b"".join(self.signatures)
+    self.code = bytes(rnd.getrandbits(8) for _ in range(self.ISIZE))
+    data = bytearray(rnd.getrandbits(8) for _ in range(self.DSIZE))
+    struct.pack_into("<4B", data, self.IFACE, 1, 4, 8, 2)
+    struct.pack_into("<IIII", data, self.IFACE + 4, 3, 0x40, vbios.DMEMMAPPER, self.MAPPER)
+    struct.pack_into("<II", data, self.MAPPER + 8, self.CMD_IN, 0x80)
+    self.data = bytes(data)
+    rom[desc + size:desc + size + stored] = self.code + self.data
+    self.rom = bytes(rom)
+
+  def patched_data(self, frts_offset: int) -> bytes:
+    """What DMEM must hold when FWSEC starts: FRTS as the init command, the command, the second signature."""
+    d = bytearray(self.data)
+    struct.pack_into("<I", d, self.MAPPER + 44, 0x15)
+    d[self.CMD_IN:self.CMD_IN + 44] = struct.pack("<IIQII", 1, 24, 0, 0, 2) + struct.pack("<5I", 1, 20, frts_offset >> 12, 0x100, 2)
+    d[self.PKC:self.PKC + vbios.SIG_SIZE] = self.signatures[1]
+    return bytes(d)
+
+
+# ---- the GPU -----------------------------------------------------------------------------------------------------------
+
+class FakeVRAM:
+  """VRAM in 4 KiB pages made on first touch."""
+
+  def __init__(self, mib: int):
+    self.size, self.pages = mib << 20, {}
+
+  def _page(self, a: int) -> bytearray: return self.pages.setdefault(a // PAGE, bytearray(PAGE))
+
+  def write(self, addr: int, data: bytes) -> None:
+    assert 0 <= addr and addr + len(data) <= self.size, f"VRAM write at {addr:#x}+{len(data)} outside {self.size:#x}"
+    pos = 0
+    while pos < len(data):
+      a = addr + pos
+      k = min(len(data) - pos, PAGE - a % PAGE)
+      self._page(a)[a % PAGE:a % PAGE + k] = data[pos:pos + k]
+      pos += k
+
+  def read(self, addr: int, n: int) -> bytes:
+    assert 0 <= addr and addr + n <= self.size, f"VRAM read at {addr:#x}+{n} outside {self.size:#x}"
+    out = bytearray()
+    while len(out) < n:
+      a = addr + len(out)
+      k = min(n - len(out), PAGE - a % PAGE)
+      out += self._page(a)[a % PAGE:a % PAGE + k]
+    return bytes(out)
+
+
+def translate(vram: FakeVRAM, root: int, va: int) -> tuple[int, int] | None:
+  """What the GPU-MMU (version 2) makes of `va` with the page directory at `root`: (aperture, address) or None (a
+  fault), read from the NV_MMU_VER2 field layout independently of plugrt_nv_pci.mmu."""
+  table = root
+  for shift, bits, size in ((47, 2, 8), (38, 9, 8), (29, 9, 8), (21, 8, 16)):
+    raw = vram.read(table + (va >> shift & ((1 << bits) - 1)) * size, size)
+    e = struct.unpack("<Q", raw[8:16] if size == 16 else raw)[0]   # a dual PDE: the small-page half
+    if e & 1 or e >> 1 & 3 != 1: return None                     # IS_PTE, or not a video-memory table
+    table = (e >> 8 & ((1 << 46) - 1)) << 12
+  e = struct.unpack("<Q", vram.read(table + (va >> 12 & 511) * 8, 8))[0]
+  if not e & 1 or e >> 56 != 6: return None                       # invalid, or not generic memory
+  return e >> 1 & 3, (e >> 8 & ((1 << 46) - 1)) << 12 | va & 0xFFF
+
+
+class FakeFalconModel:
+  """One falcon's memories and what its registers last got."""
+
+  def __init__(self, base: int):
+    self.base = base
+    self.imem, self.dmem = bytearray(0x10000), bytearray(0x10000)
+    self.riscv = False
+    self.resets = 0
+
+
+class FakeBAR0:
+  """The register BAR: read32/write32 by byte offset. `boot42`, `gfw_done`, `wpr2`, `vram_mib` set what the GPU reports."""
+
+  def __init__(self, boot42: int, dma: FakeDMA, firmware: FakeFirmware | None, vram_mib: int = VRAM_MIB, rom: FakeVBIOS | None = None):
+    self.dma, self.fw = dma, firmware
+    self.vram = FakeVRAM(vram_mib)
+    self.rom = rom or FakeVBIOS()
+    self.regs: dict[int, int] = {0xA00: boot42, boot.SCRATCH_05_PRIV_LEVEL_MASK: 1, boot.SCRATCH_05_0: 0xFF, boot.SCRATCH_42: vram_mib,
+                                 vbios.FUSE_GSP_UCODE1_VERSION + 4 * (FakeVBIOS.UCODE_ID - 1): FakeVBIOS.FUSE}
+    self.fwsec_ran = False
+    self.falcons = {falcon.GSP_BASE: FakeFalconModel(falcon.GSP_BASE), falcon.SEC2_BASE: FakeFalconModel(falcon.SEC2_BASE)}
+    self.violations: list[str] = []
+    self.log: list[tuple[str, int, int]] = []
+    self.gsp: FakeGSP | None = None
+    self.on_write: dict[int, Callable[[int], None]] = {}
+    self.booter_ok = False
+
+  def read32(self, offset: int) -> int:
+    if vbios.PROM <= offset < vbios.PROM + vbios.PROM_SIZE:  # the ROM window (not logged: the boot reads it by the page)
+      at = offset - vbios.PROM
+      return struct.unpack_from("<I", self.rom.rom, at)[0] if at + 4 <= len(self.rom.rom) else 0
+    v = self.regs.get(offset, 0)
+    for base in self.falcons:
+      if offset == base + falcon.HWCFG2: v = falcon.HWCFG2_RISCV      # scrubbing done at once, a RISC-V core present
+      elif offset == base + falcon.RISCV_OFFSET + falcon.RISCV_BCR_CTRL: v = self.regs.get(offset, 0) | falcon.BCR_CTRL_VALID
+      elif offset == base + falcon.DMATRFCMD: v = falcon.DMATRFCMD_IDLE
+    self.log.append(("r", offset, v))
+    return v
+
+  def write32(self, offset: int, value: int) -> None:
+    self.log.append(("w", offset, value))
+    self.regs[offset] = value
+    if (hook := self.on_write.get(offset)) is not None: hook(value)
+    if offset in (falcon.GSP_ENGINE, falcon.SEC2_ENGINE) and value == 0:
+      f = self.falcons[falcon.GSP_BASE if offset == falcon.GSP_ENGINE else falcon.SEC2_BASE]
+      f.resets += 1
+      f.riscv = False
+      for r in (falcon.MAILBOX0, falcon.MAILBOX1, falcon.CPUCTL): self.regs.pop(f.base + r, None)
+    for base, f in self.falcons.items():
+      if offset == base + falcon.RISCV_OFFSET + falcon.RISCV_BCR_CTRL: f.riscv = bool(value & falcon.BCR_CTRL_CORE_SELECT_RISCV)
+      elif offset == base + falcon.DMATRFCMD: self._dma(f, value)
+      elif offset == base + falcon.CPUCTL and value & falcon.CPUCTL_STARTCPU: self._start(f)
+
+  def _dma(self, f: FakeFalconModel, cmd: int) -> None:
+    b = f.base
+    src = (self.regs.get(b + falcon.DMATRFBASE, 0) | self.regs.get(b + falcon.DMATRFBASE1, 0) << 32) << 8
+    src += self.regs.get(b + falcon.DMATRFFBOFFS, 0)
+    dest = self.regs.get(b + falcon.DMATRFMOFFS, 0)
+    if cmd >> 8 & 7 != 6: self.violations.append(f"falcon {b:#x}: a DMA of size code {cmd >> 8 & 7}, not 256 bytes")
+    if not self.regs.get(b + falcon.FBIF_OFFSET + falcon.FBIF_TRANSCFG0, 0) & falcon.TRANSCFG_PHYSICAL:
+      self.violations.append(f"falcon {b:#x}: DMA before FBIF context 0 was set to physical addresses")
+    mem = f.imem if cmd & falcon.DMATRFCMD_IMEM else f.dmem
+    mem[dest:dest + 256] = self.vram.read(src, 256)
+
+  def _start(self, f: FakeFalconModel) -> None:
+    b = f.base
+    if b != falcon.SEC2_BASE:
+      if f.riscv: self.violations.append("the GSP's RISC-V core was started directly (SEC2's booter starts GSP-RM)")
+      else: self._fwsec(f)
+      return
+    self.regs[b + falcon.CPUCTL] = falcon.CPUCTL_HALTED
+    problems = self._check_booter(f)
+    self.violations += problems
+    self.regs[b + falcon.MAILBOX0] = BOOTER_FAILED if problems else 0
+    if not problems:
+      self.booter_ok = True
+      self.regs[falcon.GSP_BASE + falcon.RISCV_OFFSET + falcon.RISCV_CPUCTL] = falcon.RISCV_CPUCTL_ACTIVE_STAT
+      self.gsp = FakeGSP(self)
+      self.gsp.start()
+
+  def _fwsec(self, f: FakeFalconModel) -> None:
+    """FWSEC on the GSP's falcon: IMEM and DMEM as the VBIOS's FWSEC patched for FRTS, the boot ROM's parameters;
+    then WPR2 up and no FRTS error, or FRTS error 0xBAD and WPR2 down."""
+    rom, r, b, x, bad = self.rom, self.regs.get, f.base, falcon.RISCV_OFFSET, []
+    if f.imem[rom.IMEM_PA:rom.IMEM_PA + rom.ISIZE] != rom.code: bad.append("the GSP falcon's IMEM does not hold FWSEC's code")
+    frts = self.vram.size - (2 << 20)
+    if f.dmem[rom.DPA:rom.DPA + rom.DSIZE] != rom.patched_data(frts): bad.append("the GSP falcon's DMEM is not FWSEC's data patched for FRTS")
+    want = {x + falcon.BROM_PARAADDR0: rom.PKC, x + falcon.BROM_ENGIDMASK: rom.ENGINES, x + falcon.BROM_CURR_UCODE_ID: rom.UCODE_ID,
+            x + falcon.MOD_SEL: 1, falcon.BOOTVEC: rom.IMEM_VA}
+    bad += [f"GSP falcon register {b + k:#x} = {r(b + k, 0):#x}, FWSEC needs {v:#x}" for k, v in want.items() if r(b + k, 0) != v]
+    self.regs[b + falcon.CPUCTL] = falcon.CPUCTL_HALTED
+    self.violations += bad
+    if bad: self.regs[vbios.VBIOS_SCRATCH_0E] = 0xBAD << 16
+    else:
+      self.fwsec_ran = True
+      self.regs[boot.WPR2_ADDR_HI] = frts >> 12
+      self.regs[vbios.VBIOS_SCRATCH_0E] = 0
+
+  def _check_booter(self, f: FakeFalconModel) -> list[str]:
+    fw, b, r, bad = self.fw, f.base, self.regs.get, []
+    if fw is None: return ["no firmware to check the booter against"]
+    if f.imem[:len(fw.booter_code)] != fw.booter_code: bad.append("SEC2's IMEM does not hold booter_load's code")
+    if f.dmem[:len(fw.booter_data)] != fw.booter_data: bad.append("SEC2's DMEM does not hold booter_load's data")
+    x = falcon.RISCV_OFFSET
+    want = {x + falcon.BROM_PARAADDR0: 0x10, x + falcon.BROM_ENGIDMASK: 1, x + falcon.BROM_CURR_UCODE_ID: 3, x + falcon.MOD_SEL: 1,
+            falcon.BOOTVEC: 0x1000}
+    bad += [f"SEC2 register {b + k:#x} = {r(b + k, 0):#x}, the booter needs {v:#x}" for k, v in want.items() if r(b + k, 0) != v]
+    if not self.regs.get(boot.WPR2_ADDR_HI): bad.append("booter_load ran with WPR2 down (FWSEC-FRTS has not run)")
+    gsp = self.falcons[falcon.GSP_BASE]
+    if not gsp.resets or not gsp.riscv: bad.append("the GSP was not reset into RISC-V before the booter ran")
+    libos = r(boot.GSP_MAILBOX0, 0) | r(boot.GSP_MAILBOX1, 0) << 32
+    try: self.dma.read(libos, 32)
+    except KeyError: bad.append(f"the GSP's mailboxes hold {libos:#x}, which is not host memory handed to the GPU")
+    meta_at = r(b + falcon.MAILBOX0, 0) | r(b + falcon.MAILBOX1, 0) << 32
+    try: m = boot.GspFwWprMeta.from_buffer_copy(self.dma.read(meta_at, 256))
+    except KeyError: return [*bad, f"SEC2's mailboxes hold {meta_at:#x}, which is not host memory handed to the GPU"]
+    if (m.magic, m.revision) != (boot.WPR_META_MAGIC, boot.WPR_META_REVISION): bad.append(f"WPR metadata magic {m.magic:#x} revision {m.revision}")
+    try:
+      if self._radix3(m.sysmemAddrOfRadix3Elf, m.sizeOfRadix3Elf) != fw.gsp_image: bad.append("the radix-3 table does not resolve to the GSP image")
+      if self.dma.read(m.sysmemAddrOfBootloader, m.sizeOfBootloader) != fw.bootloader: bad.append("the WPR metadata's bootloader is not the file's")
+      sig = fw.signatures[".fwsignature_" + {0x17: "ga10x", 0x19: "ad10x"}.get(self.regs[0xA00] >> 24, "?")]
+      if self.dma.read(m.sysmemAddrOfSignature, m.sizeOfSignature) != sig: bad.append("the WPR metadata's signature is not this chip's")
+    except (KeyError, struct.error) as e: bad.append(f"the WPR metadata points outside host memory: {e}")
+    order = [m.gspFwRsvdStart, m.nonWprHeapOffset, m.gspFwWprStart, m.gspFwHeapOffset, m.gspFwOffset, m.bootBinOffset, m.frtsOffset,
+             m.gspFwWprEnd, m.vgaWorkspaceOffset, m.fbSize]
+    if order != sorted(order) or m.fbSize != self.vram.size or m.gspFwOffset + m.sizeOfRadix3Elf > m.bootBinOffset:
+      bad.append(f"the WPR layout is not ordered inside VRAM: {[hex(v) for v in order]}")
+    if (m.bootloaderCodeOffset, m.bootloaderDataOffset, m.bootloaderManifestOffset) != (0x1000, 0x2000, 0x2800):
+      bad.append("the WPR metadata's bootloader offsets are not the descriptor's")
+    return bad
+
+  def _radix3(self, root: int, size: int) -> bytes:
+    level = [root]
+    for _ in range(3):
+      nxt = []
+      for p in level:
+        nxt += [e for e in struct.unpack("<512Q", self.dma.read(p, PAGE)) if e]
+      level = nxt
+    return b"".join(self.dma.read(p, PAGE) for p in level)[:size]
+
+  def close(self) -> None:
+    if self.gsp is not None: self.gsp.stop = True
+
+
+#: what the fake GSP-RM offers per architecture: classes (device, subdevice, memory, VA space, channel objects, and the
+#: generation's compute, copy, GPFIFO and usermode classes) and GR's sizes (an RTX 3090-like GA102, an RTX 4090-like AD102)
+CLASSES = {0x17: [0x80, 0x2080, 0x70, 0x90F1, 0xA06C, 0x9067, 0xC56F, 0xC561, 0xC7C0, 0xC7B5, 0xC6B5],
+           0x19: [0x80, 0x2080, 0x70, 0x90F1, 0xA06C, 0x9067, 0xC56F, 0xC561, 0xC9C0, 0xC7B5]}
+GR = {0x17: {0x0C: 0x806, 0x0D: 48, 0x14: 7, 0x17: 6, 0x1D: 10496, 0x20: 2}, 0x19: {0x0C: 0x809, 0x0D: 48, 0x14: 12, 0x17: 6, 0x1D: 16384, 0x20: 2}}
+PARAM_SIZES = {0x0: 120, 0x80: 56, 0x2080: 4}
+PARENTS = {0x80: (0x0,), 0x2080: (0x80,)}
+INVALID_PARAM_STRUCT, NOT_SUPPORTED, OBJECT_NOT_FOUND, INVALID_OBJECT_PARENT = 0x3A, 0x56, 0x57, 0x36
+MALFORMED = 0xFF100002  # NV_VGPU_MSG_RESULT_RPC_INVALID_MESSAGE_FORMAT
+
+
+class FakeRM:
+  """GSP-RM's resource manager as far as plugrt uses it: objects by handle with their parents and classes, the
+  parameter sizes of the classes it knows, the class list and GR's static info; everything else NV_ERR_NOT_SUPPORTED."""
+
+  def __init__(self, arch: int):
+    self.arch, self.objects, self.client = arch, {}, None
+    self.calls: list[tuple[str, int, int]] = []   # ("alloc", class, handle) / ("control", cmd, object)
+
+  def alloc(self, p: bytes) -> tuple[int, bytes]:
+    if len(p) < rpc.ALLOC_HEADER.size: return MALFORMED, p
+    client, parent, handle, cls, _, size, _ = rpc.ALLOC_HEADER.unpack_from(p)
+    self.calls.append(("alloc", cls, handle))
+    if cls == rpc.ROOT_CLASS and self.client is None: self.client = client
+    if client != self.client or handle in self.objects: return (0xFF100004 if handle in self.objects else OBJECT_NOT_FOUND), p
+    if cls not in PARAM_SIZES and cls not in CLASSES[self.arch]: return 0x22, p                       # NV_ERR_INVALID_CLASS
+    if cls in PARAM_SIZES and size != PARAM_SIZES[cls]: return INVALID_PARAM_STRUCT, p
+    if cls != rpc.ROOT_CLASS and self.objects.get(parent) not in PARENTS.get(cls, (self.objects.get(parent),)): return INVALID_OBJECT_PARENT, p
+    self.objects[handle] = cls
+    return 0, p
+
+  def control(self, p: bytes) -> tuple[int, bytes]:
+    if len(p) < rpc.CONTROL_HEADER.size: return MALFORMED, p
+    client, obj, cmd, _, size, _ = rpc.CONTROL_HEADER.unpack_from(p)
+    self.calls.append(("control", cmd, obj))
+    body = bytearray(p[rpc.CONTROL_HEADER.size:])
+    if client != self.client or obj not in self.objects: return OBJECT_NOT_FOUND, p
+    if cmd == 0x800292 and self.objects[obj] == 0x80 and size == 404:   # NV0080_CTRL_CMD_GPU_GET_CLASSLIST_V2
+      cl = CLASSES[self.arch]
+      struct.pack_into(f"<I{len(cl)}I", body, 0, len(cl), *cl)
+    elif cmd == rpc.CTRL_KGR_INFO and self.objects[obj] == 0x2080 and size == ctypes.sizeof(rpc.KGR_INFO):
+      for index, value in GR[self.arch].items(): struct.pack_into("<II", body, 8 * index, index, value)
+    else: return NOT_SUPPORTED, p
+    return 0, p[:rpc.CONTROL_HEADER.size] + bytes(body)
+
+
+class FakeGSP(threading.Thread):
+  """GSP-RM after the booter: its arguments read through the bus addresses, its status queue written, a CPU-sequencer
+  request and GSP_INIT_DONE sent, then RPCs answered by `handlers` (function -> payload -> (result, reply) or None for
+  no reply). `silent` stops it answering; `corrupt` garbles the next reply's checksum."""
+
+  def __init__(self, gpu: FakeBAR0):
+    super().__init__(daemon=True, name="fake-gsp")
+    self.gpu, self.dma, self.stop = gpu, gpu.dma, False
+    self.silent = self.corrupt = False
+    self.tx_seq = self.rx_seq = 0
+    self.rm = FakeRM(gpu.regs[0xA00] >> 24)
+    self.handlers: dict[int, Callable[[bytes], tuple[int, bytes] | None]] = {msgq.Function.GSP_RM_ALLOC: self.rm.alloc,
+                                                                             msgq.Function.GSP_RM_CONTROL: self.rm.control}
+    self.received: list[tuple[int, bytes]] = []
+    self.errors: list[str] = []
+    libos = gpu.regs[boot.GSP_MAILBOX0] | gpu.regs[boot.GSP_MAILBOX1] << 32
+    regions = [boot.LibosMemoryRegionInitArgument.from_buffer_copy(self.dma.read(libos + 32 * i, 32)) for i in range(4)]
+    rm = next(r for r in regions if r.id8 == boot.id8("RMARGS"))
+    args = boot.GspArgumentsCached.from_buffer_copy(self.dma.read(rm.pa, ctypes.sizeof(boot.GspArgumentsCached)))
+    mq = args.messageQueueInitArguments
+    first = self.dma.read(mq.sharedMemPhysAddr, 8 * mq.pageTableEntryCount)
+    self.pt = struct.unpack(f"<{mq.pageTableEntryCount}Q", first)
+    self.cmd_off, self.stat_off = mq.cmdQueueOffset, mq.statQueueOffset
+    self.count = (msgq.QUEUE_SIZE - msgq.ENTRY_OFF) // msgq.MSG_SIZE
+    self.sequencer = struct.pack("<II8I", 64, 5, *([0] * 8)) + struct.pack("<5I", 0, 0x1E0000, 0x1234, 3, 10)  # REG_WRITE, DELAY_US 10
+
+  def addr(self, off: int) -> int: return self.dma.resolve(self.pt[off // PAGE] + off % PAGE)  # through the page table
+  def r32(self, off: int) -> int: return ctypes.c_uint32.from_address(self.addr(off)).value
+  def w32(self, off: int, v: int) -> None: ctypes.c_uint32.from_address(self.addr(off)).value = v
+
+  def send(self, function: int, payload: bytes, result: int = 0) -> None:
+    msg = bytearray(msgq.pack_message(function, payload, self.tx_seq, result=result))
+    if self.corrupt:
+      msg[0x40] ^= 0xFF
+      self.corrupt = False
+    wp, n = self.r32(self.stat_off + 16), len(msg) // msgq.MSG_SIZE
+    for i in range(n):
+      base = self.stat_off + msgq.ENTRY_OFF + (wp + i) % self.count * msgq.MSG_SIZE
+      for o in range(0, msgq.MSG_SIZE, PAGE): ctypes.memmove(self.addr(base + o), bytes(msg[i * PAGE + o:i * PAGE + o + PAGE]), PAGE)
+    self.tx_seq += 1
+    self.w32(self.stat_off + 16, (wp + n) % self.count)
+
+  def run(self) -> None:
+    try:
+      hdr = struct.unpack("<8I", bytes(ctypes.string_at(self.addr(self.cmd_off), 32)))
+      if hdr != struct.unpack("<8I", msgq.tx_header()): self.errors.append(f"the CPU's command queue header is {hdr}")
+      ctypes.memmove(self.addr(self.stat_off), msgq.tx_header(), 32)
+      self.send(msgq.Function.GSP_RUN_CPU_SEQUENCER, self.sequencer)
+      deadline = time.monotonic() + 5
+      while self.gpu.regs.get(0x1E0000) != 0x1234 and not self.stop:  # the CPU ran the sequencer's register write
+        if time.monotonic() > deadline: self.errors.append("the CPU did not run the sequencer's register write"); return
+        time.sleep(0.001)
+      self.send(msgq.Function.GSP_INIT_DONE, b"")
+      while not self.stop:
+        if not self.step(): time.sleep(0.0005)
+    except Exception as e: self.errors.append(f"{type(e).__name__}: {e}")
+
+  def step(self) -> bool:
+    rp = self.r32(self.stat_off + msgq.RX_HDR_OFF)  # the GSP's read pointer of the command queue lives in the status queue
+    if self.silent or rp == self.r32(self.cmd_off + 16): return False
+    base = self.cmd_off + msgq.ENTRY_OFF
+    head = ctypes.string_at(self.addr(base + rp * msgq.MSG_SIZE), 0x50)
+    _, _, _, seq, n = msgq.ELEMENT.unpack_from(head)
+    _, sig, length, function, *_ = msgq.RPC.unpack_from(head, 0x30)
+    data = b"".join(ctypes.string_at(self.addr(base + (rp + i) % self.count * msgq.MSG_SIZE), PAGE) for i in range(n))
+    if msgq.checksum(data[:0x30 + length]) or seq != self.rx_seq or sig != msgq.SIGNATURE:
+      self.errors.append(f"command {function}: checksum {msgq.checksum(data[:0x30 + length]):#x}, seq {seq} (want {self.rx_seq}), signature {sig:#x}")
+    self.rx_seq += 1
+    self.w32(self.stat_off + msgq.RX_HDR_OFF, (rp + n) % self.count)
+    payload = data[0x50:0x30 + length]
+    if function == msgq.Function.CONTINUATION_RECORD and self.received:
+      self.received[-1] = (self.received[-1][0], self.received[-1][1] + payload)
+      return True
+    self.received.append((function, payload))
+    if function == msgq.Function.UNLOADING_GUEST_DRIVER: self.stop = True  # answers, then GSP-RM is gone
+    handler = self.handlers.get(function, lambda p: (0, p))
+    if (answer := handler(payload)) is not None: self.send(function, answer[1], answer[0])
+    return True
