@@ -61,22 +61,32 @@ SHARED_WINDOW, LOCAL_WINDOW = 0x7E00_0000_0000, 0x7F00_0000_0000  # generic-addr
 FENCE = bytes.fromhex("0faef8c3")         # sfence; ret: write-combined stores reach the GPU before the doorbell does
 MAX_SHARED = 227 << 10
 KERNEL_COPY_MIN = 1 << 20                  # device-to-device copies from this size run as a kernel
-COPY_KERNEL = r"""extern "C" __global__ void plugrt_nv_copy(unsigned long long d, unsigned long long s, unsigned long long n) {
+#: the copy kernel's shape (bench/nv_copy_variants.py measures the alternatives): 16-byte loads in flight per thread,
+#: threads per block, blocks per multiprocessor (a grid-stride loop covers the rest)
+COPY_INFLIGHT, COPY_THREADS, COPY_BLOCKS_PER_SM = 4, 256, 8
+
+
+def copy_kernel_source(inflight: int = COPY_INFLIGHT) -> str:
+  """The device-to-device copy kernel: `inflight` 16-byte loads per thread issued before their stores (aligned
+  ranges), a grid-stride loop, bytes one at a time at the tail and for unaligned ranges."""
+  loads = ", ".join(f"a{j} = S[k + {j} * step]" for j in range(inflight))
+  stores = " ".join(f"D[k + {j} * step] = a{j};" for j in range(inflight))
+  return rf"""extern "C" __global__ void plugrt_nv_copy(unsigned long long d, unsigned long long s, unsigned long long n) {{
   unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x, step = (unsigned long long)gridDim.x * blockDim.x, k;
-  if (((d | s) & 15) == 0) {
+  if (((d | s) & 15) == 0) {{
     unsigned long long n16 = n >> 4;
     const uint4* S = (const uint4*)s;
     uint4* D = (uint4*)d;
-    for (k = i; k + 3 * step < n16; k += 4 * step) {  /* four loads in flight per thread */
-      uint4 a = S[k], b = S[k + step], c = S[k + 2 * step], e = S[k + 3 * step];
-      D[k] = a; D[k + step] = b; D[k + 2 * step] = c; D[k + 3 * step] = e;
-    }
+    for (k = i; k + {inflight - 1} * step < n16; k += {inflight} * step) {{
+      uint4 {loads};
+      {stores}
+    }}
     for (; k < n16; k += step) D[k] = S[k];
     for (k = (n16 << 4) + i; k < n; k += step) ((unsigned char*)d)[k] = ((const unsigned char*)s)[k];
-  } else {
+  }} else {{
     for (k = i; k < n; k += step) ((unsigned char*)d)[k] = ((const unsigned char*)s)[k];
-  }
-}"""
+  }}
+}}"""
 FAST_WORDS, FAST_PAYLOAD = 12, 36          # a fast-path launch: invalidate data (2 words), start a QMD (4), release (6; payload at byte 36)
 FAST_ENTRY = 1 << 41 | FAST_WORDS << 42    # its GPFIFO entry's flags and length
 _PAYLOAD = struct.Struct("<I").pack_into
@@ -329,7 +339,8 @@ class NVAllocator(StagedAllocator):
     sms = self.state.iface.gr.get("sms", 1)
 
     def copy(dest: int, src: int, nbytes: int) -> None:
-      prg(global_size=(max(1, min(-(-nbytes // (256 * 16)), sms * 8)), 1, 1), local_size=(256, 1, 1), vals=(dest, src, nbytes))
+      blocks = max(1, min(-(-nbytes // (COPY_THREADS * 16)), sms * COPY_BLOCKS_PER_SM))
+      prg(global_size=(blocks, 1, 1), local_size=(COPY_THREADS, 1, 1), vals=(dest, src, nbytes))
     return copy
 
   def _copy_kernel(self) -> Any:
@@ -341,7 +352,7 @@ class NVAllocator(StagedAllocator):
         from plugrt_nvidia_toolchain import nvrtc
         env = self.device.context.env
         if nvrtc.available(env):
-          lib = nvrtc.compile_cubin(COPY_KERNEL, self.state.arch, env)
+          lib = nvrtc.compile_cubin(copy_kernel_source(), self.state.arch, env)
           shim = SimpleNamespace(info=SimpleNamespace(state=self.state), allocator=self)
           self.kcopy = NVProgram(shim, "plugrt_nv_copy", lib, Signature((), (dtypes.uint64,) * 3))
       except Exception: self.kcopy = False  # no NVRTC, or it failed: the copy engine does it
