@@ -75,7 +75,7 @@ DISTRIBUTIONS: dict[str, str] = {
   "plugrt-cpu": "plugins/ops_cpu",
   "plugrt-cl": "plugins/ops_cl",
   "plugrt-cuda": "plugins/ops_cuda",
-  "plugrt-nvidia-toolchain": "plugins/ops_cuda/toolchain",
+  "plugrt-nvidia-toolchain": "plugins/nvidia_toolchain",
   "plugrt-nv": "plugins/ops_nv",
   "plugrt-nv-nvk": "plugins/ops_nv/iface_nvk",
   "plugrt-nv-pci": "plugins/ops_nv/iface_pci",
