@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 from plugrt.errors import Reason, VideoDecoderUnavailable, VideoStreamError
 from plugrt.video import FrameIterator, decode_annexb_iter, decode_annexb_to_tensors_auto  # noqa: F401  (the contract's names, here too)
+from plugrt_cuda.device import on_out_of_memory
 
 c_uint, c_int, c_ulong, c_ubyte, c_ushort, c_short, c_ulonglong, c_longlong, c_void_p = (
   ctypes.c_uint, ctypes.c_int, ctypes.c_ulong, ctypes.c_ubyte, ctypes.c_ushort, ctypes.c_short, ctypes.c_ulonglong, ctypes.c_longlong,
@@ -266,6 +267,9 @@ def clear_decoder_cache(state: Any = None, lib: Any = None) -> int:
         if state is None or ctx == _ctx_key(state): gone.append((owner, by_ctx.pop(ctx)))
   for owner, entries in gone: _destroy_kept(owner, entries)
   return sum(len(entries) for _, entries in gone)
+
+
+on_out_of_memory(clear_decoder_cache)  # the GPU's allocator, out of memory, destroys the kept decoders before its retry
 
 
 PUT_POLL_S = 0.05  # how often a put waiting for a slot looks whether the decoder is stopping (close wakes it at once)
