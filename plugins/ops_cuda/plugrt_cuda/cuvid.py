@@ -199,8 +199,8 @@ def decoder_caps(bit_depth: int, state: Any = None, lib: Any = None, codec: int 
 
 
 #: idle decoders kept per GPU (CUDA context) once their stream closed, for the next stream to take instead of making
-#: one: cuvidCreateDecoder costs about 43 ms on an H200 and the driver runs one at a time however many threads ask, and
-#: cuvidDestroyDecoder about 230 ms (docs/hardware.md). A stream takes a kept decoder of its bit depth and output
+#: one: cuvidCreateDecoder and cuvidDestroyDecoder are slow, and the driver creates one at a time however many threads
+#: ask (docs/video.md). A stream takes a kept decoder of its bit depth and output
 #: surfaces whose size limits and decode surfaces are enough, and reconfigures it in its sequence callback
 #: (cuvidReconfigureDecoder: NVIDIA's API for reusing a decoder across clips) unless it already has the stream's
 #: size. The oldest is destroyed when more would be kept; clear_decoder_cache() destroys them all, as does an
@@ -314,9 +314,8 @@ class _Handoff:
 _END = object()
 #: the default of the decoder option own_stream (see NVDECDecoder.__init__); bench/video.py --sweep measures both
 OWN_STREAM = False
-#: the default of the decoder option map_on: "parser" maps in the parser's display callback (what ran on the H100 in
-#: 2026-11), "thread" on a mapper thread of the decoder's own, "consumer" in frames() on the consumer's thread;
-#: bench/video.py --sweep measures the three
+#: the default of the decoder option map_on: "parser" maps in the parser's display callback, "thread" on a mapper
+#: thread of the decoder's own, "consumer" in frames() on the consumer's thread; bench/video.py --sweep measures the three
 MAP_ON = "parser"
 MAP_ON_CHOICES = ("parser", "thread", "consumer")
 #: the default of the decoder option status_poll_us (0: the map waits for its picture in the driver)
@@ -727,7 +726,7 @@ class NVDECDecoder:
   def close(self) -> None:
     if self.closed: return
     self.closed = self.stopping = True
-    self.queue.wake()  # a display callback or mapper waiting for the consumer returns now, not at its next 50 ms poll
+    self.queue.wake()  # a display callback or mapper waiting for the consumer returns now, not at its next poll (PUT_POLL_S)
     self.waiting.wake()
     self.state.make_current()
     try:

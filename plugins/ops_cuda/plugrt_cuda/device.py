@@ -101,10 +101,10 @@ class Staging(PinnedStaging):
   cuMemHostAlloc and each has an event recorded after its DMA (the token a later use of the buffer waits for).
   Everything is on the device's stream, so copies stay ordered with kernels; a copy-in returns once its DMAs ended.
   """
-  CHUNK, RING = 64 << 20, 2  # best of 8-64 MiB x 2-4 buffers x 4-16 threads on the H200 machine (bench/cuda_copy.py)
+  CHUNK, RING = 64 << 20, 2  # the fastest of the sizes and counts bench/cuda_copy.py tries (docs/performance.md)
 
   def __init__(self, state: CUDAState):
-    # host memcpy scales with threads (8.5 GB/s on one, 36 on 16): pieces of a chunk from 1 MiB go to the pool
+    # host memcpy scales with threads: pieces of a chunk from 1 MiB go to the pool
     super().__init__(threading.Lock(), chunk=self.CHUNK, buffers=self.RING, parallel_min=1 << 20, thread_name="plugrt-cuda-copy")
     self.state, self.lib = state, state.lib
     self.events: list[ctypes.c_void_p] = []
