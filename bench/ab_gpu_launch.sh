@@ -8,9 +8,9 @@
 set -uo pipefail
 OLD=${1:?usage: bash bench/ab_gpu_launch.sh OLD_TREE [ROUNDS]}; ROUNDS=${2:-3}
 PY=${PY:-python3}
-install() {  # tree -> /tmp/ab-<name>
+install() {  # tree -> /tmp/ab-<name> (plugins/ops_cuda/toolchain: where an older tree keeps the NVIDIA toolchain)
   local pkgs=""
-  for p in core plugins/ops_cpu plugins/ops_cuda/toolchain plugins/ops_cuda plugins/ops_nv plugins/ops_nv/iface_nvk; do
+  for p in core plugins/ops_cpu plugins/nvidia_toolchain plugins/ops_cuda/toolchain plugins/ops_cuda plugins/ops_nv plugins/ops_nv/iface_nvk; do
     [ -f "$1/$p/pyproject.toml" ] && pkgs="$pkgs $1/$p"; done
   $PY -m pip install -q --no-deps --no-build-isolation --no-compile --target "/tmp/ab-$2" $pkgs 2>&1 | tail -2
 }

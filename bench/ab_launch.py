@@ -63,7 +63,8 @@ SHAPES = ("same", "new bufs", "new vals")
 
 
 def pythonpath(tree: Path) -> str:
-  dirs = [tree / "core", *sorted(tree.glob("plugins/ops_*")), *sorted(tree.glob("plugins/ops_*/iface_*")), tree / "plugins/ops_cuda/toolchain"]
+  dirs = [tree / "core", *sorted(tree.glob("plugins/ops_*")), *sorted(tree.glob("plugins/ops_*/iface_*")), tree / "plugins/nvidia_toolchain",
+          tree / "plugins/ops_cuda/toolchain"]  # the last: where an older tree (the A/B's old side) keeps the NVIDIA toolchain
   return os.pathsep.join(str(d) for d in dirs if d.is_dir())
 
 

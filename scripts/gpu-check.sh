@@ -21,7 +21,7 @@ PY=${PY:-python3}
 echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 $PY -c "import sys, numpy, pluggy; print(sys.version.split()[0], 'numpy', numpy.__version__, 'pluggy', pluggy.__version__)"
 echo "== install (no network: --no-deps, no build isolation)"
-PKGS="./core ./plugins/ops_cpu ./plugins/ops_cuda/toolchain ./plugins/ops_cuda"
+PKGS="./core ./plugins/ops_cpu ./plugins/nvidia_toolchain ./plugins/ops_cuda"
 for p in ./plugins/ops_cl ./plugins/ops_webgpu ./plugins/ops_webgpu/iface_wgpu ./plugins/ops_webgpu/iface_dawn \
          ./plugins/ops_nv ./plugins/ops_nv/iface_nvk ./plugins/ops_nv/iface_pci \
          ./plugins/ops_amd ./plugins/ops_amd/iface_kfd ./plugins/ops_amd/iface_pci ./plugins/ops_amd/iface_usb ./plugins/ops_metal ./plugins/ops_qcom; do [ -f "$p/pyproject.toml" ] && PKGS="$PKGS $p"; done
@@ -84,7 +84,7 @@ if [ "$ONLY" != "bench" ] && [ "$ONLY" != "webgpu" ] && [ "$ONLY" != "nv" ] && [
   echo "== tests"
   timeout ${TESTS_S:-480} $PY -m pytest -q -p no:cacheprovider --tb=short -rfE plugins/ops_cuda tests/test_dsl.py tests/test_tensor.py tests/test_interop.py \
     tests/test_conformance.py tests/test_adversarial_threads.py tests/test_adversarial_limits.py tests/test_plugin_context.py tests/test_hwqueue.py tests/test_launchargs.py \
-    plugins/ops_cuda/toolchain 2>&1 | tee "$OUT/tests.txt" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -40
+    plugins/nvidia_toolchain 2>&1 | tee "$OUT/tests.txt" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -40
 fi
 if [ "$ONLY" != "tests" ] && [ "$ONLY" != "webgpu" ] && [ "$ONLY" != "nv" ] && [ "$ONLY" != "multi" ]; then
   echo "== bench"

@@ -30,8 +30,8 @@ done
 BASE="./core ./plugins/ops_cpu ./plugins/ops_cl ./plugins/ops_webgpu ./plugins/ops_webgpu/iface_wgpu ./plugins/ops_webgpu/iface_dawn"
 folders() {
   case "$1" in
-    CUDA) echo "./plugins/ops_cuda/toolchain ./plugins/ops_cuda" ;;
-    NV) echo "./plugins/ops_cuda/toolchain ./plugins/ops_nv ./plugins/ops_nv/iface_nvk ./plugins/ops_nv/iface_pci" ;;
+    CUDA) echo "./plugins/nvidia_toolchain ./plugins/ops_cuda" ;;
+    NV) echo "./plugins/nvidia_toolchain ./plugins/ops_nv ./plugins/ops_nv/iface_nvk ./plugins/ops_nv/iface_pci" ;;
     AMD) echo "./plugins/ops_amd ./plugins/ops_amd/iface_kfd ./plugins/ops_amd/iface_pci ./plugins/ops_amd/iface_usb" ;;
     METAL) echo "./plugins/ops_metal" ;;
     QCOM) echo "./plugins/ops_qcom" ;;

@@ -23,7 +23,7 @@ def _project(folder: str) -> dict:
 
 
 def test_distributions_are_the_repository_folders():
-  found = [glob.glob(os.path.join(ROOT, "plugins", *parts, "pyproject.toml")) for parts in (("*",), ("*", "iface_*"), ("*", "toolchain"))]
+  found = [glob.glob(os.path.join(ROOT, "plugins", *parts, "pyproject.toml")) for parts in (("*",), ("*", "iface_*"))]
   folders = ["core"] + sorted(os.path.relpath(os.path.dirname(p), ROOT) for ps in found for p in ps)
   assert {_project(f)["name"]: f for f in folders} == DISTRIBUTIONS
 
@@ -74,9 +74,9 @@ def test_hint_for_a_checkout_on_the_path(tmp_path):
   assert install_hint("plugrt-webgpu", "plugrt-webgpu-wgpu", package_dir=pkg) == \
     f"pip install {tmp_path}/plugins/ops_webgpu {tmp_path}/plugins/ops_webgpu/iface_wgpu"
   # what a distribution requires from this repository comes first, once (no index has it)
-  assert install_hint("plugrt-nv", package_dir=pkg) == f"pip install {tmp_path}/plugins/ops_cuda/toolchain {tmp_path}/plugins/ops_nv"
+  assert install_hint("plugrt-nv", package_dir=pkg) == f"pip install {tmp_path}/plugins/nvidia_toolchain {tmp_path}/plugins/ops_nv"
   assert install_hint("plugrt-cuda", "plugrt-nv", package_dir=pkg) == \
-    f"pip install {tmp_path}/plugins/ops_cuda/toolchain {tmp_path}/plugins/ops_cuda {tmp_path}/plugins/ops_nv"
+    f"pip install {tmp_path}/plugins/nvidia_toolchain {tmp_path}/plugins/ops_cuda {tmp_path}/plugins/ops_nv"
 
 
 def test_hint_for_an_install_from_a_checkout(tmp_path):
@@ -172,9 +172,9 @@ def test_setup_installs_the_backends_this_machine_can_run_and_names_the_rest():
     add = lines[at + 1].strip()
     assert add.startswith("scripts/run python3 -m pip install ") and folder in add.split(), add  # the one command that adds it
     assert all(os.path.isdir(os.path.join(ROOT, f)) for f in add.split()[5:]), add
-    if name in ("CUDA", "NV"): assert add.split()[5] == "./plugins/ops_cuda/toolchain"  # what both require, first
+    if name in ("CUDA", "NV"): assert add.split()[5] == "./plugins/nvidia_toolchain"  # what both require, first
   if not all(possible.values()): assert "or every backend: bash scripts/setup.sh --all" in out
-  assert "plugins/ops_cuda/toolchain" not in " ".join(folders) or possible["CUDA"]
+  assert "plugins/nvidia_toolchain" not in " ".join(folders) or possible["CUDA"]
 
 
 @pytest.mark.parametrize("mode", ["--all", "--test"])
@@ -183,7 +183,7 @@ def test_setup_all_and_test_install_every_backend(mode):
   every = {"./" + f for f in DISTRIBUTIONS.values()}
   assert set(folders) == every and "skipped" not in out  # every distribution of this repository: their fakes test them all
   assert ("would install: -r requirements-test.txt" in out) == (mode == "--test")
-  assert folders.index("./plugins/ops_cuda/toolchain") < folders.index("./plugins/ops_cuda")
+  assert folders.index("./plugins/nvidia_toolchain") < folders.index("./plugins/ops_cuda")
 
 
 def test_setup_refuses_an_unknown_option():

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from plugrt.probing import DISTRIBUTIONS
+
 ROOT = Path(__file__).resolve().parent.parent
 NV = ROOT / "plugins" / "ops_nv"
 CUDA = ROOT / "plugins" / "ops_cuda" / "plugrt_cuda"
-TOOLCHAIN = ROOT / "plugins" / "ops_cuda" / "toolchain" / "plugrt_nvidia_toolchain"
+TOOLCHAIN = ROOT / "plugins" / "nvidia_toolchain" / "plugrt_nvidia_toolchain"
 HEAVY = ("numpy", "cupy", "llvmlite", "pyopencl", "wgpu", "torch")
 
 
@@ -29,6 +31,15 @@ def imported_packages(folder: Path) -> dict[str, set[str]]:
               [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
       for n in names: found.setdefault(n.split(".")[0], set()).add(str(path.relative_to(ROOT)))
   return found
+
+
+def test_no_distribution_folder_nests_in_another_but_an_interface_in_its_device():
+  """Each distribution's folder is its own: the NVIDIA toolchain, which plugrt-cuda and plugrt-nv share, is a folder
+  of plugins/, not one inside a backend's; only an interface package (iface_*) sits inside its device's folder."""
+  folders = {dist: Path(folder) for dist, folder in DISTRIBUTIONS.items()}
+  nested = [(d, o) for d, f in folders.items() for o, g in folders.items() if d != o and g in f.parents and not f.name.startswith("iface_")]
+  assert nested == [], nested
+  assert folders["plugrt-nvidia-toolchain"].parent == Path("plugins") and TOOLCHAIN.parent == ROOT / folders["plugrt-nvidia-toolchain"]
 
 
 def test_the_scan_sees_lazy_imports():

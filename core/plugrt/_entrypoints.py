@@ -1,8 +1,8 @@
 """A lean reader of installed entry points.
 
-importlib.metadata costs ~13 ms to import plus ~13 ms per entry_points() call on a
-machine with a hundred distributions, which alone would break plugrt's budget for
-import + discovery. The format is simple and specified by the PyPA (the
+importlib.metadata's import, and each entry_points() call on a machine with many
+distributions, would alone break plugrt's budget for import + discovery
+(docs/performance.md). The format is simple and specified by the PyPA (the
 entry_points.txt file of each *.dist-info / *.egg-info directory on sys.path), so
 this module reads it directly: one directory listing per path entry and one small
 file per distribution. Results are cached for the process. The test suite checks

@@ -83,8 +83,8 @@ def cache_key(*parts: str | bytes) -> str:
 
 def cache_enabled(env: Mapping[str, str] | None = None) -> bool:
   """PLUGRT_CACHE of `env` (a device's context.env; default the process environment)."""
-  if (env is None or env is os.environ) and _ENVIRON_BYTES is not None:  # every compile() asks: os.environ.get of an unset
-    v = _ENVIRON_BYTES.get(b"PLUGRT_CACHE", b"1").decode(errors="replace")  # name costs 0.7 us (a KeyError inside)
+  if (env is None or env is os.environ) and _ENVIRON_BYTES is not None:  # every compile() asks, and os.environ.get of an unset
+    v = _ENVIRON_BYTES.get(b"PLUGRT_CACHE", b"1").decode(errors="replace")  # name raises and catches a KeyError inside
   else: v = (os.environ if env is None else env).get("PLUGRT_CACHE", "1")
   if v not in ("0", "1", ""): raise EnvError(f"PLUGRT_CACHE={v!r} is not 0 or 1", "set PLUGRT_CACHE=0 to turn the cache off, 1 (or unset) to use it")
   return v != "0"

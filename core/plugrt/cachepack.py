@@ -103,7 +103,7 @@ class Pack:
 
   def get(self, raw: bytes) -> bytes | None:
     """The payload of key `raw` (32 bytes), checked; None for a miss. (One frame: a process's first hit of each
-    kernel comes here, and tinygrad's is an sqlite SELECT of 3.5-5.5 us; every step below counts.)"""
+    kernel comes here, and tinygrad's is one sqlite SELECT; every step below counts.)"""
     if (v := self._view) is None and (v := self._map()) is None: return None
     ix = v.ix
     if ix[0] != _LIVE:  # retired: a writer replaced this index (rebuilt, compacted, cleared); map what is there now

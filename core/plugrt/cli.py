@@ -120,7 +120,7 @@ def _fmt_ifaces(fs: list[dict[str, Any]]) -> str:
 
 
 def _fmt_listing(device: str, d: dict[str, Any]) -> str:
-  """One device of a backend's listing: "CUDA:1  NVIDIA H100 80GB HBM3  0000:19:00.0  (uuid GPU-...)"."""
+  """One device of a backend's listing: "CUDA:1  <model>  0000:19:00.0  (uuid GPU-...)"."""
   extra = ", ".join(f"{k} {v}" for k, v in d["info"].items())
   return f"{device}:{d['index']}  {d['name']}  {d['bus_id'] or '-'}" + (f"  ({extra})" if extra else "")
 

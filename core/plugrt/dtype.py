@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 # The classes here are written out rather than made with @dataclass: a frozen dataclass compiles its
-# methods with exec when the module is imported (~1 ms a class), and `import plugrt` loads this module.
+# methods with exec when the module is imported, and `import plugrt` loads this module.
 
 
 class DType:

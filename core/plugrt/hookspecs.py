@@ -93,12 +93,12 @@ def hookimpl(function: _F | None = None, hookwrapper: bool = False, optionalhook
 
 # ---------------------------------------------------------------- declarations (plain data)
 # Immutable records, as NamedTuples: discovery imports this module in every process, and a frozen
-# dataclass compiles six methods with exec at import (~1 ms a class; a NamedTuple takes ~0.2 ms).
+# dataclass compiles six methods with exec at import (a NamedTuple costs far less).
 
 class DeviceListing(NamedTuple):
   """One device of a backend as its probe sees it without opening it, for `plugrt devices` (Probe.devices)."""
   index: int                        # what Device["NAME:index"] opens
-  name: str                         # the model, "NVIDIA H100 80GB HBM3"
+  name: str                         # the model, as the driver names it
   bus_id: str = ""                  # its PCI location, "0000:18:00.0"; "" where it has none
   info: Mapping[str, str] = {}      # more facts (a UUID, the physical GPU an index maps to); read only
 

@@ -94,7 +94,7 @@ class Timeline:
   (`bits`, 32 for NV's semaphores, 64 for AMD's signals): `completed()` unwraps it, which holds while fewer than
   2**(bits-1) submissions are in flight.
 
-  Subclasses override `fault()` (a cheap check the wait makes every 20 ms: "" while the device reports nothing)
+  Subclasses override `fault()` (a cheap check the wait makes every FAULT_CHECK_S: "" while the device reports nothing)
   and `fault_report()` (the full account, read once when the wait gives up), and set `error` to their QueueError
   subclass.
   """
@@ -407,7 +407,7 @@ class StagedAllocator(Allocator[int]):
     if src_dev is dest_dev: return self._copy(dest, src, nbytes)
     if self._peer_copy(dest, src, nbytes, dest_dev): return
     # between two GPUs through the host (peer_path says so, and the core warns once a pair), in pieces through one
-    # host buffer kept for the next copy: a fresh buffer each copy paid its page faults (1.3 GB/s on an H200 pair)
+    # host buffer kept for the next copy: a fresh buffer each copy would pay its page faults every time
     with self._bounce_lock:
       if self._bounce is None or len(self._bounce) < min(nbytes, STAGED_PIECE): self._bounce = bytearray(min(nbytes, STAGED_PIECE))
       host = memoryview(self._bounce)

@@ -12,9 +12,9 @@ attributes of a PreparedCall:
 
 Which scalars are the same argument: Python's == says 1 == 1.0 == True and 0.0 == -0.0, yet -0.0 is another
 argument than 0.0 (1/x), and True is no int32 (check_args refuses it). Telling them apart takes a type-exact
-serialisation of the scalars (marshal's format: each value's type and exact bits), about 0.3 us, a third of a
-CPU launch; so only where those twins are what code passes, when a prepared scalar is a bool or equals 0 or 1
-(False/0/0.0/-0.0, True/1/1.0), does a PreparedCall keep its scalars as ExactScalars: a tuple that Python's
+serialisation of the scalars (marshal's format: each value's type and exact bits), a large share of a CPU
+launch (docs/performance.md); so only where those twins are what code passes, when a prepared scalar is a bool or
+equals 0 or 1 (False/0/0.0/-0.0, True/1/1.0), does a PreparedCall keep its scalars as ExactScalars: a tuple that Python's
 comparison asks first (a subclass's reflected method has priority), which compares exactly unless it is handed the
 call's own tuple. Every other launch compares plain tuples, at no cost over ==; what == lets through there is the same
 number in another type (2 for 2.0: the same bits in a float slot; 2.0 for an int slot is taken as the 2 it equals,

@@ -7,7 +7,7 @@ RuntimeDevice; plugrt.device's `Device["CPU"]` asks it. This module sits below t
 from __future__ import annotations
 
 import math
-from _thread import allocate_lock  # threading's locks, without importing threading (~1 ms of discovery)
+from _thread import allocate_lock  # threading's locks, without importing threading (discovery would pay for it)
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 

@@ -1,6 +1,6 @@
 """Helpers for backends' probes, which must stay cheap: they run at discovery, in every process.
 
-`which` is shutil.which without importing shutil, which brings zlib, bz2 and lzma along (~3 ms of
+`which` is shutil.which without importing shutil, which brings zlib, bz2 and lzma along (a cost on every
 `import plugrt`, and a probe needs none of them). `library_dirs`, `find_library`, `has_module` and `device_nodes`
 are the looks at the machine that backends share; a plugin reaches the environment-dependent ones through its
 plugrt.context.PluginContext (``ctx.which``, ``ctx.find_library``) so that ``Registry(env=...)`` governs them.
@@ -75,7 +75,7 @@ DISTRIBUTIONS: dict[str, str] = {
   "plugrt-cpu": "plugins/ops_cpu",
   "plugrt-cl": "plugins/ops_cl",
   "plugrt-cuda": "plugins/ops_cuda",
-  "plugrt-nvidia-toolchain": "plugins/ops_cuda/toolchain",
+  "plugrt-nvidia-toolchain": "plugins/nvidia_toolchain",
   "plugrt-nv": "plugins/ops_nv",
   "plugrt-nv-nvk": "plugins/ops_nv/iface_nvk",
   "plugrt-nv-pci": "plugins/ops_nv/iface_pci",

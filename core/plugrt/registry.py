@@ -20,7 +20,7 @@ import os
 import re
 import sys
 import warnings
-from _thread import TIMEOUT_MAX, RLock, allocate_lock, get_ident, start_new_thread  # threading's, without importing threading (~1 ms)
+from _thread import TIMEOUT_MAX, RLock, allocate_lock, get_ident, start_new_thread  # threading's, without importing threading
 from collections.abc import Iterator, Sequence
 from types import BuiltinFunctionType, BuiltinMethodType, FunctionType, MethodType, ModuleType
 from typing import Any
@@ -72,7 +72,7 @@ NAME_RULE = "a name is an upper-case letter, then upper-case letters, digits or 
 class PluginRecord:
   """One plugin module, found through an entry point, PLUGRT_EXTRA_PLUGINS, or given explicitly."""
   # plain classes, not dataclasses, for this module's records: `import plugrt` loads it, and a dataclass
-  # compiles its methods with exec at import (~1 ms a class)
+  # compiles its methods with exec at import
 
   def __init__(self, entry: str, module_name: str, dist: str = "", version: str = "", source: str = "entry point",
                module: ModuleType | None = None):
@@ -226,7 +226,7 @@ class Registry:
   def _load_plugin(self, rec: PluginRecord) -> None:
     given, stage = rec.module, ["importing"]
 
-    def discover() -> tuple[ModuleType, ModuleType, Any, set[str]]:  # on the worker; one hand-over per plugin (~50 us each)
+    def discover() -> tuple[ModuleType, ModuleType, Any, set[str]]:  # on the worker; one hand-over per plugin (each costs a thread switch)
       before = set(sys.modules) if given is None else set()
       module = given if given is not None else importlib.import_module(rec.module_name)
       imported = sys.modules.keys() - before if given is None else set()  # what the entry module pulled in (the import rule)

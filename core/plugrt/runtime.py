@@ -7,7 +7,7 @@ compiler's disk cache, and the program's argument checking.
 from __future__ import annotations
 
 import time
-from _thread import allocate_lock  # threading's locks, without importing threading (~1 ms of discovery)
+from _thread import allocate_lock  # threading's locks, without importing threading (discovery would pay for it)
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -268,7 +268,7 @@ class Compiler:
     self.device = device
     self._key_prefix: Any = None  # sha256 over the namespace and toolchain(), made at the first key
     from plugrt.cache import DiskCache, cache_enabled
-    self._cache_enabled = cache_enabled  # kept: an import statement in compile_cached cost 1.2 us a call
+    self._cache_enabled = cache_enabled  # kept: an import statement in compile_cached would cost every call
     self._env = device.context.env  # PLUGRT_CACHE, PLUGRT_CACHE_DIR, PLUGRT_CACHE_MAX_MB come from the device's context
     self._disk = DiskCache(self.cache_namespace, env=self._env) if self.cache_namespace else None
     # binaries this process compiled or read (and checked) from the disk cache, by source: a repeated compile() of one

@@ -24,7 +24,7 @@ from typing import NamedTuple
 from plugrt.errors import ConflictError, EnvError, UnknownDeviceError, did_you_mean
 
 # Records here are NamedTuples and a plain class, not dataclasses: `import plugrt` loads this module, and a
-# dataclass compiles its methods with exec at import (~1 ms a class; a NamedTuple ~0.2 ms).
+# dataclass compiles its methods with exec at import (a NamedTuple costs far less).
 
 class Target(NamedTuple):
   """One request: ``[IFACE[:INDICES]+]DEVICE[:COMPILER[:ARCH]]`` (tinygrad 0.14's grammar).

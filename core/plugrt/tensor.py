@@ -382,8 +382,8 @@ def _realize_into(node: Node, done: Node) -> None:
 #: threads per group of the fused kernels, and groups at most (the rest is the grid-stride loop): 65535, the least
 #: per-axis limit of the backends (WebGPU's maxComputeWorkgroupsPerDimension)
 _GROUP, _MAX_GROUPS = 256, 65535
-#: elements per thread and step of an elementwise kernel (H200, x*2+y over 2^28 floats, as a share of a device copy:
-#: 0.81 with one, 0.96 with four and a single pass; bench/gpu_cuda.py's tensor_u* rows)
+#: elements per thread and step of an elementwise kernel: four bring a large one near a device copy's bandwidth, where
+#: one falls well short (bench/gpu_cuda.py's tensor_u* rows; docs/performance.md)
 _UNROLL = 4
 #: a repr prints every element up to _PRINT_THRESHOLD of them, past it _PRINT_EDGE at each end of each long axis (numpy's defaults)
 _PRINT_THRESHOLD, _PRINT_EDGE = 1000, 3

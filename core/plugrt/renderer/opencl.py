@@ -41,7 +41,7 @@ _AS = {"char": "char", "signed char": "char", "unsigned char": "uchar", "short":
 _UNSIGNED = {dtypes.int32: "unsigned int", dtypes.int64: "unsigned long"}
 
 #: What the kernel needs from OpenCL's builtin header, declared by hand. Used only when the compiler
-#: skips that header (PoCL: building is then 7x faster); identical to the header's declarations.
+#: skips that header (PoCL: parsing it is most of a build); identical to the header's declarations.
 BARE_PRELUDE = """\
 #ifdef PLUGRT_BARE_BUILTINS
 #define PLUGRT_F __attribute__((overloadable, const))

@@ -6,12 +6,12 @@ loader checks before the driver sees a byte; the built program is handed to the 
 as it is (CLState.fresh), so a new kernel is built exactly once. The core's disk cache
 keeps the binary under a key of platform name and version, device name and version,
 driver version and build options; a hit is loaded with clCreateProgramWithBinary,
-which on PoCL takes about 1 ms.
+a small fraction of a build on PoCL.
 
-PoCL parses OpenCL's 900 KB builtin header (opencl-c.h) for every build: ~100 of the
-~120 ms a tiny kernel takes here. plugrt's kernels use a dozen builtins, so on PoCL the
+PoCL parses OpenCL's 900 KB builtin header (opencl-c.h) for every build: most of the
+time a tiny kernel takes. plugrt's kernels use a dozen builtins, so on PoCL the
 compiler defines the header's include guard and the renderer declares those builtins
-itself (renderer.BARE_PRELUDE): a build takes ~16 ms. Should a PoCL release ever
+itself (renderer.BARE_PRELUDE), and a build is several times faster (docs/backends/cl.md). Should a PoCL release ever
 reject that, the first failure switches this compiler back to the full header for good.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 An OpenCL platform is installed as an ICD: a one-line text file (`*.icd`) naming the
 driver library, in a vendors directory that the ICD loader reads. Reading those files
 costs microseconds and changes nothing; loading the drivers (what `clGetPlatformIDs`
-does) costs 17 ms for PoCL, maps LLVM into the process and, for a GPU driver, opens
+does) is slow (docs/backends/cl.md), maps LLVM into the process and, for a GPU driver, opens
 the device nodes, none of which is ever undone. So the probe reads manifests, and the
 platforms themselves are asked only when a device opens or `plugrt devices` lists them.
 
@@ -25,7 +25,7 @@ NO_PLATFORM_HINT = ("install an OpenCL platform: apt-get install pocl-opencl-icd
                     "pip install pocl-binary-distribution; for a GPU, its vendor's OpenCL driver (NVIDIA: the driver's libnvidia-opencl ICD)")
 
 
-class Manifest(NamedTuple):  # not a dataclass: discovery imports this module, and a dataclass execs its methods (~1 ms)
+class Manifest(NamedTuple):  # not a dataclass: discovery imports this module, and a dataclass execs its methods
   path: str      # the .icd file (or the library, when OCL_ICD_VENDORS names one)
   library: str   # what it names
   found: bool    # whether that library file was located (a bare soname may still load through ld.so.conf paths)

@@ -68,7 +68,7 @@ class CLProgram(LockedProgram):
 
   def _timed(self, prepared: PreparedCall) -> float:
     ev = prepared.submit()
-    self._queue.finish()  # cheaper than the event's own wait on PoCL (15 us against 25 us)
+    self._queue.finish()  # cheaper than the event's own wait on PoCL
     return (ev.get_profiling_info(_END) - ev.get_profiling_info(_START)) * 1e-9
 
 

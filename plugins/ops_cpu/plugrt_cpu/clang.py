@@ -1,7 +1,7 @@
 """The CLANG compiler: C source -> relocatable object, linked into the process by LLVM's JIT.
 
-clang compiles to an object in a memfd (no driver link step: that alone costs ~25 ms, and
-no `ld -shared` either: a second process, 2.3 ms of a 31 ms compile). The object is built
+clang compiles to an object in a memfd (no driver link step, which alone would nearly double a
+small compile, and no `ld -shared` either: a second process). The object is built
 like the LLVM compiler's (no PIC, the large code model: every address absolute), so the
 same in-process loader links it (plugrt_cpu.llvm.load_object); no temporary file is ever
 written by plugrt. `CC` names another compiler (it must accept clang's flags: clang or gcc).
@@ -111,7 +111,7 @@ atexit.register(_stop_all)
 
 class ClangCompiler(Compiler):
   """C -> relocatable object by one clang process per kernel. clang's start-up (loading and relocating libLLVM and
-  libclang-cpp: about 20 of a small kernel's 29 ms here) is paid ahead: after each compile the next clang is started
+  libclang-cpp: most of a small kernel's compile) is paid ahead: after each compile the next clang is started
   and waits for its source on stdin (PLUGRT_CPU_CLANG_AHEAD=0 turns that off)."""
   name = "CLANG"
   cache_namespace = "cpu-clang"

@@ -8,7 +8,7 @@ renderer (see plugrt_cpu.program):
 
 args holds the buffer addresses, then one 8-byte slot per scalar, then the number of
 groups and the group size per axis; the function runs group (gid0, gid1, gid2). It has
-no loop over the grid (that loop, which clang took 2 ms to compile in every kernel, is
+no loop over the grid (that loop, costly to compile into every kernel, is
 plugrt_cpu.grid's runner, compiled once). float16 and bfloat16 values are held as float and rounded after every
 operation, with exact conversions of our own (no compiler runtime needed).
 """

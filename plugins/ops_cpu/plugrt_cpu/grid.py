@@ -1,8 +1,8 @@
 """The grid runner: the one loop over a launch's groups, compiled once per machine, shared by every CPU kernel.
 
 A CPU kernel runs one group per call (`void NAME(const u64 *args, u32 gid0, u32 gid1, u32 gid2)`, see
-plugrt_cpu.crender and plugrt_cpu.llvm), so no kernel carries a loop over the grid: that loop cost clang about
-2 ms and LLVM about 2 ms of a small kernel's compile. The runner is
+plugrt_cpu.crender and plugrt_cpu.llvm), so no kernel carries a loop over the grid and no compile pays for one
+(docs/performance.md). The runner is
 
     void plugrt_grid(const u64 *block, u64 g0, u64 g1)
 

@@ -114,7 +114,7 @@ class LibLLVMCompiler(LLVMCompiler):
     self.rendered = RenderedSources()  # for the span variants (plugrt_cpu.span)
     self.api = api = libllvm(path)
     lib = api.lib
-    self.triple = api.message(lib.LLVMGetDefaultTargetTriple())  # the host's: llvmlite (20 ms to import) is not needed
+    self.triple = api.message(lib.LLVMGetDefaultTargetTriple())  # the host's: llvmlite (slow to import) is not needed
     self.cpu, self.features = api.message(lib.LLVMGetHostCPUName()), api.message(lib.LLVMGetHostCPUFeatures())
     target, err = ctypes.c_void_p(), ctypes.c_void_p()
     if lib.LLVMGetTargetFromTriple(self.triple.encode(), ctypes.byref(target), ctypes.byref(err)):

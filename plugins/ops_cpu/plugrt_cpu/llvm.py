@@ -17,7 +17,7 @@ The compiler optimises at O2 with the host CPU's features and emits a relocatabl
 object (ET_REL), which is what the disk cache stores. A straight-line module (every function one basic
 block: no loop, no branch, see straight_line) is given to code generation at LLVM's lowest level: for one
 block the fast instruction selector and register allocator give the same instructions, less two register
-moves, in a third of the time (the whole compile of the tiny kernel 1.7 -> 1.0 ms); the O2 IR pipeline
+moves, in less time (docs/performance.md); the O2 IR pipeline
 still runs on it. load_object load_object links one into the
 process with a fresh MCJIT engine per program, so two kernels with the same name
 never see each other's code.
@@ -139,7 +139,7 @@ _host_target: tuple[str, str, str] | None = None
 
 
 def host_target() -> tuple[str, str, str]:
-  """(triple, CPU name, CPU features) of this machine, looked up once (the features take ~0.3 ms)."""
+  """(triple, CPU name, CPU features) of this machine, looked up once (asking LLVM for the features is not free)."""
   global _host_target
   if _host_target is None:
     llvm = llvmlite_binding()
@@ -242,10 +242,10 @@ def load_object(lib: bytes, name: str) -> tuple[int, object]:
   if name not in defined: raise PluginError(f"CPU program {name}: the object defines no function {name!r}")
   with _load_lock:  # engine creation and linking touch LLVM's process-wide symbol tables
     # MCJIT wants a module and a target machine, and owns both. It compiles nothing here (the module is
-    # taken out again), so a generic target machine will do: it costs 0.03 ms, one with the host's features 0.3 ms
+    # taken out again), so a generic target machine will do: far cheaper to make than one with the host's features
     empty = llvm.parse_assembly("")
     engine = llvm.create_mcjit_compiler(empty, _target_machine(host_cpu=False, jit=True))
-    engine.remove_module(empty)  # else finalize_object runs the whole codegen pipeline on it (~0.6 ms)
+    engine.remove_module(empty)  # else finalize_object runs the whole codegen pipeline on it
     # an unresolved symbol is a fatal error (abort) inside MCJIT: check first, and raise instead
     missing = [s for s in undefined if not llvm.address_of_symbol(s)]
     if missing:

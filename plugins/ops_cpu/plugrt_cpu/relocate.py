@@ -3,8 +3,8 @@
 Both compilers build without PIC in the large code model, so every address in an object is an absolute 64-bit
 relocation (R_X86_64_64: symbol + addend) and nothing needs a GOT, a PLT or a reach limit. This module maps the
 object's allocated sections into fresh anonymous memory, resolves undefined symbols in the process (libm's
-functions), applies those relocations and makes the memory read+execute: a load in tens of microseconds, with no
-LLVM in the process (llvmlite's JIT, the fallback, costs ~28 ms to import). Anything it does not know (another
+functions), applies those relocations and makes the memory read+execute: a load with no LLVM in the process
+(llvmlite's JIT, the fallback, is slow to import). Anything it does not know (another
 machine, another relocation type, a writable section, an unresolved symbol) returns None, and the caller links
 the object with LLVM's JIT instead, which knows every case.
 

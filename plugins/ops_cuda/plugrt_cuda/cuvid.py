@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 from plugrt.errors import Reason, VideoDecoderUnavailable, VideoStreamError
 from plugrt.video import FrameIterator, decode_annexb_iter, decode_annexb_to_tensors_auto  # noqa: F401  (the contract's names, here too)
+from plugrt_cuda.device import on_out_of_memory
 
 c_uint, c_int, c_ulong, c_ubyte, c_ushort, c_short, c_ulonglong, c_longlong, c_void_p = (
   ctypes.c_uint, ctypes.c_int, ctypes.c_ulong, ctypes.c_ubyte, ctypes.c_ushort, ctypes.c_short, ctypes.c_ulonglong, ctypes.c_longlong,
@@ -198,8 +199,8 @@ def decoder_caps(bit_depth: int, state: Any = None, lib: Any = None, codec: int 
 
 
 #: idle decoders kept per GPU (CUDA context) once their stream closed, for the next stream to take instead of making
-#: one: cuvidCreateDecoder costs about 43 ms on an H200 and the driver runs one at a time however many threads ask, and
-#: cuvidDestroyDecoder about 230 ms (docs/hardware.md). A stream takes a kept decoder of its bit depth and output
+#: one: cuvidCreateDecoder and cuvidDestroyDecoder are slow, and the driver creates one at a time however many threads
+#: ask (docs/video.md). A stream takes a kept decoder of its bit depth and output
 #: surfaces whose size limits and decode surfaces are enough, and reconfigures it in its sequence callback
 #: (cuvidReconfigureDecoder: NVIDIA's API for reusing a decoder across clips) unless it already has the stream's
 #: size. The oldest is destroyed when more would be kept; clear_decoder_cache() destroys them all, as does an
@@ -268,6 +269,9 @@ def clear_decoder_cache(state: Any = None, lib: Any = None) -> int:
   return sum(len(entries) for _, entries in gone)
 
 
+on_out_of_memory(clear_decoder_cache)  # the GPU's allocator, out of memory, destroys the kept decoders before its retry
+
+
 PUT_POLL_S = 0.05  # how often a put waiting for a slot looks whether the decoder is stopping (close wakes it at once)
 
 
@@ -310,9 +314,8 @@ class _Handoff:
 _END = object()
 #: the default of the decoder option own_stream (see NVDECDecoder.__init__); bench/video.py --sweep measures both
 OWN_STREAM = False
-#: the default of the decoder option map_on: "parser" maps in the parser's display callback (what ran on the H100 in
-#: 2026-11), "thread" on a mapper thread of the decoder's own, "consumer" in frames() on the consumer's thread;
-#: bench/video.py --sweep measures the three
+#: the default of the decoder option map_on: "parser" maps in the parser's display callback, "thread" on a mapper
+#: thread of the decoder's own, "consumer" in frames() on the consumer's thread; bench/video.py --sweep measures the three
 MAP_ON = "parser"
 MAP_ON_CHOICES = ("parser", "thread", "consumer")
 #: the default of the decoder option status_poll_us (0: the map waits for its picture in the driver)
@@ -723,7 +726,7 @@ class NVDECDecoder:
   def close(self) -> None:
     if self.closed: return
     self.closed = self.stopping = True
-    self.queue.wake()  # a display callback or mapper waiting for the consumer returns now, not at its next 50 ms poll
+    self.queue.wake()  # a display callback or mapper waiting for the consumer returns now, not at its next poll (PUT_POLL_S)
     self.waiting.wake()
     self.state.make_current()
     try:

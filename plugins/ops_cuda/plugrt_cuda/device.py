@@ -9,7 +9,6 @@ values that changed since the previous call.
 from __future__ import annotations
 
 import ctypes
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +23,15 @@ from plugrt_cuda import driver as D
 from plugrt_cuda import peer, trampoline
 
 _tls = threading.local()  # the context current on this thread (cuCtxSetCurrent is per thread)
+#: what else holds a GPU's memory and can give it back: each release(state) frees what it keeps on `state`'s GPU
+_releases_on_out_of_memory: list[Callable[[CUDAState], object]] = []
+
+
+def on_out_of_memory(release: Callable[[CUDAState], object]) -> None:
+  """Have CUDAAllocator call `release(state)` whenever it gives its cache back, which an allocation that fails for
+  memory does before its one retry: for memory a part of plugrt-cuda keeps on a GPU beside the allocator's (cuvid's
+  decoders kept for reuse). Registering the same function again changes nothing."""
+  if release not in _releases_on_out_of_memory: _releases_on_out_of_memory.append(release)
 
 
 class CUDAState(DeviceState):
@@ -93,10 +101,10 @@ class Staging(PinnedStaging):
   cuMemHostAlloc and each has an event recorded after its DMA (the token a later use of the buffer waits for).
   Everything is on the device's stream, so copies stay ordered with kernels; a copy-in returns once its DMAs ended.
   """
-  CHUNK, RING = 64 << 20, 2  # best of 8-64 MiB x 2-4 buffers x 4-16 threads on the H200 machine (bench/cuda_copy.py)
+  CHUNK, RING = 64 << 20, 2  # the fastest of the sizes and counts bench/cuda_copy.py tries (docs/performance.md)
 
   def __init__(self, state: CUDAState):
-    # host memcpy scales with threads (8.5 GB/s on one, 36 on 16): pieces of a chunk from 1 MiB go to the pool
+    # host memcpy scales with threads: pieces of a chunk from 1 MiB go to the pool
     super().__init__(threading.Lock(), chunk=self.CHUNK, buffers=self.RING, parallel_min=1 << 20, thread_name="plugrt-cuda-copy")
     self.state, self.lib = state, state.lib
     self.events: list[ctypes.c_void_p] = []
@@ -155,8 +163,7 @@ class CUDAAllocator(Allocator[int]):
 
   def free_cache(self) -> int:
     freed = super().free_cache()
-    # decoders kept for reuse (plugrt_cuda.cuvid.DECODER_CACHE) hold this GPU's memory too: out of memory frees them as well
-    if (cuvid := sys.modules.get("plugrt_cuda.cuvid")) is not None: cuvid.clear_decoder_cache(self.state)
+    for release in tuple(_releases_on_out_of_memory): release(self.state)  # the GPU's memory others keep (on_out_of_memory)
     return freed
 
   def _host_alloc(self, nbytes: int) -> tuple[int, Any]:

@@ -1,4 +1,4 @@
-"""NCCL through ctypes: plugrt.distributed's engine for CUDA buffers (run on two H200s: docs/hardware.md).
+"""NCCL through ctypes: plugrt.distributed's engine for CUDA buffers (where it has run: docs/hardware.md).
 
 libnccl.so.2 is found at run time: PLUGRT_NCCL_LIBRARY, then the `nvidia-nccl-cu13`/`-cu12` wheels (torch depends on
 one: nvidia/<nccl|cu13|cu12>/lib), then the system's. Every call's arguments are converted to their C types here
@@ -181,8 +181,8 @@ class NCCLEngine(Engine):
     self.timeout, self.ranks, self.size = request.timeout, request.ranks, request.world_size
     self.worker, self.comms, self.broken = _Worker(), [], False
     # one process's communicators over several GPUs (ncclCommInitAll) have no remote rank to wait for: once the first
-    # collective connected them, calls are issued on the caller's thread (the worker's hand-off cost about 60 us a
-    # call: 0.94x of torch's all-reduce on two H200s); a rank of several processes always issues on the worker
+    # collective connected them, calls are issued on the caller's thread (the worker's hand-off per call would cost a
+    # visible share of a collective: docs/performance.md); a rank of several processes always issues on the worker
     self.local, self.connected = len(self.states) > 1 or request.share is None, False
     self._meta: dict[tuple[str, int], Any] = {}
     deadline = time.monotonic() + self.timeout
@@ -233,8 +233,8 @@ class NCCLEngine(Engine):
             self._fail(NCCLError(f"{what}: NCCL reported {RESULTS.get(err, err)} on device {self.states[i].index}"))
       if not pending: return
       if now > deadline: self._timeout(what)
-      # spin through the first SPIN_S (a 256 MiB all-reduce takes about 1 ms on NVLink, and a fixed 1 ms sleep cost
-      # it 15%), then sleep a small share of the time waited so far: the added latency stays near 2%
+      # spin through the first SPIN_S (a large all-reduce over NVLink ends within it, and a fixed sleep would add a
+      # sizeable share to it), then sleep a small share of the time waited so far: the added latency stays near 2%
       if now - start > SPIN_S: time.sleep(min(1e-3, 0.02 * (now - start)))
 
   # ---- the engine's contract

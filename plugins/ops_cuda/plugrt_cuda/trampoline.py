@@ -1,9 +1,9 @@
 """A one-argument trampoline for cuLaunchKernel.
 
-A ctypes call costs about 0.07 us per argument (0.77 us for cuLaunchKernel's eleven,
-measured); a launch from Python is otherwise at the driver's floor. So the program
+A ctypes call's cost grows with its arguments, and converting cuLaunchKernel's eleven is
+what a launch from Python costs above the driver's floor (docs/performance.md). So the program
 keeps its eleven arguments in a struct of 8-byte slots, and a launch calls this
-trampoline with the struct's address: 0.2 us, without releasing the GIL. The trampoline is x86-64 machine code
+trampoline with the struct's address: one argument, without releasing the GIL. The trampoline is x86-64 machine code
 (System V ABI) written into an executable page; elsewhere, or where the system does
 not allow executable pages, `make()` returns None and programs make the ordinary call.
 
@@ -41,7 +41,7 @@ def make() -> Any:
   global _fn
   if _fn is None:
     addr = machinecode.code(_CODE)
-    # PYFUNCTYPE keeps the GIL: a launch returns in microseconds, and releasing and taking the GIL
-    # back cost more than that (measured on the H200 machine: 4.6 against 6.2 us per raw launch)
+    # PYFUNCTYPE keeps the GIL: a launch returns at once, and releasing and taking the GIL back would
+    # make each launch markedly slower (docs/performance.md)
     _fn = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(addr) if addr else False
   return _fn or None

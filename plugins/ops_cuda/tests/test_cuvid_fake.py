@@ -6,19 +6,24 @@ at any point leaving nothing mapped, no parser and no decoder. What the fake can
 behaviour) is left to test_cuvid.py on the GPU."""
 from __future__ import annotations
 
+import ast
 import ctypes
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from plugrt import Device, dtypes
-from plugrt.errors import Reason, VideoDecoderUnavailable, VideoStreamError
+from plugrt.context import DeviceInfo
+from plugrt.errors import OutOfMemoryError, Reason, VideoDecoderUnavailable, VideoStreamError
 from plugrt.video import hevc
 from plugrt.video.convert import VideoArgumentError, convert
 from plugrt_cuda import cuvid, driver
+from plugrt_cuda import device as cuda_device
 
 av = pytest.importorskip("av")
 from plugrt.testing.video import make_hevc, pyav_planes, reference_rgb  # noqa: E402
@@ -526,3 +531,57 @@ def test_out_of_memory_at_creation_destroys_the_kept_decoders_and_retries_once()
   with pytest.raises(Exception, match="cuvidCreateDecoder"): _run(make_hevc(128, 64, frames=2), lib, state)
   assert lib.destroyed == 2
   _nothing_left(lib, state)
+
+
+class FakeMemory:
+  """cuMemAlloc_v2 and cuMemFree_v2 of a GPU that is full while `full()` says so."""
+  def __init__(self, full: Any) -> None: self.full, self.tries, self.next = full, 0, 0x7000_0000
+  def cuMemAlloc_v2(self, p: Any, n: Any) -> int:
+    self.tries += 1
+    if self.full(): return driver.CUDA_ERROR_OUT_OF_MEMORY
+    p._obj.value, self.next = self.next, self.next + n.value
+    return 0
+  def cuMemFree_v2(self, p: Any) -> int: return 0
+
+
+def _allocator(state: FakeState, memory: FakeMemory) -> cuda_device.CUDAAllocator:
+  state.lib.cuMemAlloc_v2, state.lib.cuMemFree_v2 = memory.cuMemAlloc_v2, memory.cuMemFree_v2  # type: ignore[attr-defined]
+  return cuda_device.CUDAAllocator(DeviceInfo("CUDA", 0, "CUDA", state=state))  # type: ignore[arg-type]
+
+
+def test_the_allocators_out_of_memory_destroys_the_kept_decoders_before_its_retry(monkeypatch) -> None:
+  """The GPU is full while a decoder is kept: CUDA's allocator, out of memory, calls the release cuvid registered
+  (clear_decoder_cache, for this GPU), then its retry succeeds. It finds the release where cuvid registered it, not by
+  looking for the module: with plugrt_cuda.cuvid gone from sys.modules it runs all the same."""
+  lib, state = FakeCuvid(), FakeState()
+  _decode_all(make_hevc(96, 64, frames=2), lib, state)
+  assert lib.decoders == 1 and lib.destroyed == 0  # kept for reuse
+  memory = FakeMemory(lambda: lib.decoders > 0)
+  al = _allocator(state, memory)
+  monkeypatch.delitem(sys.modules, "plugrt_cuda.cuvid")
+  assert al.alloc(1 << 20) == 0x7000_0000 and memory.tries == 2
+  assert lib.decoders == 0 and lib.destroyed == 1
+  _nothing_left(lib, state)
+
+
+def test_every_release_registered_runs_once_on_out_of_memory(monkeypatch) -> None:
+  """Any part of plugrt-cuda can register what it keeps on a GPU: each release runs once per failed allocation (a second
+  registration changes nothing), with the allocator's GPU; when they free nothing, the error is OutOfMemoryError."""
+  monkeypatch.setattr(cuda_device, "_releases_on_out_of_memory", list(cuda_device._releases_on_out_of_memory))
+  state, called = FakeState(), []
+  def release(s: Any) -> None: called.append(s)
+  cuda_device.on_out_of_memory(release)
+  cuda_device.on_out_of_memory(release)
+  memory = FakeMemory(lambda: True)
+  with pytest.raises(OutOfMemoryError, match="out of memory allocating"): _allocator(state, memory).alloc(1 << 20)
+  assert called == [state] and memory.tries == 2
+
+
+def test_no_plugrt_cuda_module_looks_in_sys_modules() -> None:
+  """plugrt-cuda's modules learn of each other through imports and registrations, never by reading sys.modules."""
+  found = []
+  for path in sorted(Path(cuda_device.__file__).parent.glob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      if isinstance(node, ast.Attribute) and node.attr == "modules" and isinstance(node.value, ast.Name) and node.value.id == "sys":
+        found.append(f"{path.name}:{node.lineno}")
+  assert found == []

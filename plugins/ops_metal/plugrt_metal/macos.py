@@ -15,7 +15,7 @@ MSL_VERSIONS = frozenset(MSL_BY_MACOS.values())
 
 
 def mac_release() -> str:
-  import platform  # here, not at the top: its import costs ~2 ms of every process's discovery, and only a Mac asks
+  import platform  # here, not at the top: its import would cost every process's discovery, and only a Mac asks
   return platform.mac_ver()[0]
 
 

@@ -88,7 +88,7 @@ def plugrt_backends() -> list[BackendSpec]:
 
 
 def probe_nv_video(ctx: PluginContext) -> Probe:
-  """NV's probe, saying where the engine path has run: H200s, 8- and 10-bit frames equal to software's."""
+  """NV's probe, saying where the engine path has run (docs/video.md)."""
   p = probe_nv(ctx)
   if not p.ok: return p
   return Probe.found(p.count, "decoded on H200s (driver 580), every frame equal to software's, 8 and 10 bits; not run on "

@@ -1,6 +1,7 @@
 """`python -m plugrt_nv [index] [--out DIR]`: check the NV device layer by layer and say where it stops.
 
-1. the probe; 2. the interface alone (driver, classes, VA space, memory of each kind, CPU access); 3. the device
+1. the probe; 2. the interface alone (driver, classes, VA space, memory of each kind, CPU access), the one the
+registry would open the device with (NV_IFACE, else the automatic choice), opened through its hook; 3. the device
 (channels, doorbell, first commands); 4. copies, and what bounds a host copy; 5. kernels (a tiny one, saxpy, a 3-D
 grid, shared memory, timing); 6. launch overhead, and the cost of each store a launch makes; 7. with a second GPU,
 copies between the two (the path: a peer mapping, or staged and why) both ways, checked and timed. Each step prints OK
@@ -8,10 +9,17 @@ with its figures or FAILED with the error, and the run stops at the first failur
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import time
 import traceback
+
+from plugrt import Device
+from plugrt.context import DeviceInfo
+from plugrt.errors import DeviceUnavailable, Reason
+from plugrt.probing import install_hint
+from plugrt_nv.iface import GPUInterface
 
 
 def step(name: str, fn):  # type: ignore[no-untyped-def]
@@ -25,33 +33,39 @@ def step(name: str, fn):  # type: ignore[no-untyped-def]
   return out
 
 
+def interface_alone(index: int) -> str:
+  """Open GPU `index` through the interface the registry chooses for NV (its plugrt_open_interface hook, as opening
+  the device would), allocate memory of each kind and check the CPU's view of it, then close the interface."""
+  reg = Device.registry
+  chosen = reg.choose_interface("NV")
+  if chosen is None: raise DeviceUnavailable("no NV interface is installed", Reason.NOT_INSTALLED, install_hint("plugrt-nv-nvk"))
+  spec, rec = chosen
+  iface: GPUInterface = reg.call_hook(rec, "plugrt_open_interface", device=DeviceInfo("NV", index, "", spec.name, context=reg.context),
+                             interface=spec.name)
+  try:
+    for kind in ("device", "mapped", "host"):
+      m = iface.alloc(1 << 20, kind)
+      if kind != "device":
+        ctypes.memset(m.va, 0x5A, m.size)
+        assert ctypes.string_at(m.va + 12345, 4) == b"ZZZZ", f"{kind} memory does not read back what the CPU wrote"
+      iface.free(m)
+    return f"{spec.name}: {iface.description}; GR {iface.gr}"
+  finally: iface.close()
+
+
 def main() -> None:
   args = sys.argv[1:]
   out_dir = args[args.index("--out") + 1] if "--out" in args else ""
   index = int(next((a for a in args if a.isdigit()), "0"))
-  import ctypes
-
   import numpy as np
 
   import plugrt_nv
-  from plugrt import Buffer, Device, dtypes
+  from plugrt import Buffer, dtypes
   from plugrt.context import PluginContext
   from plugrt.testing import kernels as K
   probe = step("probe", lambda: plugrt_nv.probe_nv(PluginContext.from_process()))
 
-  def iface_alone() -> str:
-    from plugrt_nv_nvk.nvk import NVKInterface
-    i = NVKInterface(index)
-    try:
-      for kind in ("device", "mapped", "host"):
-        m = i.alloc(1 << 20, kind)
-        if kind != "device":
-          ctypes.memset(m.va, 0x5A, m.size)
-          assert ctypes.string_at(m.va + 12345, 4) == b"ZZZZ", f"{kind} memory does not read back what the CPU wrote"
-        i.free(m)
-      return f"{i.description}; GR {i.gr}"
-    finally: i.close()
-  step("interface: driver, classes, VA space, memory", iface_alone)
+  step("interface: driver, classes, VA space, memory", lambda: interface_alone(index))
   dev = step("device: channels, doorbell, first commands", lambda: Device[f"NV:{index}" if index else "NV"])
   st = dev.info.state
   print(f"       slots at {st.slots.base:#x}, signals at {st.sem:#x}, local memory {st.slm} B/thread, tokens {st.compute.token}/{st.copy.token}")

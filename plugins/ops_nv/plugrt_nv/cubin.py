@@ -20,7 +20,8 @@ ATTR = {"param_cbank": 0x0A, "frame_size": 0x11, "min_stack_size": 0x12, "kparam
 R_CUDA_64, R_CUDA_ABS32_LO, R_CUDA_ABS32_HI = 0x02, 0x38, 0x39
 # an absolute code address inside a 128-bit instruction: CALL.ABS.NOINC, which nvJitLink's linked cubins keep for calls
 # between functions (ptxas alone inlines them or calls relative). The address in 4-byte units, split into (bit, width)
-# pieces, low bits first. The unit is what the H200 showed: with byte addresses the call faulted at 4x the target.
+# pieces, low bits first. The unit is what the hardware showed: with byte addresses the call faulted at 4x the target
+# (docs/research/nv-hopper-compute.md).
 R_CUDA_ABS55_16_34 = 0x4B
 INSN_FIELDS = {R_CUDA_ABS55_16_34: (2, ((16, 8), (34, 47)))}
 RELOCS = (R_CUDA_64, R_CUDA_ABS32_LO, R_CUDA_ABS32_HI, *INSN_FIELDS)

@@ -13,12 +13,12 @@ Commands live in a ring of fixed slots (hwqueue.CommandSlots) in GPU memory that
 launch descriptors (QMD + constant bank 0 with the arguments) in a few resident entries of its own, one per set of
 arguments; a launch whose arguments an entry holds writes 12 words into a slot (invalidate the SMs' data caches,
 start the grid, release the timeline), appends one GPFIFO entry, fences (sfence), moves GP_PUT and writes the
-channel's token to the doorbell: no system call, about 1.4 us of Python on the H200 machine. A launch after new code
+channel's token to the doorbell: no system call (its cost: docs/performance.md). A launch after new code
 or constants were written, after work on the copy channel, or with wait=True (timing) takes the general path
 (full cache invalidation, a wait for the copy channel, timestamps).
 
 Host copies go through two pinned staging buffers and the copy engine, the CPU side in parallel pieces; device
-copies from 1 MiB run as a kernel (the copy engine moves about 43 GB/s device to device on the H200, the SMs ~1.8 TB/s).
+copies from 1 MiB run as a kernel (the SMs move device memory far faster than the copy engine: docs/backends/nv.md).
 """
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ class NVState(Timeline, HCQState):  # Timeline first: its synchronize() is the d
     ch.push(va | 1 << 41 | nwords << 42)
     # The fence comes before GP_PUT: a busy channel reads GP_PUT on its own, without waiting for the doorbell, and
     # write-combined stores reach the GPU in any order, so it could fetch the new entry, or run the slot's words of
-    # an earlier launch, before they arrive (on the H200, 2 of 5000 dependent launches read stale data that way).
+    # an earlier launch, before they arrive (dependent launches read stale data that way: docs/hardware.md).
     # The doorbell is an uncached store, which drains the write-combining buffers (GP_PUT) before it.
     self._fence()
     ch.publish()
@@ -319,13 +319,13 @@ class NVAllocator(StagedAllocator):
     if ln.why: return False
     with self.state.lock: mem = self.find(src, nbytes)  # (a Buffer's memory is always one allocation of this allocator)
     # a large copy runs as the destination's copy kernel, reading the source through the peer mapping: one copy
-    # engine moved 93 GB/s over an H200 pair's NVLink, where the SMs reach the link's rate
+    # engine falls well short of NVLink's rate, which the SMs reach (docs/multi-gpu.md)
     kernel = dest_dev.allocator._kernel_copier() if nbytes >= KERNEL_COPY_MIN else None
     return mem is not None and ln.copy(dest, src, nbytes, mem, kernel)
 
   def _copy(self, dest: int, src: int, nbytes: int) -> None:
     """Device to device: large copies between ranges that do not overlap run as a kernel (the SMs move memory far
-    faster than one copy engine: on the H200, about 40 GB/s through the copy engine against terabytes a second);
+    faster than one copy engine: docs/backends/nv.md);
     the rest, and everything when no kernel compiler is here, go through the copy engine."""
     st = self.state
     if nbytes >= KERNEL_COPY_MIN and (dest + nbytes <= src or src + nbytes <= dest) and (copy := self._kernel_copier()) is not None:

@@ -79,7 +79,7 @@ class Compute:
   SET_SHADER_LOCAL_MEMORY_WINDOW_A = 0x07B0
   INVALIDATE_SHADER_CACHES_NO_WFI = 0x1698
   INVALIDATE_ALL = 1 | 1 << 4 | 1 << 12  # instruction, global data, constant
-  INVALIDATE_GLOBAL_DATA = 1 << 4        # what every launch needs (a dependent kernel read stale data without it, H200)
+  INVALIDATE_GLOBAL_DATA = 1 << 4        # what every launch needs (without it a dependent kernel reads stale data)
 
 
 class Copy:

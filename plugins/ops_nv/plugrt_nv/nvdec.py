@@ -24,7 +24,7 @@ ENGINE_NVDEC0 = 0x13   # NV2080_ENGINE_TYPE_NVDEC0 (= NV2080_ENGINE_TYPE_BSP); N
 
 def first_decoder(engines: Sequence[int]) -> int | None:
   """The lowest NVDEC instance among a GPU's engine types (NV2080_CTRL_CMD_GPU_GET_ENGINES_V2's list), or None.
-  Not always 0: GH100 has room for NVDEC0-7 and an H100 has seven of them, and RM refuses a decoder object or a
+  Not always 0: GH100 has room for NVDEC0-7 and a GPU may have fewer, and RM refuses a decoder object or a
   channel bind naming an engine the GPU lacks (docs/research/nv-video.md, "Which NVDEC")."""
   return min((e - ENGINE_NVDEC0 for e in engines if ENGINE_NVDEC0 <= e <= ENGINE_NVDEC0 + 7), default=None)
 SUBCH_VIDEO = 4        # the subchannel NVDEC methods go to (any works on a single-engine channel; tinygrad uses 4)

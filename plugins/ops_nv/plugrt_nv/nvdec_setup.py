@@ -18,7 +18,7 @@ from plugrt.errors import Reason, VideoDecoderUnavailable, VideoStreamError
 from plugrt.video import hevc
 from plugrt_nv import nvdec
 
-MIN_SIZE, MAX_SIZE = 144, 8192  # NVDEC's HEVC picture limits on Hopper (cuvidGetDecoderCaps on the H100: 144x144 .. 8192x8192)
+MIN_SIZE, MAX_SIZE = 144, 8192  # NVDEC's HEVC picture limits on Hopper, as cuvidGetDecoderCaps reports them (docs/research/nv-video.md)
 SLNR = {0, 2, 4, 6, 8, 10, 12, 14}  # sub-layer non-reference picture types (TRAIL_N, TSA_N, ..., RSV_VCL_N14)
 
 
@@ -89,7 +89,7 @@ def picture_setup(s: hevc.SPSInfo, p: hevc.PPSInfo, h: hevc.SliceHeader, lay: nv
   # nvdec_drv.h: "0: Rec.709 8 bit, 1: Rec.709 10 bit" -- 10-bit samples written as such into the 16-bit surfaces
   d.disp_output_mode = nvdec.DISP_OUTPUT_10BIT if s.bit_depth_luma > 8 else nvdec.DISP_OUTPUT_8BIT
   # framestride counts samples, not bytes: a 10-bit picture's rows (2 bytes a sample) with the byte pitch came out
-  # wrong everywhere on the H200, with the pitch in samples equal to software's (docs/hardware.md, 2026-11-28)
+  # wrong everywhere, with the pitch in samples equal to software's (docs/hardware.md)
   d.framestride[0] = d.framestride[1] = lay.pitch // (2 if s.bit_depth_luma > 8 else 1)
   d.colMvBuffersize = lay.colmv >> 8
   d.HevcSaoBufferOffset, d.HevcBsdCtrlOffset = lay.sao_offset >> 8, lay.bsd_offset >> 8
@@ -119,7 +119,7 @@ def picture_setup(s: hevc.SPSInfo, p: hevc.PPSInfo, h: hevc.SliceHeader, lay: nv
   d.num_ref_idx_l0_default_active, d.num_ref_idx_l1_default_active = p.num_ref_idx_default
   # init_qp is 26 + init_qp_minus26 + QpBdOffsetY (nvdec_drv.h: "0..127, support higher bitdepth"): unsigned 7 bits,
   # where init_qp_minus26 goes down to -(26 + QpBdOffsetY). Sending 26 for a 10-bit stream started every slice's
-  # CABAC contexts 12 QP too low: the H200 ran off the picture's end (error 0x5 at CTB row 3 of 3, docs/research/nv-video.md)
+  # CABAC contexts 12 QP too low: the engine ran off the picture's end (error 0x5 at CTB row 3 of 3, docs/research/nv-video.md)
   d.init_qp = p.init_qp + 6 * (s.bit_depth_luma - 8)
   d.constrained_intra_pred_flag, d.transform_skip_enabled_flag = p.constrained_intra_pred, p.transform_skip
   d.cu_qp_delta_enabled_flag, d.diff_cu_qp_delta_depth = p.cu_qp_delta, p.diff_cu_qp_delta_depth

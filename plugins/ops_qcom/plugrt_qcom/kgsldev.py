@@ -8,7 +8,7 @@
   indirect buffers (GPU_COMMAND: one kgsl_command_object per submission, which returns the context timestamp), and
   the driver's bounded wait for a timestamp (DEVICE_WAITTIMESTAMP_CTXTID) and account of a reset (GPU_RESET_STAT).
 - `KGSLTimeline`: plugrt.hwqueue.Timeline on a counter in a GPU object that each submission's CP_EVENT_WRITE stores.
-  A wait spins on it, then blocks in the driver 20 ms at a time, reads the context's reset status between, and
+  A wait spins on it, then blocks in the driver WAIT_SLICE_MS at a time, reads the context's reset status between, and
   turns what it finds into a typed error: `KGSLFault` (the driver reset the GPU: a fault, a hang it detected, a
   corrupt packet), `KGSLTimeout` (nothing finished and nothing was reported).
 """

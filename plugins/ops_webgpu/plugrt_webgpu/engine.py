@@ -49,7 +49,7 @@ FEATURE_TIMESTAMP = "timestamp-query"
 @dataclass(frozen=True)
 class AdapterInfo:
   """One adapter as an engine sees it."""
-  name: str                  # "llvmpipe (LLVM 15.0.6, 256 bits)", "NVIDIA H200"
+  name: str                  # "llvmpipe (LLVM 15.0.6, 256 bits)", a GPU's model
   vendor: str = ""           # "mesa", "nvidia", ...
   backend: str = ""          # "Vulkan", "OpenGL", "Metal", "D3D12"
   kind: str = ""             # "CPU", "DiscreteGPU", "IntegratedGPU", "Unknown"

@@ -82,8 +82,8 @@ def _sin_wgsl() -> str:
   Then minimax polynomials on [-0.7856, 0.7856] (Remez fits of the relative error, 6.5e-9 for sin and 2.6e-10 for
   cos, coefficients rounded to float32; cos with 1 - a^2/2 exact), the quadrant and the sign through the bits; inf
   and NaN give NaN from the bits (x - x folds to 0). Against float64 sin, every positive float32 on lavapipe: at
-  most 0.76 ulp up to pi/4, 1.59 ulp below 4096, 1.03 ulp above (NVIDIA, sampled: the same figures). On an H200,
-  16 sins per element cost 2x WGSL's sin up to pi/4, 7x below 4096, 35x above (one per element: 1.0x, 1.1x, 3x)."""
+  most 0.76 ulp up to pi/4, 1.59 ulp below 4096, 1.03 ulp above (NVIDIA, sampled: the same figures). What it costs
+  against WGSL's own sin: docs/performance.md."""
   pio2 = floatmath.pi_fixed(400) >> 1  # pi/2 * 2^400
   parts = [math.ldexp(pio2 >> (389 - 12 * i) & 0xfff, -11 - 12 * i) for i in range(4)]  # bits 2^0..2^-11, 2^-12..2^-23, ...
   rest = floatmath.round_f32_ratio(pio2 & ((1 << 353) - 1), 1 << 400)  # pi/2 below 2^-47, rounded once

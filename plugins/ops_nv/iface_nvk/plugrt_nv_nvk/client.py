@@ -67,7 +67,7 @@ class Client:
     """Enable peer access between GPUs a and b (NVKInterfaces on this client), once per pair: "" when enabled, else why
     not. RM says whether the pair can (NV0000_CTRL_CMD_SYSTEM_GET_P2P_CAPS_V2: peer reads over NVLink or PCIe). An
     NVLink pair UVM enabled itself when the second GPU's VA space was registered (uvm_va_space.c, register_gpu_peers),
-    and it refuses to enable it again (NV_ERR_INVALID_DEVICE, as an H200 pair answered); a PCIe pair is enabled here
+    and it refuses to enable it again (NV_ERR_INVALID_DEVICE: docs/multi-gpu.md); a PCIe pair is enabled here
     (UVM_ENABLE_PEER_ACCESS). Then UVM maps one GPU's memory into the other's VA space."""
     key = frozenset((a.uuid, b.uuid))
     with self.lock:

@@ -308,8 +308,8 @@ class NVKInterface(GPUInterface):
     video decoder object: a channel group of its own on NVDEC k in the device's default VA space (where every buffer
     is mapped at the same address as in UVM's, through the virtual-memory object), the ring given as a virtual address
     (hObjectBuffer: the virtual-memory object), no UVM registration, the object's allocation parameters naming k.
-    NEVER RAN past the decoder object on Hopper: on the H100 (driver 580) the object was refused while plugrt named
-    NVDEC0, which an H100 (seven of GH100's eight decoders) probably lacks (docs/video.md, "NV's own video engine")."""
+    On Hopper the decoder object was refused while plugrt named NVDEC0, which a GPU may lack (GH100 has room for eight
+    decoders, and parts have fewer): hence NVDEC k (docs/video.md, "NV's own video engine")."""
     from plugrt_nv import nvdec
     if not self.classes.video:
       raise NVError(f"this {self.classes.family.name} GPU offers no video decoder class plugrt-nv knows "
@@ -326,7 +326,7 @@ class NVKInterface(GPUInterface):
       self.notifiers.append(("video", addr))
     except NVError: pass
     # the engine: RM takes the decoder object's engine from its allocation parameters (engineInstance), and the
-    # channel's runlist from its engine type; both must name a decoder the GPU has. Naming NVDEC0 on the H100 gave
+    # channel's runlist from its engine type; both must name a decoder the GPU has. Naming NVDEC0 where the GPU lacked it gave
     # NV_ERR_INVALID_CLASS (the object, with parameters), NV_ERR_OBJECT_NOT_FOUND (a bind) and NV_ERR_INVALID_STATE
     # (no parameters: RM picked another NVDEC than the channel's): all three what a missing NVDEC0 gives
     listed = self.control(self.subdevice, rm.CTRL_GPU_GET_ENGINES_V2, rm.GPU_ENGINES_V2(), "listing the GPU's engines")

@@ -4,7 +4,7 @@ Set-up (adapter, device, buffers, modules, pipelines, bind groups) goes through
 wgpu-py's object API, which validates and raises. The launch itself calls
 wgpu-native's C functions through wgpu-py's cffi binding (`wgpu.backends.wgpu_native.lib`)
 on the objects' native handles: the object API builds several Python objects per
-pass, and costs about 20 us a launch more on lavapipe. Where a wgpu-py version lacks
+pass, which every launch would pay (docs/performance.md). Where a wgpu-py version lacks
 what the fast path uses, launches fall back to the object API.
 """
 from __future__ import annotations

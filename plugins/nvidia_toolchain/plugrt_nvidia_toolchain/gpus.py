@@ -22,7 +22,7 @@ PROC_GPUS = "/proc/driver/nvidia/gpus"
 
 
 class DriverGPU(NamedTuple):
-  model: str      # "NVIDIA H100 80GB HBM3"
+  model: str      # as the driver names it ("NVIDIA ...")
   bus_id: str     # "0000:18:00.0" (lower case, as the folder is named)
   uuid: str       # "GPU-5f2c...", "" where the driver hides it
   minor: int      # N of /dev/nvidiaN, -1 when not listed
