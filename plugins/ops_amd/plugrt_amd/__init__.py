@@ -124,9 +124,6 @@ def plugrt_open_device(device: DeviceInfo) -> Any:
 
 @hookimpl
 def plugrt_allocator(device: DeviceInfo) -> Any:
-  if getattr(device.state, "driverless", False):   # opened through PCI: plugrt_amd.pcirt
-    from plugrt_amd.pcirt import PCIAllocator
-    return PCIAllocator(device)
   from plugrt_amd.runtime import AMDAllocator
   return AMDAllocator(device)
 
@@ -139,9 +136,6 @@ def plugrt_compiler(device: DeviceInfo, compiler: str) -> Any:
 
 @hookimpl
 def plugrt_program(device: DeviceInfo) -> Any:
-  if getattr(device.state, "driverless", False):
-    from plugrt_amd.pcirt import PCIProgram
-    return PCIProgram
   from plugrt_amd.runtime import AMDProgram
   return AMDProgram
 

@@ -26,6 +26,7 @@ from plugrt_amd.regs import GPURegisters
 
 HEAP_ALIGN = 2 << 20                 # 2 MiB: whole fragments
 KERNARG_SLOT, KERNARG_SLOTS = 4096, 64   # kernarg blocks, one per dispatch in flight (reused once that dispatch is done)
+KERNARG_ADDRESS = aql.KernelDispatchPacket.kernarg_address.offset
 
 
 @dataclass
@@ -126,29 +127,39 @@ def start(regs: GPURegisters, table: DiscoveryTable, mc_base: int, phys_base: in
   return c, steps
 
 
-def load(c: Compute, blob: bytes) -> tuple[codeobject.CodeObject, int]:
-  """Place a code object in VMID 8: its image, relocated to its VA, written through the VRAM BAR; returns the parsed
-  object and the image's VA (a kernel's kernel_object is VA + its kd_offset)."""
-  co = codeobject.parse(blob)
+def place(c: Compute, co: codeobject.CodeObject) -> int:
+  """Place a parsed code object in VMID 8: its image, relocated to its VA, written through the VRAM BAR (or the
+  register window); returns the image's VA (a kernel's kernel_object is VA + its kd_offset)."""
   va, at = c.alloc(co.image_size)
   c.regs.write_vram(at, bytes(co.image(va)))
   if c.flush is not None: c.flush()
-  return co, va
+  return va
+
+
+def load(c: Compute, blob: bytes) -> tuple[codeobject.CodeObject, int]:
+  """`place` of a code object's bytes; returns the parsed object and the image's VA."""
+  co = codeobject.parse(blob)
+  return co, place(c, co)
 
 
 def launch(c: Compute, co: codeobject.CodeObject, va: int, name: str, buffers: list[int], scalars: list[bytes],
            groups: tuple[int, int, int], local: tuple[int, int, int]) -> int:
-  """One dispatch of kernel `name` of a loaded code object: its kernarg block (codeobject.KernelInfo.kernargs: explicit
-  and hidden arguments) in the next slot, then the AQL packet; returns what `queue.wait` takes."""
-  assert c.queue is not None
+  """One dispatch of kernel `name` of a loaded code object: its kernarg segment (codeobject.KernelInfo.kernargs:
+  explicit and hidden arguments) and AQL packet through `submit`; returns what `queue.wait` takes."""
   info = co.kernels[name]
   if info.private_segment_size or info.descriptor.private_segment_enabled: scratch.ensure(c, info.private_segment_size)
+  grid = (groups[0] * local[0], groups[1] * local[1], groups[2] * local[2])
+  packet = aql.dispatch_packet(va + info.kd_offset, 0, grid, local, info.group_segment_size, info.private_segment_size)
+  return submit(c, packet, bytes(info.kernargs(buffers, scalars, groups, local)))
+
+
+def submit(c: Compute, packet: bytes, kernargs: bytes) -> int:
+  """One dispatch: `kernargs` into the next kernarg block (once the dispatch that last used it is done), then the AQL
+  `packet` with its kernarg address set to that block; returns what `queue.wait` takes."""
+  assert c.queue is not None
   if not c.kernargs: c.kernargs, c.kernargs_at = c.alloc(KERNARG_SLOT * KERNARG_SLOTS)
   n = c.queue.submitted
   if n >= KERNARG_SLOTS: c.queue.wait(n - KERNARG_SLOTS + 1, c.timeout)      # the slot's previous dispatch is done
   slot = (n % KERNARG_SLOTS) * KERNARG_SLOT
-  c.regs.write_vram(c.kernargs_at + slot, bytes(info.kernargs(buffers, scalars, groups, local)))
-  grid = (groups[0] * local[0], groups[1] * local[1], groups[2] * local[2])
-  return c.queue.submit(aql.dispatch_packet(va + info.kd_offset, c.kernargs + slot, grid, local, info.group_segment_size,
-                                            info.private_segment_size))
-
+  c.regs.write_vram(c.kernargs_at + slot, kernargs)
+  return c.queue.submit(packet[:KERNARG_ADDRESS] + (c.kernargs + slot).to_bytes(8, "little") + packet[KERNARG_ADDRESS + 8:])

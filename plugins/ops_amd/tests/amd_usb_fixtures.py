@@ -44,7 +44,7 @@ class FakeUSBGPU:
   def open(self, device: Any) -> Any:
     self.opened += 1
     gpu = plugrt_amd_usb.open_usb(device, self.bridge, psp_timeout=2.0)
-    gpu.host_path.compiler = lambda info: recording_compiler(info, self)     # the fake MEC learns plugrt_copy32's IR
+    gpu.path.compiler = lambda info: recording_compiler(info, self)     # the fake MEC learns plugrt_copy32's IR
     self.gpu = gpu
     return gpu
 

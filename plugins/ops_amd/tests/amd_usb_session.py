@@ -44,7 +44,7 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
   b = fake.bridge
   wrong = [*fake.mec.violations, *fake.mec.faults, *fake.mp0.violations, *fake.gart.violations, *b.sram_violations]
   write = session.config.get_terminal_writer().line
-  copies = fake.gpu.host_path.dispatches if fake.gpu is not None else 0
+  copies = fake.gpu.path.dispatches if fake.gpu is not None else 0
   if not fake.mec.dispatches or wrong or not copies:
     where = f"{len(fake.mec.dispatches)} dispatches on the fake MEC, {copies} through the SRAM; " + ("; ".join(wrong) or "no violations")
     write(f"amd_usb_session: the USB path did not run cleanly: {where}", red=True)
