@@ -2,7 +2,7 @@
 of the process's registry for a whole test session, so the tests that run "on every available device"
 (tests/test_dsl.py, tests/test_tensor.py) run on AMD through the USB path: plugrt-amd-usb's bridge commands and the
 whole bring-up over them (PSP boot through the SRAM window, firmware, SMU, GART, VMID 8, the MEC queue rung by
-doorbell TLPs), then plugrt_amd.pcirt with the USB copy path (plugrt_amd_usb.gpu.SRAMPath: bulk writes into the
+doorbell TLPs), then plugrt-amd's device with the USB copy path (plugrt_amd_usb.gpu.SRAMPath: bulk writes into the
 bridge's SRAM and a copy kernel, reads back through the SRAM's first 4 KiB, TLPs for small parts):
 
     PYTHONPATH=$PYTHONPATH:plugins/ops_amd/tests python -m pytest -p amd_usb_session tests/test_dsl.py tests/test_tensor.py -k AMD

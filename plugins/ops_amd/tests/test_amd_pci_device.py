@@ -22,10 +22,10 @@ from plugrt.ir import KernelBuilder
 from plugrt.registry import isolated
 from plugrt.testing import kernels as K
 from plugrt.testing.conformance import ConformanceSuite
-from plugrt_amd import mec
-from plugrt_amd.pcirt import BARTooSmall, NoDMA, check_descriptor
 from plugrt_amd.runtime import AMDAllocator, AMDProgram, AMDState
 from plugrt_amd.toolchain import llvm_tool
+from plugrt_amd_pci import mec
+from plugrt_amd_pci.driverless import BARTooSmall, NoDMA, check_descriptor
 from plugrt_amd_pci.gpu import PCIGPU
 
 pytestmark = pytest.mark.skipif(llvm_tool(PluginContext.from_process(), "ld.lld") is None, reason="ld.lld is not installed (apt-get install lld)")

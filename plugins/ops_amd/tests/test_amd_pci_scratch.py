@@ -14,8 +14,9 @@ from plugrt.context import PluginContext
 from plugrt.errors import UnsupportedError
 from plugrt.hwqueue import QueueError
 from plugrt.testing import kernels as K
-from plugrt_amd import aql, mec, scratch, vm
+from plugrt_amd import aql
 from plugrt_amd.toolchain import llvm_tool
+from plugrt_amd_pci import mec, scratch, vm
 
 pytestmark = pytest.mark.skipif(llvm_tool(PluginContext.from_process(), "ld.lld") is None, reason="ld.lld is not installed (apt-get install lld)")
 

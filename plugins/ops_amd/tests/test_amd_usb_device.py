@@ -1,5 +1,5 @@
 """The AMD device through the USB interface, end to end on the fake bridge and GPU (amd_usb_fixtures): bring-up over
-the bridge's commands to the MEC queue, then plugrt_amd.pcirt on it with the USB copy path (plugrt_amd_usb.gpu
+the bridge's commands to the MEC queue, then plugrt-amd's device on it with the USB copy path (plugrt_amd_usb.gpu
 .SRAMPath): kernels rung by doorbell TLPs, host writes as bulk bursts into the bridge's SRAM and a copy kernel from the
 SRAM's VMID 8 mapping, reads as a copy kernel into the SRAM and XDATA reads back, TLPs for small and unaligned parts;
 what each way costs in bridge commands per MiB."""
@@ -13,10 +13,10 @@ from plugrt import Buffer, dtypes
 from plugrt.context import PluginContext
 from plugrt.hwqueue import QueueError
 from plugrt.testing import kernels as K
-from plugrt_amd import mec
-from plugrt_amd.pcirt import NoDMA
 from plugrt_amd.runtime import AMDState
 from plugrt_amd.toolchain import llvm_tool
+from plugrt_amd_pci import mec
+from plugrt_amd_pci.driverless import NoDMA
 from plugrt_amd_usb import sram
 from plugrt_amd_usb.gpu import BULK_MIN, SRAM_VA, USBGPU, SRAMPath, TLPPath
 

@@ -13,8 +13,8 @@ GPU: tested against the fake.
 """
 from __future__ import annotations
 
-from plugrt_amd.discovery import IPBlock
-from plugrt_amd.regs import MMIO, GPURegisters, RegisterError
+from plugrt_amd_pci.discovery import IPBlock
+from plugrt_amd_pci.regs import MMIO, GPURegisters, RegisterError
 
 KIQ, MEC_RING0, USERQUEUE_END = 0x000, 0x003, 0x08A     # AMDGPU_NAVI10_DOORBELL_* (amdgpu_doorbell.h), 64-bit units
 RANGE_LOWER, RANGE_UPPER = (KIQ * 2) << 2, (USERQUEUE_END * 2) << 2

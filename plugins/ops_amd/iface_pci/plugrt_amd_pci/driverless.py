@@ -1,5 +1,5 @@
 """The interface object of a GPU brought up without a driver: `DriverlessGPU`, a `plugrt_amd.iface.GPUInterface` on
-plugrt's own VMID 8 and MEC queue (plugrt_amd.compute, mec, vm), which the PCI interface's `PCIGPU` and the USB
+plugrt's own VMID 8 and MEC queue (plugrt_amd_pci.compute, mec, vm), which the PCI interface's `PCIGPU` and the USB
 interface's `USBGPU` are, each with its own host copy path (`HostPath`).
 
 Memory: VRAM from plugrt's heap above the bring-up area (Compute.alloc: freed ranges reused first), each allocation
@@ -15,7 +15,7 @@ Launches: the code object's image relocated into VRAM (compute.place), one kerna
 flight and the AQL packet on the MEC queue whose completion signal lives in VRAM (compute.submit), waits polled and
 bounded by PLUGRT_AMD_TIMEOUT (mec.QueueError, a plugrt.hwqueue.QueueError); the GPU's time from the completion
 signal's start_ts/end_ts (mec.ComputeQueue.gpu_seconds). Kernels with a private segment get the queue's scratch in
-VRAM (plugrt_amd.scratch), made or grown at load and again at a launch that finds it gone. A queue that timed out
+VRAM (plugrt_amd_pci.scratch), made or grown at load and again at a launch that finds it gone. A queue that timed out
 is broken: later work is refused at once. **Never run on AMD hardware**: tested against the fake GPU
 (plugins/ops_amd/tests, amd_pci_session).
 """
@@ -26,9 +26,10 @@ from typing import Any, Protocol
 
 from plugrt.errors import LaunchError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
-from plugrt_amd import aql, compute, mec, scratch, vm
+from plugrt_amd import aql
 from plugrt_amd.codeobject import CodeObject, KernelInfo
 from plugrt_amd.iface import GPUInterface, Mem
+from plugrt_amd_pci import compute, mec, scratch, vm
 
 KFD_HINT = "use AMD_IFACE=KFD with the amdgpu kernel driver loaded"
 RESET_HINT = "restart the process (and reset the GPU)"
@@ -84,7 +85,7 @@ class BARPath:
 
 def check_descriptor(info: Any, name: str, max_lds: int) -> None:
   """What the KFD path's check_dispatch refuses once per program, for the MEC queue: arguments of another size than
-  the descriptor's kernarg_size, more LDS than the GPU has. Scratch is the queue's (plugrt_amd.scratch), not refused."""
+  the descriptor's kernarg_size, more LDS than the GPU has. Scratch is the queue's (plugrt_amd_pci.scratch), not refused."""
   d = info.descriptor
   if info.kernarg_size != d.kernarg_size:
     raise LaunchError(f"{name}: its arguments take {info.kernarg_size} bytes, its kernel descriptor's kernarg_size is {d.kernarg_size}",
@@ -94,7 +95,7 @@ def check_descriptor(info: Any, name: str, max_lds: int) -> None:
 
 
 class DriverlessGPU(GPUInterface):
-  """One AMD GPU whose bring-up (`bringup`, a plugrt_amd.bringup.BringUp) reached the MEC queue: `compute` (VMID 8,
+  """One AMD GPU whose bring-up (`bringup`, a plugrt_amd_pci.bringup.BringUp) reached the MEC queue: `compute` (VMID 8,
   the VRAM heap, the MEC queue), `regs`, and `path`, the host's way to VRAM. An interface subclasses it with its
   `path` and `close`. Everything that submits or touches VRAM runs under the device's lock (`start`)."""
   kernarg_bytes = compute.KERNARG_SLOT

@@ -21,7 +21,7 @@ GC 12.0.0/12.0.1 (gfx_v12_0.c), where they differ:
 - golden_settings_gc_12_0 = {DB_MEM_CONFIG (segment 0 + 0x13d2) &0xf |0xf, CB_HW_CONTROL_1 (0 + 0x1425) &0x03000000
   |0x03000000, GL2C_CTRL5 (1 + 0x2e19) &0x70 |0x20}, programmed only when adev->rev_id is 0; the rev id is
   RCC_STRAP0_RCC_DEV0_EPF0_STRAP0 (NBIF 6.3.1 segment 2 + 0x1c) bits 24-27 (nbif_v6_3_1_get_rev_id); and it comes right
-  after the RLC autoload, before the CP set-up and the GFXHUB (gfx_v12_0_hw_init), so plugrt_amd.bringup runs it there;
+  after the RLC autoload, before the CP set-up and the GFXHUB (gfx_v12_0_hw_init), so plugrt_amd_pci.bringup runs it there;
 - gfx_v12_0_init_compute_vmid: the same SH_MEM_CONFIG/SH_MEM_BASES/TRAP_EN writes for VMIDs 8-15 (first_kfd_vmid 8 in
   gmc_v12_0.c; the same offsets in gc_12_0_0_offset.h; the field shifts taken as GC 11's, gc_12_0_0_sh_mask.h not read),
   and no GDS/GWS/OA clearing: GC 12 has no GDS registers (none in gc_12_0_0_offset.h);
@@ -30,9 +30,9 @@ Never run on an AMD GPU: tested against the fake register file.
 """
 from __future__ import annotations
 
-from plugrt_amd.discovery import IPBlock
-from plugrt_amd.gfx import grbm_select
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd_pci.discovery import IPBlock
+from plugrt_amd_pci.gfx import grbm_select
+from plugrt_amd_pci.regs import GPURegisters
 
 GRBM_GFX_CNTL = (0x900, 1)
 #: (register, segment, offset, and-mask, or-mask) per GC version (gfx_v11_0.c golden_settings_gc_11_0, gfx_v12_0.c

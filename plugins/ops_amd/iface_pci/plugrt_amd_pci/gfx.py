@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 
 from plugrt.errors import PlugrtError
-from plugrt_amd.discovery import IPBlock
-from plugrt_amd.regs import GPURegisters, poll
+from plugrt_amd_pci.discovery import IPBlock
+from plugrt_amd_pci.regs import GPURegisters, poll
 
 CP_STAT = (0xF40, 0)
 #: GC version -> (dword offset, segment) of RLC_RLCS_BOOTLOAD_STATUS

@@ -1,6 +1,6 @@
 """The PCI interface's object, `DeviceInfo.iface_object` of an AMD device opened with AMD_IFACE=PCI once the
-driverless bring-up reached an AQL queue: a `plugrt_amd.pcirt.DriverlessGPU` (plugrt-amd's GPUInterface on plugrt's
-VMID 8 and MEC queue) whose host copies are CPU copies through the VRAM BAR (`BARPath`). The GPU function stays taken
+driverless bring-up reached an AQL queue: a `plugrt_amd_pci.driverless.DriverlessGPU` (plugrt-amd's GPUInterface on
+plugrt's VMID 8 and MEC queue) whose host copies are CPU copies through the VRAM BAR (`BARPath`). The GPU function stays taken
 (amdgpu unbound, BARs mapped) for the device's life, and `close()` gives it back exactly as a failed open does (BARs
 unmapped, the function disabled if plugrt enabled it, the driver bound back).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from plugrt_amd.pcirt import BARPath, DriverlessGPU
+from plugrt_amd_pci.driverless import BARPath, DriverlessGPU
 
 
 class PCIGPU(DriverlessGPU):

@@ -10,8 +10,8 @@ hole + 4; hdp_v6_0_flush_hdp). Sources: docs/research/amd-pci.md ("HDP"). Never 
 """
 from __future__ import annotations
 
-from plugrt_amd.discovery import IPBlock
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd_pci.discovery import IPBlock
+from plugrt_amd_pci.regs import GPURegisters
 
 HOLE = 0x80000 - 0x1000              # MMIO_REG_HOLE_OFFSET (nbio_v4_3.c, nbif_v6_3_1.c) with 4 KiB pages
 MEM_FLUSH, REG_FLUSH = 0x0, 0x4      # KFD_MMIO_REMAP_HDP_MEM_FLUSH_CNTL / _REG_FLUSH_CNTL (uapi kfd_ioctl.h)

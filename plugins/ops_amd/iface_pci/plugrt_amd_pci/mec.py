@@ -19,7 +19,7 @@ What plugrt does, in the kernel's order (gfx_v11_0_cp_resume):
    MIN_IB_AVAIL_SIZE 3 << 20, CP_HQD_EOP_CONTROL min(0xa, log2(EOP dwords) - 1), EOP base >> 8, CP_HQD_VMID,
    CP_HQD_AQL_CONTROL CONTROL0 1; priority 0. The MQD lives in VRAM and is addressed through VMID 0's system
    aperture (its MC address), as the KFD's MQDs are kernel (GART) buffers; the ring, pointers and EOP buffer are in
-   the queue's VMID (8, the first KFD VMID), mapped by plugrt_amd.vm;
+   the queue's VMID (8, the first KFD VMID), mapped by plugrt_amd_pci.vm;
 3. hqd_load_v11 under the queue's GRBM selection (ME 1, pipe 0, queue 0: soc21_grbm_select): every register from
    CP_MQD_BASE_ADDR (GC segment 0 + 0x1fa9) to CP_HQD_PQ_WPTR_HI (0x1fe0) from MQD dwords 128 on, then
    CP_HQD_PQ_DOORBELL_CONTROL with DOORBELL_EN (bit 30), CP_HQD_EOP_RPTR with INIT_FETCHER (bit 31), CP_HQD_ACTIVE 1;
@@ -39,10 +39,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plugrt.hwqueue import QueueError as _QueueError
-from plugrt_amd import aql, doorbell
-from plugrt_amd.discovery import IPBlock
-from plugrt_amd.gfx import grbm_select
-from plugrt_amd.regs import MMIO, GPURegisters, poll
+from plugrt_amd import aql
+from plugrt_amd_pci import doorbell
+from plugrt_amd_pci.discovery import IPBlock
+from plugrt_amd_pci.gfx import grbm_select
+from plugrt_amd_pci.regs import MMIO, GPURegisters, poll
 
 HQD_FIRST, HQD_LAST = 0x1FA9, 0x1FE0            # CP_MQD_BASE_ADDR .. CP_HQD_PQ_WPTR_HI, GC segment 0
 MQD_HQD = 128                                    # v11_compute_mqd.cp_mqd_base_addr_lo
@@ -169,7 +170,7 @@ class ComputeQueue:
     desc.hsa_queue.size = self.entries
     desc.queue_properties = aql.AMD_QUEUE_PROPERTIES_IS_PTR64 | aql.AMD_QUEUE_PROPERTIES_ENABLE_PROFILING   # timestamps
     # the apertures gc_init's SH_MEM_BASES gives VMID 8 (SHARED_BASE 1, PRIVATE_BASE 2: bits 48-63), as the KFD path
-    # gives those KFD reports; scratch itself comes later, on demand (plugrt_amd.scratch)
+    # gives those KFD reports; scratch itself comes later, on demand (plugrt_amd_pci.scratch)
     desc.group_segment_aperture_base_hi, desc.private_segment_aperture_base_hi = 1 << 16, 2 << 16
     self.regs.write_vram(at + PTRS_OFF, bytes(desc))
     sig = aql.AmdSignal()
@@ -230,7 +231,7 @@ class ComputeQueue:
 
 def setup(regs: GPURegisters, gc: IPBlock, lay: Layout, mc_base: int, bell: MMIO | None,
           flush: Callable[[], None] | None = None) -> tuple[ComputeQueue, str]:
-  """With the queue's VRAM already mapped in its VMID (`lay`: plugrt_amd.compute maps it): write the queue, enable
+  """With the queue's VRAM already mapped in its VMID (`lay`: plugrt_amd_pci.compute maps it): write the queue, enable
   the MEC, load the HQD."""
   q = ComputeQueue(regs, bell, lay, mc_base, flush)
   mqd = q.write()

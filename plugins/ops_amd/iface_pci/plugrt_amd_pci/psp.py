@@ -14,7 +14,7 @@ loaded *through* it. Three stages, each as the kernel's psp_v13_0.c / psp_v14_0.
 3. GFX commands: a 1 KiB `psp_gfx_cmd_resp` in VRAM, a 64-byte `psp_gfx_rb_frame` pointing at it and at a fence,
    the write pointer (dwords) to C2PMSG_67; the PSP writes the frame's fence value when done and the status into the
    buffer's response. Implemented here: GFX_CMD_ID_LOAD_TOC (the TOC sizes the TMR) and GFX_CMD_ID_SETUP_TMR
-   (`tmr_init`, `tmr_load`); the IP firmwares' LOAD_IP_FW and AUTOLOAD_RLC are in plugrt_amd.psp_load.
+   (`tmr_init`, `tmr_load`); the IP firmwares' LOAD_IP_FW and AUTOLOAD_RLC are in plugrt_amd_pci.psp_load.
 
 Register offsets (dwords inside MP0's segment 0): C2PMSG_n is 0x40 + n in mp_13_0_0_offset.h and (as MPASP_SMN_*)
 in mp_14_0_2_offset.h. Addresses the PSP reads are MC addresses: VRAM offset + the FB base the MMHUB reports
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from plugrt.errors import PlugrtError
-from plugrt_amd.discovery import DiscoveryTable, IPBlock
-from plugrt_amd.psp_firmware import PSPFirmware, PSPFirmwareError
-from plugrt_amd.regs import GPURegisters, poll
+from plugrt_amd_pci.discovery import DiscoveryTable, IPBlock
+from plugrt_amd_pci.psp_firmware import PSPFirmware, PSPFirmwareError
+from plugrt_amd_pci.regs import GPURegisters, poll
 
 C2PMSG_BASE = 0x40                       # C2PMSG_n = 0x40 + n (segment 0 of MP0)
 BL_CMD, BL_ADDR = 35, 36                 # bootloader command/status, buffer address >> 20
@@ -151,7 +151,7 @@ class PSP:
                            f"plugrt boots MP0 {', '.join('.'.join(map(str, v)) for v in sorted(SUPPORTED))}; use AMD_IFACE=KFD")
     self.regs, self.mp0, self.mc_base, self.phys_base = regs, mp0, mc_base, phys_base
     self.timeout, self.sleep = timeout, sleep
-    self.flush = flush or (lambda: None)  # the HDP flush (plugrt_amd.hdp), before the PSP reads what the CPU wrote
+    self.flush = flush or (lambda: None)  # the HDP flush (plugrt_amd_pci.hdp), before the PSP reads what the CPU wrote
     self.fw_pri = (base + PSP_1_MEG - 1) & ~(PSP_1_MEG - 1)
     self.ring = self.fw_pri + PSP_1_MEG
     self.cmd, self.fence = self.ring + RING_BYTES, self.ring + RING_BYTES + PAGE

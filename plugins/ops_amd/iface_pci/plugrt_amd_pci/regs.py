@@ -10,7 +10,7 @@ VRAM BAR. On top of that:
 - `smn_read(addr)` / `smn_write`: the same pair for system-management-network addresses;
 - `read_vram(offset, n)`: through the VRAM BAR where it reaches, else through MM_INDEX/MM_INDEX_HI/MM_DATA (bit 31
   of MM_INDEX selects VRAM), as the kernel's amdgpu_device_mm_access does when VRAM is not CPU-visible;
-- `write_vram(offset, data)`: the same two ways, for the buffers the PSP reads (plugrt_amd.psp);
+- `write_vram(offset, data)`: the same two ways, for the buffers the PSP reads (plugrt_amd_pci.psp);
 - `vram_size()`: RCC_CONFIG_MEMSIZE (MiB), the one register the driver reads before it knows any IP base.
 
 Constants and their sources: docs/research/amd-pci.md. Nothing here has run on an AMD GPU.
@@ -93,7 +93,7 @@ class BufferMMIO:
 
 class GPURegisters:
   """Registers and VRAM of one GPU through `mmio` (the register BAR) and, optionally, `vram` (the VRAM BAR) and
-  `doorbell` (the doorbell BAR, plugrt_amd.doorbell)."""
+  `doorbell` (the doorbell BAR, plugrt_amd_pci.doorbell)."""
 
   def __init__(self, mmio: MMIO, vram: MMIO | None = None, doorbell: MMIO | None = None):
     self.mmio, self.vram, self.doorbell = mmio, vram, doorbell

@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 
 from plugrt.errors import PlugrtError
-from plugrt_amd.discovery import IPBlock
-from plugrt_amd.regs import GPURegisters, poll
+from plugrt_amd_pci.discovery import IPBlock
+from plugrt_amd_pci.regs import GPURegisters, poll
 
 MP1_FIRMWARE_FLAGS = 0x03B00000 | 0x3010024   # MP1_Public | smnMP1_FIRMWARE_FLAGS (smu_v13_0.h, smu_v14_0.h)
 INTERRUPTS_ENABLED = 1 << 0                    # MP1_FIRMWARE_FLAGS__INTERRUPTS_ENABLED_MASK (mp_13_0_0_sh_mask.h)

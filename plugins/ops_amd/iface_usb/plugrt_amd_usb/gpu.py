@@ -1,6 +1,6 @@
 """The USB interface's object, `DeviceInfo.iface_object` of an AMD device opened with AMD_IFACE=USB once the bring-up
-over the bridge reached the MEC queue: a `plugrt_amd.pcirt.DriverlessGPU`, as the PCI interface's `PCIGPU` is, whose
-`path` is the copy path that fits a bridge (`SRAMPath`), plus `bridge`.
+over the bridge reached the MEC queue: a `plugrt_amd_pci.driverless.DriverlessGPU`, as the PCI interface's `PCIGPU`
+is, whose `path` is the copy path that fits a bridge (`SRAMPath`), plus `bridge`.
 
 Host copies over USB (`SRAMPath`, what the DriverlessGPU calls through its HostPath seam). A dword memory TLP costs
 16 bridge commands either way (XDATA writes of data, address, type, byte enables, the start, and the status poll),
@@ -27,9 +27,9 @@ from typing import Any
 
 from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import Kernel, KernelBuilder
-from plugrt_amd import compute, mec, vm
-from plugrt_amd.pcirt import DriverlessGPU
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd_pci import compute, mec, vm
+from plugrt_amd_pci.driverless import DriverlessGPU
+from plugrt_amd_pci.regs import GPURegisters
 from plugrt_amd_usb import sram
 from plugrt_amd_usb.asm24 import ASM24Bridge
 
