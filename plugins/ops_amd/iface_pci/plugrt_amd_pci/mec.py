@@ -44,13 +44,11 @@ from plugrt_amd_pci import doorbell
 from plugrt_amd_pci.discovery import IPBlock
 from plugrt_amd_pci.gfx import grbm_select
 from plugrt_amd_pci.regs import MMIO, GPURegisters, poll
+from plugrt_amd_pci.regtables.gc import CP_MEC_RS64_CNTL, GRBM_GFX_CNTL, HQD, MEC_REGS
 
-HQD_FIRST, HQD_LAST = 0x1FA9, 0x1FE0            # CP_MQD_BASE_ADDR .. CP_HQD_PQ_WPTR_HI, GC segment 0
+HQD_FIRST, HQD_LAST = HQD["CP_MQD_BASE_ADDR"], HQD["CP_HQD_PQ_WPTR_HI"]   # the block hqd_load writes, in order
 MQD_HQD = 128                                    # v11_compute_mqd.cp_mqd_base_addr_lo
 MQD_DWORDS = 512
-REG = {"CP_HQD_ACTIVE": 0x1FAB, "CP_HQD_PQ_DOORBELL_CONTROL": 0x1FB8, "CP_HQD_EOP_RPTR": 0x1FD1,
-       "CP_MEC_DOORBELL_RANGE_LOWER": 0x1DFC, "CP_MEC_DOORBELL_RANGE_UPPER": 0x1DFD}
-CP_MEC_RS64_CNTL, GRBM_GFX_CNTL = (0x2904, 1), (0x900, 1)
 MEC_ENABLE_CLEAR = 1 << 4 | 0xF << 16 | 1 << 30   # MEC_INVALIDATE_ICACHE, MEC_PIPE0-3_RESET, MEC_HALT
 MEC_ENABLE_SET = 0xF << 26                        # MEC_PIPE0-3_ACTIVE
 DOORBELL_EN, INIT_FETCHER = 1 << 30, 1 << 31
@@ -58,13 +56,7 @@ MQD_HEADER = 0xC0310800
 #: MQD dword of each register (the HQD block) and of the fields before it
 MQD_FIELDS = {"header": 0, "compute_pipelinestat_enable": 11, **{f"compute_static_thread_mgmt_se{i}": d
               for i, d in enumerate((23, 24, 26, 27, 44, 45, 46, 47))}}
-HQD = {"CP_MQD_BASE_ADDR": 0x1FA9, "CP_MQD_BASE_ADDR_HI": 0x1FAA, "CP_HQD_ACTIVE": 0x1FAB, "CP_HQD_VMID": 0x1FAC,
-       "CP_HQD_PERSISTENT_STATE": 0x1FAD, "CP_HQD_PIPE_PRIORITY": 0x1FAE, "CP_HQD_QUEUE_PRIORITY": 0x1FAF, "CP_HQD_QUANTUM": 0x1FB0,
-       "CP_HQD_PQ_BASE": 0x1FB1, "CP_HQD_PQ_BASE_HI": 0x1FB2, "CP_HQD_PQ_RPTR": 0x1FB3, "CP_HQD_PQ_RPTR_REPORT_ADDR": 0x1FB4,
-       "CP_HQD_PQ_RPTR_REPORT_ADDR_HI": 0x1FB5, "CP_HQD_PQ_WPTR_POLL_ADDR": 0x1FB6, "CP_HQD_PQ_WPTR_POLL_ADDR_HI": 0x1FB7,
-       "CP_HQD_PQ_DOORBELL_CONTROL": 0x1FB8, "CP_HQD_PQ_CONTROL": 0x1FBA, "CP_HQD_IB_CONTROL": 0x1FBE, "CP_MQD_CONTROL": 0x1FCB,
-       "CP_HQD_EOP_BASE_ADDR": 0x1FCE, "CP_HQD_EOP_BASE_ADDR_HI": 0x1FCF, "CP_HQD_EOP_CONTROL": 0x1FD0,
-       "CP_HQD_AQL_CONTROL": 0x1FDE, "CP_HQD_PQ_WPTR_LO": 0x1FDF, "CP_HQD_PQ_WPTR_HI": 0x1FE0}
+
 
 #: the queue's VRAM (plugrt's choice, below the PSP's buffers at 16 MiB): MQD, EOP buffer, amd_queue_t + signal, ring
 QUEUE_AT, MQD_OFF, EOP_OFF, PTRS_OFF, RING_OFF = 15 << 20, 0x0, 0x1000, 0x2000, 0x10000
@@ -123,13 +115,13 @@ def hqd_load(regs: GPURegisters, gc: IPBlock, mqd: bytes, me: int = ME, pipe: in
   """hqd_load_v11 (without the write-pointer poll) under the queue's GRBM selection; returns the register writes."""
   base, grbm = gc.bases[0], gc.bases[GRBM_GFX_CNTL[1]] + GRBM_GFX_CNTL[0]
   words = struct.unpack(f"<{MQD_DWORDS}I", mqd)
-  regs.wreg(base + REG["CP_MEC_DOORBELL_RANGE_LOWER"], doorbell.RANGE_LOWER)
-  regs.wreg(base + REG["CP_MEC_DOORBELL_RANGE_UPPER"], doorbell.RANGE_UPPER)
+  regs.wreg(base + MEC_REGS["CP_MEC_DOORBELL_RANGE_LOWER"], doorbell.RANGE_LOWER)
+  regs.wreg(base + MEC_REGS["CP_MEC_DOORBELL_RANGE_UPPER"], doorbell.RANGE_UPPER)
   regs.wreg(grbm, grbm_select(me, pipe, queue))
   for reg in range(HQD_FIRST, HQD_LAST + 1): regs.wreg(base + reg, words[MQD_HQD + reg - HQD_FIRST])
-  regs.wreg(base + REG["CP_HQD_PQ_DOORBELL_CONTROL"], words[MQD_HQD + HQD["CP_HQD_PQ_DOORBELL_CONTROL"] - HQD_FIRST] | DOORBELL_EN)
-  regs.wreg(base + REG["CP_HQD_EOP_RPTR"], words[MQD_HQD + REG["CP_HQD_EOP_RPTR"] - HQD_FIRST] | INIT_FETCHER)
-  regs.wreg(base + REG["CP_HQD_ACTIVE"], words[MQD_HQD + HQD["CP_HQD_ACTIVE"] - HQD_FIRST] | 1)
+  regs.wreg(base + MEC_REGS["CP_HQD_PQ_DOORBELL_CONTROL"], words[MQD_HQD + HQD["CP_HQD_PQ_DOORBELL_CONTROL"] - HQD_FIRST] | DOORBELL_EN)
+  regs.wreg(base + MEC_REGS["CP_HQD_EOP_RPTR"], words[MQD_HQD + MEC_REGS["CP_HQD_EOP_RPTR"] - HQD_FIRST] | INIT_FETCHER)
+  regs.wreg(base + MEC_REGS["CP_HQD_ACTIVE"], words[MQD_HQD + HQD["CP_HQD_ACTIVE"] - HQD_FIRST] | 1)
   regs.wreg(grbm, grbm_select(0, 0))
   return HQD_LAST - HQD_FIRST + 1 + 7
 

@@ -35,6 +35,8 @@ from plugrt.errors import PlugrtError
 from plugrt_amd_pci.discovery import DiscoveryTable, IPBlock
 from plugrt_amd_pci.psp_firmware import PSPFirmware, PSPFirmwareError
 from plugrt_amd_pci.regs import GPURegisters, poll
+from plugrt_amd_pci.regtables.gc import FB_OFFSET
+from plugrt_amd_pci.regtables.gmc import FB_LOCATION_BASE
 
 C2PMSG_BASE = 0x40                       # C2PMSG_n = 0x40 + n (segment 0 of MP0)
 BL_CMD, BL_ADDR = 35, 36                 # bootloader command/status, buffer address >> 20
@@ -80,10 +82,6 @@ DEFAULT_BASE = 16 << 20
 SUPPORTED = {(13, 0, 0), (13, 0, 7), (13, 0, 10), (14, 0, 2), (14, 0, 3)}
 #: PSPs that set up their TMR themselves at boot (amdgpu's boot_time_tmr): no SETUP_TMR from the driver
 BOOT_TIME_TMR = {(14, 0, 2), (14, 0, 3)}
-#: MMHUB version -> (dword offset, segment) of MMMC_VM_FB_LOCATION_BASE (mmhub_3_0_0/_3_0_1/_3_0_2/_4_1_0_offset.h)
-FB_LOCATION_BASE = {(3, 0, 0): (0x8EC, 0), (3, 0, 1): (0x8EC, 1), (3, 0, 2): (0x86C, 0), (4, 1, 0): (0x554, 0)}
-#: GC (major, minor) -> GCMC_VM_FB_OFFSET (gc_11_0_0/_11_0_3/_12_0_0_offset.h): VRAM's physical base for the TMR
-FB_OFFSET = {(11, 0): (0x15A7, 0), (11, 5): (0x15A7, 0), (12, 0): (0x15A7, 0)}
 
 
 class PSPError(PlugrtError, RuntimeError):

@@ -81,6 +81,9 @@ GC_11_0_0 = {
 #: gfxhub_v3_0.c; MMVM_CONTEXT1_CNTL 0x741, MMVM_CONTEXT1_PAGE_TABLE_BASE_ADDR_LO32 0x7ad in mmhub_3_0_0_offset.h;
 #: GCVM_CONTEXT1_CNTL 0x1689, ..._BASE_ADDR_LO32 0x16f5 in gc_11_0_0_offset.h)
 CTX_DISTANCE, CTX_ADDR_DISTANCE = 1, 2
+#: MMHUB version -> (dword offset, segment) of MMMC_VM_FB_LOCATION_BASE, where the PSP step reads VRAM's MC address
+#: (mmhub_3_0_0/_3_0_1/_3_0_2/_4_1_0_offset.h)
+FB_LOCATION_BASE = {(3, 0, 0): (0x8EC, 0), (3, 0, 1): (0x8EC, 1), (3, 0, 2): (0x86C, 0), (4, 1, 0): (0x554, 0)}
 
 
 # ---- GMC 12 (RDNA4: MMHUB 4.1.0, GC 12.0.0/12.0.1's gfxhub_v12_0) ------------------------------------------------------
