@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -105,6 +106,65 @@ def test_no_install_command_for_what_is_not_written():
   dist = "plugrt-someday"  # a name the registry might list before its package exists
   assert dist not in DISTRIBUTIONS and install_hint(dist) == f"none from plugrt yet: {dist} is not written"
 
+
+
+# ---------------------------------------------------------------- what the AMD distributions ship
+
+#: the driverless bring-up of an AMD GPU (and the register tables it programs): modules only the PCI and USB interfaces use
+AMD_DRIVERLESS = ("bringup", "compute", "discovery", "doorbell", "driverless", "firmware", "gc_init", "gfx", "gmc", "hdp", "mec", "psp",
+                  "psp_firmware", "psp_load", "regs", "regtables", "scratch", "smu", "ucode", "vm")
+
+
+def _requirement(req: str) -> tuple[str, list[str]]:
+  """(name, extras) of a requirement string such as "plugrt-amd[kfd]==0.1.0"."""
+  head = req.split(";")[0].split("=")[0].split(">")[0].split("<")[0].strip()
+  name, _, extras = head.partition("[")
+  return name.strip(), [e.strip() for e in extras.rstrip("]").split(",") if e.strip()]
+
+
+def _closure(reqs: list[str]) -> set[str]:
+  """The distributions of this repository that installing `reqs` brings in (their dependencies and the extras named)."""
+  todo, found = list(reqs), set()
+  while todo:
+    name, extras = _requirement(todo.pop())
+    if name not in DISTRIBUTIONS: continue
+    project = _project(DISTRIBUTIONS[name])
+    todo += [] if name in found else project.get("dependencies", [])
+    todo += [r for e in extras for r in project.get("optional-dependencies", {}).get(e, [])]
+    found.add(name)
+  return found
+
+
+def _wheel_files(dist: str, tmp_path) -> list[str]:
+  """The files of the wheel pip builds of `dist` (from a copy of its folder: the checkout keeps no build leftovers)."""
+  src, out = tmp_path / dist, tmp_path / f"{dist}-wheel"
+  skip = shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "tests", "iface_*")  # the interfaces' folders are their own
+  shutil.copytree(os.path.join(ROOT, DISTRIBUTIONS[dist]), src, ignore=skip)
+  r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps", "--no-build-isolation",
+                      "-w", str(out), str(src)], capture_output=True, text=True, env=_env())
+  assert r.returncode == 0, r.stderr[-3000:]
+  (wheel,) = glob.glob(str(out / "*.whl"))
+  with zipfile.ZipFile(wheel) as z: return z.namelist()
+
+
+def _modules(files: list[str]) -> set[str]:
+  """The module names (a package's name for its folder) under each top-level package of a wheel's file list."""
+  return {parts[1].removesuffix(".py") for f in files if len(parts := f.split("/")) > 1 and not parts[0].endswith(".dist-info")}
+
+
+def test_the_amd_extra_installs_no_driverless_code(tmp_path):
+  """`pip install plugrt[amd]` is the device and its kernel-driver interface (plugrt-amd, plugrt-amd-kfd): what it
+  installs holds none of the driverless bring-up, which is plugrt-amd-pci's (plugrt-amd-usb requires it)."""
+  pytest.importorskip("setuptools")
+  pytest.importorskip("wheel")
+  amd = _closure(_project("core")["optional-dependencies"]["amd"])
+  assert amd == {"plugrt", "plugrt-amd", "plugrt-amd-kfd"}, amd
+  shipped = {d: _modules(_wheel_files(d, tmp_path)) for d in ("plugrt-amd", "plugrt-amd-kfd", "plugrt-amd-pci")}
+  for dist in ("plugrt-amd", "plugrt-amd-kfd"):
+    assert {"__init__"} < shipped[dist] and not shipped[dist] & set(AMD_DRIVERLESS), (dist, sorted(shipped[dist] & set(AMD_DRIVERLESS)))
+  assert set(AMD_DRIVERLESS) <= shipped["plugrt-amd-pci"], sorted(set(AMD_DRIVERLESS) - shipped["plugrt-amd-pci"])
+  assert {"runtime", "iface", "codeobject", "aql"} <= shipped["plugrt-amd"]  # the one device every interface runs on
+  assert "plugrt-amd-pci" in _closure(["plugrt-amd-usb"])
 
 # ---------------------------------------------------------------- scripts/setup.sh's environment
 

@@ -49,7 +49,7 @@ def launch_classes() -> dict[str, set[str]]:
 
 def test_the_scan_finds_every_backends_program_and_graph() -> None:
   kinds = launch_classes()
-  for name in ("CPUProgram", "CUDAProgram", "CLProgram", "WebGPUProgram", "MetalProgram", "NVProgram", "AMDProgram", "PCIProgram",
+  for name in ("CPUProgram", "CUDAProgram", "CLProgram", "WebGPUProgram", "MetalProgram", "NVProgram", "AMDProgram",
                "QCOMProgram", "PythonProgram", "InterpProgram", "HCQProgram"):
     assert name in kinds["Program"], name
   for name in ("CUDAGraph", "MetalGraph", "HCQGraph"): assert name in kinds["Graph"], name

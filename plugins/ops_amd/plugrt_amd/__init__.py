@@ -7,12 +7,12 @@ gfx90a, gfx942, gfx1100 and gfx1201 here). `plugrt_amd.codeobject` parses what t
 
 The way to the GPU is an interface plugin: KFD (plugrt-amd-kfd, the amdgpu kernel driver's /dev/kfd), PCI
 (plugrt-amd-pci, driverless) or USB (plugrt-amd-usb, through an ASM24xx USB3-to-PCIe bridge); PCI and USB are never
-chosen automatically. Through KFD, AMD allocates, copies (SDMA) and dispatches (AQL) from user space
-(plugrt_amd.runtime), tested against a fake KFD only; through PCI, on a GPU plugrt brought up itself, it allocates
-VRAM in its own VMID, copies by CPU through the VRAM BAR and dispatches on its own MEC queue (plugrt_amd.pcirt), and
-through USB the same with copies through the bridge's SRAM and a copy kernel, tested against fakes only: none of it
-has run on AMD hardware. This entry module imports only the standard library and plugrt; the probe reads sysfs and
-/dev file names only.
+chosen automatically. Each opens the GPU as a `plugrt_amd.iface.GPUInterface`, and one device state, allocator and
+program (plugrt_amd.runtime) run on it: through KFD, memory, SDMA copies and an AQL queue from user space, tested
+against a fake KFD only; through PCI, on a GPU plugrt brought up itself (the bring-up is plugrt-amd-pci's, not this
+package's), VRAM in its own VMID, CPU copies through the VRAM BAR and its own MEC queue, and through USB the same with
+copies through the bridge's SRAM and a copy kernel, tested against fakes only: none of it has run on AMD hardware.
+This entry module imports only the standard library and plugrt; the probe reads sysfs and /dev file names only.
 """
 from __future__ import annotations
 
@@ -124,9 +124,6 @@ def plugrt_open_device(device: DeviceInfo) -> Any:
 
 @hookimpl
 def plugrt_allocator(device: DeviceInfo) -> Any:
-  if getattr(device.state, "driverless", False):   # opened through PCI: plugrt_amd.pcirt
-    from plugrt_amd.pcirt import PCIAllocator
-    return PCIAllocator(device)
   from plugrt_amd.runtime import AMDAllocator
   return AMDAllocator(device)
 
@@ -139,9 +136,6 @@ def plugrt_compiler(device: DeviceInfo, compiler: str) -> Any:
 
 @hookimpl
 def plugrt_program(device: DeviceInfo) -> Any:
-  if getattr(device.state, "driverless", False):
-    from plugrt_amd.pcirt import PCIProgram
-    return PCIProgram
   from plugrt_amd.runtime import AMDProgram
   return AMDProgram
 

@@ -1,9 +1,8 @@
-"""Opening AMD: through the KFD interface (plugrt-amd-kfd returns its KFDDevice) the device state, allocator and
-programs are plugrt_amd.runtime's; through PCI or USB (guarded by an acknowledgement), once the driverless bring-up
-(plugrt_amd.bringup) reached the MEC queue, plugrt_amd.pcirt's (the interface returns its held GPU, USB's with its own
-host copy path); PCI and USB raise AMDNotImplemented where bring-up stops, and an interface that returns anything else
-is refused here with a typed reason. Nothing has run on AMD hardware (docs/backends/amd.md). The compilers need no
-device.
+"""Opening AMD: every interface returns a `plugrt_amd.iface.GPUInterface` (plugrt-amd-kfd's KFDGPU; plugrt-amd-pci's
+PCIGPU and plugrt-amd-usb's USBGPU once the driverless bring-up reached the MEC queue, guarded by an acknowledgement),
+and the device state, allocator and programs on it are plugrt_amd.runtime's, the same for all. PCI and USB raise
+AMDNotImplemented where bring-up stops, and an interface that returns anything else is refused here with a typed
+reason. Nothing has run on AMD hardware (docs/backends/amd.md). The compilers need no device.
 """
 from __future__ import annotations
 
@@ -12,9 +11,8 @@ from typing import Any, NoReturn
 from plugrt.errors import UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 
-NOT_YET = ("AMD dispatches through the KFD interface (plugrt-amd-kfd), or on a GPU the PCI or USB interface brought up to its MEC "
-           "queue: this interface gave the device neither a KFD queue layer "
-           "(memory, AQL queues, doorbells, signals) nor a brought-up GPU")
+NOT_YET = ("AMD dispatches through an interface that opens the GPU as a plugrt_amd.iface.GPUInterface (KFD, or the PCI or USB "
+           "interface once bring-up reached its MEC queue): this interface gave the device no such object")
 HINT = "compile for AMD without a device (plugrt_amd.compiler_for), or use another device"
 
 
@@ -31,17 +29,14 @@ def refuse(device: DeviceInfo) -> NoReturn:
 
 
 def open_device(device: DeviceInfo) -> Any:
+  from plugrt_amd.iface import GPUInterface
+  from plugrt_amd.runtime import AMDState
   iface = device.iface_object
-  if hasattr(iface, "compute_queue"):
-    from plugrt_amd.runtime import AMDState
-    return AMDState(device)
-  if getattr(iface, "bringup", None) is not None:     # the PCI or USB interface's GPU, brought up to its MEC queue
-    from plugrt_amd.pcirt import PCIState
-    try: return PCIState(device)
-    except BaseException:
-      iface.close()                                    # the GPU goes back to its driver
-      raise
-  refuse(device)
+  if not isinstance(iface, GPUInterface): refuse(device)
+  try: return AMDState(device)
+  except BaseException:
+    iface.close()                                      # the GPU goes back to its driver
+    raise
 
 
 def make_compiler(device: DeviceInfo, name: str) -> Any:

@@ -32,6 +32,7 @@ from plugrt.ir import Kernel, Ops, UOp
 from plugrt.renderer.llvmir import IRFunction, LLVMRenderer
 from plugrt.runtime import Compiler
 from plugrt_amd import hw, llvm_math
+from plugrt_amd.iface import GPUInterface
 from plugrt_amd.toolchain import LLD_HINT, llvm_tool
 
 TRIPLE = "amdgcn-amd-amdhsa"
@@ -143,7 +144,8 @@ def llvmlite_amdgpu() -> Any:
 def resolve_arch(device: DeviceInfo) -> str:
   """The arch to build for: DEV's ARCH, else the opened interface's GPU, else hw.DEFAULT_ARCH (compiling without a device)."""
   from plugrt.errors import EnvError, did_you_mean
-  name = device.arch or getattr(device.iface_object, "arch", "") or hw.DEFAULT_ARCH
+  iface = device.iface_object
+  name = device.arch or (iface.arch if isinstance(iface, GPUInterface) else "") or hw.DEFAULT_ARCH
   try: return hw.lookup(name).name
   except KeyError:
     raise EnvError(f"AMD has no architecture {name!r}{did_you_mean(name, hw.ARCHS)}",

@@ -2,7 +2,7 @@
 bound back by plugrt-amd-pci's real sysfs code), the firmware files in a folder, and the fake GPU behind the BARs:
 registers (FakeRegisters with the fake PSP, IP firmware loader, SMU, RLC and CP), VRAM (a dense FakeVRAM) and the
 doorbell BAR of the fake MEC, which runs each dispatch through the reference interpreter. plugrt-amd-pci's
-`open_pci` runs the whole bring-up on it and hands plugrt_amd.pcirt the GPU; the compiler is the real AMD_LLVM,
+`open_pci` runs the whole bring-up on it and hands plugrt-amd's device the GPU (a PCIGPU); the compiler is the real AMD_LLVM,
 telling the fake MEC which IR each code object it builds was made from (amd_fixtures.recording_compiler)."""
 from __future__ import annotations
 

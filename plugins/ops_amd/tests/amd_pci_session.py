@@ -1,7 +1,7 @@
 """A pytest plugin that makes AMD, on the fake GPU through the PCI interface, a device of the process's registry for a
 whole test session, so the tests that run "on every available device" (tests/test_dsl.py, tests/test_tensor.py) run
 on AMD through the driverless path: plugrt-amd-pci's sysfs take/release and the whole bring-up (PSP, firmware, SMU,
-GART, VMID 8, the MEC queue) on the fakes, then plugrt_amd.pcirt (VRAM allocations mapped in VMID 8, CPU copies
+GART, VMID 8, the MEC queue) on the fakes, then plugrt-amd's device on the PCIGPU (VRAM allocations mapped in VMID 8, CPU copies
 through the VRAM BAR, code objects from AMD_LLVM in VRAM, AQL dispatches on the MEC queue):
 
     PYTHONPATH=$PYTHONPATH:plugins/ops_amd/tests python -m pytest -p amd_pci_session tests/test_dsl.py tests/test_tensor.py -k AMD

@@ -1,8 +1,8 @@
 """Opening AMD through the USB interface on the fake bridge: the fake board of amd_pci_fixtures (registers, VRAM, PSP,
 IP firmware, SMU, RLC, CP, MEC) behind a fake ASM24xx bridge (fake_amdgpu.FakeASM24: XDATA, the TLP engine, the SRAM
 window), whose BAR2 TLPs reach the fake MEC's doorbells and whose SRAM the fake PSP reads through a fake GART.
-plugrt-amd-usb's `open_usb` runs the whole bring-up over the bridge's commands and hands plugrt_amd.pcirt the GPU
-(plugrt_amd_usb.gpu.USBGPU: host copies through the SRAM window and a copy kernel, TLPs for small parts)."""
+plugrt-amd-usb's `open_usb` runs the whole bring-up over the bridge's commands and hands plugrt-amd's device the GPU
+(plugrt_amd_usb.gpu.USBGPU, a DriverlessGPU: host copies through the SRAM window and a copy kernel, TLPs for small parts)."""
 from __future__ import annotations
 
 import shutil
@@ -44,7 +44,7 @@ class FakeUSBGPU:
   def open(self, device: Any) -> Any:
     self.opened += 1
     gpu = plugrt_amd_usb.open_usb(device, self.bridge, psp_timeout=2.0)
-    gpu.host_path.compiler = lambda info: recording_compiler(info, self)     # the fake MEC learns plugrt_copy32's IR
+    gpu.path.compiler = lambda info: recording_compiler(info, self)     # the fake MEC learns plugrt_copy32's IR
     self.gpu = gpu
     return gpu
 

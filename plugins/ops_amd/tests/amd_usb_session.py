@@ -2,7 +2,7 @@
 of the process's registry for a whole test session, so the tests that run "on every available device"
 (tests/test_dsl.py, tests/test_tensor.py) run on AMD through the USB path: plugrt-amd-usb's bridge commands and the
 whole bring-up over them (PSP boot through the SRAM window, firmware, SMU, GART, VMID 8, the MEC queue rung by
-doorbell TLPs), then plugrt_amd.pcirt with the USB copy path (plugrt_amd_usb.gpu.SRAMPath: bulk writes into the
+doorbell TLPs), then plugrt-amd's device with the USB copy path (plugrt_amd_usb.gpu.SRAMPath: bulk writes into the
 bridge's SRAM and a copy kernel, reads back through the SRAM's first 4 KiB, TLPs for small parts):
 
     PYTHONPATH=$PYTHONPATH:plugins/ops_amd/tests python -m pytest -p amd_usb_session tests/test_dsl.py tests/test_tensor.py -k AMD
@@ -44,7 +44,7 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
   b = fake.bridge
   wrong = [*fake.mec.violations, *fake.mec.faults, *fake.mp0.violations, *fake.gart.violations, *b.sram_violations]
   write = session.config.get_terminal_writer().line
-  copies = fake.gpu.host_path.dispatches if fake.gpu is not None else 0
+  copies = fake.gpu.path.dispatches if fake.gpu is not None else 0
   if not fake.mec.dispatches or wrong or not copies:
     where = f"{len(fake.mec.dispatches)} dispatches on the fake MEC, {copies} through the SRAM; " + ("; ".join(wrong) or "no violations")
     write(f"amd_usb_session: the USB path did not run cleanly: {where}", red=True)

@@ -2,7 +2,7 @@
 AUTOLOAD_RLC (on a fake_amdgpu.FakeMP0), the RLC's boot after it (FakeRLC), and the SMU's mailbox (FakeMP1).
 
 The files are packed here from the documented header layouts (amdgpu_ucode.h; docs/research/amd-pci.md), with their
-own code, not plugrt_amd.ucode's, so that a wrong offset in one is caught by the other. Every part is a distinct byte
+own code, not plugrt_amd_pci.ucode's, so that a wrong offset in one is caught by the other. Every part is a distinct byte
 pattern: the fake knows what each GFX_FW_TYPE must carry and checks the bytes the PSP is pointed at.
 """
 from __future__ import annotations

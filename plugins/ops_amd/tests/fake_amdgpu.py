@@ -1,9 +1,9 @@
 """Fakes below the driverless AMD interfaces: a GPU's register file and VRAM, a sysfs tree for plugrt-amd-pci, and an
 ASM24xx bridge (its XDATA space and TLP engine, with PCI-to-PCI bridges and the GPU behind it) for plugrt-amd-usb.
 
-The GPU model answers what plugrt_amd.bringup touches: RCC_CONFIG_MEMSIZE, MM_INDEX/MM_INDEX_HI/MM_DATA into VRAM, the
+The GPU model answers what plugrt_amd_pci.bringup touches: RCC_CONFIG_MEMSIZE, MM_INDEX/MM_INDEX_HI/MM_DATA into VRAM, the
 NBIO index/data pair into a SMN space, and (FakeMP0) the PSP's C2PMSG mailbox: bootloader, sOS, KM ring and GFX commands.
-The IP discovery binary in its VRAM is built with plugrt_amd.discovery.build
+The IP discovery binary in its VRAM is built with plugrt_amd_pci.discovery.build
 from the documented layout; the IP blocks and register bases below are synthetic (an RDNA3-like GPU), not a real board's.
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from plugrt_amd import discovery
-from plugrt_amd.discovery import GCInfo, IPBlock
-from plugrt_amd.regs import MM_DATA, MM_INDEX, MM_INDEX_HI, RCC_CONFIG_MEMSIZE
+from plugrt_amd_pci import discovery
+from plugrt_amd_pci.discovery import GCInfo, IPBlock
+from plugrt_amd_pci.regs import MM_DATA, MM_INDEX, MM_INDEX_HI, RCC_CONFIG_MEMSIZE
 
 HW = discovery.HW_ID_BY_NAME
 VRAM_MIB = 16
@@ -454,7 +454,7 @@ def fake_amdgpu_init_writes(fake: FakeASM24) -> list[tuple[int, bytes]]:
 
 MC_BASE = 0x8000 << 24            # what MMMC_VM_FB_LOCATION_BASE reports on RDNA3 boards (VRAM at MC 0x80_0000_0000)
 FB_LOCATION_BASE = {(3, 0, 0): 0x8EC, (3, 0, 2): 0x86C, (4, 1, 0): 0x554}     # MMHUB version -> register offset in segment 0
-# the fake's own copy of the kernel's enums (amdgpu_psp.h, psp_gfx_if.h, amdgpu_ucode.h), kept apart from plugrt_amd.psp
+# the fake's own copy of the kernel's enums (amdgpu_psp.h, psp_gfx_if.h, amdgpu_ucode.h), kept apart from plugrt_amd_pci.psp
 BL_COMMANDS = {0x80000: "kdb", 0x10000000: "spl", 0x10000: "sys_drv", 0xB0000: "soc_drv", 0xD0000: "intf_drv", 0xC0000: "dbg_drv",
                0xE0000: "ras_drv", 0xF0000: "ipkeymgr_drv", 0x20000: "sos"}
 KERNEL_ORDER = ("kdb", "spl", "sys_drv", "soc_drv", "intf_drv", "dbg_drv", "ras_drv", "ipkeymgr_drv", "sos")
@@ -465,7 +465,7 @@ FW_TYPES = {"sos": 1, "sys_drv": 2, "kdb": 3, "toc": 4, "spl": 5, "soc_drv": 7, 
 def sos_file(parts: tuple[str, ...] = ("sos", "sys_drv", "kdb", "toc", "spl", "soc_drv", "intf_drv", "dbg_drv", "ras_drv"),
              sizes: dict[str, int] | None = None, **kw) -> bytes:
   """A psp_13_0_0_sos.bin-shaped file (v2 header) whose binaries are distinct byte patterns."""
-  from plugrt_amd import psp_firmware
+  from plugrt_amd_pci import psp_firmware
   sizes = sizes or {}
   out = []
   for i, name in enumerate(parts):
@@ -489,7 +489,7 @@ class FakeMP0:
 
   def __init__(self, regs: FakeRegisters, vram: FakeVRAM, sos: bytes, mp0: tuple[int, int, int] = (13, 0, 0), mc_base: int = MC_BASE,
                mmhub: tuple[int, int, int] = (3, 0, 0), tmr_size: int = 0x500000, busy_reads: int = 2, sos_alive: int = 0):
-    from plugrt_amd import psp_firmware
+    from plugrt_amd_pci import psp_firmware
     self.r, self.vram, self.mc_base, self.version = regs, vram, mc_base, mp0
     self.fw = psp_firmware.parse(sos)
     self.tmr_size, self.busy_reads, self.busy = tmr_size, busy_reads, 0

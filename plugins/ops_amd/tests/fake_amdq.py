@@ -4,8 +4,8 @@ tables plugrt wrote in VRAM and translates addresses), the MEC's hardware queue 
 queue is activated; then, on a doorbell, the AQL packets of the ring, read through the queue's VMID).
 
 The page-table and MQD formats are written out here from the kernel's headers (amdgpu_vm.h, v11_structs.h,
-gc_11_0_0 offsets; GMC 12: gmc_v12_0.c, mmhub_4_1_0 and gc_12_0_0 offsets), apart from plugrt_amd.vm /
-plugrt_amd.mec, so that a wrong bit in one is caught by the other.
+gc_11_0_0 offsets; GMC 12: gmc_v12_0.c, mmhub_4_1_0 and gc_12_0_0 offsets), apart from plugrt_amd_pci.vm /
+plugrt_amd_pci.mec, so that a wrong bit in one is caught by the other.
 Dispatches run with the fake KFD's machinery: plugrt_amd.aql decodes the packets and kernel descriptors and
 plugrt.testing.fakegpu.DispatchRunner runs the kernel's IR (registered with `load`, as fake_kfd.FakeKFD.load) on
 numpy views of the fake VRAM (hence a dense FakeVRAM).
@@ -342,7 +342,7 @@ class FakeMEC:
 
 
 def gpu_ticks() -> int:
-  """The GPU timestamp counter: the host's monotonic clock at 100 MHz (what plugrt_amd.mec.TIMESTAMP_HZ assumes)."""
+  """The GPU timestamp counter: the host's monotonic clock at 100 MHz (what plugrt_amd_pci.mec.TIMESTAMP_HZ assumes)."""
   return time.perf_counter_ns() // 10
 
 

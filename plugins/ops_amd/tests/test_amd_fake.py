@@ -19,7 +19,9 @@ from plugrt import Buffer, dtypes
 from plugrt.context import PluginContext
 from plugrt.testing import kernels as K
 from plugrt.testing.conformance import ConformanceSuite
+from plugrt_amd.runtime import AMDAllocator, AMDProgram, AMDState
 from plugrt_amd.toolchain import llvm_tool
+from plugrt_amd_kfd.gpu import KFDGPU
 from plugrt_amd_kfd.kfdev import KFDHardwareFault, KFDMemoryFault, KFDTimeout
 
 pytestmark = pytest.mark.skipif(llvm_tool(PluginContext.from_process(), "ld.lld") is None, reason="ld.lld is not installed (apt-get install lld)")
@@ -32,10 +34,13 @@ def amd():
 
 def test_saxpy_through_aql(amd):
   fake, dev = amd
+  # the device, allocator and program every interface gets, on the KFD interface's GPUInterface
+  assert isinstance(dev.info.state, AMDState) and isinstance(dev.allocator, AMDAllocator) and isinstance(dev.info.state.iface, KFDGPU)
   n = 1000
   x = np.arange(n, dtype=np.float32)
   out, xb, yb = Buffer(dev, n, dtypes.float32), Buffer.from_numpy(x, dev), Buffer.from_numpy(2 * x, dev)
   prg = dev.program(K.saxpy_kernel())
+  assert isinstance(prg, AMDProgram)
   t = prg(out, xb, yb, global_size=(4, 1, 1), local_size=(256, 1, 1), vals=(3.0, n), wait=True)
   assert np.array_equal(out.numpy(), 5 * x) and isinstance(t, float) and t >= 0
   p = fake.dispatches[-1]
@@ -124,7 +129,7 @@ def test_fault_in_a_kernel_is_a_memory_fault(amd):
 def test_hang_is_a_timeout(amd):
   fake, dev = amd
   st = dev.info.state
-  st.compute.timeout = 0.3
+  st.iface.compute.timeout = 0.3
   prg = dev.program(K.tiny_kernel())
   a = Buffer(dev, 1, dtypes.float32)
   fake.hang = True

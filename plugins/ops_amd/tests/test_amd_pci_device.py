@@ -22,9 +22,11 @@ from plugrt.ir import KernelBuilder
 from plugrt.registry import isolated
 from plugrt.testing import kernels as K
 from plugrt.testing.conformance import ConformanceSuite
-from plugrt_amd import mec
-from plugrt_amd.pcirt import BARTooSmall, NoDMA, PCIAllocator, PCIProgram, PCIState, check_descriptor
+from plugrt_amd.runtime import AMDAllocator, AMDProgram, AMDState
 from plugrt_amd.toolchain import llvm_tool
+from plugrt_amd_pci import mec
+from plugrt_amd_pci.driverless import BARTooSmall, NoDMA, check_descriptor
+from plugrt_amd_pci.gpu import PCIGPU
 
 pytestmark = pytest.mark.skipif(llvm_tool(PluginContext.from_process(), "ld.lld") is None, reason="ld.lld is not installed (apt-get install lld)")
 ADDR = "0000:03:00.0"
@@ -41,17 +43,17 @@ def copy_kernel() -> Any:
 
 def test_open_runs_kernels_and_close_gives_the_gpu_back() -> None:
   with fake_pci_amd() as (fake, dev):
-    assert isinstance(dev.info.state, PCIState) and isinstance(dev.allocator, PCIAllocator)
+    assert isinstance(dev.info.state, AMDState) and isinstance(dev.allocator, AMDAllocator) and isinstance(dev.info.state.iface, PCIGPU)
     assert [w for w, _ in fake.kernel.log] == [f"devices/{ADDR}/driver/unbind", f"devices/{ADDR}/enable"]
     assert not os.path.lexists(os.path.join(fake.devices, ADDR, "driver"))          # amdgpu stays unbound while open
     prg = dev.program(K.saxpy_kernel())
-    assert isinstance(prg, PCIProgram)
+    assert isinstance(prg, AMDProgram)
     x = np.arange(1000, dtype=np.float32)
     out, xb = Buffer(dev, 1000, dtypes.float32), Buffer.from_numpy(x, dev)
     t = prg(out, xb, xb, global_size=(4, 1, 1), local_size=(256, 1, 1), vals=(2.0, 1000), wait=True)
     assert t is not None and t > 0 and np.array_equal(out.numpy(), 3 * x)
     p = fake.mec.dispatches[-1]
-    assert p.kernel_object == prg.va + prg.info.kd_offset and fake.mec.vm.translate(p.kernel_object, 8, access="x") >= 0
+    assert p.kernel_object == prg.mem.va + prg.info.kd_offset and fake.mec.vm.translate(p.kernel_object, 8, access="x") >= 0
     assert fake.mec.violations == [] and fake.mec.faults == []
   assert [w for w, _ in fake.kernel.log][2:] == [f"devices/{ADDR}/enable", "drivers/amdgpu/bind"]   # disabled, bound back
 
@@ -61,7 +63,7 @@ def test_the_rdna4_board_is_the_same_device_on_gmc12_page_tables() -> None:
   bits 54-55; a GMC 11 PTE would fault in the fake's GMC 12 hub) and its kernels run on the MEC queue."""
   with fake_pci_amd(gen=12) as (fake, dev):
     st = dev.info.state
-    assert isinstance(st, PCIState) and st.compute.space.gmc == 12 and fake.regs.gmc == 12
+    assert isinstance(st, AMDState) and st.iface.compute.space.gmc == 12 and fake.regs.gmc == 12
     assert fake.mp0.version == (14, 0, 2)
     prg = dev.program(copy_kernel())
     x = np.arange(-500, 500, dtype=np.int32)
@@ -75,7 +77,7 @@ def test_the_rdna4_board_is_the_same_device_on_gmc12_page_tables() -> None:
 
 def test_freed_vram_is_unmapped_and_reused() -> None:
   with fake_pci_amd(env={"PLUGRT_ALLOC_CACHE_MB": "0"}) as (fake, dev):
-    c = dev.info.state.compute
+    c = dev.info.state.iface.compute
     a = Buffer(dev, 3 << 20, dtypes.uint8)                     # 3 MiB: 2 MiB aligned
     va = a.handle
     assert fake.mec.vm.translate(va + 5, 8) == va - mec.VA_BASE + 5
@@ -94,7 +96,7 @@ def test_freed_vram_is_unmapped_and_reused() -> None:
 def test_a_full_page_table_pool_is_out_of_memory_and_changes_nothing() -> None:
   from plugrt.errors import OutOfMemoryError
   with fake_pci_amd(env={"PLUGRT_ALLOC_CACHE_MB": "0"}) as (fake, dev):
-    c = dev.info.state.compute
+    c = dev.info.state.iface.compute
     c.space.pool_end = c.space.next                               # no page table left
     heap, holes, mapped = c.heap, list(c.holes), list(c.space.mapped)
     with pytest.raises(OutOfMemoryError, match="no page table left"): Buffer(dev, 8 << 20, dtypes.uint8)
@@ -124,7 +126,7 @@ def test_host_memory_is_refused_without_dma() -> None:
 def test_a_small_bar_refuses_host_access_beyond_it_and_kernels_still_use_that_vram() -> None:
   with fake_pci_amd(bar0_mib=32, env={"PLUGRT_ALLOC_CACHE_MB": "0"}) as (_, dev):
     st = dev.info.state
-    assert st.path.size == 32 << 20
+    assert st.iface.path.size == 32 << 20
     n = 1 << 20
     near = Buffer(dev, n, dtypes.int32).copyin(np.arange(n, dtype=np.int32))     # inside the BAR
     pad = Buffer(dev, (32 << 20) - (near.handle - mec.VA_BASE), dtypes.uint8)      # pushes the next one past 32 MiB
@@ -135,7 +137,7 @@ def test_a_small_bar_refuses_host_access_beyond_it_and_kernels_still_use_that_vr
     with pytest.raises(BARTooSmall): far.numpy()
     prg = dev.program(copy_kernel())
     prg(far, near, global_size=(n // 256, 1, 1), local_size=(256, 1, 1), vals=(n,))
-    if back.handle - mec.VA_BASE + 4 * n > st.path.size: back = near                      # a host-visible one to read it through
+    if back.handle - mec.VA_BASE + 4 * n > st.iface.path.size: back = near                      # a host-visible one to read it through
     prg(back, far, global_size=(n // 256, 1, 1), local_size=(256, 1, 1), vals=(n,), wait=True)
     assert np.array_equal(back.numpy(), np.arange(n, dtype=np.int32) + 2) and pad.handle
 

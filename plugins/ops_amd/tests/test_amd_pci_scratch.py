@@ -14,8 +14,9 @@ from plugrt.context import PluginContext
 from plugrt.errors import UnsupportedError
 from plugrt.hwqueue import QueueError
 from plugrt.testing import kernels as K
-from plugrt_amd import aql, mec, scratch, vm
+from plugrt_amd import aql
 from plugrt_amd.toolchain import llvm_tool
+from plugrt_amd_pci import mec, scratch, vm
 
 pytestmark = pytest.mark.skipif(llvm_tool(PluginContext.from_process(), "ld.lld") is None, reason="ld.lld is not installed (apt-get install lld)")
 
@@ -38,7 +39,7 @@ def run_pick(dev, prg, seed: int = 0) -> np.ndarray:
 @pytest.mark.parametrize("gen", [11, 12])
 def test_a_kernel_with_a_private_array_runs_on_the_pci_queue_with_its_scratch(gen: int) -> None:
   with fake_pci_amd(gen=gen) as (fake, dev):
-    c = dev.info.state.compute
+    c = dev.info.state.iface.compute
     assert c.scratch is None                       # none until a kernel needs it
     prg = load_pick(fake, dev)
     need = prg.info.private_segment_size
@@ -57,14 +58,14 @@ def test_a_kernel_with_a_private_array_runs_on_the_pci_queue_with_its_scratch(ge
     assert fake.mec.dispatches[-1].private_segment_size == need and fake.mec.scratch_checked == 1 and fake.mec.faults == []
     # the scratch gone from amd_queue_t: the fake CP stops the queue, and the device reports it (typed, bounded)
     scratch.describe(c.queue, 0, 0, 0, gen, 1, 1)
-    dev.info.state.timeout = 0.2
+    dev.info.state.iface.timeout = 0.2
     with pytest.raises(QueueError): run_pick(dev, prg)
     assert "needs" in fake.mec.faults[-1] and "scratch" in fake.mec.faults[-1]
 
 
 def test_more_scratch_than_the_queue_has_grows_it_and_too_much_is_a_typed_error() -> None:
   with fake_pci_amd() as (fake, dev):
-    c = dev.info.state.compute
+    c = dev.info.state.iface.compute
     prg = load_pick(fake, dev)
     run_pick(dev, prg)
     old, per_item = c.scratch, c.scratch_per_item
@@ -81,7 +82,7 @@ def test_more_scratch_than_the_queue_has_grows_it_and_too_much_is_a_typed_error(
 
 def test_scratch_in_a_small_heap_takes_fewer_waves_and_too_much_is_a_typed_error() -> None:
   with fake_pci_amd(vram_mib=48) as (fake, dev):
-    c = dev.info.state.compute
+    c = dev.info.state.iface.compute
     prg = load_pick(fake, dev)
     full = c.scratch_per_item * 64 * scratch.SLOTS_PER_CU * scratch.cu_count(c.gc)
     assert full > c.heap_end - c.heap and c.scratch[1] < full     # the topology's size does not fit: fewer waves, still correct
@@ -96,7 +97,7 @@ def test_scratch_in_a_small_heap_takes_fewer_waves_and_too_much_is_a_typed_error
 
 def test_wait_returns_the_gpus_own_time_on_the_pci_queue() -> None:
   with fake_pci_amd() as (fake, dev):
-    q = dev.info.state.queue
+    q = dev.info.state.iface.queue
     d = scratch.read_desc(q)
     assert d.queue_properties & aql.AMD_QUEUE_PROPERTIES_ENABLE_PROFILING and d.private_segment_aperture_base_hi == 2 << 16
     n = 256
@@ -108,24 +109,24 @@ def test_wait_returns_the_gpus_own_time_on_the_pci_queue() -> None:
     assert prg(x, x, x, global_size=(1, 1, 1), local_size=(n, 1, 1), vals=(1.0, n)) is None
     # profiling off in amd_queue_t: the CP writes no timestamps, and wait=True falls back to the host's clock
     at = q.lay.at + mec.PTRS_OFF + aql.AmdQueue.queue_properties.offset
-    dev.info.state.regs.write_vram(at, aql.AMD_QUEUE_PROPERTIES_IS_PTR64.to_bytes(4, "little"))
+    dev.info.state.iface.regs.write_vram(at, aql.AMD_QUEUE_PROPERTIES_IS_PTR64.to_bytes(4, "little"))
     n_profiled = len(fake.mec.profiled)
     t2 = prg(x, x, x, global_size=(1, 1, 1), local_size=(n, 1, 1), vals=(1.0, n), wait=True)
     assert len(fake.mec.profiled) == n_profiled and q.gpu_seconds() is None and isinstance(t2, float) and t2 > 0
 
 
 def test_the_usb_device_gets_scratch_and_gpu_time_too() -> None:
-  """The USB interface's device is the same PCIState on the same queue: its scratch and timestamps through the bridge."""
+  """The USB interface's device is the same device on the same queue: its scratch and timestamps through the bridge."""
   from amd_usb_fixtures import fake_usb_amd
   with fake_usb_amd() as (fake, dev):
-    c = dev.info.state.compute
+    c = dev.info.state.iface.compute
     prg = load_pick(fake, dev)
     assert c.scratch is not None and scratch.read_desc(c.queue).scratch_backing_memory_location == c.scratch[0]
     x = np.arange(256, dtype=np.int32) * 31
     out, xb = Buffer(dev, x.size, dtypes.int32), Buffer.from_numpy(x, dev)
     n = len(fake.mec.profiled)
     t = prg(out, xb, global_size=(2, 1, 1), local_size=(128, 1, 1), wait=True)
-    assert fake.mec.dispatches[-1].kernel_object == prg.va + prg.info.kd_offset and len(fake.mec.profiled) == n + 1
+    assert fake.mec.dispatches[-1].kernel_object == prg.mem.va + prg.info.kd_offset and len(fake.mec.profiled) == n + 1
     start, end = fake.mec.profiled[-1]
     assert t == (end - start) / mec.TIMESTAMP_HZ
     assert np.array_equal(out.numpy(), x + (x & 63) * 7) and fake.mec.scratch_checked >= 1 and fake.mec.faults == []

@@ -67,10 +67,10 @@ def test_a_kernel_with_a_private_array_gets_the_queues_scratch(tmp_path):
     assert need_bytes >= 256 and prg.info.descriptor.private_segment_fixed_size == need_bytes
     if (readelf := need("llvm-readelf")):  # LLVM's own reading of the code object agrees
       assert int(readelf_kernels(run([readelf, "--notes"], lib, tmp_path))["scratch_pick"]["private_segment_fixed_size"]) == need_bytes
-    q = dev.info.state.compute
+    q = dev.info.state.iface.compute
     d = q.desc
     assert q.scratch is not None and d.scratch_backing_memory_location == q.scratch.va and fake.bos[q.scratch.va].gpu_mapped
-    node = dev.info.state.kfd.node
+    node = dev.info.state.iface.kfd.node
     per_item = aql.scratch_per_item(need_bytes, node.major)
     assert d.scratch_wave64_lane_byte_size == per_item >= need_bytes
     assert q.scratch.size == per_item * 64 * node.scratch_slots_per_cu * node.cu_count  # sized by the topology
@@ -91,13 +91,13 @@ def test_a_kernel_with_a_private_array_gets_the_queues_scratch(tmp_path):
 def test_kernels_without_private_memory_get_no_scratch():
   with fake_amd() as (_, dev):
     prg = dev.program(K.saxpy_kernel())
-    assert prg.info.private_segment_size == 0 and dev.info.state.compute.scratch is None
+    assert prg.info.private_segment_size == 0 and dev.info.state.iface.compute.scratch is None
 
 
 def test_wait_returns_the_gpus_own_time():
   with fake_amd() as (fake, dev):
-    q = dev.info.state.compute
-    assert q.desc.queue_properties & aql.AMD_QUEUE_PROPERTIES_ENABLE_PROFILING and dev.info.state.kfd.timestamp_hz == TIMESTAMP_KHZ * 1000
+    q = dev.info.state.iface.compute
+    assert q.desc.queue_properties & aql.AMD_QUEUE_PROPERTIES_ENABLE_PROFILING and dev.info.state.iface.kfd.timestamp_hz == TIMESTAMP_KHZ * 1000
     n = 256
     x = Buffer.from_numpy(np.ones(n, np.float32), dev)
     prg = dev.program(K.saxpy_kernel())
@@ -118,7 +118,7 @@ def test_from_blob_of_memory_a_rocm_runtime_allocated():
   """torch's ROCm build allocates through ROCr, which acquired the GPU's VM first: plugrt adopts ROCr's render-node
   file (ACQUIRE_VM with its own is EBUSY) and wraps hipMalloc'd memory at its own address."""
   with fake_amd(before_open=rocm_runtime_first) as (fake, dev):
-    kfd = dev.info.state.kfd
+    kfd = dev.info.state.iface.kfd
     assert kfd.shared_vm and kfd.drm_fd == FOREIGN_DRM_FD
     n = 1000
     x_ptr, y_ptr = fake.foreign_alloc(n * 4), fake.foreign_alloc(n * 4)
@@ -142,7 +142,7 @@ def test_from_blob_refuses_memory_this_gpu_cannot_reach():
     gone.close()
     with pytest.raises(KFDNotVisible, match="not mapped"): Buffer.from_blob(addr, 64, dtypes.uint8, dev)
     fake.xnack = True  # with XNACK the GPU reaches any host memory of the process (retry faults)
-    assert dev.info.state.kfd.check_visible(host.ctypes.data, 1024) == "svm"
+    assert dev.info.state.iface.kfd.check_visible(host.ctypes.data, 1024) == "svm"
 
 
 def test_dlpack_round_trip_as_rocm_device_memory():

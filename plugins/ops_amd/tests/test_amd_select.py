@@ -154,8 +154,26 @@ def test_compiler_through_the_registry_reads_dev_arch(monkeypatch) -> None:
   assert c.arch == "gfx942" and c.name == "LLVM"
   from plugrt_amd.runtime import AMDProgram
   assert plugrt_amd.plugrt_program(info) is AMDProgram
-  # an interface that gives the device no KFD queue layer is refused with a typed reason
-  with pytest.raises(AMDNotImplemented, match="gave the device neither a KFD queue layer"): plugrt_amd.plugrt_open_device(info)
+  # an interface that gives the device no GPUInterface is refused with a typed reason
+  with pytest.raises(AMDNotImplemented, match="gave the device no such object"): plugrt_amd.plugrt_open_device(info)
+
+
+def test_the_device_code_asks_no_interface_what_it_is() -> None:
+  """One device, allocator and program for every interface: plugrt-amd's hooks and device code reach the interface
+  through plugrt_amd.iface.GPUInterface only, never by probing the object for attributes (hasattr, getattr of the
+  interface object or the device state)."""
+  import ast
+  import pathlib
+  found = []
+  for path in sorted(pathlib.Path(plugrt_amd.__file__).parent.glob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr") and node.args:
+        what = ast.unparse(node.args[0])
+        if node.func.id == "hasattr" or "iface" in what or "state" in what: found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+  assert not found, found
+  info = DeviceInfo("AMD", 0, "LLVM", "PCI", context=PluginContext({}))
+  from plugrt_amd.runtime import AMDProgram
+  assert plugrt_amd.plugrt_program(info) is AMDProgram
 
 
 def test_self_check_runs_without_a_gpu(capsys, monkeypatch, tmp_path) -> None:

@@ -1,5 +1,5 @@
 """The AMD device through the USB interface, end to end on the fake bridge and GPU (amd_usb_fixtures): bring-up over
-the bridge's commands to the MEC queue, then plugrt_amd.pcirt on it with the USB copy path (plugrt_amd_usb.gpu
+the bridge's commands to the MEC queue, then plugrt-amd's device on it with the USB copy path (plugrt_amd_usb.gpu
 .SRAMPath): kernels rung by doorbell TLPs, host writes as bulk bursts into the bridge's SRAM and a copy kernel from the
 SRAM's VMID 8 mapping, reads as a copy kernel into the SRAM and XDATA reads back, TLPs for small and unaligned parts;
 what each way costs in bridge commands per MiB."""
@@ -13,9 +13,10 @@ from plugrt import Buffer, dtypes
 from plugrt.context import PluginContext
 from plugrt.hwqueue import QueueError
 from plugrt.testing import kernels as K
-from plugrt_amd import mec
-from plugrt_amd.pcirt import NoDMA, PCIState
+from plugrt_amd.runtime import AMDState
 from plugrt_amd.toolchain import llvm_tool
+from plugrt_amd_pci import mec
+from plugrt_amd_pci.driverless import NoDMA
 from plugrt_amd_usb import sram
 from plugrt_amd_usb.gpu import BULK_MIN, SRAM_VA, USBGPU, SRAMPath, TLPPath
 
@@ -32,8 +33,8 @@ def clean(fake) -> None:
 def test_open_runs_kernels_through_the_bridge_and_close_gives_it_back(gen: int) -> None:
   with fake_usb_amd(gen=gen) as (fake, dev):
     st = dev.info.state
-    assert isinstance(st, PCIState) and isinstance(st.gpu, USBGPU) and isinstance(st.path, SRAMPath)
-    assert st.compute.space.gmc == gen
+    assert isinstance(st, AMDState) and isinstance(st.iface, USBGPU) and isinstance(st.iface.path, SRAMPath)
+    assert st.iface.compute.space.gmc == gen
     x = np.arange(1000, dtype=np.float32)
     out, xb = Buffer(dev, 1000, dtypes.float32), Buffer.from_numpy(x, dev)
     prg = dev.program(K.saxpy_kernel())
@@ -45,12 +46,12 @@ def test_open_runs_kernels_through_the_bridge_and_close_gives_it_back(gen: int) 
     assert fake.mec.vm.translate(SRAM_VA + 0x1234, 8, system=True) == sram.SRAM_BUS + 0x1234 and fake.mec.vm.last_system
     assert fake.mec.vm.last_mtype == 3 and not fake.mec.vm.last_pte & 4
     clean(fake)
-  assert st.gpu.closed
+  assert st.iface.closed
 
 
 def test_copies_are_byte_exact_on_both_paths() -> None:
   with fake_usb_amd(env={"PLUGRT_ALLOC_CACHE_MB": "0"}) as (fake, dev):
-    path: SRAMPath = dev.info.state.path
+    path: SRAMPath = dev.info.state.iface.path
     rng = np.random.default_rng(1)
     n = 3 * sram.SRAM_READ_MAX + 1000
     buf = Buffer(dev, n, dtypes.uint8)
@@ -83,7 +84,7 @@ def test_bridge_commands_per_mib_both_ways() -> None:
     back = buf.numpy()
     sram_out = b.commands - c
     assert np.array_equal(back, data)
-    tlp, at, small = TLPPath(st.regs, st.gpu.bridge), buf.handle - mec.VA_BASE, 16 << 10
+    tlp, at, small = TLPPath(st.iface.regs, st.iface.bridge), buf.handle - mec.VA_BASE, 16 << 10
     c = b.commands
     tlp.write(at, data.tobytes()[:small], "AMD:0")
     tlp_in = (b.commands - c) * (MiB // small)
@@ -113,4 +114,4 @@ def test_a_copy_the_queue_never_runs_is_bounded_and_breaks_the_device() -> None:
     assert e.value.timed_out
     with pytest.raises(QueueError, match="AMD:0: the MEC queue stopped"): buf.numpy()         # the device's wait says it
     with pytest.raises(QueueError, match="cannot copy through the SRAM: the MEC queue stopped"):       # and the path itself
-      dev.info.state.path.read(buf.handle - mec.VA_BASE, 4096, "AMD:0")
+      dev.info.state.iface.path.read(buf.handle - mec.VA_BASE, 4096, "AMD:0")

@@ -2,9 +2,9 @@
 
 An interface plugin: InterfaceSpec(device="AMD", name="KFD"), the automatic choice (`AMD_IFACE=KFD` or
 `DEV=KFD+AMD` name it). The probe looks at file names and KFD's topology in sysfs and opens nothing. Opening
-returns a `kfdev.KFDDevice` (memory, AQL and SDMA queues, doorbells, events) on the real kernel, which plugrt-amd's
-device code drives. It has never run on AMD hardware: it is tested against a fake KFD passed in as the KFDOps seam.
-Entry module: standard library and plugrt only.
+returns a `gpu.KFDGPU`, plugrt-amd's `GPUInterface` over a `kfdev.KFDDevice` (memory, AQL and SDMA queues,
+doorbells, events) on the real kernel, which plugrt-amd's device code drives. It has never run on AMD hardware: it
+is tested against a fake KFD passed in as the KFDOps seam. Entry module: standard library and plugrt only.
 """
 from __future__ import annotations
 
@@ -36,11 +36,12 @@ def plugrt_interfaces() -> list[InterfaceSpec]:
 
 
 def open_kfd(device: DeviceInfo, ops: Any = None) -> Any:
-  """The KFDDevice of `device` (its index is the KFD GPU node), through `ops` (kfdev.KFDOps; tests pass a fake KFD).
+  """The KFDGPU of `device` (its index is the KFD GPU node), through `ops` (kfdev.KFDOps; tests pass a fake KFD).
   DeviceUnavailable with the reason when there is no /dev/kfd, no such GPU, or the driver is too old."""
   from plugrt.hwqueue import queue_timeout
+  from plugrt_amd_kfd.gpu import KFDGPU
   from plugrt_amd_kfd.kfdev import KFDDevice
-  return KFDDevice(ops, device.index, timeout=queue_timeout(device.context, "PLUGRT_AMD_TIMEOUT"), label=f"AMD:{device.index}")
+  return KFDGPU(KFDDevice(ops, device.index, timeout=queue_timeout(device.context, "PLUGRT_AMD_TIMEOUT"), label=f"AMD:{device.index}"))
 
 
 @hookimpl

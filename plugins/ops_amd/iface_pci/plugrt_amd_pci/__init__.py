@@ -3,11 +3,11 @@
 What is implemented (docs/backends/amd.md): the function is taken through sysfs (the amdgpu driver unbound only with
 PLUGRT_AMD_ALLOW_UNBIND=1, and bound back when the interface closes; the function enabled), the register BAR (BAR5),
 the VRAM BAR (BAR0) and the doorbell BAR (BAR2) mapped from their `resourceN` files, then the driverless bring-up
-(plugrt_amd.bringup: IP discovery, firmware files, PSP boot and IP firmware loads for MP0 13.0.x/14.0.x, the SMU's
+(plugrt_amd_pci.bringup: IP discovery, firmware files, PSP boot and IP firmware loads for MP0 13.0.x/14.0.x, the SMU's
 first messages, RLC autoload, RS64 CP, HDP flush, both hubs' GART, and on GC 11.0.0/11.0.2 with MMHUB 3.0.0 and
 NBIO 4.3, or GC 12.0.0/12.0.1 with MMHUB 4.1.0 and NBIF 6.3.1, VMID 8's page tables and an AQL queue on the MEC).
-When bring-up reaches that queue, `open_pci` returns the held GPU (`plugrt_amd_pci.gpu.PCIGPU`) and plugrt_amd.pcirt
-runs the device on it (VRAM allocations, CPU copies through the VRAM BAR, AQL dispatches); anywhere short of it, the
+When bring-up reaches that queue, `open_pci` returns the held GPU (`plugrt_amd_pci.gpu.PCIGPU`, a DriverlessGPU) and
+plugrt-amd's device runs on it (VRAM allocations, CPU copies through the VRAM BAR, AQL dispatches); anywhere short of it, the
 function is released and the open ends in `AMDNotImplemented` (or a typed PSP/SMU error) saying what was done and
 where it stopped. **Kernels have run through this interface only against the fake GPUs (plugins/ops_amd/tests), never
 on hardware**; what needs DMA (host memory,
@@ -88,9 +88,9 @@ def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any =
   kept = False
   try:
     fn.take(allow_unbind=True, ack=ACK)
-    from plugrt_amd import bringup
-    from plugrt_amd.firmware import FIRMWARE_DIR
-    from plugrt_amd.regs import DOORBELL_BAR, REGISTER_BAR, VRAM_BAR, GPURegisters
+    from plugrt_amd_pci import bringup
+    from plugrt_amd_pci.firmware import FIRMWARE_DIR
+    from plugrt_amd_pci.regs import DOORBELL_BAR, REGISTER_BAR, VRAM_BAR, GPURegisters
     regs_bar = mapbar(fn, REGISTER_BAR)
     try: vram = mapbar(fn, VRAM_BAR)
     except DeviceUnavailable: vram = None

@@ -54,7 +54,7 @@ def _default_write(path: str, text: str) -> None:
 
 
 class MappedBAR:
-  """One BAR mmapped from its sysfs resource file: an MMIO (read32/write32) for plugrt_amd.regs."""
+  """One BAR mmapped from its sysfs resource file: an MMIO (read32/write32) for plugrt_amd_pci.regs."""
 
   def __init__(self, path: str, index: int, size: int):
     self.path, self.index = path, index
@@ -69,7 +69,7 @@ class MappedBAR:
   def _at(self, offset: int, what: str) -> memoryview:
     if self.view is None: raise DeviceUnavailable(f"BAR{self.index} is unmapped", Reason.NO_DEVICE)
     if offset & 3 or not 0 <= offset <= self.size - 4:
-      from plugrt_amd.regs import RegisterError
+      from plugrt_amd_pci.regs import RegisterError
       raise RegisterError(f"{what} at 0x{offset:x} outside BAR{self.index} ({self.size} bytes)")
     return self.view
 
@@ -79,18 +79,18 @@ class MappedBAR:
     return bytes(self._span(offset, n, "read")[offset:offset + n])
 
   def write(self, offset: int, data: bytes) -> None:
-    """Byte-exact CPU stores (a buffer's bytes through the VRAM BAR: plugrt_amd.pcirt copies)."""
+    """Byte-exact CPU stores (a buffer's bytes through the VRAM BAR: driverless.BARPath's copies)."""
     self._span(offset, len(data), "write")[offset:offset + len(data)] = data
 
   def _span(self, offset: int, n: int, what: str) -> memoryview:
     if self.view is None: raise DeviceUnavailable(f"BAR{self.index} is unmapped", Reason.NO_DEVICE)
     if offset < 0 or n < 0 or offset + n > self.size:
-      from plugrt_amd.regs import RegisterError
+      from plugrt_amd_pci.regs import RegisterError
       raise RegisterError(f"{what} of {n} bytes at 0x{offset:x} outside BAR{self.index} ({self.size} bytes)")
     return self.view
 
   def write64(self, offset: int, value: int) -> None:
-    """One 8-byte store (a 64-bit doorbell in BAR2: plugrt_amd.doorbell)."""
+    """One 8-byte store (a 64-bit doorbell in BAR2: plugrt_amd_pci.doorbell)."""
     if offset & 7: self._at(-1, "64-bit write")
     struct.pack_into("<Q", self._at(offset, "write"), offset, value & 0xFFFFFFFFFFFFFFFF)
 

@@ -1,4 +1,4 @@
-"""The compute stage of the driverless bring-up: GMC 11 page tables (plugrt_amd.vm) decoded and walked by the fake
+"""The compute stage of the driverless bring-up: GMC 11 page tables (plugrt_amd_pci.vm) decoded and walked by the fake
 hub (fake_amdq.FakeVM), the golden registers and compute VMIDs (gc_init), doorbell routing (doorbell), the MEC queue
 (mec) checked by the fake MEC when it is activated, and a kernel dispatched through the PCI path and run on the fake
 (the fake KFD's AQL decoding and DispatchRunner). Values the kernel writes are worked out here by hand."""
@@ -17,9 +17,10 @@ import fake_amdgpu
 import fake_amdq
 from amd_fixtures import axpy_kernel
 
-from plugrt_amd import aql, bringup, compute, doorbell, gmc, mec, scratch, vm
+from plugrt_amd import aql
 from plugrt_amd.device import AMDNotImplemented
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd_pci import bringup, compute, doorbell, gmc, mec, scratch, vm
+from plugrt_amd_pci.regs import GPURegisters
 
 GC0, GC1 = fake_amdgpu.GC_BASES[0], fake_amdgpu.GC_BASES[1]
 

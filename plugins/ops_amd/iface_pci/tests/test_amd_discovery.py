@@ -10,10 +10,10 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 import fake_amdgpu
 
-from plugrt_amd import bringup, discovery, firmware
 from plugrt_amd.device import AMDNotImplemented
-from plugrt_amd.discovery import DiscoveryError, IPBlock
-from plugrt_amd.regs import MM_INDEX, MM_INDEX_HI, GPURegisters, RegisterError
+from plugrt_amd_pci import bringup, discovery, firmware
+from plugrt_amd_pci.discovery import DiscoveryError, IPBlock
+from plugrt_amd_pci.regs import MM_INDEX, MM_INDEX_HI, GPURegisters, RegisterError
 
 HW = discovery.HW_ID_BY_NAME
 

@@ -1,4 +1,4 @@
-"""The MMHUB's GART and system aperture (plugrt_amd.gmc) on the fake register file: the values the kernel's
+"""The MMHUB's GART and system aperture (plugrt_amd_pci.gmc) on the fake register file: the values the kernel's
 mmhub_v3_0_gart_enable writes for a 64 MiB fake GPU, worked out by hand here from the kernel's field values and the
 mmhub_3_0_0 masks (not from plugrt's tables)."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 import fake_amdgpu
 
-from plugrt_amd import bringup, gmc, gmc_regs
 from plugrt_amd.device import AMDNotImplemented
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd_pci import bringup, gmc
+from plugrt_amd_pci.regs import GPURegisters
 
 HUB = fake_amdgpu.MMHUB_BASES[0]
 
@@ -81,12 +81,12 @@ def test_other_hubs_are_recorded_not_programmed(tmp_path) -> None:
 
 def test_ops_and_fields() -> None:
   lay = gmc.layout(0x8000000000, 64 << 20, 0x100000000, gmc.TABLE_AT, gmc.SCRATCH_AT, dummy_page=0x12345678000)
-  ops = gmc.gart_enable_ops(lay, gmc_regs.MMHUB_V3_0)
+  ops = gmc.gart_enable_ops(lay, gmc.MMHUB_V3_0)
   writes = {o.reg: o.value for o in ops if isinstance(o, gmc.Write)}
   assert writes["MMVM_L2_PROTECTION_FAULT_DEFAULT_ADDR_LO32"] == 0x12345678 and writes["MMVM_L2_PROTECTION_FAULT_DEFAULT_ADDR_HI32"] == 0
   assert writes["MMVM_CONTEXT0_PAGE_TABLE_BASE_ADDR_HI32"] == 1 and writes["MMMC_VM_SYSTEM_APERTURE_DEFAULT_ADDR_LSB"] == 0x100D00
-  assert gmc.offset(gmc_regs.MMHUB_V3_0, "MMVM_INVALIDATE_ENG17_ADDR_RANGE_HI32") == 0x788 + 34
-  assert gmc.offset(gmc_regs.GFXHUB_V3_0, "MMVM_INVALIDATE_ENG17_ADDR_RANGE_HI32") == 0x16D0 + 34
+  assert gmc.offset(gmc.MMHUB_V3_0, "MMVM_INVALIDATE_ENG17_ADDR_RANGE_HI32") == 0x788 + 34
+  assert gmc.offset(gmc.GFXHUB_V3_0, "MMVM_INVALIDATE_ENG17_ADDR_RANGE_HI32") == 0x16D0 + 34
   with pytest.raises(ValueError, match="does not fit"): gmc.field_set("MMVM_CONTEXT0_CNTL", 0, (("PAGE_TABLE_DEPTH", 4),))
   with pytest.raises(gmc.GMCUnsupported, match=r"MMHUB 3\.0\.1 is not implemented"): gmc.enable(None, (3, 0, 1), 0, 0, 0, 0)
 
@@ -94,16 +94,16 @@ def test_ops_and_fields() -> None:
 def test_gmc12_hubs_use_their_own_field_layout() -> None:
   """mmhub_4_1_0_sh_mask.h / gc_12_0_0_sh_mask.h moved CONTEXTn_CNTL's fields up a bit and narrowed the L1 TLB's MTYPE:
   the same operations must give other register values than on GMC 11 (worked out by hand from the masks)."""
-  mm12, gc12 = gmc_regs.MMHUBS[(4, 1, 0)], gmc_regs.GFXHUBS[(12, 0, 1)]
+  mm12, gc12 = gmc.MMHUBS[(4, 1, 0)], gmc.GFXHUBS[(12, 0, 1)]
   cntl = {11: 0, 12: 0}
-  for gen, hub in ((11, gmc_regs.MMHUB_V3_0), (12, mm12)):
+  for gen, hub in ((11, gmc.MMHUB_V3_0), (12, mm12)):
     op = next(o for o in gmc.vmid_config_ops(hub) if o.reg == "MMVM_CONTEXT8_CNTL")
     cntl[gen] = gmc.field_set(op.field_reg, 0, op.fields, hub.masks)
   # ENABLE | depth 3 << 1 | block size 0 | no retry | the seven *_ENABLE_DEFAULT bits
   assert cntl == {11: 0x1 | 0x6 | 0x400 | 0x1000 | 0x4000 | 0x10000 | 0x40000 | 0x100000 | 0x400000,
                   12: 0x1 | 0x6 | 0x800 | 0x2000 | 0x8000 | 0x20000 | 0x80000 | 0x200000 | 0x800000}
   tlb = {g: gmc.field_set("MMMC_VM_MX_L1_TLB_CNTL", 0, (("ENABLE_L1_TLB", 1), ("SYSTEM_ACCESS_MODE", 3), ("ENABLE_ADVANCED_DRIVER_MODEL", 1),
-                                                        ("MTYPE", gmc.MTYPE_UC)), h.masks) for g, h in ((11, gmc_regs.MMHUB_V3_0), (12, gc12))}
+                                                        ("MTYPE", gmc.MTYPE_UC)), h.masks) for g, h in ((11, gmc.MMHUB_V3_0), (12, gc12))}
   assert tlb == {11: 0x59 | 3 << 11, 12: 0x59 | 3 << 11} and gc12.masks["MMMC_VM_MX_L1_TLB_CNTL"]["MTYPE"] == 0x1800
   with pytest.raises(ValueError, match="does not fit"): gmc.field_set("MMMC_VM_MX_L1_TLB_CNTL", 0, (("MTYPE", 4),), gc12.masks)
   assert gmc.invalidate_req(8, masks=mm12.masks) == 0x00F80100            # the request's fields did not move

@@ -1,5 +1,5 @@
-"""The IP-firmware stage of the driverless bring-up: IP firmware headers (plugrt_amd.ucode), LOAD_IP_FW and
-AUTOLOAD_RLC through the PSP (plugrt_amd.psp_load) and the SMU mailbox (plugrt_amd.smu), against the fake MP0/MP1 in
+"""The IP-firmware stage of the driverless bring-up: IP firmware headers (plugrt_amd_pci.ucode), LOAD_IP_FW and
+AUTOLOAD_RLC through the PSP (plugrt_amd_pci.psp_load) and the SMU mailbox (plugrt_amd_pci.smu), against the fake MP0/MP1 in
 plugins/ops_amd/tests/fake_amdfw.py, whose firmware files are packed from the documented headers by its own code."""
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 import fake_amdfw
 import fake_amdgpu
 
-from plugrt_amd import bringup, hdp, psp, psp_load, smu, ucode
 from plugrt_amd.device import AMDNotImplemented
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd_pci import bringup, hdp, psp, psp_load, smu, ucode
+from plugrt_amd_pci.regs import GPURegisters
 
 RDNA3 = dict(gc=(11, 0, 0), mp0=(13, 0, 0), mp1=(13, 0, 0), sdma=(6, 0, 0), mmhub=(3, 0, 0))
 RDNA4 = dict(gc=(12, 0, 0), mp0=(14, 0, 2), mp1=(14, 0, 2), sdma=(7, 0, 0), mmhub=(4, 1, 0), nbio=(6, 3, 1))
@@ -236,7 +236,7 @@ def test_load_order_refuses_a_ucode_from_two_files() -> None:
 
 
 def test_the_loader_alone(tmp_path) -> None:
-  from plugrt_amd import discovery, psp_firmware
+  from plugrt_amd_pci import discovery, psp_firmware
   r, mp0, ipf, _ = gpu(tmp_path)
   t = discovery.parse(fake_amdgpu.table())
   blobs, _ = fake_amdfw.ip_files()
@@ -255,7 +255,7 @@ def test_the_loader_alone(tmp_path) -> None:
 
 
 def test_an_rlc_that_does_not_finish_booting_is_a_bounded_typed_error(tmp_path) -> None:
-  from plugrt_amd import gfx
+  from plugrt_amd_pci import gfx
   r, _, ipf, _ = gpu(tmp_path)
   ipf.rlc.hang = True
   with pytest.raises(gfx.GFXTimeout, match=r"CP_STAT 0x80000000, RLC_RLCS_BOOTLOAD_STATUS 0x00000018 \(want 0 and bit 31\) after 0.05 s"):
@@ -275,7 +275,7 @@ def test_f32_cp_files_are_recorded_not_set_up(tmp_path) -> None:
 
 
 def test_the_gfxhub_flush_is_bounded_and_other_gfxhubs_are_recorded(tmp_path) -> None:
-  from plugrt_amd import gmc
+  from plugrt_amd_pci import gmc
   r, _, _, _ = gpu(tmp_path)
   r.mmio.gc_invalidation.hang.add("ack")
   with pytest.raises(gmc.GMCTimeout, match=r"GFXHUB \(gfxhub_v3_0\) TLB flush: no acknowledge for VMID 0"):

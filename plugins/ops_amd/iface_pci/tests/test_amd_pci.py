@@ -16,8 +16,8 @@ from plugrt.context import DeviceInfo, PluginContext
 from plugrt.errors import DeviceUnavailable
 from plugrt.registry import Registry
 from plugrt_amd.device import AcknowledgementRequired, AMDNotImplemented
-from plugrt_amd.discovery import DiscoveryError
 from plugrt_amd_pci import sysfs
+from plugrt_amd_pci.discovery import DiscoveryError
 
 ADDR = "0000:03:00.0"
 
@@ -89,8 +89,8 @@ def test_small_vram_bar_falls_back_and_errors_still_rebind(tmp_path) -> None:
 def test_psp_stage_on_a_gpu_whose_psp_does_not_answer_times_out_and_rebinds(tmp_path) -> None:
   # the fake sysfs BAR is a plain file: the MMHUB never acquires its invalidation semaphore, C2PMSG_35 never shows the
   # bootloader ready
-  from plugrt_amd.gmc import GMCTimeout
-  from plugrt_amd.psp import PSPTimeout
+  from plugrt_amd_pci.gmc import GMCTimeout
+  from plugrt_amd_pci.psp import PSPTimeout
   devices, drivers, kernel = tree(tmp_path, vram_mib=64, bar0_mib=64)
   fw = tmp_path / "fw"; fw.mkdir(); (fw / "psp_13_0_0_sos.bin").write_bytes(fake_amdgpu.sos_file())
   def open_() -> None:
@@ -124,7 +124,7 @@ def test_function_layer(tmp_path) -> None:
   assert bar.read32(0xDE3 * 4) == 16
   bar.write32(0x10, 0xDEADBEEF)
   assert bar.read32(0x10) == 0xDEADBEEF and fn.map_bar(5) is bar
-  from plugrt_amd.regs import RegisterError
+  from plugrt_amd_pci.regs import RegisterError
   with pytest.raises(RegisterError, match="outside BAR5"): bar.read32(512 << 10)
   bar.write(0x21, b"\x01\x02\x03")                        # byte-exact stores (the PCI device's copies through BAR0)
   assert bar.read(0x20, 5) == b"\x00\x01\x02\x03\x00"

@@ -13,10 +13,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 import fake_amdgpu
 
 from plugrt.errors import Reason
-from plugrt_amd import bringup, discovery, hdp, psp, psp_firmware
 from plugrt_amd.device import AMDNotImplemented
-from plugrt_amd.psp_firmware import FirmwareToolMissing, PSPFirmwareError
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd_pci import bringup, discovery, hdp, psp, psp_firmware
+from plugrt_amd_pci.psp_firmware import FirmwareToolMissing, PSPFirmwareError
+from plugrt_amd_pci.regs import GPURegisters
 
 SOS = "psp_13_0_0_sos.bin"
 
@@ -226,7 +226,7 @@ def test_vram_writes_through_mm_index(tmp_path) -> None:
   r = GPURegisters(regs)                            # no VRAM window: MM_INDEX/MM_INDEX_HI/MM_DATA
   r.write_vram(0x2000004, b"\x01\x02\x03\x04\x05")
   assert vram.read(0x2000004, 8) == b"\x01\x02\x03\x04\x05\x00\x00\x00" and r.read_vram(0x2000004, 8) == vram.read(0x2000004, 8)
-  from plugrt_amd.regs import RegisterError
+  from plugrt_amd_pci.regs import RegisterError
   with pytest.raises(RegisterError, match="not dword aligned"): r.write_vram(2, b"x")
 
 

@@ -7,10 +7,11 @@ transport found at run time; the walk from bus 0 through the PCI-to-PCI bridges 
 placed; then the same bring-up as the PCI interface (VRAM size, IP discovery, NBIO pair, firmware check, HDP, the
 MMHUB's GART, the PSP boot and its IP firmware loads, SMU, RLC, CP, GFXHUB, compute queue) over memory TLPs, with
 every buffer the PSP reads handed over through the bridge's SRAM mapped in the GART (plugrt_amd_usb.staging). When
-the bring-up reaches the MEC queue, `open_usb` keeps the bridge and returns `plugrt_amd_usb.gpu.USBGPU`, on which
-plugrt_amd.pcirt runs the device (VRAM buffers in VMID 8, AQL dispatches rung by doorbell TLPs) with host copies
-that fit a bridge (`SRAMPath`: bulk writes into the SRAM then a copy kernel, reads through the SRAM's first 4 KiB,
-TLPs for small parts); short of it, the open ends in `AMDNotImplemented` saying where it stopped. **Kernels have run
+the bring-up reaches the MEC queue, `open_usb` keeps the bridge and returns `plugrt_amd_usb.gpu.USBGPU` (a
+plugrt_amd_pci.driverless.DriverlessGPU), on which plugrt-amd's device runs (VRAM buffers in VMID 8, AQL dispatches
+rung by doorbell TLPs) with host copies that fit a bridge (`SRAMPath`: bulk writes into the SRAM then a copy kernel,
+reads through the SRAM's first 4 KiB, TLPs for small parts); short of it, the open ends in `AMDNotImplemented` saying
+where it stopped. **Kernels have run
 through USB only against the fake bridge and GPU, never on a bridge or hardware.** Never chosen automatically
 (`AMD_IFACE=USB` or `DEV=USB+AMD`); refused unless PLUGRT_AMD_ALLOW_UNBIND=1 (the bridge is detached from
 usb-storage/uas, and re-attached on close). The probe reads sysfs only (/sys/bus/usb/devices/*/idVendor, idProduct)
@@ -96,9 +97,9 @@ def open_usb(device: DeviceInfo, transport: Any = None, root: str = USB_DEVICES,
     transport = LibUSBTransport(vendor, product, allow_detach=True, lib=load(device.context.get(LIBUSB)))
   kept = False
   try:
-    from plugrt_amd import bringup
-    from plugrt_amd.firmware import FIRMWARE_DIR
-    from plugrt_amd.regs import DOORBELL_BAR, REGISTER_BAR, VRAM_BAR, GPURegisters
+    from plugrt_amd_pci import bringup
+    from plugrt_amd_pci.firmware import FIRMWARE_DIR
+    from plugrt_amd_pci.regs import DOORBELL_BAR, REGISTER_BAR, VRAM_BAR, GPURegisters
     from plugrt_amd_usb.asm24 import ASM24Bridge, BridgeMMIO, find_gpu
     from plugrt_amd_usb.staging import SRAMStaging
     bridge = ASM24Bridge(transport)

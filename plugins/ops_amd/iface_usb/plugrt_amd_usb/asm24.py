@@ -4,7 +4,7 @@ The bridge is a USB mass-storage device. Two vendor SCSI commands read and write
 (0xE4: read up to 255 bytes; 0xE5: write one byte), and a block of XDATA registers at 0xB210-0xB296 is a PCIe TLP
 engine: the host writes the TLP's fmt/type, byte enables, address and (for writes) data, starts it, polls its status
 and reads the completion. On that, `ASM24Bridge` gives PCIe configuration reads/writes (type 0 or 1) and 32-bit
-memory reads/writes; `BridgeMMIO` is a window onto one GPU BAR for plugrt_amd.regs, so the same IP discovery and
+memory reads/writes; `BridgeMMIO` is a window onto one GPU BAR for plugrt_amd_pci.regs, so the same IP discovery and
 bring-up code runs over USB as over PCI; `find_gpu` walks the PCI-to-PCI bridges from bus 0 (assigning bus numbers
 and memory windows, by the PCI-to-PCI bridge specification) to the AMD GPU and sizes and places its BARs.
 
@@ -153,7 +153,7 @@ class BridgeMMIO:
 
   def _check(self, offset: int) -> None:
     if offset & 3 or not 0 <= offset <= self.size - 4:
-      from plugrt_amd.regs import RegisterError
+      from plugrt_amd_pci.regs import RegisterError
       raise RegisterError(f"access at 0x{offset:x} outside the {self.size}-byte BAR behind the bridge")
 
   def read32(self, offset: int) -> int:

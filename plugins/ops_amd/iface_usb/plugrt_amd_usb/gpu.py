@@ -1,9 +1,8 @@
 """The USB interface's object, `DeviceInfo.iface_object` of an AMD device opened with AMD_IFACE=USB once the bring-up
-over the bridge reached the MEC queue: the same attributes as the PCI interface's `PCIGPU` (plugrt_amd.pcirt uses
-them by name: `bringup`, `regs`, `vram_bar_size`, `label`, `closed`, `close()`), plus `host_path`, the copy path that
-fits a bridge (`SRAMPath`), and `bridge`.
+over the bridge reached the MEC queue: a `plugrt_amd_pci.driverless.DriverlessGPU`, as the PCI interface's `PCIGPU`
+is, whose `path` is the copy path that fits a bridge (`SRAMPath`), plus `bridge`.
 
-Host copies over USB (`SRAMPath`, what pcirt's PCIState calls through its HostPath seam). A dword memory TLP costs
+Host copies over USB (`SRAMPath`, what the DriverlessGPU calls through its HostPath seam). A dword memory TLP costs
 16 bridge commands either way (XDATA writes of data, address, type, byte enables, the start, and the status poll),
 4.2 million commands per MiB. The bridge's SRAM window (plugrt_amd_usb.sram) takes 512 KiB in 44 commands and the
 GPU reaches it at bus 0x200000. The public reference moves bulk data that way with the GPU's SDMA engine (a SCSI
@@ -26,9 +25,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from plugrt.hookspecs import DeviceInfo
 from plugrt.ir import Kernel, KernelBuilder
-from plugrt_amd import compute, mec, vm
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd_pci import compute, mec, vm
+from plugrt_amd_pci.driverless import DriverlessGPU
+from plugrt_amd_pci.regs import GPURegisters
 from plugrt_amd_usb import sram
 from plugrt_amd_usb.asm24 import ASM24Bridge
 
@@ -46,6 +47,7 @@ class TLPPath:
   def __init__(self, regs: GPURegisters, bridge: ASM24Bridge):
     self.regs, self.bridge = regs, bridge
 
+  def attach(self, gpu: DriverlessGPU, info: DeviceInfo) -> None: pass
   def read(self, at: int, n: int, label: str) -> bytes: return self.regs.read_vram_bytes(at, n)
   def write(self, at: int, data: bytes | memoryview, label: str) -> None: self.regs.write_vram_bytes(at, data)
 
@@ -63,27 +65,28 @@ def copy_kernel() -> Kernel:
 
 class SRAMPath(TLPPath):
   """Host copies through the bridge's SRAM and a copy kernel (module docstring); TLPs below BULK_MIN and for edge
-  bytes. `attach(state, info)` (by PCIState) maps the SRAM into VMID 8; the copy kernel is compiled on first use by
+  bytes. `attach(gpu, info)` (when the device opens) maps the SRAM into VMID 8; the copy kernel is compiled on first use by
   `compiler(info)` (AMD_LLVM by default; tests pass a compiler that tells the fake MEC the kernel's IR)."""
   where = "the USB bridge's SRAM window and a copy kernel (TLPs for small or unaligned parts)"
 
   def __init__(self, regs: GPURegisters, bridge: ASM24Bridge):
     super().__init__(regs, bridge)
-    self.state: Any = None
+    self.gpu: DriverlessGPU | None = None
     self.info: Any = None
     self.compiler: Callable[[Any], Any] | None = None
     self.program: tuple[Any, int] | None = None     # (code object, image VA) of plugrt_copy32
     self.dispatches = 0
 
-  def attach(self, state: Any, info: Any) -> None:
-    c = state.compute
+  def attach(self, gpu: DriverlessGPU, info: DeviceInfo) -> None:
+    c = gpu.compute
     c.space.map(SRAM_VA, sram.SRAM_BUS, sram.SRAM_SIZE, SRAM_FLAGS, mtype=vm.MTYPE_UC)
     c.bind()
-    self.state, self.info = state, info
+    self.gpu, self.info = gpu, info
 
   def _copy(self, dst: int, src: int, dwords: int) -> None:
     """dwords words from VA src to VA dst on the MEC queue, waited for (the caller holds the device's lock)."""
-    st = self.state
+    st = self.gpu
+    assert st is not None
     if st.broken: raise mec.QueueError(f"{st.label} cannot copy through the SRAM: {st.broken}", "restart the process (and reset the GPU)")
     if self.program is None:
       if self.compiler is None:
@@ -101,7 +104,7 @@ class SRAMPath(TLPPath):
   def _bulk(self, at: int, n: int) -> tuple[int, int]:
     """The dword-aligned middle [lo, hi) of [at, at+n) that goes through the SRAM (empty when too small or not attached)."""
     lo, hi = (at + 3) & ~3, (at + n) & ~3
-    return (lo, hi) if self.state is not None and hi - lo >= BULK_MIN else (at, at)
+    return (lo, hi) if self.gpu is not None and hi - lo >= BULK_MIN else (at, at)
 
   def read(self, at: int, n: int, label: str) -> bytes:
     lo, hi = self._bulk(at, n)
@@ -126,21 +129,24 @@ class SRAMPath(TLPPath):
     if at + len(data) > hi: super().write(hi, data[hi - at:], label)
 
 
-class USBGPU:
-  """One AMD GPU behind an ASM24xx bridge after bring-up; `close()` closes the transport plugrt opened (which
-  re-attaches the bridge's kernel driver) and is idempotent."""
+class USBGPU(DriverlessGPU):
+  """One AMD GPU behind an ASM24xx bridge after bring-up: a DriverlessGPU whose host copies go through the bridge
+  (`path`, an SRAMPath); `close()` closes the transport plugrt opened (which re-attaches the bridge's kernel driver)
+  and is idempotent."""
+  name = "USB"
+  reaches = "its VRAM and the bridge's SRAM"
+  path: SRAMPath
 
   def __init__(self, label: str, bridge: ASM24Bridge, regs: GPURegisters, bringup: Any, vram_bar_size: int,
                release: Callable[[], None] | None):
-    self.label, self.bridge, self.regs, self.bringup, self.vram_bar_size = label, bridge, regs, bringup, vram_bar_size
-    self.host_path = SRAMPath(regs, bridge)
+    super().__init__(label, regs, bringup, SRAMPath(regs, bridge))
+    self.bridge, self.vram_bar_size = bridge, vram_bar_size
     self._release, self._closed = release, False
 
   @property
   def closed(self) -> bool: return self._closed
 
-  def close(self) -> list[str]:
+  def close(self) -> None:
     if not self._closed:
       self._closed = True
       if self._release is not None: self._release()
-    return []

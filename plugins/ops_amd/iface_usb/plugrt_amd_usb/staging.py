@@ -1,4 +1,4 @@
-"""The PSP's buffers over USB: the bridge's SRAM window mapped into the GPU's GART (plugrt_amd.psp.Staging).
+"""The PSP's buffers over USB: the bridge's SRAM window mapped into the GPU's GART (plugrt_amd_pci.psp.Staging).
 
 Writing a 1 MiB firmware buffer into VRAM through the bridge is 262,144 dword TLPs; the bridge's SRAM takes 512 KiB in
 a burst of eight bulk commands (plugrt_amd_usb.sram) and the GPU reads it at bus address 0x200000, as it reads system
@@ -17,9 +17,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from plugrt_amd import gmc, vm
-from plugrt_amd.discovery import IPBlock
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd_pci import gmc, vm
+from plugrt_amd_pci.discovery import IPBlock
+from plugrt_amd_pci.regs import GPURegisters
 from plugrt_amd_usb.asm24 import ASM24Bridge
 from plugrt_amd_usb.sram import SRAM_BUS, SRAM_SIZE, sram_write
 

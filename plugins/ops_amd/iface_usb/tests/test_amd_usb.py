@@ -15,7 +15,7 @@ import plugrt_amd_usb
 from plugrt.context import DeviceInfo, PluginContext
 from plugrt.errors import DeviceUnavailable, Reason
 from plugrt_amd.device import AcknowledgementRequired, AMDNotImplemented
-from plugrt_amd.regs import MM_INDEX
+from plugrt_amd_pci.regs import MM_INDEX
 from plugrt_amd_usb import asm24, libusb
 
 
@@ -68,7 +68,7 @@ def test_walk_to_the_gpu_sizes_and_places_bars() -> None:
   assert mmio.read32(0xDE3 * 4) == 16
   mmio.write32(0x40, 0xABCD)
   assert fake.regs.regs[0x10] == 0xABCD and fake.tlps[-1] == (asm24.MWR32, 0x1000_0040)
-  from plugrt_amd.regs import RegisterError
+  from plugrt_amd_pci.regs import RegisterError
   with pytest.raises(RegisterError, match="outside"): mmio.read32(512 << 10)
 
 
@@ -96,7 +96,7 @@ def test_open_reads_ip_discovery_over_usb(tmp_path) -> None:
 def test_corrupt_table_over_usb() -> None:
   blob = bytearray(fake_amdgpu.table()); blob[300] ^= 1
   regs, vram = fake_amdgpu.fake_gpu(blob=bytes(blob))
-  from plugrt_amd.discovery import DiscoveryError
+  from plugrt_amd_pci.discovery import DiscoveryError
   with pytest.raises(DiscoveryError, match="binary checksum"):
     plugrt_amd_usb.open_usb(info(PLUGRT_AMD_ALLOW_UNBIND="1"), fake_amdgpu.FakeASM24(regs, vram, bar0_size=32 << 20))
 

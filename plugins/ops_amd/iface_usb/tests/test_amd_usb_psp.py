@@ -1,4 +1,4 @@
-"""The PSP boot and the IP firmware loads over USB: plugrt_amd.psp and psp_load (the PCI path's code) with every buffer
+"""The PSP boot and the IP firmware loads over USB: plugrt_amd_pci.psp and psp_load (the PCI path's code) with every buffer
 the PSP reads handed over through the bridge's SRAM, mapped in the GART (plugrt_amd_usb.staging); against the fake
 bridge, whose SRAM the fake PSP reads through a fake GART (context 0 of the MMHUB, decoded from its registers and the
 table in VRAM)."""
@@ -17,7 +17,7 @@ import fake_amdgpu
 import plugrt_amd_usb
 from plugrt.context import DeviceInfo, PluginContext
 from plugrt_amd.device import AMDNotImplemented
-from plugrt_amd.psp_firmware import PSPFirmwareError
+from plugrt_amd_pci.psp_firmware import PSPFirmwareError
 from plugrt_amd_usb import sram, staging
 from plugrt_amd_usb.gpu import USBGPU
 
@@ -110,7 +110,7 @@ def test_an_unaligned_staging_buffer_is_refused(tmp_path, monkeypatch) -> None:
   bridge, mp0, *_ = setup(tmp_path, ip=False)
   real = staging.SRAMStaging.put
   monkeypatch.setattr(staging.SRAMStaging, "put", lambda self, data: real(self, data) + 0x1000)
-  from plugrt_amd.psp import PSPError
+  from plugrt_amd_pci.psp import PSPError
   with pytest.raises(PSPError, match="kdb's buffer at MC 0x7fff00001000 is not 1 MiB aligned"):
     plugrt_amd_usb.open_usb(DeviceInfo("AMD", 0, "LLVM", "USB", context=PluginContext(
       {"PLUGRT_AMD_ALLOW_UNBIND": "1", "PLUGRT_AMD_FIRMWARE": str(tmp_path)})), bridge, psp_timeout=0.2)

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 import fake_amdgpu
 
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd_pci.regs import GPURegisters
 from plugrt_amd_usb import asm24, libusb, sram
 
 

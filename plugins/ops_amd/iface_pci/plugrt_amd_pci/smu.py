@@ -23,14 +23,13 @@ import time
 from collections.abc import Callable
 
 from plugrt.errors import PlugrtError
-from plugrt_amd.discovery import IPBlock
-from plugrt_amd.regs import GPURegisters, poll
+from plugrt_amd_pci.discovery import IPBlock
+from plugrt_amd_pci.regs import GPURegisters, poll
+from plugrt_amd_pci.regtables.mp import MAILBOX_13, MAILBOX_14
 
 MP1_FIRMWARE_FLAGS = 0x03B00000 | 0x3010024   # MP1_Public | smnMP1_FIRMWARE_FLAGS (smu_v13_0.h, smu_v14_0.h)
 INTERRUPTS_ENABLED = 1 << 0                    # MP1_FIRMWARE_FLAGS__INTERRUPTS_ENABLED_MASK (mp_13_0_0_sh_mask.h)
-#: MP1 version -> ((offset, segment) of C2PMSG_66 message, C2PMSG_82 argument, C2PMSG_90 response)
-MAILBOX_13 = ((0x282, 0), (0x292, 0), (0x29A, 0))
-MAILBOX_14 = ((0x82, 1), (0x92, 1), (0x9A, 1))
+#: MP1 version -> ((offset, segment) of C2PMSG_66 message, C2PMSG_82 argument, C2PMSG_90 response) (regtables.mp)
 MAILBOX = {(13, 0, 0): MAILBOX_13, (13, 0, 7): MAILBOX_13, (13, 0, 10): MAILBOX_13, (14, 0, 2): MAILBOX_14, (14, 0, 3): MAILBOX_14}
 #: PPSMC_MSG_* (smu_v13_0_0_ppsmc.h, smu_v14_0_2_ppsmc.h: the same three)
 MSG_TEST, MSG_GET_SMU_VERSION, MSG_GET_DRIVER_IF_VERSION = 0x1, 0x2, 0x3

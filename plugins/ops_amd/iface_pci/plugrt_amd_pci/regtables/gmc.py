@@ -1,14 +1,13 @@
-"""Register tables of the memory hubs plugrt programs (plugrt_amd.gmc): offsets, fields and documented defaults.
+"""Register tables of the memory hubs plugrt programs (plugrt_amd_pci.gmc): offsets, fields and documented defaults.
 
-Both hubs of a GC 11 GPU have the same registers under two prefixes (MMVM_/MMMC_ on the MMHUB, GCVM_/GCMC_ on the
-GFXHUB) with the same field layout; the tables are keyed by the MMHUB names so that one list of operations serves
-both. Sources: mmhub_3_0_0_offset.h / _sh_mask.h, gc_11_0_0_offset.h / _default.h (fields cross-checked in tinygrad's
-autogen regs.py), mmhub_v3_0.c and gfxhub_v3_0.c; docs/research/amd-pci.md ("GMC").
+Data only (plugrt_amd_pci.regtables says why and what may be here). Both hubs of a GC 11 GPU have the same registers
+under two prefixes (MMVM_/MMMC_ on the MMHUB, GCVM_/GCMC_ on the GFXHUB) with the same field layout; the tables are
+keyed by the MMHUB names so that one list of operations serves both. Copied by hand, table by table as each comment
+names, from the Linux kernel's drivers/gpu/drm/amd/include/asic_reg/mmhub/mmhub_3_0_0_offset.h, _sh_mask.h,
+mmhub_4_1_0_offset.h, _sh_mask.h, asic_reg/gc/gc_11_0_0_offset.h, _default.h, gc_12_0_0_offset.h, _sh_mask.h, and
+from drivers/gpu/drm/amd/amdgpu/mmhub_v3_0.c, gfxhub_v3_0.c, mmhub_v4_1_0.c, gfxhub_v12_0.c (field masks cross-checked
+in tinygrad's autogen regs.py); docs/research/amd-pci.md ("GMC") has the walk-through.
 """
-from __future__ import annotations
-
-from dataclasses import dataclass
-
 #: MMHUB 3.0.0 register dword offsets, segment 0 (mmhub_3_0_0_offset.h)
 MMHUB_3_0_0 = {
   "MMVM_L2_CNTL": 0x700, "MMVM_L2_CNTL2": 0x701, "MMVM_L2_CNTL3": 0x702, "MMVM_L2_PROTECTION_FAULT_CNTL2": 0x709,
@@ -78,34 +77,13 @@ GC_11_0_0 = {
 
 
 #: contexts 1-15: CONTEXTn_CNTL is CONTEXT0_CNTL + n (ctx_distance 1), the page-table base/start/end registers are
-#: CONTEXT0's + 2n (ctx_addr_distance 2) on both hubs (mmhub_v3_0_init / gfxhub_v3_0_init; MMVM_CONTEXT1_CNTL 0x741,
-#: MMVM_CONTEXT1_PAGE_TABLE_BASE_ADDR_LO32 0x7ad; GCVM_CONTEXT1_CNTL 0x1689, ..._BASE_ADDR_LO32 0x16f5)
+#: CONTEXT0's + 2n (ctx_addr_distance 2) on both hubs (mmhub_v3_0_init in mmhub_v3_0.c, gfxhub_v3_0_init in
+#: gfxhub_v3_0.c; MMVM_CONTEXT1_CNTL 0x741, MMVM_CONTEXT1_PAGE_TABLE_BASE_ADDR_LO32 0x7ad in mmhub_3_0_0_offset.h;
+#: GCVM_CONTEXT1_CNTL 0x1689, ..._BASE_ADDR_LO32 0x16f5 in gc_11_0_0_offset.h)
 CTX_DISTANCE, CTX_ADDR_DISTANCE = 1, 2
-
-
-@dataclass(frozen=True)
-class Hub:
-  """One memory hub: its register table and defaults, and what its TLB flush does beyond request/acknowledge (the
-  invalidation semaphore and the private invalidation are the MMHUB's only: gmc_v11_0_flush_gpu_tlb)."""
-  name: str
-  offsets: dict[str, int]
-  defaults: dict[str, int]
-  semaphore: bool
-  private_invalidation: bool
-  cp_debug: bool                      # set_fault_enable_default also stops the CP halting on UTCL1 errors (gfxhub_v3_0)
-  fields: dict[str, dict[str, int]] | None = None   # this hub's field masks where they differ from FIELDS (GMC 12)
-  gmc: int = 11                       # the GMC generation whose kernel functions program it (the step's text)
-
-  @property
-  def masks(self) -> dict[str, dict[str, int]]: return self.fields or FIELDS
-
-
-MMHUB_V3_0 = Hub("MMHUB 3.0.0", MMHUB_3_0_0, MM_DEFAULTS, semaphore=True, private_invalidation=True, cp_debug=False)
-GFXHUB_V3_0 = Hub("GFXHUB (gfxhub_v3_0)", GC_11_0_0, GC_DEFAULTS, semaphore=False, private_invalidation=False, cp_debug=True)
-#: hub versions plugrt programs: MMHUB by its IP version (mmhub_v3_0 is the default of gmc_v11_0_set_mmhub_funcs; plugrt
-#: takes 3.0.0 only); the GFXHUB by GC version (gfxhub_v3_0 serves GC 11 except 11.0.3 and 11.5.x; plugrt takes the dGPUs)
-MMHUBS = {(3, 0, 0): MMHUB_V3_0}
-GFXHUBS = {(11, 0, 0): GFXHUB_V3_0, (11, 0, 2): GFXHUB_V3_0}
+#: MMHUB version -> (dword offset, segment) of MMMC_VM_FB_LOCATION_BASE, where the PSP step reads VRAM's MC address
+#: (mmhub_3_0_0/_3_0_1/_3_0_2/_4_1_0_offset.h)
+FB_LOCATION_BASE = {(3, 0, 0): (0x8EC, 0), (3, 0, 1): (0x8EC, 1), (3, 0, 2): (0x86C, 0), (4, 1, 0): (0x554, 0)}
 
 
 # ---- GMC 12 (RDNA4: MMHUB 4.1.0, GC 12.0.0/12.0.1's gfxhub_v12_0) ------------------------------------------------------
@@ -145,13 +123,15 @@ GC_12_0_0 = {
   "MMMC_VM_SYSTEM_APERTURE_LOW_ADDR": 0x1619, "MMMC_VM_SYSTEM_APERTURE_HIGH_ADDR": 0x161A, "MMMC_VM_MX_L1_TLB_CNTL": 0x161B,
   "CP_DEBUG": 0x1E1F,
 }
-#: GMC 12's field masks where they moved (mmhub_4_1_0_sh_mask.h; gc_12_0_0_sh_mask.h's GCMC_VM_MX_L1_TLB_CNTL and
-#: GCVM_CONTEXT0/1_CNTL agree): the L1 TLB's MTYPE is 2 bits at 11; RETRY_PERMISSION_OR_INVALID_PAGE_FAULT is bit 8;
-#: PAGE_TABLE_BLOCK_SIZE is bits 4-7; each *_ENABLE_DEFAULT sits one bit above its *_ENABLE_INTERRUPT. The L2 CNTL,
-#: fault-control and invalidation-request fields are where GMC 11 has them (mmhub_4_1_0_sh_mask.h; the GCVM_ copies taken
-#: as the same: not read from gc_12_0_0_sh_mask.h), as is CP_DEBUG.CPG_UTCL1_ERROR_HALT_DISABLE (0x8000, read there)
-FIELDS_12 = FIELDS | {
-  "MMMC_VM_MX_L1_TLB_CNTL": FIELDS["MMMC_VM_MX_L1_TLB_CNTL"] | {"MTYPE": 0x1800},
+#: GMC 12's field masks of the registers whose fields moved, each register whole (the others' are FIELDS')
+#: (mmhub_4_1_0_sh_mask.h; gc_12_0_0_sh_mask.h's GCMC_VM_MX_L1_TLB_CNTL and GCVM_CONTEXT0/1_CNTL agree): the L1 TLB's
+#: MTYPE is 2 bits at 11; RETRY_PERMISSION_OR_INVALID_PAGE_FAULT is bit 8; PAGE_TABLE_BLOCK_SIZE is bits 4-7; each
+#: *_ENABLE_DEFAULT sits one bit above its *_ENABLE_INTERRUPT. The L2 CNTL, fault-control and invalidation-request fields
+#: are where GMC 11 has them (mmhub_4_1_0_sh_mask.h; the GCVM_ copies taken as the same: not read from
+#: gc_12_0_0_sh_mask.h), as is CP_DEBUG.CPG_UTCL1_ERROR_HALT_DISABLE (0x8000, read there)
+FIELDS_12_MOVED = {
+  "MMMC_VM_MX_L1_TLB_CNTL": {"ENABLE_L1_TLB": 0x1, "SYSTEM_ACCESS_MODE": 0x18, "SYSTEM_APERTURE_UNMAPPED_ACCESS": 0x20,
+                             "ENABLE_ADVANCED_DRIVER_MODEL": 0x40, "ECO_BITS": 0x780, "MTYPE": 0x1800},
   "MMVM_CONTEXT0_CNTL": {"ENABLE_CONTEXT": 0x1, "PAGE_TABLE_DEPTH": 0x6, "RETRY_PERMISSION_OR_INVALID_PAGE_FAULT": 0x100},
   "MMVM_CONTEXT1_CNTL": {"ENABLE_CONTEXT": 0x1, "PAGE_TABLE_DEPTH": 0x6, "PAGE_TABLE_BLOCK_SIZE": 0xF0,
                          "RETRY_PERMISSION_OR_INVALID_PAGE_FAULT": 0x100, "RANGE_PROTECTION_FAULT_ENABLE_DEFAULT": 0x800,
@@ -159,11 +139,3 @@ FIELDS_12 = FIELDS | {
                          "VALID_PROTECTION_FAULT_ENABLE_DEFAULT": 0x20000, "READ_PROTECTION_FAULT_ENABLE_DEFAULT": 0x80000,
                          "WRITE_PROTECTION_FAULT_ENABLE_DEFAULT": 0x200000, "EXECUTE_PROTECTION_FAULT_ENABLE_DEFAULT": 0x800000},
 }
-#: CNTL3/4/5 defaults: regMMVM_L2_CNTLn_DEFAULT in mmhub_v4_1_0.c, regGCVM_L2_CNTLn_DEFAULT in gfxhub_v12_0.c (the same
-#: values as GMC 11's)
-MMHUB_V4_1_0 = Hub("MMHUB 4.1.0", MMHUB_4_1_0, MM_DEFAULTS, semaphore=True, private_invalidation=True, cp_debug=False,
-                   fields=FIELDS_12, gmc=12)
-GFXHUB_V12_0 = Hub("GFXHUB (gfxhub_v12_0)", GC_12_0_0, GC_DEFAULTS, semaphore=False, private_invalidation=False, cp_debug=True,
-                   fields=FIELDS_12, gmc=12)
-MMHUBS[(4, 1, 0)] = MMHUB_V4_1_0          # gmc_v12_0_set_mmhub_funcs: mmhub_v4_1_0 for MMHUB 4.1.0
-GFXHUBS[(12, 0, 0)] = GFXHUBS[(12, 0, 1)] = GFXHUB_V12_0   # gmc_v12_0_set_gfxhub_funcs: gfxhub_v12_0 for GC 12.0.0/12.0.1

@@ -2,16 +2,16 @@
 VMIDs' apertures, doorbell routing, plugrt's address space in VMID 8 and an AQL queue on the MEC; then `alloc` maps
 VRAM for arguments and buffers (`free` unmaps it and keeps the range for reuse: the PCI device's allocator), `load`
 places a code object (its image relocated to where it lies, as the KFD path's Program does), `launch` writes a
-kernarg block and submits the dispatch (scratch made or grown first where the kernel needs it: plugrt_amd.scratch),
+kernarg block and submits the dispatch (scratch made or grown first where the kernel needs it: plugrt_amd_pci.scratch),
 and `queue.wait` polls its completion.
 
 Order (gfx_v11_0_hw_init after gfx_v11_0_gfxhub_enable): init_golden_registers, constants_init (init_compute_vmid),
 nbio gc_doorbell_init, rlc_resume (under PSP loading: the SRM enable; the clear-state buffer is not set up),
-cp_resume (compute enable, the queue). plugrt's VM (plugrt_amd.vm) is bound to VMID 8 on both hubs (the CP's
+cp_resume (compute enable, the queue). plugrt's VM (plugrt_amd_pci.vm) is bound to VMID 8 on both hubs (the CP's
 accesses go through the GFXHUB; the MMHUB's context 8 gets the same tables, as the kernel's VMIDs are per hub) and
 both hubs' TLBs are flushed for it after every change. GC 12 (gfx_v12_0_hw_init) differs in order and format only: its golden
-registers come before the CP set-up (plugrt_amd.bringup runs them there), its page tables use GMC 12's PTE MTYPE field
-(plugrt_amd.vm), and its MQD and HQD registers are GC 11's (plugrt_amd.mec). Never run on an AMD GPU: tested against the
+registers come before the CP set-up (plugrt_amd_pci.bringup runs them there), its page tables use GMC 12's PTE MTYPE field
+(plugrt_amd_pci.vm), and its MQD and HQD registers are GC 11's (plugrt_amd_pci.mec). Never run on an AMD GPU: tested against the
 fake GPU.
 """
 from __future__ import annotations
@@ -19,13 +19,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from plugrt_amd import aql, codeobject, doorbell, gc_init, gmc, mec, scratch, vm
-from plugrt_amd.discovery import DiscoveryTable, GCInfo
-from plugrt_amd.gmc_regs import GFXHUBS, MMHUBS, Hub
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd import aql, codeobject
+from plugrt_amd_pci import doorbell, gc_init, gmc, mec, scratch, vm
+from plugrt_amd_pci.discovery import DiscoveryTable, GCInfo
+from plugrt_amd_pci.gmc import GFXHUBS, MMHUBS, Hub
+from plugrt_amd_pci.regs import GPURegisters
 
 HEAP_ALIGN = 2 << 20                 # 2 MiB: whole fragments
 KERNARG_SLOT, KERNARG_SLOTS = 4096, 64   # kernarg blocks, one per dispatch in flight (reused once that dispatch is done)
+KERNARG_ADDRESS = aql.KernelDispatchPacket.kernarg_address.offset
 
 
 @dataclass
@@ -45,7 +47,7 @@ class Compute:
   holes: list[tuple[int, int]] = field(default_factory=list)   # freed VRAM below `heap`: (offset, size), sorted, merged
   gc: GCInfo | None = None            # the discovery table's GC info (CUs, shader engines: scratch sizing)
   major: int = 11                     # the GC generation
-  scratch: tuple[int, int] | None = None   # the queue's scratch (VA, bytes), made on demand by plugrt_amd.scratch
+  scratch: tuple[int, int] | None = None   # the queue's scratch (VA, bytes), made on demand by plugrt_amd_pci.scratch
   scratch_per_item: int = 0
 
   def bind(self) -> None:
@@ -126,29 +128,39 @@ def start(regs: GPURegisters, table: DiscoveryTable, mc_base: int, phys_base: in
   return c, steps
 
 
-def load(c: Compute, blob: bytes) -> tuple[codeobject.CodeObject, int]:
-  """Place a code object in VMID 8: its image, relocated to its VA, written through the VRAM BAR; returns the parsed
-  object and the image's VA (a kernel's kernel_object is VA + its kd_offset)."""
-  co = codeobject.parse(blob)
+def place(c: Compute, co: codeobject.CodeObject) -> int:
+  """Place a parsed code object in VMID 8: its image, relocated to its VA, written through the VRAM BAR (or the
+  register window); returns the image's VA (a kernel's kernel_object is VA + its kd_offset)."""
   va, at = c.alloc(co.image_size)
   c.regs.write_vram(at, bytes(co.image(va)))
   if c.flush is not None: c.flush()
-  return co, va
+  return va
+
+
+def load(c: Compute, blob: bytes) -> tuple[codeobject.CodeObject, int]:
+  """`place` of a code object's bytes; returns the parsed object and the image's VA."""
+  co = codeobject.parse(blob)
+  return co, place(c, co)
 
 
 def launch(c: Compute, co: codeobject.CodeObject, va: int, name: str, buffers: list[int], scalars: list[bytes],
            groups: tuple[int, int, int], local: tuple[int, int, int]) -> int:
-  """One dispatch of kernel `name` of a loaded code object: its kernarg block (codeobject.KernelInfo.kernargs: explicit
-  and hidden arguments) in the next slot, then the AQL packet; returns what `queue.wait` takes."""
-  assert c.queue is not None
+  """One dispatch of kernel `name` of a loaded code object: its kernarg segment (codeobject.KernelInfo.kernargs:
+  explicit and hidden arguments) and AQL packet through `submit`; returns what `queue.wait` takes."""
   info = co.kernels[name]
   if info.private_segment_size or info.descriptor.private_segment_enabled: scratch.ensure(c, info.private_segment_size)
+  grid = (groups[0] * local[0], groups[1] * local[1], groups[2] * local[2])
+  packet = aql.dispatch_packet(va + info.kd_offset, 0, grid, local, info.group_segment_size, info.private_segment_size)
+  return submit(c, packet, bytes(info.kernargs(buffers, scalars, groups, local)))
+
+
+def submit(c: Compute, packet: bytes, kernargs: bytes) -> int:
+  """One dispatch: `kernargs` into the next kernarg block (once the dispatch that last used it is done), then the AQL
+  `packet` with its kernarg address set to that block; returns what `queue.wait` takes."""
+  assert c.queue is not None
   if not c.kernargs: c.kernargs, c.kernargs_at = c.alloc(KERNARG_SLOT * KERNARG_SLOTS)
   n = c.queue.submitted
   if n >= KERNARG_SLOTS: c.queue.wait(n - KERNARG_SLOTS + 1, c.timeout)      # the slot's previous dispatch is done
   slot = (n % KERNARG_SLOTS) * KERNARG_SLOT
-  c.regs.write_vram(c.kernargs_at + slot, bytes(info.kernargs(buffers, scalars, groups, local)))
-  grid = (groups[0] * local[0], groups[1] * local[1], groups[2] * local[2])
-  return c.queue.submit(aql.dispatch_packet(va + info.kd_offset, c.kernargs + slot, grid, local, info.group_segment_size,
-                                            info.private_segment_size))
-
+  c.regs.write_vram(c.kernargs_at + slot, kernargs)
+  return c.queue.submit(packet[:KERNARG_ADDRESS] + (c.kernargs + slot).to_bytes(8, "little") + packet[KERNARG_ADDRESS + 8:])

@@ -10,14 +10,12 @@ hole + 4; hdp_v6_0_flush_hdp). Sources: docs/research/amd-pci.md ("HDP"). Never 
 """
 from __future__ import annotations
 
-from plugrt_amd.discovery import IPBlock
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd_pci.discovery import IPBlock
+from plugrt_amd_pci.regs import GPURegisters
+from plugrt_amd_pci.regtables.nbio import HDP_REMAP
 
 HOLE = 0x80000 - 0x1000              # MMIO_REG_HOLE_OFFSET (nbio_v4_3.c, nbif_v6_3_1.c) with 4 KiB pages
 MEM_FLUSH, REG_FLUSH = 0x0, 0x4      # KFD_MMIO_REMAP_HDP_MEM_FLUSH_CNTL / _REG_FLUSH_CNTL (uapi kfd_ioctl.h)
-#: NBIO (major, minor) -> (BIF_BX0_REMAP_HDP_MEM_FLUSH_CNTL, BIF_BX0_REMAP_HDP_REG_FLUSH_CNTL, segment)
-#: (nbio_4_3_0_offset.h, nbif_6_3_1_offset.h)
-REMAP = {(4, 3): (0x12D, 0x12E, 2), (6, 3): (0x12D, 0x12E, 2)}
 
 
 class HDP:
@@ -25,7 +23,7 @@ class HDP:
 
   def __init__(self, regs: GPURegisters, nbio: IPBlock):
     self.regs = regs
-    self.mem_remap, self.reg_remap, seg = REMAP[nbio.version[:2]]
+    self.mem_remap, self.reg_remap, seg = HDP_REMAP[nbio.version[:2]]
     self.base = nbio.bases[seg]
     self.flushes = 0
 
@@ -41,7 +39,7 @@ class HDP:
 def setup(regs: GPURegisters, nbio: IPBlock | None) -> tuple[HDP | None, str]:
   """The remapped HDP flush when plugrt knows this NBIO and the register BAR reaches the hole; else None and why."""
   if nbio is None: return None, "HDP flush not set up: no NBIO block in IP discovery"
-  if nbio.version[:2] not in REMAP or len(nbio.bases) <= REMAP[nbio.version[:2]][2]:
+  if nbio.version[:2] not in HDP_REMAP or len(nbio.bases) <= HDP_REMAP[nbio.version[:2]][2]:
     return None, f"HDP flush not set up: its remap registers are not known for NBIO {nbio.version_str} (writes through the BAR are not flushed)"
   if regs.mmio.size < HOLE + 0x1000:
     return None, f"HDP flush not set up: the {regs.mmio.size >> 10} KiB register BAR does not reach the remap hole at 0x{HOLE:x}"

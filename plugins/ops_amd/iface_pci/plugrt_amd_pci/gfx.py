@@ -14,12 +14,10 @@ import time
 from collections.abc import Callable
 
 from plugrt.errors import PlugrtError
-from plugrt_amd.discovery import IPBlock
-from plugrt_amd.regs import GPURegisters, poll
+from plugrt_amd_pci.discovery import IPBlock
+from plugrt_amd_pci.regs import GPURegisters, poll
+from plugrt_amd_pci.regtables.gc import BOOTLOAD_STATUS, CP_STAT, RS64_11
 
-CP_STAT = (0xF40, 0)
-#: GC version -> (dword offset, segment) of RLC_RLCS_BOOTLOAD_STATUS
-BOOTLOAD_STATUS = {(11, 0, 0): (0x4E82, 1), (11, 0, 2): (0x4E82, 1), (11, 0, 3): (0x4E82, 1), (12, 0, 0): (0x4E7C, 1), (12, 0, 1): (0x4E7C, 1)}
 BOOTLOAD_COMPLETE = 1 << 31         # RLC_RLCS_BOOTLOAD_STATUS.BOOTLOAD_COMPLETE (gc_11_0_0/gc_12_0_0 sh_mask)
 
 
@@ -43,10 +41,6 @@ def wait_autoload(regs: GPURegisters, gc: IPBlock, timeout: float = 2.0, sleep: 
                    "files match this GPU and the sOS, and reset the GPU")
 
 
-#: GC 11 (gc_11_0_0_offset.h) registers of the RS64 CP set-up: (dword offset, segment)
-RS64_11 = {"PFP_START": (0x1E44, 0), "PFP_START_HI": (0x1E59, 0), "ME_START": (0x1E45, 0), "ME_START_HI": (0x1E79, 0),
-           "MEC_START": (0x2900, 1), "MEC_START_HI": (0x2938, 1), "CP_ME_CNTL": (0x803, 1), "CP_MEC_RS64_CNTL": (0x2904, 1),
-           "GRBM_GFX_CNTL": (0x900, 1)}
 #: (engine, GRBM ME id, pipes, pipe-reset register, reset bits): CP_ME_CNTL PFP_PIPE0/1_RESET bits 18/19, ME_PIPE0/1_RESET
 #: 20/21; CP_MEC_RS64_CNTL MEC_PIPE0-3_RESET 16-19 (gc_11_0_0 sh_mask, as tinygrad's autogen lists them)
 #: GC 12 (gc_12_0_0_offset.h): the same offsets; gfx_v12_0_config_gfx_rs64 programs the same pipes (PFP 0-1, ME 0-1,

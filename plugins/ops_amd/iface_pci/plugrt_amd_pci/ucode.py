@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from plugrt_amd.psp_firmware import CommonHeader, PSPFirmwareError, common_header, decompress
+from plugrt_amd_pci.psp_firmware import CommonHeader, PSPFirmwareError, common_header, decompress
 
 #: AMDGPU_UCODE_ID name -> (enum value: the kernel's load order, GFX_FW_TYPE) (amdgpu_ucode.h, psp_gfx_if.h, amdgpu_psp.c)
 UCODES: dict[str, tuple[int, int]] = {

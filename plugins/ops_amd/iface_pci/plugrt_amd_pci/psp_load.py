@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import struct
 
-from plugrt_amd.psp import GFX_CMD_ID_LOAD_IP_FW, PAGE, PSP, PSP_1_MEG, PSPCommandError, PSPError, status_name
-from plugrt_amd.ucode import IPFirmware, Ucode, load_order
+from plugrt_amd_pci.psp import GFX_CMD_ID_LOAD_IP_FW, PAGE, PSP, PSP_1_MEG, PSPCommandError, PSPError, status_name
+from plugrt_amd_pci.ucode import IPFirmware, Ucode, load_order
 
 GFX_CMD_ID_AUTOLOAD_RLC = 0x21
 #: psp_check_pmfw_centralized_cstate_management (amdgpu_psp.c): the SMU is loaded before SETUP_TMR on these PSPs

@@ -14,7 +14,7 @@ loaded *through* it. Three stages, each as the kernel's psp_v13_0.c / psp_v14_0.
 3. GFX commands: a 1 KiB `psp_gfx_cmd_resp` in VRAM, a 64-byte `psp_gfx_rb_frame` pointing at it and at a fence,
    the write pointer (dwords) to C2PMSG_67; the PSP writes the frame's fence value when done and the status into the
    buffer's response. Implemented here: GFX_CMD_ID_LOAD_TOC (the TOC sizes the TMR) and GFX_CMD_ID_SETUP_TMR
-   (`tmr_init`, `tmr_load`); the IP firmwares' LOAD_IP_FW and AUTOLOAD_RLC are in plugrt_amd.psp_load.
+   (`tmr_init`, `tmr_load`); the IP firmwares' LOAD_IP_FW and AUTOLOAD_RLC are in plugrt_amd_pci.psp_load.
 
 Register offsets (dwords inside MP0's segment 0): C2PMSG_n is 0x40 + n in mp_13_0_0_offset.h and (as MPASP_SMN_*)
 in mp_14_0_2_offset.h. Addresses the PSP reads are MC addresses: VRAM offset + the FB base the MMHUB reports
@@ -32,9 +32,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from plugrt.errors import PlugrtError
-from plugrt_amd.discovery import DiscoveryTable, IPBlock
-from plugrt_amd.psp_firmware import PSPFirmware, PSPFirmwareError
-from plugrt_amd.regs import GPURegisters, poll
+from plugrt_amd_pci.discovery import DiscoveryTable, IPBlock
+from plugrt_amd_pci.psp_firmware import PSPFirmware, PSPFirmwareError
+from plugrt_amd_pci.regs import GPURegisters, poll
+from plugrt_amd_pci.regtables.gc import FB_OFFSET
+from plugrt_amd_pci.regtables.gmc import FB_LOCATION_BASE
 
 C2PMSG_BASE = 0x40                       # C2PMSG_n = 0x40 + n (segment 0 of MP0)
 BL_CMD, BL_ADDR = 35, 36                 # bootloader command/status, buffer address >> 20
@@ -80,10 +82,6 @@ DEFAULT_BASE = 16 << 20
 SUPPORTED = {(13, 0, 0), (13, 0, 7), (13, 0, 10), (14, 0, 2), (14, 0, 3)}
 #: PSPs that set up their TMR themselves at boot (amdgpu's boot_time_tmr): no SETUP_TMR from the driver
 BOOT_TIME_TMR = {(14, 0, 2), (14, 0, 3)}
-#: MMHUB version -> (dword offset, segment) of MMMC_VM_FB_LOCATION_BASE (mmhub_3_0_0/_3_0_1/_3_0_2/_4_1_0_offset.h)
-FB_LOCATION_BASE = {(3, 0, 0): (0x8EC, 0), (3, 0, 1): (0x8EC, 1), (3, 0, 2): (0x86C, 0), (4, 1, 0): (0x554, 0)}
-#: GC (major, minor) -> GCMC_VM_FB_OFFSET (gc_11_0_0/_11_0_3/_12_0_0_offset.h): VRAM's physical base for the TMR
-FB_OFFSET = {(11, 0): (0x15A7, 0), (11, 5): (0x15A7, 0), (12, 0): (0x15A7, 0)}
 
 
 class PSPError(PlugrtError, RuntimeError):
@@ -151,7 +149,7 @@ class PSP:
                            f"plugrt boots MP0 {', '.join('.'.join(map(str, v)) for v in sorted(SUPPORTED))}; use AMD_IFACE=KFD")
     self.regs, self.mp0, self.mc_base, self.phys_base = regs, mp0, mc_base, phys_base
     self.timeout, self.sleep = timeout, sleep
-    self.flush = flush or (lambda: None)  # the HDP flush (plugrt_amd.hdp), before the PSP reads what the CPU wrote
+    self.flush = flush or (lambda: None)  # the HDP flush (plugrt_amd_pci.hdp), before the PSP reads what the CPU wrote
     self.fw_pri = (base + PSP_1_MEG - 1) & ~(PSP_1_MEG - 1)
     self.ring = self.fw_pri + PSP_1_MEG
     self.cmd, self.fence = self.ring + RING_BYTES, self.ring + RING_BYTES + PAGE

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
-from plugrt_amd import compute, discovery, firmware, gc_init, gfx, gmc, hdp, psp, psp_firmware, psp_load, smu, ucode
-from plugrt_amd.compute import Compute
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd_pci import compute, discovery, firmware, gc_init, gfx, gmc, hdp, psp, psp_firmware, psp_load, smu, ucode
+from plugrt_amd_pci.compute import Compute
+from plugrt_amd_pci.regs import GPURegisters
 
 NOT_IMPLEMENTED = ("PSP firmware loading (SOS, then SMU/SDMA/GC microcode through the PSP ring) did not run (the reason is above), "
                    "so neither did SMU start-up, GMC/GART and VM set-up or the MEC compute queue; a device on that queue and the "
@@ -49,7 +49,8 @@ GMC_AFTER_GFXHUB = "the golden registers, compute VMIDs, doorbell routing, VMID 
 GMC_AFTER_QUEUE = "a plugrt device on the MEC queue"
 AFTER_QUEUE = ("next, not implemented: a plugrt device on this queue (the memory API and launch path of plugrt.open; host "
                "copies need SDMA queues or DMA, neither implemented; compute.load/launch run a code object when driven directly; "
-               "only the PCI interface keeps the GPU here and opens plugrt_amd.pcirt's device on it), the interrupt handler "
+               "only the PCI and USB interfaces keep the GPU here, as a plugrt_amd_pci.driverless.DriverlessGPU the device runs "
+               "on), the interrupt handler "
                "(completion is polled), CWSR, scratch, MES, GART mappings of host memory (DMA)")
 HINT = "use AMD_IFACE=KFD with the amdgpu kernel driver loaded"
 

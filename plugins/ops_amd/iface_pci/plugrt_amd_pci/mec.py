@@ -19,7 +19,7 @@ What plugrt does, in the kernel's order (gfx_v11_0_cp_resume):
    MIN_IB_AVAIL_SIZE 3 << 20, CP_HQD_EOP_CONTROL min(0xa, log2(EOP dwords) - 1), EOP base >> 8, CP_HQD_VMID,
    CP_HQD_AQL_CONTROL CONTROL0 1; priority 0. The MQD lives in VRAM and is addressed through VMID 0's system
    aperture (its MC address), as the KFD's MQDs are kernel (GART) buffers; the ring, pointers and EOP buffer are in
-   the queue's VMID (8, the first KFD VMID), mapped by plugrt_amd.vm;
+   the queue's VMID (8, the first KFD VMID), mapped by plugrt_amd_pci.vm;
 3. hqd_load_v11 under the queue's GRBM selection (ME 1, pipe 0, queue 0: soc21_grbm_select): every register from
    CP_MQD_BASE_ADDR (GC segment 0 + 0x1fa9) to CP_HQD_PQ_WPTR_HI (0x1fe0) from MQD dwords 128 on, then
    CP_HQD_PQ_DOORBELL_CONTROL with DOORBELL_EN (bit 30), CP_HQD_EOP_RPTR with INIT_FETCHER (bit 31), CP_HQD_ACTIVE 1;
@@ -39,17 +39,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plugrt.hwqueue import QueueError as _QueueError
-from plugrt_amd import aql, doorbell
-from plugrt_amd.discovery import IPBlock
-from plugrt_amd.gfx import grbm_select
-from plugrt_amd.regs import MMIO, GPURegisters, poll
+from plugrt_amd import aql
+from plugrt_amd_pci import doorbell
+from plugrt_amd_pci.discovery import IPBlock
+from plugrt_amd_pci.gfx import grbm_select
+from plugrt_amd_pci.regs import MMIO, GPURegisters, poll
+from plugrt_amd_pci.regtables.gc import CP_MEC_RS64_CNTL, GRBM_GFX_CNTL, HQD, MEC_REGS
 
-HQD_FIRST, HQD_LAST = 0x1FA9, 0x1FE0            # CP_MQD_BASE_ADDR .. CP_HQD_PQ_WPTR_HI, GC segment 0
+HQD_FIRST, HQD_LAST = HQD["CP_MQD_BASE_ADDR"], HQD["CP_HQD_PQ_WPTR_HI"]   # the block hqd_load writes, in order
 MQD_HQD = 128                                    # v11_compute_mqd.cp_mqd_base_addr_lo
 MQD_DWORDS = 512
-REG = {"CP_HQD_ACTIVE": 0x1FAB, "CP_HQD_PQ_DOORBELL_CONTROL": 0x1FB8, "CP_HQD_EOP_RPTR": 0x1FD1,
-       "CP_MEC_DOORBELL_RANGE_LOWER": 0x1DFC, "CP_MEC_DOORBELL_RANGE_UPPER": 0x1DFD}
-CP_MEC_RS64_CNTL, GRBM_GFX_CNTL = (0x2904, 1), (0x900, 1)
 MEC_ENABLE_CLEAR = 1 << 4 | 0xF << 16 | 1 << 30   # MEC_INVALIDATE_ICACHE, MEC_PIPE0-3_RESET, MEC_HALT
 MEC_ENABLE_SET = 0xF << 26                        # MEC_PIPE0-3_ACTIVE
 DOORBELL_EN, INIT_FETCHER = 1 << 30, 1 << 31
@@ -57,13 +56,7 @@ MQD_HEADER = 0xC0310800
 #: MQD dword of each register (the HQD block) and of the fields before it
 MQD_FIELDS = {"header": 0, "compute_pipelinestat_enable": 11, **{f"compute_static_thread_mgmt_se{i}": d
               for i, d in enumerate((23, 24, 26, 27, 44, 45, 46, 47))}}
-HQD = {"CP_MQD_BASE_ADDR": 0x1FA9, "CP_MQD_BASE_ADDR_HI": 0x1FAA, "CP_HQD_ACTIVE": 0x1FAB, "CP_HQD_VMID": 0x1FAC,
-       "CP_HQD_PERSISTENT_STATE": 0x1FAD, "CP_HQD_PIPE_PRIORITY": 0x1FAE, "CP_HQD_QUEUE_PRIORITY": 0x1FAF, "CP_HQD_QUANTUM": 0x1FB0,
-       "CP_HQD_PQ_BASE": 0x1FB1, "CP_HQD_PQ_BASE_HI": 0x1FB2, "CP_HQD_PQ_RPTR": 0x1FB3, "CP_HQD_PQ_RPTR_REPORT_ADDR": 0x1FB4,
-       "CP_HQD_PQ_RPTR_REPORT_ADDR_HI": 0x1FB5, "CP_HQD_PQ_WPTR_POLL_ADDR": 0x1FB6, "CP_HQD_PQ_WPTR_POLL_ADDR_HI": 0x1FB7,
-       "CP_HQD_PQ_DOORBELL_CONTROL": 0x1FB8, "CP_HQD_PQ_CONTROL": 0x1FBA, "CP_HQD_IB_CONTROL": 0x1FBE, "CP_MQD_CONTROL": 0x1FCB,
-       "CP_HQD_EOP_BASE_ADDR": 0x1FCE, "CP_HQD_EOP_BASE_ADDR_HI": 0x1FCF, "CP_HQD_EOP_CONTROL": 0x1FD0,
-       "CP_HQD_AQL_CONTROL": 0x1FDE, "CP_HQD_PQ_WPTR_LO": 0x1FDF, "CP_HQD_PQ_WPTR_HI": 0x1FE0}
+
 
 #: the queue's VRAM (plugrt's choice, below the PSP's buffers at 16 MiB): MQD, EOP buffer, amd_queue_t + signal, ring
 QUEUE_AT, MQD_OFF, EOP_OFF, PTRS_OFF, RING_OFF = 15 << 20, 0x0, 0x1000, 0x2000, 0x10000
@@ -122,13 +115,13 @@ def hqd_load(regs: GPURegisters, gc: IPBlock, mqd: bytes, me: int = ME, pipe: in
   """hqd_load_v11 (without the write-pointer poll) under the queue's GRBM selection; returns the register writes."""
   base, grbm = gc.bases[0], gc.bases[GRBM_GFX_CNTL[1]] + GRBM_GFX_CNTL[0]
   words = struct.unpack(f"<{MQD_DWORDS}I", mqd)
-  regs.wreg(base + REG["CP_MEC_DOORBELL_RANGE_LOWER"], doorbell.RANGE_LOWER)
-  regs.wreg(base + REG["CP_MEC_DOORBELL_RANGE_UPPER"], doorbell.RANGE_UPPER)
+  regs.wreg(base + MEC_REGS["CP_MEC_DOORBELL_RANGE_LOWER"], doorbell.RANGE_LOWER)
+  regs.wreg(base + MEC_REGS["CP_MEC_DOORBELL_RANGE_UPPER"], doorbell.RANGE_UPPER)
   regs.wreg(grbm, grbm_select(me, pipe, queue))
   for reg in range(HQD_FIRST, HQD_LAST + 1): regs.wreg(base + reg, words[MQD_HQD + reg - HQD_FIRST])
-  regs.wreg(base + REG["CP_HQD_PQ_DOORBELL_CONTROL"], words[MQD_HQD + HQD["CP_HQD_PQ_DOORBELL_CONTROL"] - HQD_FIRST] | DOORBELL_EN)
-  regs.wreg(base + REG["CP_HQD_EOP_RPTR"], words[MQD_HQD + REG["CP_HQD_EOP_RPTR"] - HQD_FIRST] | INIT_FETCHER)
-  regs.wreg(base + REG["CP_HQD_ACTIVE"], words[MQD_HQD + HQD["CP_HQD_ACTIVE"] - HQD_FIRST] | 1)
+  regs.wreg(base + MEC_REGS["CP_HQD_PQ_DOORBELL_CONTROL"], words[MQD_HQD + HQD["CP_HQD_PQ_DOORBELL_CONTROL"] - HQD_FIRST] | DOORBELL_EN)
+  regs.wreg(base + MEC_REGS["CP_HQD_EOP_RPTR"], words[MQD_HQD + MEC_REGS["CP_HQD_EOP_RPTR"] - HQD_FIRST] | INIT_FETCHER)
+  regs.wreg(base + MEC_REGS["CP_HQD_ACTIVE"], words[MQD_HQD + HQD["CP_HQD_ACTIVE"] - HQD_FIRST] | 1)
   regs.wreg(grbm, grbm_select(0, 0))
   return HQD_LAST - HQD_FIRST + 1 + 7
 
@@ -169,7 +162,7 @@ class ComputeQueue:
     desc.hsa_queue.size = self.entries
     desc.queue_properties = aql.AMD_QUEUE_PROPERTIES_IS_PTR64 | aql.AMD_QUEUE_PROPERTIES_ENABLE_PROFILING   # timestamps
     # the apertures gc_init's SH_MEM_BASES gives VMID 8 (SHARED_BASE 1, PRIVATE_BASE 2: bits 48-63), as the KFD path
-    # gives those KFD reports; scratch itself comes later, on demand (plugrt_amd.scratch)
+    # gives those KFD reports; scratch itself comes later, on demand (plugrt_amd_pci.scratch)
     desc.group_segment_aperture_base_hi, desc.private_segment_aperture_base_hi = 1 << 16, 2 << 16
     self.regs.write_vram(at + PTRS_OFF, bytes(desc))
     sig = aql.AmdSignal()
@@ -230,7 +223,7 @@ class ComputeQueue:
 
 def setup(regs: GPURegisters, gc: IPBlock, lay: Layout, mc_base: int, bell: MMIO | None,
           flush: Callable[[], None] | None = None) -> tuple[ComputeQueue, str]:
-  """With the queue's VRAM already mapped in its VMID (`lay`: plugrt_amd.compute maps it): write the queue, enable
+  """With the queue's VRAM already mapped in its VMID (`lay`: plugrt_amd_pci.compute maps it): write the queue, enable
   the MEC, load the HQD."""
   q = ComputeQueue(regs, bell, lay, mc_base, flush)
   mqd = q.write()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from plugrt_amd.discovery import DiscoveryTable
+from plugrt_amd_pci.discovery import DiscoveryTable
 
 FIRMWARE_DIR = "/lib/firmware/amdgpu"
 COMPRESSED = ("", ".zst", ".xz")

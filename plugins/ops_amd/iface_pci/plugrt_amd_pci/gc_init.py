@@ -21,7 +21,7 @@ GC 12.0.0/12.0.1 (gfx_v12_0.c), where they differ:
 - golden_settings_gc_12_0 = {DB_MEM_CONFIG (segment 0 + 0x13d2) &0xf |0xf, CB_HW_CONTROL_1 (0 + 0x1425) &0x03000000
   |0x03000000, GL2C_CTRL5 (1 + 0x2e19) &0x70 |0x20}, programmed only when adev->rev_id is 0; the rev id is
   RCC_STRAP0_RCC_DEV0_EPF0_STRAP0 (NBIF 6.3.1 segment 2 + 0x1c) bits 24-27 (nbif_v6_3_1_get_rev_id); and it comes right
-  after the RLC autoload, before the CP set-up and the GFXHUB (gfx_v12_0_hw_init), so plugrt_amd.bringup runs it there;
+  after the RLC autoload, before the CP set-up and the GFXHUB (gfx_v12_0_hw_init), so plugrt_amd_pci.bringup runs it there;
 - gfx_v12_0_init_compute_vmid: the same SH_MEM_CONFIG/SH_MEM_BASES/TRAP_EN writes for VMIDs 8-15 (first_kfd_vmid 8 in
   gmc_v12_0.c; the same offsets in gc_12_0_0_offset.h; the field shifts taken as GC 11's, gc_12_0_0_sh_mask.h not read),
   and no GDS/GWS/OA clearing: GC 12 has no GDS registers (none in gc_12_0_0_offset.h);
@@ -30,29 +30,22 @@ Never run on an AMD GPU: tested against the fake register file.
 """
 from __future__ import annotations
 
-from plugrt_amd.discovery import IPBlock
-from plugrt_amd.gfx import grbm_select
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd_pci.discovery import IPBlock
+from plugrt_amd_pci.gfx import grbm_select
+from plugrt_amd_pci.regs import GPURegisters
+from plugrt_amd_pci.regtables.gc import COMPUTE_VMID_REGS, GOLDEN_11, GOLDEN_12, GRBM_GFX_CNTL, RLC_SRM_CNTL
+from plugrt_amd_pci.regtables.nbio import REV_ID
 
-GRBM_GFX_CNTL = (0x900, 1)
-#: (register, segment, offset, and-mask, or-mask) per GC version (gfx_v11_0.c golden_settings_gc_11_0, gfx_v12_0.c
-#: golden_settings_gc_12_0; offsets gc_11_0_0_offset.h / gc_12_0_0_offset.h)
-GOLDEN_11 = (("TCP_CNTL", 1, 0x19A2, 0x20000000, 0x20000000),)
-GOLDEN_12 = (("DB_MEM_CONFIG", 0, 0x13D2, 0xF, 0xF), ("CB_HW_CONTROL_1", 0, 0x1425, 0x03000000, 0x03000000),
-             ("GL2C_CTRL5", 1, 0x2E19, 0x70, 0x20))
+#: each GC version's golden settings (regtables.gc: gfx_v11_0.c's and gfx_v12_0.c's)
 GOLDEN = {(11, 0, 0): GOLDEN_11, (11, 0, 2): GOLDEN_11, (12, 0, 0): GOLDEN_12, (12, 0, 1): GOLDEN_12}
 #: GC versions whose golden settings the kernel applies on rev id 0 only (gfx_v12_0_init_golden_registers)
 REV0_ONLY = {(12, 0, 0), (12, 0, 1)}
-#: NBIO (major, minor) -> (RCC_STRAP0_RCC_DEV0_EPF0_STRAP0 dword offset, segment, STRAP_ATI_REV_ID_DEV0_F0 mask)
-REV_ID = {(6, 3): (0x1C, 2, 0x0F000000)}
 NO_GDS = {12}                                # GC majors without GDS/GWS/OA registers
 FIRST_KFD_VMID, NUM_VMID = 8, 16
 SH_MEM_CONFIG = 0 | 3 << 2 | 3 << 14        # DEFAULT_SH_MEM_CONFIG
 SH_MEM_BASES = 0x1 << 16 | 0x2              # LDS_APP_BASE << SHARED_BASE (16), SCRATCH_APP_BASE (PRIVATE_BASE 0)
 TRAP_EN = 1 << 3                             # SPI_GDBG_PER_VMID_CNTL.TRAP_EN (gc_11_0_0_sh_mask.h)
-RLC_SRM_CNTL, SRM_ENABLE_AUTO_INCR = (0x4C80, 1), 0x3
-REGS = {"SH_MEM_BASES": (0x9E3, 1), "SH_MEM_CONFIG": (0x9E4, 1), "SPI_GDBG_PER_VMID_CNTL": (0x1F72, 0),
-        "GDS_VMID0_BASE": (0x20A0, 0), "GDS_VMID0_SIZE": (0x20A1, 0), "GDS_GWS_VMID0": (0x20C0, 0), "GDS_OA_VMID0": (0x20D0, 0)}
+SRM_ENABLE_AUTO_INCR = 0x3                  # RLC_SRM_CNTL.SRM_ENABLE | AUTO_INCR_ADDR
 
 
 def rev_id(regs: GPURegisters, nbio: IPBlock | None) -> int | None:
@@ -80,7 +73,7 @@ def golden(regs: GPURegisters, gc: IPBlock, nbio: IPBlock | None = None) -> str 
 def init_compute_vmid(regs: GPURegisters, gc: IPBlock) -> str:
   """gfx_v11_0/v12_0_init_compute_vmid: the shader-memory apertures and trap enable of VMIDs 8-15, their GDS/GWS/OA
   cleared where the GC has them (GC 11)."""
-  at = {n: gc.bases[seg] + off for n, (off, seg) in REGS.items()}
+  at = {n: gc.bases[seg] + off for n, (off, seg) in COMPUTE_VMID_REGS.items()}
   grbm = gc.bases[GRBM_GFX_CNTL[1]] + GRBM_GFX_CNTL[0]
   for vmid in range(FIRST_KFD_VMID, NUM_VMID):
     regs.wreg(grbm, grbm_select(0, 0, 0, vmid))

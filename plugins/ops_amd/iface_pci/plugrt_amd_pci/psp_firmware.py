@@ -160,7 +160,7 @@ def decompress(blob: bytes, path: str) -> bytes:
       import zstandard
     except ImportError:
       raise FirmwareToolMissing(f"PSP firmware: {path} is zstd-compressed and the zstandard module is not installed [missing toolchain]",
-                             "pip install zstandard (or the plugrt-amd[firmware] extra), or decompress it with zstd -d into a folder "
+                             "pip install zstandard (or the plugrt-amd-pci[firmware] extra), or decompress it with zstd -d into a folder "
                                 "and point PLUGRT_AMD_FIRMWARE at it") from None
     try: return zstandard.ZstdDecompressor().decompressobj().decompress(blob)
     except zstandard.ZstdError as e: raise _fail(f"{path}: not a valid .zst file ({e})") from None

@@ -10,7 +10,7 @@ VRAM BAR. On top of that:
 - `smn_read(addr)` / `smn_write`: the same pair for system-management-network addresses;
 - `read_vram(offset, n)`: through the VRAM BAR where it reaches, else through MM_INDEX/MM_INDEX_HI/MM_DATA (bit 31
   of MM_INDEX selects VRAM), as the kernel's amdgpu_device_mm_access does when VRAM is not CPU-visible;
-- `write_vram(offset, data)`: the same two ways, for the buffers the PSP reads (plugrt_amd.psp);
+- `write_vram(offset, data)`: the same two ways, for the buffers the PSP reads (plugrt_amd_pci.psp);
 - `vram_size()`: RCC_CONFIG_MEMSIZE (MiB), the one register the driver reads before it knows any IP base.
 
 Constants and their sources: docs/research/amd-pci.md. Nothing here has run on an AMD GPU.
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from plugrt.errors import PlugrtError
+from plugrt_amd_pci.regtables.nbio import SMN_PAIRS
 
 # fixed register dword offsets (amdgpu_discovery.c; the same on every SOC15+ GPU)
 MM_INDEX = 0x0
@@ -30,13 +31,6 @@ MM_DATA = 0x1
 MM_INDEX_HI = 0x6
 RCC_CONFIG_MEMSIZE = 0xDE3
 MM_INDEX_VRAM = 1 << 31          # MM_INDEX bit 31: the address is VRAM, not a register
-#: NBIO (major, minor) -> (index, data) of the kernel's pcie index/data pair as (segment, dword offset in it):
-#: nbio_v2_3/v6_1/v7_0/v7_4 use PCIE_INDEX2/PCIE_DATA2 (0xe, 0xf in segment 0); nbio_v4_3 and nbif_v6_3_1 use
-#: BIF_BX_PF0_RSMU_INDEX/RSMU_DATA (0x0, 0x1 in segment 1)
-SMN_PAIRS: dict[tuple[int, int], tuple[tuple[int, int], tuple[int, int]]] = {
-  (2, 3): ((0, 0xE), (0, 0xF)), (6, 1): ((0, 0xE), (0, 0xF)), (7, 0): ((0, 0xE), (0, 0xF)), (7, 4): ((0, 0xE), (0, 0xF)),
-  (4, 3): ((1, 0x0), (1, 0x1)), (6, 3): ((1, 0x0), (1, 0x1)),
-}
 #: the register BAR: BAR5 on every GPU amdgpu drives since CIK (Bonaire); BAR2 on SI and older (amdgpu_device_init)
 REGISTER_BAR = 5
 REGISTER_BAR_PRE_CIK = 2
@@ -93,7 +87,7 @@ class BufferMMIO:
 
 class GPURegisters:
   """Registers and VRAM of one GPU through `mmio` (the register BAR) and, optionally, `vram` (the VRAM BAR) and
-  `doorbell` (the doorbell BAR, plugrt_amd.doorbell)."""
+  `doorbell` (the doorbell BAR, plugrt_amd_pci.doorbell)."""
 
   def __init__(self, mmio: MMIO, vram: MMIO | None = None, doorbell: MMIO | None = None):
     self.mmio, self.vram, self.doorbell = mmio, vram, doorbell

@@ -13,26 +13,19 @@ GPU: tested against the fake.
 """
 from __future__ import annotations
 
-from plugrt_amd.discovery import IPBlock
-from plugrt_amd.regs import MMIO, GPURegisters, RegisterError
+from plugrt_amd_pci.discovery import IPBlock
+from plugrt_amd_pci.regs import MMIO, GPURegisters, RegisterError
+from plugrt_amd_pci.regtables.nbio import DOORBELL
 
 KIQ, MEC_RING0, USERQUEUE_END = 0x000, 0x003, 0x08A     # AMDGPU_NAVI10_DOORBELL_* (amdgpu_doorbell.h), 64-bit units
 RANGE_LOWER, RANGE_UPPER = (KIQ * 2) << 2, (USERQUEUE_END * 2) << 2
-#: NBIO (major, minor) -> register -> (dword offset, segment, value or field bit)
-NBIO = {(4, 3): {"RCC_DEV0_EPF0_RCC_DOORBELL_APER_EN": (0xC0, 2, 1 << 0),
-                 "S2A_DOORBELL_ENTRY_0_CTRL": (0x4F7740, 3, 0x30000007), "S2A_DOORBELL_ENTRY_3_CTRL": (0x4F7743, 3, 0x3000000D)},
-        # NBIF 6.3.1 (RDNA4, soc24): the same aperture bit at segment 2 + 0xc0 (nbif_v6_3_1_enable_doorbell_aperture), the
-        # same entry values in GDC_S2A0_S2A_DOORBELL_ENTRY_0/3_CTRL at segment 2 + 0x1cb / 0x1ce (nbif_v6_3_1_gc_doorbell_init;
-        # nbif_6_3_1_offset.h, BIF_DOORBELL_APER_EN mask 0x1 in nbif_6_3_1_sh_mask.h)
-        (6, 3): {"RCC_DEV0_EPF0_RCC_DOORBELL_APER_EN": (0xC0, 2, 1 << 0),
-                 "S2A_DOORBELL_ENTRY_0_CTRL": (0x1CB, 2, 0x30000007), "S2A_DOORBELL_ENTRY_3_CTRL": (0x1CE, 2, 0x3000000D)}}
 #: the kernel function names of each NBIO's two steps (for the step's text)
 FUNCS = {(4, 3): "nbio_v4_3", (6, 3): "nbif_v6_3_1"}
 
 
 def enable(regs: GPURegisters, nbio: IPBlock | None) -> str | None:
   """The doorbell aperture and the GC's doorbell entries; None when plugrt does not know this NBIO (recorded)."""
-  if nbio is None or (table := NBIO.get(nbio.version[:2])) is None or len(nbio.bases) <= max(s for _, s, _ in table.values()): return None
+  if nbio is None or (table := DOORBELL.get(nbio.version[:2])) is None or len(nbio.bases) <= max(s for _, s, _ in table.values()): return None
   off, seg, bit = table["RCC_DEV0_EPF0_RCC_DOORBELL_APER_EN"]
   regs.wreg(nbio.bases[seg] + off, regs.rreg(nbio.bases[seg] + off) | bit)
   for name in ("S2A_DOORBELL_ENTRY_0_CTRL", "S2A_DOORBELL_ENTRY_3_CTRL"):

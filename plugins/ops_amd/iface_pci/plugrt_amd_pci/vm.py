@@ -20,7 +20,7 @@ import struct
 from collections.abc import Callable
 
 from plugrt.errors import PlugrtError
-from plugrt_amd.regs import GPURegisters
+from plugrt_amd_pci.regs import GPURegisters
 
 PAGE = 0x1000
 ENTRIES = 512

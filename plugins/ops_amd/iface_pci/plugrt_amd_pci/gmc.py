@@ -1,10 +1,11 @@
 """The memory hubs' GART and system aperture (GMC), as register writes computed from a memory-controller layout.
 
 What the kernel's gmc_v11_0_gart_enable does on the MMHUB and gfx_v11_0_gfxhub_enable on the GFXHUB (their hubs'
-gart_enable, the VM contexts 1-15's configuration included (their page tables: plugrt_amd.vm); then the HDP flush, the protection-fault defaults and
-the GART's TLB flush), as data: `gart_enable_ops(layout, hub)` is the list of writes (`Write`: a whole register;
-`Update`: a read-modify-write of named fields, or fields set on a documented default), `apply(regs, base, ops, hub)`
-performs them (register tables: plugrt_amd.gmc_regs). The layout is the kernel's (gmc_v11_0_vram_gtt_location): VRAM
+gart_enable, the VM contexts 1-15's configuration included (their page tables: plugrt_amd_pci.vm); then the HDP
+flush, the protection-fault defaults and the GART's TLB flush), as data: `gart_enable_ops(layout, hub)` is the list of
+writes (`Write`: a whole register; `Update`: a read-modify-write of named fields, or fields set on a documented
+default), `apply(regs, base, ops, hub)` performs them (the hubs: `Hub`, MMHUBS, GFXHUBS; their register tables:
+plugrt_amd_pci.regtables.gmc). The layout is the kernel's (gmc_v11_0_vram_gtt_location): VRAM
 ("FB") at the MC address the MMHUB reports, the GART (512 MiB, amdgpu_gart_size's default) placed high below the
 48-bit hole on a 4 GiB boundary, no AGP aperture (amdgpu_gmc_set_agp_default), the system aperture over the FB, its
 default page a VRAM scratch page; both hubs share it and the one GART table.
@@ -22,8 +23,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plugrt.errors import PlugrtError
-from plugrt_amd.gmc_regs import CTX_ADDR_DISTANCE, CTX_DISTANCE, FIELDS, GFXHUBS, MMHUBS, Hub
-from plugrt_amd.regs import GPURegisters, poll
+from plugrt_amd_pci.regs import GPURegisters, poll
+from plugrt_amd_pci.regtables.gmc import (
+  CTX_ADDR_DISTANCE,
+  CTX_DISTANCE,
+  FIELDS,
+  FIELDS_12_MOVED,
+  GC_11_0_0,
+  GC_12_0_0,
+  GC_DEFAULTS,
+  MM_DEFAULTS,
+  MMHUB_3_0_0,
+  MMHUB_4_1_0,
+)
 
 MTYPE_UC = 3                          # soc21_enum.h
 INVALIDATE_ENGINES, ENG_DISTANCE = 18, 2   # address-range registers: 2 dwords per engine
@@ -35,6 +47,39 @@ MAX_MC = (1 << 47) - 1                # min(mc_mask 48-bit, AMDGPU_GMC_HOLE_STAR
 FOUR_GB = 1 << 32
 AGP_OFF = (0xFFFFFFFFFFFF, 0)         # amdgpu_gmc_set_agp_default: agp_start, agp_end
 PTE_VALID = 1 << 0
+
+
+@dataclass(frozen=True)
+class Hub:
+  """One memory hub: its register table and defaults, and what its TLB flush does beyond request/acknowledge (the
+  invalidation semaphore and the private invalidation are the MMHUB's only: gmc_v11_0_flush_gpu_tlb)."""
+  name: str
+  offsets: dict[str, int]
+  defaults: dict[str, int]
+  semaphore: bool
+  private_invalidation: bool
+  cp_debug: bool                      # set_fault_enable_default also stops the CP halting on UTCL1 errors (gfxhub_v3_0)
+  fields: dict[str, dict[str, int]] | None = None   # this hub's field masks where they differ from FIELDS (GMC 12)
+  gmc: int = 11                       # the GMC generation whose kernel functions program it (the step's text)
+
+  @property
+  def masks(self) -> dict[str, dict[str, int]]: return self.fields or FIELDS
+
+
+FIELDS_12 = FIELDS | FIELDS_12_MOVED
+MMHUB_V3_0 = Hub("MMHUB 3.0.0", MMHUB_3_0_0, MM_DEFAULTS, semaphore=True, private_invalidation=True, cp_debug=False)
+GFXHUB_V3_0 = Hub("GFXHUB (gfxhub_v3_0)", GC_11_0_0, GC_DEFAULTS, semaphore=False, private_invalidation=False, cp_debug=True)
+#: GMC 12's hubs start CNTL3/4/5 from the same defaults as GMC 11's (regMMVM_L2_CNTLn_DEFAULT in mmhub_v4_1_0.c,
+#: regGCVM_L2_CNTLn_DEFAULT in gfxhub_v12_0.c)
+MMHUB_V4_1_0 = Hub("MMHUB 4.1.0", MMHUB_4_1_0, MM_DEFAULTS, semaphore=True, private_invalidation=True, cp_debug=False,
+                   fields=FIELDS_12, gmc=12)
+GFXHUB_V12_0 = Hub("GFXHUB (gfxhub_v12_0)", GC_12_0_0, GC_DEFAULTS, semaphore=False, private_invalidation=False, cp_debug=True,
+                   fields=FIELDS_12, gmc=12)
+#: hub versions plugrt programs: MMHUB by its IP version (mmhub_v3_0 is the default of gmc_v11_0_set_mmhub_funcs: plugrt
+#: takes 3.0.0 of it; gmc_v12_0_set_mmhub_funcs: mmhub_v4_1_0 for 4.1.0); the GFXHUB by GC version (gfxhub_v3_0 serves GC
+#: 11 except 11.0.3 and 11.5.x: plugrt takes the dGPUs; gmc_v12_0_set_gfxhub_funcs: gfxhub_v12_0 for GC 12.0.0/12.0.1)
+MMHUBS = {(3, 0, 0): MMHUB_V3_0, (4, 1, 0): MMHUB_V4_1_0}
+GFXHUBS = {(11, 0, 0): GFXHUB_V3_0, (11, 0, 2): GFXHUB_V3_0, (12, 0, 0): GFXHUB_V12_0, (12, 0, 1): GFXHUB_V12_0}
 
 
 @dataclass(frozen=True)

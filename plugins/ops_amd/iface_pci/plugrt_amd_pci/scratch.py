@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from plugrt.errors import UnsupportedError
-from plugrt_amd import aql, mec, vm
+from plugrt_amd import aql
+from plugrt_amd_pci import mec, vm
 
 SLOTS_PER_CU = 32        # KFD topology's max_slots_scratch_cu on gfx9..gfx12 (kfd_topology.c: 32)
 
@@ -44,7 +45,7 @@ def describe(queue: mec.ComputeQueue, va: int, size: int, per_item: int, major: 
 
 
 def ensure(c: Any, private_segment_size: int) -> None:
-  """Give `c`'s queue (a plugrt_amd.compute.Compute) scratch for `private_segment_size` bytes a work-item; a no-op when
+  """Give `c`'s queue (a plugrt_amd_pci.compute.Compute) scratch for `private_segment_size` bytes a work-item; a no-op when
   it has enough. vm.VMError when not even one wave per shader engine fits in the VRAM heap, UnsupportedError when one
   wave's slice is more than COMPUTE_TMPRING_SIZE can describe."""
   major, gc = c.major, c.gc
