@@ -429,6 +429,9 @@ class HCQState(DeviceState):
   `launch_seconds()` reads it after (None: the device has none, the host's clock is used)."""
   lock: Any
 
+  def publish_queued(self) -> None:
+    """Tell the GPU of the launches a graph queued (PreparedCall.queue, where a program gives one)."""
+
   def launch_wait(self, value: int) -> None:
     """Wait for a launch's timeline value (this default: the state's own `wait`, as a Timeline has it)."""
     self.wait(value)  # type: ignore[attr-defined]
@@ -472,9 +475,18 @@ class HCQProgram(LockedProgram):
 class HCQGraph(Graph):
   """A fixed batch of launches on one HCQState device: each launch prepared once, for the graph alone
   (HCQProgram._graph_encode), and a replay submits them in order under the device's lock, so that no other thread's
-  work falls between them. The backends' plugrt_graph hooks return this class."""
+  work falls between them. Where every launch's prepared call can be queued (a `queue` that writes the launch without
+  telling the GPU), a replay queues them all and tells the GPU once (HCQState.publish_queued: one doorbell for the
+  batch). The backends' plugrt_graph hooks return this class."""
 
   def _replay(self) -> None:
-    if (steps := self._steps) is None: steps = self._steps = [ln.program._graph_step(ln) for ln in self.launches]
-    with self.device.info.state.lock:
-      for step in steps: step.submit()
+    if (steps := self._steps) is None:
+      steps = self._steps = [ln.program._graph_step(ln) for ln in self.launches]
+      self._queues = [q for s in steps if (q := getattr(s, "queue", None)) is not None]
+    st = self.device.info.state
+    with st.lock:
+      if len(self._queues) == len(steps):
+        for queue in self._queues: queue()
+        st.publish_queued()
+      else:
+        for step in steps: step.submit()

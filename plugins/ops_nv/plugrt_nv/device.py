@@ -219,6 +219,11 @@ class NVState(Timeline, HCQState):  # Timeline first: its synchronize() is the d
     super().fail(what, value, timed_out)
 
   # ------------------------------------------------------------ a launch's wait and its time (HCQState)
+  def publish_queued(self) -> None:
+    """Tell the GPU of the launches queued on the compute channel (their slots and ring entries first: see _kick)."""
+    self._fence()
+    self.compute.publish()
+
   def launch_seconds(self) -> float | None:
     """A timed launch's duration by the GPU's clock: its start timestamp (written before the grid) to its release's."""
     t0, t1 = ctypes.c_uint64.from_address(self.ts + 8).value, ctypes.c_uint64.from_address(self.sem + 8).value
@@ -370,8 +375,9 @@ def _release_program(state: NVState, *mems: Mem) -> None:
 
 class _Launch(PreparedCall):
   """A launch's QMD and constant bank 0 (`blob`, with the constant bank's address left 0: wherever it goes patches its
-  own), and the resident entry holding them (None: they travel in the launch's command slot)."""
-  __slots__ = ("__weakref__", "blob", "entry")
+  own), the resident entry holding them (None: they travel in the launch's command slot), and `queue`: the launch
+  written without telling the GPU (HCQGraph's batches)."""
+  __slots__ = ("__weakref__", "blob", "entry", "queue")
 
 
 class NVProgram(HCQProgram):
@@ -447,9 +453,9 @@ class NVProgram(HCQProgram):
     off, _, hi = self.cbuf_patch
     struct.pack_into("<II", blob, off, 0, hi)  # the constant bank's address: wherever the blob goes patches its own
     p = _Launch()
-    p.blob = bytes(blob)
-    p.entry = self._resident(p.blob)
-    p.submit = self._submitter(p.entry, p.blob)
+    p.entry = self._resident(key := bytes(blob))
+    p.blob = key if p.entry is None else p.entry.key  # the entry's own bytes object: its launches check `e.key is blob`
+    p.submit, p.queue = self._submitters(p.entry, p.blob)
     return p
 
   def _resident(self, blob: bytes) -> ResidentLaunch | None:
@@ -488,22 +494,26 @@ class NVProgram(HCQProgram):
     weakref.finalize(p, _release_program, st, mem)
     p.entry = ResidentLaunch(mem.va)
     self._write_entry(p.entry, p.blob)
-    p.submit = self._submitter(p.entry, p.blob)
+    p.submit, p.queue = self._submitters(p.entry, p.blob)
     return p
 
-  def _submitter(self, e: ResidentLaunch | None, blob: bytes) -> Callable[[], int]:
-    """The prepared call's submit: a closure over what every launch of it reads (the device's slots and compute ring,
-    the entry's words), so the fast path is one Python frame of local reads; it returns the launch's timeline value."""
+  def _submitters(self, e: ResidentLaunch | None, blob: bytes) -> tuple[Callable[[], int], Callable[[], int]]:
+    """The prepared call's (submit, queue): closures over what every launch of it reads (the device's slots and compute
+    ring, the entry's words), so a launch is one Python frame of local reads; each returns the launch's timeline value.
+    `queue` writes the launch but does not tell the GPU (a graph tells it once, after its last launch: HCQGraph)."""
     st, slot_launch = self.state, self._slot_launch
-    if e is None: return lambda: slot_launch(None, blob, False)
+    if e is None:
+      def slotted() -> int: return slot_launch(None, blob, False)
+      return slotted, slotted
     slots, ch, words, view, ring, base, entries, fence = st.slots, st.compute, e.commands, st.slots.view, st.compute.ring, \
       st.slots.base, st.compute.entries, st._fence
     last_use, put_register, doorbell, token = slots.last_use, ch.put_register, ch.doorbell, ch.token
 
-    def submit() -> int:
-      # (an entry rewritten since for other bytes, or a device that must invalidate first: the slot path, with this blob)
+    def queue() -> int:
+      # (an entry rewritten since for other bytes, or a device that must invalidate first: the slot path, with this blob,
+      # which tells the GPU of everything queued before it too)
       if not st.fast or e.key is not blob: return slot_launch(e if e.key is blob else None, blob, False)
-      # the fast path: 12 words into a slot, a ring entry, GP_PUT, the doorbell (CommandSlots.take and DoorbellRing.push/publish)
+      # the fast path: 12 words into a slot and a ring entry (CommandSlots.take and DoorbellRing.push, inline)
       i = slots.next
       if last_use[i] > st.done: st.wait(last_use[i])
       slots.next = (i + 1) % SLOTS
@@ -512,13 +522,17 @@ class NVProgram(HCQProgram):
       view[o:o + FAST_WORDS * 4] = words
       put = ch.put
       ring[put % entries] = base + o | FAST_ENTRY
-      ch.put = put = put + 1
-      fence()  # the slot and the ring entry first: see _kick
-      put_register.value = put % entries
-      doorbell.value = token
+      ch.put = put + 1
       st.value = last_use[i] = e.last_use = value
       return value
-    return submit
+
+    def submit() -> int:
+      value = queue()
+      fence()  # the slot and the ring entry first: see _kick
+      put_register.value = ch.put % entries  # DoorbellRing.publish, inline
+      doorbell.value = token
+      return value
+    return submit, queue
 
   def _slot_launch(self, e: ResidentLaunch | None, blob: bytes, timed: bool) -> int:
     """A launch whose commands (and, without a resident entry, its QMD and constants) go in a command slot, after the

@@ -272,3 +272,64 @@ def test_a_graph_keeps_its_own_launches(fake):
   want0, want1 = np.arange(4), np.arange(4)
   for _ in range(3): want0, want1 = want0 * 2 + 1, want1 * 3
   assert xs[0].numpy().tolist() == want0.tolist() and xs[1].numpy().tolist() == want1.tolist()
+
+
+def test_a_graph_replay_tells_the_gpu_once(fake):
+  """An NV graph queues every launch's words and ring entry, then fences and rings the doorbell once for the batch
+  (HCQGraph with the prepared calls' `queue`), where launches one by one ring it each time; the results are the same."""
+  from plugrt import kernel
+  from plugrt.dsl import global_id
+  from plugrt.runtime import Launch
+
+  @kernel
+  def add1(x: dtypes.int32[:]):
+    i = global_id(0)
+    x[i] = x[i] + 1
+
+  gpu, dev = fake
+  prg = dev.program(add1.ir())
+  gpu.load(prg, add1.ir())
+  x = Buffer(dev, 4, dtypes.int32).copyin(np.zeros(4, np.int32))
+  st = dev.info.state
+  fences, real = [], st._fence
+  st._fence = lambda: (fences.append(1), real())[1]  # (before anything is prepared: launches keep the fence they were made with)
+  try:
+    graph = dev.graph([Launch(prg, [x], (1, 1, 1), (4, 1, 1)) for _ in range(3)])
+    graph(); dev.synchronize()  # prepared, entries written, the fast path open
+    fences.clear()
+    graph()
+    assert len(fences) == 1, f"a replay of 3 launches fenced {len(fences)} times"
+    for _ in range(3): prg(x, global_size=(1, 1, 1), local_size=(4, 1, 1))
+    assert len(fences) == 4, "launches one by one fence each"
+  finally: st._fence = real
+  dev.synchronize()
+  assert x.numpy().tolist() == [9] * 4
+
+
+def test_a_call_that_finds_its_entry_again_takes_the_fast_path(fake):
+  """Alternating between two argument sets prepares each call again (the core keeps the last one), and each finds the
+  resident entry holding its bytes: every launch then takes the fast path (one fence), none the slot path (two)."""
+  from plugrt import kernel
+  from plugrt.dsl import global_id
+
+  @kernel
+  def add1(x: dtypes.int32[:]):
+    i = global_id(0)
+    x[i] = x[i] + 1
+
+  gpu, dev = fake
+  prg = dev.program(add1.ir())
+  gpu.load(prg, add1.ir())
+  xs = [Buffer(dev, 4, dtypes.int32).copyin(np.zeros(4, np.int32)) for _ in range(2)]
+  st = dev.info.state
+  fences, real = [], st._fence
+  st._fence = lambda: (fences.append(1), real())[1]
+  try:
+    for k in range(4): prg(xs[k % 2], global_size=(1, 1, 1), local_size=(4, 1, 1))  # both entries written, the fast path open
+    dev.synchronize()
+    fences.clear()
+    for k in range(10): prg(xs[k % 2], global_size=(1, 1, 1), local_size=(4, 1, 1))
+    assert len(fences) == 10, f"10 alternating launches fenced {len(fences)} times: some took the slot path"
+  finally: st._fence = real
+  dev.synchronize()
+  assert xs[0].numpy().tolist() == xs[1].numpy().tolist() == [7] * 4
