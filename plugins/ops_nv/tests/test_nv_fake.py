@@ -308,7 +308,7 @@ def test_a_graph_replay_tells_the_gpu_once(fake):
 
 def test_a_call_that_finds_its_entry_again_takes_the_fast_path(fake):
   """Alternating between two argument sets prepares each call again (the core keeps the last one), and each finds the
-  resident entry holding its bytes: every launch then takes the fast path (one fence), none the slot path (two)."""
+  resident entry holding its bytes: every launch then takes the fast path, none the slot path."""
   from plugrt import kernel
   from plugrt.dsl import global_id
 
@@ -321,15 +321,12 @@ def test_a_call_that_finds_its_entry_again_takes_the_fast_path(fake):
   prg = dev.program(add1.ir())
   gpu.load(prg, add1.ir())
   xs = [Buffer(dev, 4, dtypes.int32).copyin(np.zeros(4, np.int32)) for _ in range(2)]
-  st = dev.info.state
-  fences, real = [], st._fence
-  st._fence = lambda: (fences.append(1), real())[1]
-  try:
-    for k in range(4): prg(xs[k % 2], global_size=(1, 1, 1), local_size=(4, 1, 1))  # both entries written, the fast path open
-    dev.synchronize()
-    fences.clear()
-    for k in range(10): prg(xs[k % 2], global_size=(1, 1, 1), local_size=(4, 1, 1))
-    assert len(fences) == 10, f"10 alternating launches fenced {len(fences)} times: some took the slot path"
-  finally: st._fence = real
+  slotted, real = [], prg._slot_launch
+  prg._slot_launch = lambda *a: (slotted.append(a), real(*a))[1]  # (before anything is prepared: launches keep what they were made with)
+  for k in range(4): prg(xs[k % 2], global_size=(1, 1, 1), local_size=(4, 1, 1))  # both entries written, the fast path open
+  dev.synchronize()
+  slotted.clear()
+  for k in range(10): prg(xs[k % 2], global_size=(1, 1, 1), local_size=(4, 1, 1))
+  assert not slotted, f"{len(slotted)} of 10 alternating launches took the slot path"
   dev.synchronize()
   assert xs[0].numpy().tolist() == xs[1].numpy().tolist() == [7] * 4
