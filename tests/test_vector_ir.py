@@ -182,3 +182,17 @@ def test_each_renderer_emits_one_wide_access_where_its_language_has_one(language
   text, wants = _renderers()[language]
   for want in wants: assert want in text, f"{language}: {want!r} not in\n{text}"
   if language == "CPU LLVM": assert "align 16" not in text  # the CPU claims only an element's alignment (movups)
+
+
+@pytest.mark.parametrize("device", ["PYTHON", "CPU", "CL", "WEBGPU"])
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64, dtypes.int16], ids=lambda d: d.name)
+def test_the_benchmarks_vector_saxpy(device, dt):
+  """bench/gpu_cuda.py's IR elementwise row with vector access: every length, the tail element by element."""
+  if device not in Device.available(): pytest.skip(f"{device} is not available here")
+  if device == "WEBGPU" and dt is dtypes.float64: pytest.skip("WEBGPU has no float64")
+  for n in (1, 4, 1027):
+    rng = np.random.default_rng(n)
+    x, y = K.values(dt, n, rng, "small"), K.values(dt, n, rng, "small")
+    fma = {0: [(0, n, 1, 0.0)]} if dt.kind == "f" else {}  # a shading compiler may fuse a * x + y (WGSL)
+    case = K.Case("saxpy4", K.saxpy_vector_kernel(dt), [np.zeros(n, dt.numpy), x, y], (3, n), (-(-n // 4 // 8), 1, 1), (8, 1, 1), fma)
+    K.run_case(Device[device], case)

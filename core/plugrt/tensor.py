@@ -240,10 +240,12 @@ _KERNELS: dict[tuple, Kernel] = {}
 def _kernel(root: Node, ctx: _Ctx, key: tuple, wide: bool, out_strides: tuple[int, ...] | None, out_aligned: bool,
             partials: int = 0) -> Kernel:
   """The fused kernel for a graph of this structure (built once; ctx.leaves are its inputs in parameter order). partials:
-  a reduction's first stage (see _partial_kernel) with that many threads."""
+  a staged reduction's kernel (see _realize): its first stages with that many threads, or its last (-1: one group)."""
   if (k := _KERNELS.get(key)) is not None: return k
   f = _FusedKernel(root, ctx, wide, out_strides, out_aligned)
-  k = _KERNELS[key] = _partial_kernel(f, partials) if partials else _reduce_kernel(f) if root.op == "reduce" else _elementwise_kernel(f)
+  if partials: k = _partial_kernel(f, partials) if partials > 0 else _group_kernel(f)
+  else: k = _reduce_kernel(f) if root.op == "reduce" else _elementwise_kernel(f)
+  _KERNELS[key] = k
   return k
 
 
@@ -377,36 +379,59 @@ def _elementwise_kernel(f: _FusedKernel) -> Kernel:
   return b.finish()
 
 
-def _partial_kernel(f: _FusedKernel, threads: int) -> Kernel:
-  """The first stage of a reduction over all of a large source: `threads` threads, thread t folding chunks t,
-  t + threads, ... (_VEC contiguous elements each, vector loads where the views allow; _UNROLL chunks per step, loads
-  first) into one accumulator per element of a chunk, then the four together ((a0 + a1) + (a2 + a3)), into out[t]
-  (thread 0 folds the n % _VEC last elements in first). The order of the operations is the same whether the loads
-  are vector or scalar ones, so both give the same bits; a reduction of the partials finishes it (see _realize)."""
+def _fold(f: _FusedKernel, threads: int, tid: Val) -> Val:
+  """What thread `tid` of `threads` contributes to a reduction over all of f.root's source: it folds chunks tid,
+  tid + threads, ... (_VEC contiguous elements each, vector loads where the views allow; _UNROLL chunks per step, loads
+  first) into one accumulator per element of a chunk, thread 0 folds the n % _VEC last elements in, then the four
+  together: (a0 + a1) + (a2 + a3). The operations and their order are the same whether the loads are vector or
+  scalar ones, so both give the same bits."""
   b, root = f.b, f.root
   rop, _ = root.arg
   src, dt = root.srcs[0], root.dtype
-  n = _numel(src.shape)
-  chunks, tail = divmod(n, _VEC)
-  init = _reduce_init(rop, dt)
-  accs = [b.var(init, dt, f"acc{j}") for j in range(_VEC)]
+  chunks, tail = divmod(_numel(src.shape), _VEC)
+  accs = [b.var(_reduce_init(rop, dt), dt, f"acc{j}") for j in range(_VEC)]
 
   def fold(acc: Any, v: Val) -> None: acc.value = _reduce_op(rop, dt, acc.value, v if v.dtype is dt else v.cast(dt))
-  with b.if_(f.gid < threads):
-    span = threads * _UNROLL
+  span = threads * _UNROLL
+  if chunks:
     with b.range(-(-chunks // span), dtype=f.it) as step:
       loads = []
       for u in range(_UNROLL):
-        c = step * span + f.gid + (threads * u if u else 0)
+        c = step * span + tid + (threads * u if u else 0)
         loads.append((c, f.chunk(src, src.shape, c.min(chunks - 1) * _VEC)))
       for c, values in loads:
         with b.if_(c < chunks):
           for acc, v in zip(accs, values): fold(acc, v)
-    if tail:
-      with b.if_(f.gid.eq(0)):
-        for j, g in enumerate(range(chunks * _VEC, n)):
-          fold(accs[j], f.lower(src, f.unflatten(b.const(g, f.it), src.shape), {}))
-    f.out[f.gid] = _reduce_op(rop, dt, _reduce_op(rop, dt, accs[0].value, accs[1].value), _reduce_op(rop, dt, accs[2].value, accs[3].value))
+  if tail:
+    with b.if_(tid.eq(0)):
+      for j, g in enumerate(range(chunks * _VEC, chunks * _VEC + tail)):
+        fold(accs[j], f.lower(src, f.unflatten(b.const(g, f.it), src.shape), {}))
+  return _reduce_op(rop, dt, _reduce_op(rop, dt, accs[0].value, accs[1].value), _reduce_op(rop, dt, accs[2].value, accs[3].value))
+
+
+def _partial_kernel(f: _FusedKernel, threads: int) -> Kernel:
+  """A first stage of a reduction over all of a large source: out[t] is thread t's fold (_fold), for `threads` threads."""
+  f.out[f.gid] = _fold(f, threads, f.gid)
+  return f.b.finish()
+
+
+def _group_kernel(f: _FusedKernel) -> Kernel:
+  """The last stage of a reduction over all of a source: one group of _GROUP threads, each folding its share (_fold),
+  then the group combines its _GROUP results in shared memory, halving (r[l] op= r[l + s] for l < s) down to r[0]."""
+  b, root = f.b, f.root
+  rop, dt = root.arg[0], root.dtype
+  part = b.shared("part", dt, _GROUP)
+  lid = b.local_id(0)
+  part[lid] = _fold(f, _GROUP, lid if f.it is dtypes.int32 else lid.cast(f.it))
+  b.barrier()
+  s = _GROUP // 2
+  while s:
+    with b.if_(lid < s): part[lid] = _reduce_op(rop, dt, part[lid], part[lid + s])
+    b.barrier()
+    s //= 2
+  with b.if_(lid.eq(0)):
+    zero = b.const(0, f.it)
+    f.out[f.destination(zero, f.unflatten(zero, root.shape))] = part[0]
   return b.finish()
 
 
@@ -465,7 +490,10 @@ def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> 
     elif n.op == "ew": stack.extend(n.srcs)
   # a copy (of an image: its texels, into a plain buffer)
   root = node if node.op in ("ew", "reduce") else Node("ew", _value_dtype(node.dtype), node.shape, node.device, (node,), "cast")
-  while root.op == "reduce" and (threads := _partial_threads(root)): root = _reduce_partials(root, threads)
+  stage = 0
+  if root.op == "reduce" and _numel(root.shape) == 1 and _numel(root.srcs[0].shape) >= _PARTIAL_MIN:  # in stages (see _stages)
+    while (threads := _partial_threads(_numel(root.srcs[0].shape))): root = _reduce_partials(root, threads)
+    stage = -1
   ctx = _Ctx()
   n = _numel(node.shape)
   key = (root.shape, root.dtype.name, ctx.key(root, {}))  # (collects the leaves too)
@@ -476,28 +504,27 @@ def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> 
   out_aligned = into is None or (into.view.is_contiguous and vector_aligned(into.buffer, into.view.offset))
   # the memory first: a size no allocator can satisfy is OutOfMemoryError before a kernel is built for it
   out = into.buffer if into is not None else Buffer(node.device, n, root.dtype)
-  prg = node.device.program(_kernel(root, ctx, key + (wide, out_strides, out_aligned), wide, out_strides, out_aligned))
+  prg = node.device.program(_kernel(root, ctx, key + (wide, out_strides, out_aligned, stage), wide, out_strides, out_aligned, stage))
   bufs = [out] + [l.buffer for l in ctx.leaves if l.op == "buf"]
   vals = tuple(l.view.offset if l.op == "buf" else l.arg for l in ctx.leaves) + ((into.view.offset,) if into is not None else ())
-  if root.op == "reduce": groups, threads = -(-n // _GROUP), n  # one output element per thread
+  if stage: groups, threads = 1, _GROUP  # a staged reduction's last kernel: one group
+  elif root.op == "reduce": groups, threads = -(-n // _GROUP), n  # one output element per thread
   else: groups, threads = -(-n // (_GROUP * _UNROLL * _VEC)), -(-n // _VEC)  # chunks of _VEC elements, _UNROLL per step
   prg(*bufs, global_size=(min(_MAX_GROUPS, max(1, groups)), 1, 1), local_size=(min(_GROUP, max(threads, 1)), 1, 1), vals=vals)
   stats["kernels_run"] += 1
   return into if into is not None else _buf_node(out, node.shape)
 
 
-def _partial_threads(root: Node) -> int:
-  """How many partial results the first stage of a reduction takes (_partial_kernel), or 0 for one kernel: a reduction
-  over all of a source of at least _PARTIAL_MIN elements gets at least _REDUCE_CHUNKS chunks of _VEC per thread, in
-  whole groups, at most _REDUCE_GROUPS of them."""
-  src = root.srcs[0]
-  n = _numel(src.shape)
-  if n < _PARTIAL_MIN or _numel(root.shape) != 1: return 0
+def _partial_threads(n: int) -> int:
+  """How many partial results the next stage of a reduction over all of n elements makes (_partial_kernel), or 0 when
+  the last stage (_group_kernel, one group) takes the n directly: past _GROUP * _REDUCE_CHUNKS chunks of _VEC, at least
+  _REDUCE_CHUNKS chunks per thread, in whole groups, at most _REDUCE_GROUPS of them."""
+  if n <= _VEC * _GROUP * _REDUCE_CHUNKS: return 0
   return _GROUP * min(_REDUCE_GROUPS, -(-n // (_VEC * _GROUP * _REDUCE_CHUNKS)))
 
 
 def _reduce_partials(root: Node, threads: int) -> Node:
-  """Run a reduction's first stage: `threads` partial results in a new buffer; returns the reduction of those (the
+  """Run a first stage of a reduction: `threads` partial results in a new buffer; returns the reduction of those (the
   same op over a source of shape (1, ..., threads)), which _realize finishes (in more stages while it is large)."""
   src = root.srcs[0]
   ctx = _Ctx()
@@ -527,8 +554,9 @@ _UNROLL = 4
 #: elements of a chunk: one vector load or store of each contiguous aligned view (4 float32 = 16 bytes; 8-byte dtypes
 #: take two of 2), see plugrt.ir's vector access
 _VEC = 4
-#: a reduction over all of a source of at least _PARTIAL_MIN elements runs in stages (_partial_kernel): _REDUCE_GROUPS
-#: groups at most, each thread at least _REDUCE_CHUNKS chunks
+#: a reduction over all of a source of at least _PARTIAL_MIN elements runs in stages: partial results (_partial_kernel:
+#: _REDUCE_GROUPS groups at most, each thread at least _REDUCE_CHUNKS chunks) while they are many, then one group
+#: (_group_kernel); below it, one thread's loop (_reduce_kernel)
 _PARTIAL_MIN, _REDUCE_GROUPS, _REDUCE_CHUNKS = 4 * 256, 1024, 16
 #: a repr prints every element up to _PRINT_THRESHOLD of them, past it _PRINT_EDGE at each end of each long axis (numpy's defaults)
 _PRINT_THRESHOLD, _PRINT_EDGE = 1000, 3

@@ -455,6 +455,25 @@ def saxpy_kernel(dtype: DType = dtypes.float32) -> Kernel:
   return b.finish()
 
 
+def saxpy_vector_kernel(dtype: DType = dtypes.float32) -> Kernel:
+  """saxpy_kernel with vector access: thread t takes elements 4t..4t+3, one vector load of x and of y and one vector
+  store (two of 2 for 8-byte dtypes); the thread whose four straddle n does the last n % 4 one at a time. Launch
+  ceil(n / 4) threads."""
+  b = KernelBuilder("saxpy4")
+  out, x, y = b.buffer("out", dtype), b.buffer("x", dtype), b.buffer("y", dtype)
+  a, n = b.scalar("a", dtype), b.scalar("n", dtypes.int32)
+  i = b.global_id(0) * 4
+  w = 4 if 4 * dtype.itemsize <= 16 else 2
+  with b.if_(i + 3 < n):
+    for k in range(0, 4, w):
+      at = i + k if k else i
+      out.vstore(at, [a * xv + yv for xv, yv in zip(x.vload(at, w), y.vload(at, w))])
+  with b.else_():
+    with b.range(i, n) as j:
+      out[j] = a * x[j] + y[j]
+  return b.finish()
+
+
 def tiny_kernel(name: str = "tiny") -> Kernel:
   """The smallest useful kernel, for launch overhead: out[0] = x[0] + 1."""
   b = KernelBuilder(name)

@@ -3,7 +3,7 @@ leaves, evaluated by plugrt on every device and by numpy in the dtypes plugrt's 
 
 Where a leaf's memory starts is drawn too: a fresh buffer (aligned: the kernels read it with vector loads) or a view
 1 to 3 elements into a larger one (unaligned: element by element), and some reductions take a source of 1024 to
-2600 elements (reduced in stages), so that vector access and its scalar tails are compared with numpy on every
+20000 elements (reduced in stages), so that vector access and its scalar tails are compared with numpy on every
 device. Those draws come from a second random stream (`layout`), so the expressions of earlier seeds stay the same.
 """
 from __future__ import annotations
@@ -339,7 +339,8 @@ class TensorExprGenerator:
     keep = self.r() < 0.5
     naxes = int(self.rng.integers(1, 3))
     if self.layout.random() < 0.3:  # over all of a large source, reduced in stages (expr broadcasts the 0-d result to shape)
-      keep, in_shape, axes = False, (int(self.layout.integers(1024, 2600)),), [0]
+      size = self.layout.integers(1024, 2600) if self.layout.random() < 0.7 else self.layout.integers(16385, 20000)  # 1 or 2 stages
+      keep, in_shape, axes = False, (int(size),), [0]
     elif keep:  # the result keeps the reduced dims as 1: grow some of them (or all of them, for axis=None)
       ones = [i for i, d in enumerate(shape) if d == 1]
       if not ones: return self.view(shape, depth)
