@@ -28,6 +28,7 @@ refuses image buffers, and so image tensors, with UnsupportedError.
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Sequence
@@ -43,6 +44,16 @@ Shape = tuple[int, ...]
 
 # ---------------------------------------------------------------- views
 
+@functools.lru_cache(maxsize=1024)
+def _row_major(shape: Shape) -> tuple[int, ...]:
+  """The strides of a contiguous view of `shape` (0 for dimensions of 1); every realisation asks, a shape repeats."""
+  strides, acc = [], 1
+  for d in reversed(shape):
+    strides.append(acc if d != 1 else 0)
+    acc *= d
+  return tuple(reversed(strides))
+
+
 class View(NamedTuple):
   """Elements of a buffer: element (i0, i1, ...) is at offset + sum(i_d * strides_d)."""
   shape: Shape
@@ -50,15 +61,10 @@ class View(NamedTuple):
   offset: int = 0
 
   @staticmethod
-  def contiguous(shape: Shape, offset: int = 0) -> View:
-    strides, acc = [], 1
-    for d in reversed(shape):
-      strides.append(acc if d != 1 else 0)
-      acc *= d
-    return View(shape, tuple(reversed(strides)), offset)
+  def contiguous(shape: Shape, offset: int = 0) -> View: return View(shape, _row_major(shape), offset)
 
   @property
-  def is_contiguous(self) -> bool: return self == View.contiguous(self.shape, self.offset)
+  def is_contiguous(self) -> bool: return self.strides == _row_major(self.shape)
 
   def reshape(self, shape: Shape) -> View | None:
     """The same elements as `shape`, or None when strides cannot express it (then the data must be copied)."""
