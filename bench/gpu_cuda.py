@@ -136,7 +136,7 @@ def plugrt_side(quick: bool) -> dict[str, Any]:
   restrict = src.replace("const float* x", "const float* __restrict__ x").replace("const float* y", "const float* __restrict__ y")
   variants = {f"ls{ls}": (sax, ls) for ls in (128, 256, 512, 1024)}
   variants["restrict_ls256"] = (dev.load(kern.name, comp.compile(restrict.replace("float* out", "float* __restrict__ out")), kern.signature), 256)
-  # hand-written 16-byte loads and stores (the renderer emits scalar ones): how much vector access would buy
+  # hand-written 16-byte loads and stores: what the vector-access IR kernel above should match
   vec4 = ('extern "C" __global__ void saxpy(float* out, const float* x, const float* y, float a, int n) {\n'
           '  int i = (blockIdx.x * blockDim.x + threadIdx.x) * 4;\n  if (i + 3 >= n) return;\n'
           '  float4 xv = *(const float4*)(x + i), yv = *(const float4*)(y + i);\n'

@@ -316,7 +316,7 @@ class _FusedKernel:
 
     def at(m: Node, j: int) -> Val:
       if id(m) in memos[j]: return memos[j][id(m)]
-      if m.op == "buf" and m.view.is_contiguous and not isinstance(m.dtype, ImageDType):
+      if m.op == "buf" and m.view.shape == shape and m.view.is_contiguous and not isinstance(m.dtype, ImageDType):
         i = self.ctx.index[(id(m.buffer), m.view.shape, m.view.strides, m.view.offset)]
         ptr, off = self.params[i]
         if not self.ctx.aligned[i]: v = ptr[off + base + j if j else off + base]
@@ -497,7 +497,7 @@ def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> 
   # a copy (of an image: its texels, into a plain buffer)
   root = node if node.op in ("ew", "reduce") else Node("ew", _value_dtype(node.dtype), node.shape, node.device, (node,), "cast")
   stage = 0
-  if root.op == "reduce" and _numel(root.shape) == 1 and _numel(root.srcs[0].shape) >= _PARTIAL_MIN:  # in stages (see _stages)
+  if root.op == "reduce" and _numel(root.shape) == 1 and _numel(root.srcs[0].shape) >= _PARTIAL_MIN:  # in stages (_partial_threads)
     while (threads := _partial_threads(_numel(root.srcs[0].shape))): root = _reduce_partials(root, threads)
     stage = -1
   ctx = _Ctx()
@@ -554,8 +554,8 @@ def _realize_into(node: Node, done: Node) -> None:
 #: per-axis limit of the backends (WebGPU's maxComputeWorkgroupsPerDimension)
 _GROUP, _MAX_GROUPS = 256, 65535
 #: chunks of _VEC contiguous elements per thread and step of an elementwise kernel, a grid apart (H200, x*2+y over 2^28
-#: floats, one scalar element per chunk, as a share of a device copy: 0.81 with one, 0.96 with four and a single pass;
-#: bench/gpu_cuda.py's tensor_u* rows)
+#: floats when a chunk was one element, as a share of a device copy: 0.81 with one a step, 0.96 with four and a single
+#: pass; bench/gpu_cuda.py's tensor_u* rows)
 _UNROLL = 4
 #: elements of a chunk: one vector load or store of each contiguous aligned view (4 float32 = 16 bytes; 8-byte dtypes
 #: take two of 2), see plugrt.ir's vector access
