@@ -307,3 +307,108 @@ def test_from_buffer_views_a_buffer_without_copying(dev):
   with pytest.raises(ValueError, match="outside the buffer"): Tensor.from_buffer(buf, (3,), strides=(-1,))
   with pytest.raises(ValueError, match="2 strides"): Tensor.from_buffer(buf, (12,), strides=(1, 1))
   assert Tensor.from_buffer(buf, (0, 3)).shape == (0, 3)
+
+
+# ---------------------------------------------------------------- vector access (issue 30)
+
+def _layouts(x: np.ndarray, dev: str) -> dict[str, Tensor]:
+  """The same values as a fresh tensor (aligned: vector loads), a view one element into a larger buffer (contiguous,
+  unaligned: scalar loads) and every other element of a larger one (strided)."""
+  pad = np.concatenate([x[:1], x])
+  pairs = np.stack([x, x[::-1]], 1)
+  return {"aligned": Tensor(x, device=dev), "offset": Tensor(pad, device=dev)[1:], "strided": Tensor(pairs, device=dev)[:, 0]}
+
+
+def _bits(a: np.ndarray) -> bytes: return np.ascontiguousarray(a).tobytes()
+
+
+@pytest.mark.parametrize("n", [1, 6, 9, 1031])
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float16, dtypes.int8, dtypes.float64], ids=lambda d: d.name)
+def test_vector_and_scalar_paths_give_the_same_bits(dev, dt, n):
+  """Elementwise kernels take chunks of 4 elements with vector loads and stores where a view is contiguous and aligned,
+  else element by element, and the last n % 4 elements one at a time: every layout and length gives numpy's bits, and a
+  sum over all elements gives the same bits whichever way its elements were read."""
+  if dt is dtypes.float64 and dev in ("WEBGPU", "QCOM"): pytest.skip(f"{dev} has no float64")
+  rng = np.random.default_rng(n)
+  if dt.kind == "f": x, y = (rng.standard_normal(n) * 100).astype(dt.numpy), (rng.standard_normal(n)).astype(dt.numpy)
+  else: x, y = rng.integers(-128, 128, n).astype(dt.numpy), rng.integers(-128, 128, n).astype(dt.numpy)
+  with float16_or_skip():
+    ys = _layouts(y, dev)
+    outs = {name: (a * 3 + ys[name]).numpy() for name, a in _layouts(x, dev).items()}
+    sums = {name: a.sum().numpy() for name, a in _layouts(x, dev).items()}
+  with np.errstate(all="ignore"): want = (x * dt.numpy.type(3) + y).astype(dt.numpy)
+  for name, got in outs.items(): assert _bits(got) == _bits(want), (name, got[:8], want[:8])
+  assert len({_bits(s) for s in sums.values()}) == 1, sums
+  if dt.kind == "f": np.testing.assert_allclose(sums["aligned"], x.astype(np.float64).sum(), rtol=1e-5 if dt.itemsize > 2 else 1e-2,
+                                                atol=1e-3 * np.abs(x.astype(np.float64)).sum())
+  else: assert sums["aligned"] == x.astype(np.int64).sum()
+
+
+def test_vector_loads_are_used_only_where_the_memory_is_aligned(dev):
+  from plugrt import Buffer
+  from plugrt.ir import Ops
+  T._KERNELS.clear()
+  x = np.arange(40, dtype=np.float32)
+  (Tensor(x, device=dev) + 1).realize()
+  aligned = list(T._KERNELS.values())
+  assert [sum(u.op is Ops.VLOAD for u in k.uops) for k in aligned] == [T._UNROLL]  # one per chunk of the step
+  assert sum(u.op is Ops.VSTORE for u in aligned[0].uops) == T._UNROLL
+  T._KERNELS.clear()
+  (Tensor(x, device=dev)[1:] + 1).realize()
+  assert [sum(u.op is Ops.VLOAD for u in k.uops) for k in T._KERNELS.values()] == [0]  # an offset view: scalar loads
+  buf = Buffer(dev, 16, dtypes.float32)
+  assert T.vector_aligned(buf) and T.vector_aligned(buf.view(8, offset=16)) and T.vector_aligned(buf, 4)
+  assert not T.vector_aligned(buf.view(8, offset=4)) and not T.vector_aligned(buf, 1) and not T.vector_aligned(buf, 6)
+  assert T.vector_aligned(Buffer(dev, 8, dtypes.float16), 4) and not T.vector_aligned(Buffer(dev, 8, dtypes.float16), 2)
+
+
+def test_wrapped_memory_takes_the_vector_path_only_when_aligned(dev):
+  """from_blob memory is checked at its address where the device tells it (a host device), else taken as unaligned."""
+  from plugrt import Buffer
+  from plugrt.errors import UnsupportedError
+  store = np.zeros(64, np.float32)
+  store[:] = np.arange(64)
+  at = store.ctypes.data
+  first = (-at % 16) // 4  # the first element of `store` at a 16-byte boundary
+  try:
+    good = Buffer.from_blob(at + 4 * first, 32, dtypes.float32, dev, keepalive=store)
+    bad = Buffer.from_blob(at + 4 * first + 4, 32, dtypes.float32, dev, keepalive=store)
+  except UnsupportedError: pytest.skip(f"{dev} cannot wrap host memory")
+  alloc = good.device.allocator
+  exports = alloc.dlpack_device() is not None
+  assert T.vector_aligned(good) == exports and not T.vector_aligned(bad)
+  for b, start in ((good, first), (bad, first + 1)):
+    assert (Tensor.from_buffer(b) * 2).numpy().tolist() == (np.arange(start, start + 32) * 2).tolist()
+    assert Tensor.from_buffer(b).sum().item() == sum(range(start, start + 32))
+
+
+def test_assign_into_views_writes_only_the_view(dev):
+  """Vector stores into an aligned view, scalar ones into an unaligned or strided one; nothing outside the view."""
+  base = Tensor(np.full(40, -1.0, np.float32), device=dev).realize()
+  src = np.arange(9, dtype=np.float32) + 0.5
+  base[4:13].assign(Tensor(src, device=dev) * 2)
+  base[17:26].assign(Tensor(src, device=dev) + 1)
+  base[28:37:1].assign(Tensor(src, device=dev))
+  want = np.full(40, -1.0, np.float32)
+  want[4:13], want[17:26], want[28:37] = src * 2, src + 1, src
+  assert base.numpy().tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])
+def test_large_reductions_run_in_stages(dev, op):
+  """A reduction over all of a large source runs as partial results then their reduction (bench: a Tensor sum at read
+  bandwidth); every op, an int and a bool source, an odd length, a chain fused into the first stage."""
+  n = 70001 if dev != "PYTHON" else 17001  # past 16384: partial results, then one group
+  x = (np.random.default_rng(1).standard_normal(n) * 10).astype(np.float32)
+  t = Tensor(x, device=dev)
+  before = T.stats["kernels_run"]
+  got = getattr(t * 2 - 1, op)().numpy()
+  assert T.stats["kernels_run"] - before >= 2
+  want = getattr(x.astype(np.float64) * 2 - 1, op)()
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.abs(x).sum() if op == "sum" else 1e-5)
+  ints = (np.arange(n) % 200 - 100).astype(np.int16)
+  if op != "mean": assert getattr(Tensor(ints, device=dev), op)().item() == getattr(ints.astype(np.int64), op)()
+  if op in ("max", "min"):
+    flags = np.zeros(n, bool)
+    flags[n - 2] = True
+    assert Tensor(flags, device=dev).max().item() is True and Tensor(~flags, device=dev).min().item() is False

@@ -31,6 +31,17 @@ a texel at a time, at integer coordinates x (the column) and y (the row):
 `read_texel(...)[c]` is one channel. Plain indexing of an image (`src[i]`) is an error, and a kernel may not both
 read and write one image on OpenCL (read one, write another).
 
+Vector access reads or writes 2 or 4 contiguous elements of a buffer parameter at once (16 bytes at most: one
+float4-wide load or store on a GPU), at an index whose element address is a multiple of the vector's size (in a
+buffer plugrt allocated: an index that is a multiple of the width; see plugrt.ir):
+
+    @kernel
+    def scale4(out: dtypes.float32[:], x: dtypes.float32[:], n: dtypes.int32):
+      i = global_id(0) * 4
+      if i + 3 < n:
+        a, b, c, d = vload(x, i, 4)          # x[i], x[i+1], x[i+2], x[i+3]
+        vstore(out, i, (a * 2, b * 2, c * 2, d * 2))
+
 Arithmetic follows Python: `/` is true division, `//` and `%` floor toward minus
 infinity (the IR's IDIV/MOD truncate, like C; float `%` is exact and `//` is rounded
 from it, as Python's divmod), `and`/`or`/`not` act on truth values (both sides are
@@ -78,6 +89,7 @@ local_size, num_groups, shared, barrier = _only_in_kernels("local_size"), _only_
   _only_in_kernels("barrier")
 where, exp2, log2, sqrt, sin, cos, exp, log = (_only_in_kernels(n) for n in ("where", "exp2", "log2", "sqrt", "sin", "cos", "exp", "log"))
 read_texel, write_texel = _only_in_kernels("read_texel"), _only_in_kernels("write_texel")
+vload, vstore = _only_in_kernels("vload"), _only_in_kernels("vstore")
 
 _SPECIALS = {global_id: "global_id", local_id: "local_id", group_id: "group_id", local_size: "local_size", num_groups: "num_groups"}
 _MATH = {sqrt: "sqrt", math.sqrt: "sqrt", exp2: "exp2", math.exp2: "exp2", log2: "log2", math.log2: "log2", sin: "sin", math.sin: "sin",
@@ -164,8 +176,8 @@ class _Translator:
       return
     if isinstance(value, tuple):  # a name for a texel (t = read_texel(...); t[0]): bound once, like a buffer alias
       if not isinstance(target, ast.Name) or target.id in self.vartypes or isinstance(self.env.get(target.id), (Val, Var)):
-        raise self.error("a texel is 4 values: unpack it (`r, g, b, a = read_texel(img, x, y)`), or name it with a name that "
-                         "holds nothing else", s)
+        raise self.error("a texel or a vector is several values: unpack it (`r, g, b, a = read_texel(img, x, y)`, "
+                         "`a, b, c, d = vload(x, i)`), or name it with a name that holds nothing else", s)
       self.env[target.id] = value
       return
     if value is None and not isinstance(target, ast.Tuple): raise self.error("assign a value (tuples only unpack: `a, b = x, y`)", s)
@@ -275,7 +287,8 @@ class _Translator:
       buf = self.expr(e.value)
       if isinstance(buf, tuple):  # one channel of a texel
         c = self.expr(e.slice)
-        if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < len(buf): raise self.error("a texel's channel is 0, 1, 2 or 3", e)
+        if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < len(buf):
+          raise self.error(f"a texel's channel or a vector's element is a constant from 0 to {len(buf) - 1}", e)
         return buf[c]
       if not isinstance(buf, Ptr): raise self.error("only buffers and shared arrays can be indexed", e)
       return buf[self.index(e.slice)]
@@ -403,6 +416,7 @@ class _Translator:
       if self.b._open: raise self.error("declare shared arrays at the top level of the kernel, not in a block", e)
       return self.b.shared(f"sh{len(self.b.uops)}", self.dtype_of(args[0], scalar_only=True), count)
     if fn is read_texel or fn is write_texel: return self.texel(fn, e)
+    if fn is vload or fn is vstore: return self.vector(fn, e)
     vals = [self.expr(a) for a in args]
     if fn in _MATH:
       if len(vals) != 1: raise self.error(f"{_MATH[fn]} takes one argument", e)
@@ -450,6 +464,24 @@ class _Translator:
       rgba = list(got) if isinstance(got, tuple) else []
     if len(rgba) != 4: raise self.error("write_texel takes the texel as 4 values (r, g, b, a)", e)
     img.write_texel(x, y, [self.convert(v, img.dtype.base) for v in rgba])
+    return None
+
+
+  def vector(self, fn: Any, e: ast.Call) -> Value:
+    """vload(buf, i, width=4) -> (x[i], ..., x[i+width-1]); vstore(buf, i, (v0, ..., v(width-1)))."""
+    args = e.args
+    if fn is vload and len(args) not in (2, 3): raise self.error("vload(buffer, index) or vload(buffer, index, width): width 2 or 4", e)
+    if fn is vstore and len(args) != 3: raise self.error("vstore(buffer, index, (v0, v1, ...)): 2 or 4 values", e)
+    buf = self.expr(args[0])
+    if not isinstance(buf, Ptr): raise self.error(f"{'vload' if fn is vload else 'vstore'}'s first argument must be a buffer parameter", e)
+    idx = self.index(args[1])
+    if fn is vload:
+      width = self.expr(args[2]) if len(args) == 3 else 4
+      if not isinstance(width, int) or isinstance(width, bool): raise self.error("vload's width must be an integer constant (2 or 4)", e)
+      return buf.vload(idx, width)
+    got = self.expr(args[2]) if not isinstance(args[2], ast.Tuple) else tuple(self.expr(a) for a in args[2].elts)
+    if not isinstance(got, tuple): raise self.error("vstore takes its values as a tuple: vstore(buf, i, (a, b, c, d))", e)
+    buf.vstore(idx, [self.convert(v, buf.dtype) for v in got])
     return None
 
 

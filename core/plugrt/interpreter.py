@@ -4,7 +4,9 @@ Every thread of the launch is one lane of a numpy array; all lanes step through 
 kernel together, with a mask for the lanes that are active inside IF and RANGE
 blocks. Lockstep execution makes BARRIER a no-op by construction. Loads and stores
 by active lanes are bounds-checked, so the interpreter also finds out-of-bounds
-accesses in kernels. Images are the same 1-D arrays (h*w*4 scalars, texel (x, y) at (y*w + x)*4): a
+accesses in kernels, and checks that every vector access (VLOAD, VSTORE) is aligned: the address of its first element
+(the numpy array's own, which is the device's address where the arrays are device memory, as in the fake GPUs) a
+multiple of its size. Images are the same 1-D arrays (h*w*4 scalars, texel (x, y) at (y*w + x)*4): a
 TEXEL_LOAD clamps its coordinates to the edge, a TEXEL_STORE outside the image raises.
 """
 from __future__ import annotations
@@ -133,6 +135,20 @@ class _Interp:
     if bad.any(): self._oob(u, ptr, per_lane, bad, arr.shape[0])
     return arr, np.where(mask, per_lane, 0)
 
+  def _vector(self, u: UOp, mask: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(array, flat indices) per lane of a VLOAD/VSTORE; raises for an active lane out of bounds or not aligned."""
+    ptr, idx = u.src[0], self.env[u.src[1]].astype(np.int64)
+    width = u.arg if u.op is Ops.VLOAD else len(u.src) - 2
+    arr = self.buffers[ptr.arg[0]]
+    size = width * arr.itemsize
+    bad = mask & ((arr.ctypes.data + idx * arr.itemsize) % size != 0)
+    if bad.any():
+      lane = int(np.argmax(bad))
+      raise InterpreterError(f"kernel {self.k.name}: {u.op.name} %{self.pos[u]} of {width} elements at element {int(idx[lane])} of "
+                             f"{ptr.arg[1]!r} is not aligned: its address {arr.ctypes.data + int(idx[lane]) * arr.itemsize:#x} is not a "
+                             f"multiple of {size} (thread {lane})")
+    return [self._addr(u, ptr, idx + j, mask) for j in range(width)]
+
   def _oob(self, u: UOp, ptr: UOp, idx: np.ndarray, bad: np.ndarray, size: int) -> None:
     lane = int(np.argmax(bad))
     name = ptr.arg[1] if ptr.op is Ops.BUFFER else ptr.arg[0] if ptr.op is Ops.SHARED else "spill"
@@ -163,6 +179,14 @@ class _Interp:
       val = env[u.src[2]]
       if u.src[2].dtype is dtypes.bfloat16: val = f32_to_bf16(val)
       arr[flat[mask]] = val[mask]
+    elif op is Ops.VLOAD:
+      lanes = self._vector(u, mask)
+      env[u] = [bf16_to_f32(arr[flat]) if u.dtype is dtypes.bfloat16 else arr[flat] for arr, flat in lanes]
+    elif op is Ops.LANE: env[u] = env[u.src[0]][u.arg]
+    elif op is Ops.VSTORE:
+      for (arr, flat), s in zip(self._vector(u, mask), u.src[2:]):
+        val = f32_to_bf16(env[s]) if s.dtype is dtypes.bfloat16 else env[s]
+        arr[flat[mask]] = val[mask]
     elif op is Ops.TEXEL_LOAD:
       img = u.src[0].dtype.base
       h, w = img.shape

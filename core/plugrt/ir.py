@@ -25,6 +25,14 @@ Semantics (the reference interpreter in plugrt.interpreter is the normative mode
   image reads the nearest edge texel (clamp to edge, as OpenCL's CLK_ADDRESS_CLAMP_TO_EDGE sampler); a TEXEL_STORE
   outside it is undefined (the interpreter raises). A texel stored by a kernel is seen by a TEXEL_LOAD of the same
   image only in a later launch (OpenCL 1.2 images are read-only or write-only inside a kernel).
+- vector access: VLOAD reads `width` (2 or 4) contiguous elements of a buffer parameter at once, index..index+width-1,
+  and VSTORE writes them; width * itemsize is at most 16 bytes (4 float32, 2 float64). Each gives the same result as
+  `width` scalar loads or stores of those elements. The address of element `index` must be a multiple of
+  width * itemsize (plugrt's allocations are aligned to at least 16 bytes, so an index that is a multiple of width is,
+  in a buffer plugrt allocated or a view of one at such an offset): otherwise the access is undefined (a GPU may fault;
+  the interpreter and the PYTHON backend raise). A VLOAD is followed directly by its LANE ops, lane 0 to width-1, which
+  are its elements as values; nothing else uses a VLOAD. Renderers emit one wide access where their language has one
+  (CUDA's float4, PTX's ld.global.v4, OpenCL's and Metal's vector types, LLVM's <4 x float>), else `width` scalar ones.
 - there are no atomics: two threads writing one location race. Threads of a group that
   cannot tell themselves apart (a kernel that never reads local_id) may run only once
   per group on devices that run threads serially; a race-free kernel cannot tell.
@@ -81,6 +89,10 @@ class Ops(enum.Enum):
   # images (after the others, so that the members above keep their values)
   TEXEL_LOAD = enum.auto()   # src=(image, x, y), arg=channel 0..3 (r, g, b, a); dtype the image's base (float32/float16)
   TEXEL_STORE = enum.auto()  # src=(image, x, y, r, g, b, a): one whole texel
+  # vector access (see the module docstring)
+  VLOAD = enum.auto()    # src=(buffer, index), arg=width; dtype the buffer's: elements index..index+width-1, read at once
+  LANE = enum.auto()     # src=(vload,), arg=lane: element index+lane of a VLOAD, which it directly follows
+  VSTORE = enum.auto()   # src=(buffer, index, v0, ..., v(width-1)): elements index..index+width-1, written at once
 
 
 SPECIAL_KINDS = ("group_id", "local_id", "num_groups", "local_size")
@@ -92,7 +104,9 @@ COMPARE = frozenset({Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE})
 ALU = UNARY | BINARY | {Ops.WHERE}
 BLOCK_OPEN = frozenset({Ops.RANGE, Ops.IF})
 BLOCK_CLOSE = frozenset({Ops.ENDRANGE, Ops.ENDIF})
-STATEMENTS = frozenset({Ops.STORE, Ops.TEXEL_STORE, Ops.WRITE, Ops.ENDRANGE, Ops.IF, Ops.ELSE, Ops.ENDIF, Ops.BARRIER})
+#: the widths of VLOAD and VSTORE, and the most bytes one vector access moves
+VECTOR_WIDTHS, VECTOR_BYTES = (2, 4), 16
+STATEMENTS = frozenset({Ops.STORE, Ops.TEXEL_STORE, Ops.VSTORE, Ops.WRITE, Ops.ENDRANGE, Ops.IF, Ops.ELSE, Ops.ENDIF, Ops.BARRIER})
 
 # which dtype kinds each ALU op accepts ("b" bool, "i"/"u" ints, "f" floats)
 _KINDS = {Ops.NEG: "iuf", Ops.NOT: "biu", Ops.ADD: "iuf", Ops.SUB: "iuf", Ops.MUL: "iuf", Ops.DIV: "f", Ops.IDIV: "iu",
@@ -129,7 +143,7 @@ class Kernel:
   def scalars(self) -> tuple[UOp, ...]: return tuple(sorted((u for u in self.uops if u.op is Ops.SCALAR), key=lambda u: u.arg[0]))
   @property
   def signature(self) -> Signature:
-    stored = {u.src[0] for u in self.uops if u.op is Ops.STORE or u.op is Ops.TEXEL_STORE}
+    stored = {u.src[0] for u in self.uops if u.op is Ops.STORE or u.op is Ops.TEXEL_STORE or u.op is Ops.VSTORE}
     bufs = self.buffers
     return Signature(tuple(b.dtype.base for b in bufs), tuple(s.dtype for s in self.scalars), tuple(b in stored for b in bufs))
   @property
@@ -203,9 +217,16 @@ def verify(kernel: Kernel) -> Kernel:
   scope_of: dict[UOp, int] = {}
   active, blocks, next_scope = [0], [], 1  # active scope ids; open RANGE/IF uops
   seen_params: dict[Ops, set[int]] = {Ops.BUFFER: set(), Ops.SCALAR: set()}
+  lanes: tuple[UOp, int] | None = None  # the VLOAD whose LANE ops come next, and the next lane
   for pos, u in enumerate(kernel.uops):
     def bad(msg: str, u: UOp = u, pos: int = pos) -> IRError: return IRError(f"kernel {kernel.name}, op %{pos} {u.op.name}: {msg}")
     if u in scope_of: raise bad("appears twice in the op list")
+    if lanes is not None:
+      if u.op is not Ops.LANE or not u.src or u.src[0] is not lanes[0] or u.arg != lanes[1]:
+        raise bad(f"a VLOAD of width {lanes[0].arg} must be followed directly by its LANE ops 0..{lanes[0].arg - 1}, in order")
+      lanes = (lanes[0], lanes[1] + 1) if lanes[1] + 1 < lanes[0].arg else None
+    elif u.op is Ops.LANE: raise bad("must directly follow its VLOAD (or the LANE before it)")
+    if u.op is not Ops.LANE and any(s.op is Ops.VLOAD for s in u.src): raise bad("uses a VLOAD as a value: take its elements with LANE")
     for s in u.src:
       if s not in scope_of: raise bad("uses a value that is not defined before it")
       if scope_of[s] not in active: raise bad("uses a value outside the block that defines it")
@@ -215,6 +236,7 @@ def verify(kernel: Kernel) -> Kernel:
       if u.arg[0] in seen_params[u.op]: raise bad(f"parameter index {u.arg[0]} used twice")
       seen_params[u.op].add(u.arg[0])
     scope_of[u] = active[-1]
+    if u.op is Ops.VLOAD: lanes = (u, 0)
     if u.op in BLOCK_OPEN:
       blocks.append(u); active.append(next_scope); next_scope += 1
     elif u.op is Ops.ELSE:
@@ -224,6 +246,7 @@ def verify(kernel: Kernel) -> Kernel:
       if not blocks or blocks[-1] is not u.src[0]: raise bad("does not close the innermost open block")
       blocks.pop(); active.pop()
   if blocks: raise IRError(f"kernel {kernel.name}: {blocks[-1].op.name} is never closed")
+  if lanes is not None: raise IRError(f"kernel {kernel.name}: its last VLOAD is not followed by all of its LANE ops")
   for op, idx in seen_params.items():
     if idx != set(range(len(idx))): raise IRError(f"kernel {kernel.name}: {op.name} indices {sorted(idx)} are not 0..{len(idx)-1}")
   return kernel
@@ -246,10 +269,25 @@ def _check_kernel_name(name: Any) -> str:
 def _check_types(u: UOp, bad: Any) -> None:
   op, dt, src = u.op, u.dtype, u.src
   sd = [s.dtype for s in src]
+  if op is Ops.VSTORE:
+    if len(src) - 2 not in VECTOR_WIDTHS:
+      raise bad(f"takes a buffer, an index and {' or '.join(map(str, VECTOR_WIDTHS))} values, got {len(src)} sources")
+    _check_vector(u, len(src) - 2, sd, bad)
+    return
   nsrc = {Ops.LOAD: 2, Ops.STORE: 3, Ops.VAR: 1, Ops.READ: 1, Ops.WRITE: 2, Ops.WHERE: 3, Ops.CAST: 1, Ops.BITCAST: 1,
-          Ops.RANGE: 2, Ops.ENDRANGE: 1, Ops.IF: 1, Ops.ELSE: 1, Ops.ENDIF: 1, Ops.SPILL: 1, Ops.TEXEL_LOAD: 3, Ops.TEXEL_STORE: 7}.get(op)
+          Ops.RANGE: 2, Ops.ENDRANGE: 1, Ops.IF: 1, Ops.ELSE: 1, Ops.ENDIF: 1, Ops.SPILL: 1, Ops.TEXEL_LOAD: 3, Ops.TEXEL_STORE: 7,
+          Ops.VLOAD: 2, Ops.LANE: 1}.get(op)
   if nsrc is None: nsrc = 1 if op in UNARY else 2 if op in BINARY else 0
   if len(src) != nsrc: raise bad(f"takes {nsrc} sources, got {len(src)}")
+  if op is Ops.VLOAD:
+    _check_vector(u, u.arg, sd, bad)
+    return
+  if op is Ops.LANE:
+    if src[0].op is not Ops.VLOAD: raise bad("takes a VLOAD")
+    if not isinstance(u.arg, int) or isinstance(u.arg, bool) or not 0 <= u.arg < src[0].arg:
+      raise bad(f"lane {u.arg!r} of a VLOAD of width {src[0].arg}")
+    if dt is not sd[0]: raise bad(f"an element of a VLOAD of {sd[0]!r} is typed {dt!r}")
+    return
   if op in (Ops.BUFFER, Ops.SHARED, Ops.SPILL):
     want = {Ops.BUFFER: "global", Ops.SHARED: "shared", Ops.SPILL: "private"}[op]
     if not isinstance(dt, PtrDType) or dt.addrspace != want: raise bad(f"dtype must be a {want} pointer, not {dt!r}")
@@ -320,6 +358,23 @@ def _check_texel(u: UOp, sd: list[Any], bad: Any) -> None:
     if u.dtype is not img.base: raise bad(f"reads a texel of {img.base!r} but is typed {u.dtype!r}")
   elif any(d is not img.base for d in sd[3:]):
     raise bad(f"stores {', '.join(map(repr, sd[3:]))} into an image of {img.base!r} texels: all four channels must be {img.base!r}")
+
+
+def _check_vector(u: UOp, width: Any, sd: list[Any], bad: Any) -> None:
+  """VLOAD (width its arg) and VSTORE (width its value count): a buffer parameter, an integer index, a width of 2 or 4
+  that moves at most VECTOR_BYTES, values of the buffer's dtype."""
+  if not isinstance(sd[0], PtrDType) or sd[0].addrspace != "global":
+    raise bad(f"vector loads and stores take a buffer parameter, not {sd[0]!r} (shared arrays are read and written an element at a time)")
+  base = sd[0].base
+  if isinstance(base, ImageDType): raise bad(f"{base!r} is an image: read and write its texels with TEXEL_LOAD/TEXEL_STORE")
+  if not _is_int(sd[1]): raise bad(f"index must be an integer, not {sd[1]!r}")
+  if width not in VECTOR_WIDTHS or isinstance(width, bool): raise bad(f"width must be one of {VECTOR_WIDTHS}, not {width!r}")
+  if width * base.itemsize > VECTOR_BYTES:
+    raise bad(f"{width} elements of {base.name} are {width * base.itemsize} bytes; one vector access moves at most {VECTOR_BYTES} "
+              f"(use width {VECTOR_BYTES // base.itemsize})")
+  if u.op is Ops.VLOAD and u.dtype is not base: raise bad(f"loads {base!r} but is typed {u.dtype!r}")
+  if u.op is Ops.VSTORE and any(d is not base for d in sd[2:]):
+    raise bad(f"stores {', '.join(map(repr, sd[2:]))} into a buffer of {base!r}")
 
 
 def _is_int(dt: Any) -> bool: return isinstance(dt, DType) and dt.kind in "iu"
@@ -441,6 +496,23 @@ class Ptr(_Named):
       raise IRError(f"kernel {self.b.name}: STORE: {self.u.arg[1]!r} is an image ({self.dtype!r}): write its texels with "
                     "write_texel(x, y, rgba) (TEXEL_STORE), not plain stores")
     self.b.emit(Ops.STORE, None, (self, self.b.as_val(idx, dtypes.int32), self.b.as_val(value, self.dtype)))
+
+  def vload(self, idx: Any, width: int = 4) -> tuple[Val, ...]:
+    """Elements idx..idx+width-1 of a buffer parameter, read at once (VLOAD): width 2 or 4, at most 16 bytes. The
+    address of element idx must be a multiple of width * itemsize (see the module docstring)."""
+    b = self.b
+    if not isinstance(width, int) or isinstance(width, bool): raise IRError(f"kernel {b.name}: a vector's width is an int (2 or 4), not {width!r}")
+    v = b.emit(Ops.VLOAD, self.dtype, (self, b.as_val(idx, dtypes.int32)), width)
+    return tuple(b.emit(Ops.LANE, self.dtype, (v,), lane) for lane in range(width))
+
+  def vstore(self, idx: Any, values: Sequence[Any]) -> None:
+    """Write `values` (2 or 4 of them, converted to the buffer's dtype) to elements idx.. at once (VSTORE); the address of
+    element idx must be a multiple of len(values) * itemsize."""
+    b = self.b
+    if isinstance(self.dtype, ImageDType):
+      raise IRError(f"kernel {b.name}: VSTORE: {self.u.arg[1]!r} is an image ({self.dtype!r}): write its texels with write_texel(x, y, rgba)")
+    vals = [v.cast(self.dtype) if isinstance(v, Val) and v.dtype is not self.dtype else b.as_val(v, self.dtype) for v in values]
+    b.emit(Ops.VSTORE, None, (self, b.as_val(idx, dtypes.int32), *vals))
 
   def read_texel(self, x: Any, y: Any) -> tuple[Val, Val, Val, Val]:
     """An image's texel at column x, row y (int32; outside the image: the nearest edge texel), as its (r, g, b, a)."""

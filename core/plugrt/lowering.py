@@ -8,7 +8,7 @@ barriers the body is cut at each barrier into segments, each in its own thread l
 outside the thread loops and are evaluated once per group (their bounds and
 conditions must be uniform, as a GPU requires). A value computed in one segment and
 used in another is recomputed if it depends only on uniform values, and otherwise
-kept per thread in a SPILL array.
+kept per thread in a SPILL array. A VLOAD and its LANE ops stay together (a LANE's value is spilled, never the VLOAD).
 """
 from __future__ import annotations
 
@@ -99,6 +99,7 @@ class _Emitter:
     self.clones: list[dict[UOp, UOp]] = [{}]
     self.nsite = 0
     self.cur_site, self.lids, self.flat = self.TOP, (None, None, None), None
+    self.pos = {u: i for i, u in enumerate(kernel.uops)}
 
   def emit(self, op: Ops, dtype, src=(), arg=None) -> UOp:
     u = UOp(op, dtype, tuple(src), arg)
@@ -199,6 +200,11 @@ class _Emitter:
       n = self.emit(Ops.STORE, None, (self.spill_arr[u.src[0]], self.flat, self.use(u.src[1])))
     else: n = self.emit(u.op, u.dtype, [self.use(s) for s in u.src], u.arg)
     self.new[u], self.site[u] = n, self.cur_site
+    if u.op is Ops.VLOAD:  # its LANE ops follow it directly (the verifier holds kernels to it): emit them now, spills after
+      lanes = self.k.uops[self.pos[u] + 1:self.pos[u] + 1 + u.arg]
+      for lane in lanes: self.new[lane], self.site[lane] = self.emit(Ops.LANE, lane.dtype, (n,), lane.arg), self.cur_site
+      for lane in lanes:
+        if lane in self.spill: self.emit(Ops.STORE, None, (self.spill_arr[lane], self.flat, self.new[lane]))
     if u in self.spill and u.op is not Ops.VAR: self.emit(Ops.STORE, None, (self.spill_arr[u], self.flat, n))
     return n
 

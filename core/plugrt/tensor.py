@@ -28,6 +28,7 @@ refuses image buffers, and so image tensors, with UnsupportedError.
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Sequence
@@ -36,12 +37,22 @@ from typing import Any, NamedTuple
 from plugrt.arith import ir_floordiv, ir_math, promote
 from plugrt.device import Buffer, RuntimeDevice, _device
 from plugrt.dtype import DType, ImageDType, dtypes
-from plugrt.ir import Kernel, KernelBuilder, Val
+from plugrt.ir import VECTOR_BYTES, Kernel, KernelBuilder, Val
 
 Shape = tuple[int, ...]
 
 
 # ---------------------------------------------------------------- views
+
+@functools.lru_cache(maxsize=1024)
+def _row_major(shape: Shape) -> tuple[int, ...]:
+  """The strides of a contiguous view of `shape` (0 for dimensions of 1); every realisation asks, a shape repeats."""
+  strides, acc = [], 1
+  for d in reversed(shape):
+    strides.append(acc if d != 1 else 0)
+    acc *= d
+  return tuple(reversed(strides))
+
 
 class View(NamedTuple):
   """Elements of a buffer: element (i0, i1, ...) is at offset + sum(i_d * strides_d)."""
@@ -50,15 +61,10 @@ class View(NamedTuple):
   offset: int = 0
 
   @staticmethod
-  def contiguous(shape: Shape, offset: int = 0) -> View:
-    strides, acc = [], 1
-    for d in reversed(shape):
-      strides.append(acc if d != 1 else 0)
-      acc *= d
-    return View(shape, tuple(reversed(strides)), offset)
+  def contiguous(shape: Shape, offset: int = 0) -> View: return View(shape, _row_major(shape), offset)
 
   @property
-  def is_contiguous(self) -> bool: return self == View.contiguous(self.shape, self.offset)
+  def is_contiguous(self) -> bool: return self.strides == _row_major(self.shape)
 
   def reshape(self, shape: Shape) -> View | None:
     """The same elements as `shape`, or None when strides cannot express it (then the data must be copied)."""
@@ -195,33 +201,57 @@ class _Ctx:
   def __init__(self) -> None:
     self.leaves: list[Node] = []
     self.index: dict[Any, int] = {}
+    self.aligned: list[bool] = []  # per leaf: a contiguous view whose first element is aligned for vector loads
 
   def leaf(self, n: Node) -> int:
     k = (id(n.buffer), n.view.shape, n.view.strides, n.view.offset) if n.op == "buf" else id(n)
     if k not in self.index:
       self.index[k] = len(self.leaves)
       self.leaves.append(n)
+      self.aligned.append(n.op == "buf" and n.view.is_contiguous and vector_aligned(n.buffer, n.view.offset))
     return self.index[k]
 
   def key(self, n: Node, memo: dict[int, Any]) -> Any:
     if id(n) in memo: return ("ref", memo[id(n)])
     # a leaf's shape is part of its kernel: a reduction loops over its source's extent, which the reduce node's own
     # (output) shape does not give; without it a sum of 3 and one of 4 elements, both to shape (1,), would share a kernel
-    if n.op == "buf": out: Any = ("buf", self.leaf(n), n.dtype.name, n.view.shape, n.view.strides)
+    if n.op == "buf":
+      i = self.leaf(n)
+      out: Any = ("buf", i, n.dtype.name, n.view.shape, n.view.strides, self.aligned[i])
     elif n.op == "const": out = ("const", self.leaf(n), n.dtype.name)
     else: out = (n.op, n.dtype.name, n.arg, n.shape, tuple(self.key(s, memo) for s in n.srcs))
     memo[id(n)] = len(memo)
     return out
 
 
+def vector_aligned(buf: Buffer, offset: int = 0) -> bool:
+  """Whether element `offset` of `buf` may be the first of a vector load or store of _VEC elements (or of 2, where 4
+  would pass 16 bytes): its address a multiple of the vector's size (see plugrt.ir). plugrt's allocations are aligned to
+  at least 16 bytes; wrapped memory (from_blob, DLPack) is checked at its address where the device tells it, and is
+  taken as unaligned where it does not. Images have no plain loads."""
+  dt = buf.dtype
+  if isinstance(dt, ImageDType): return False
+  root = buf.base or buf
+  at = buf.offset + offset * dt.itemsize
+  if root._external:
+    alloc = root.device.allocator
+    try: at += alloc._pointer(root.handle) if alloc.dlpack_device() is not None else 1  # 1: an address it cannot tell
+    except Exception: return False  # an allocator that exports no addresses: take the scalar path
+  return at % min(VECTOR_BYTES, _VEC * dt.itemsize) == 0
+
+
 _KERNELS: dict[tuple, Kernel] = {}
 
 
-def _kernel(root: Node, ctx: _Ctx, key: tuple, wide: bool, out_strides: tuple[int, ...] | None) -> Kernel:
-  """The fused kernel for a graph of this structure (built once; ctx.leaves are its inputs in parameter order)."""
+def _kernel(root: Node, ctx: _Ctx, key: tuple, wide: bool, out_strides: tuple[int, ...] | None, out_aligned: bool,
+            partials: int = 0) -> Kernel:
+  """The fused kernel for a graph of this structure (built once; ctx.leaves are its inputs in parameter order). partials:
+  a staged reduction's kernel (see _realize): its first stages with that many threads, or its last (-1: one group)."""
   if (k := _KERNELS.get(key)) is not None: return k
-  build = _reduce_kernel if root.op == "reduce" else _elementwise_kernel
-  k = _KERNELS[key] = build(_FusedKernel(root, ctx, wide, out_strides))
+  f = _FusedKernel(root, ctx, wide, out_strides, out_aligned)
+  if partials: k = _partial_kernel(f, partials) if partials > 0 else _group_kernel(f)
+  else: k = _reduce_kernel(f) if root.op == "reduce" else _elementwise_kernel(f)
+  _KERNELS[key] = k
   return k
 
 
@@ -230,8 +260,8 @@ class _FusedKernel:
   offset or a constant, then out_off when writing into a view), the index dtype, and the lowering of the graph's
   elementwise part at an index. Parameters are declared here in that order: it is the kernel's signature."""
 
-  def __init__(self, root: Node, ctx: _Ctx, wide: bool, out_strides: tuple[int, ...] | None):
-    self.root, self.ctx, self.out_strides = root, ctx, out_strides
+  def __init__(self, root: Node, ctx: _Ctx, wide: bool, out_strides: tuple[int, ...] | None, out_aligned: bool):
+    self.root, self.ctx, self.out_strides, self.out_aligned = root, ctx, out_strides, out_aligned
     assert not isinstance(root.dtype, ImageDType), "results are plain buffers: images are only read (TEXEL_LOAD)"
     it = self.it = dtypes.int64 if wide else dtypes.int32  # index arithmetic
     b = self.b = KernelBuilder("reduce" if root.op == "reduce" else "fused")
@@ -246,8 +276,8 @@ class _FusedKernel:
     self.out_off = b.scalar("out_off", it) if out_strides is not None else None
     self.n_out = _numel(root.shape)
     self.gid = b.global_id(0).cast(it) if it is dtypes.int64 else b.global_id(0)
-    # a grid-stride loop: at most _MAX_GROUPS groups, each thread taking every total-th element (an elementwise kernel
-    # _UNROLL of them per step), so any size runs within the backends' limits on groups
+    # a grid-stride loop: at most _MAX_GROUPS groups, each thread taking every total-th chunk of _VEC elements (an
+    # elementwise kernel _UNROLL of them per step), so any size runs within the backends' limits on groups
     self.total = b.num_groups(0).cast(it) * b.local_size(0).cast(it) if it is dtypes.int64 else b.num_groups(0) * b.local_size(0)
 
   def unflatten(self, flat: Val, shape: Shape) -> list[Any]:
@@ -276,6 +306,45 @@ class _FusedKernel:
     memo[id(n)] = v
     return v
 
+  def chunk(self, n: Node, shape: Shape, base: Val) -> list[Val]:
+    """n's values at the _VEC flat elements base.. of `shape` (base a multiple of _VEC, all inside): the leaves whose
+    view is contiguous read them at offset + base, with vector loads where the view is aligned (one of _VEC elements, or
+    two of 2 where _VEC would pass 16 bytes), else one at a time; other leaves at each element's strided address."""
+    vectors: dict[int, tuple[Val, ...]] = {}
+    oidx: list[list[Any] | None] = [None] * _VEC
+    memos: list[dict[int, Val]] = [{} for _ in range(_VEC)]
+
+    def at(m: Node, j: int) -> Val:
+      if id(m) in memos[j]: return memos[j][id(m)]
+      if m.op == "buf" and m.view.shape == shape and m.view.is_contiguous and not isinstance(m.dtype, ImageDType):
+        i = self.ctx.index[(id(m.buffer), m.view.shape, m.view.strides, m.view.offset)]
+        ptr, off = self.params[i]
+        if not self.ctx.aligned[i]: v = ptr[off + base + j if j else off + base]
+        else:
+          if i not in vectors:
+            w = _VEC if _VEC * m.dtype.itemsize <= VECTOR_BYTES else 2
+            vectors[i] = sum((ptr.vload(off + base + k if k else off + base, w) for k in range(0, _VEC, w)), ())
+          v = vectors[i][j]
+      elif m.op in ("buf", "const"):
+        if m.op == "buf" and oidx[j] is None: oidx[j] = self.unflatten(base + j if j else base, shape)
+        v = self.lower(m, oidx[j] or [], {})
+      else: v = _apply(m.arg, [at(x, j) for x in m.srcs], m)
+      memos[j][id(m)] = v
+      return v
+    return [at(n, j) for j in range(_VEC)]
+
+  def store_chunk(self, base: Val, values: Sequence[Val]) -> None:
+    """Write a chunk's values (elements base.., all inside): vector stores into a fresh buffer or an aligned contiguous
+    view, else one at a time at each element's destination."""
+    if self.out_aligned:
+      dest = base if self.out_off is None else self.out_off + base
+      w = _VEC if _VEC * self.root.dtype.itemsize <= VECTOR_BYTES else 2
+      for k in range(0, _VEC, w): self.out.vstore(dest + k if k else dest, values[k:k + w])
+      return
+    for j, v in enumerate(values):
+      g = base + j if j else base
+      self.out[self.destination(g, self.unflatten(g, self.root.shape))] = v
+
   def texel(self, img: Any, dt: ImageDType, addr: Val) -> Val:
     """Element `addr` of an image, (y*w + x)*4 + c: channel c of texel (x, y), through TEXEL_LOAD (images have no plain loads)."""
     e = addr.cast(dtypes.int32) if addr.dtype is not dtypes.int32 else addr  # an image has fewer than 2**31 elements
@@ -292,20 +361,96 @@ class _FusedKernel:
 
 
 def _elementwise_kernel(f: _FusedKernel) -> Kernel:
-  """One output element per thread and index: _UNROLL elements per step, a grid apart: all their loads first (at an
-  index clamped into range, so every load is valid), then the guarded stores, so a thread has that many independent
-  loads in flight (a store between them would order them: the output may alias an input)."""
+  """Each thread takes chunks of _VEC contiguous output elements (vector loads and stores where the views allow),
+  _UNROLL chunks per step, a grid apart: all their loads first (at a chunk index clamped into range, so every load is
+  valid), then the guarded stores, so a thread has that many independent loads in flight (a store between them would
+  order them: the output may alias an input). The last n % _VEC elements (the tail) are thread 0's, one at a time."""
   b, n_out = f.b, f.n_out
-  span = f.total * _UNROLL
-  with b.range((n_out + span - 1) // span, dtype=f.it) as step:
-    results = []
-    for j in range(_UNROLL):
-      g = step * span + f.gid + (f.total * j if j else 0)
-      oidx = f.unflatten(g.min(n_out - 1), f.root.shape)
-      results.append((g, oidx, f.lower(f.root, oidx, {})))
-    for g, oidx, v in results:
-      with b.if_(g < n_out): f.out[f.destination(g, oidx)] = v
+  chunks, tail = divmod(n_out, _VEC)
+  if chunks:
+    span = f.total * _UNROLL
+    with b.range((chunks + span - 1) // span, dtype=f.it) as step:
+      results = []
+      for j in range(_UNROLL):
+        c = step * span + f.gid + (f.total * j if j else 0)
+        results.append((c, f.chunk(f.root, f.root.shape, c.min(chunks - 1) * _VEC)))
+      for c, values in results:
+        with b.if_(c < chunks): f.store_chunk(c * _VEC, values)
+  if tail:
+    with b.if_(f.gid.eq(0)):
+      for g in range(chunks * _VEC, n_out):
+        gv = b.const(g, f.it)
+        oidx = f.unflatten(gv, f.root.shape)
+        f.out[f.destination(gv, oidx)] = f.lower(f.root, oidx, {})
   return b.finish()
+
+
+def _fold(f: _FusedKernel, threads: int, tid: Val) -> Val:
+  """What thread `tid` of `threads` contributes to a reduction over all of f.root's source: it folds chunks tid,
+  tid + threads, ... (_VEC contiguous elements each, vector loads where the views allow; _UNROLL chunks per step, loads
+  first) into one accumulator per element of a chunk, thread 0 folds the n % _VEC last elements in, then the four
+  together: (a0 + a1) + (a2 + a3). The operations and their order are the same whether the loads are vector or
+  scalar ones, so both give the same bits."""
+  b, root = f.b, f.root
+  rop, _ = root.arg
+  src, dt = root.srcs[0], root.dtype
+  chunks, tail = divmod(_numel(src.shape), _VEC)
+  accs = [b.var(_reduce_init(rop, dt), dt, f"acc{j}") for j in range(_VEC)]
+
+  def fold(acc: Any, v: Val) -> None: acc.value = _reduce_op(rop, dt, acc.value, v if v.dtype is dt else v.cast(dt))
+  span = threads * _UNROLL
+  if chunks:
+    with b.range(-(-chunks // span), dtype=f.it) as step:
+      loads = []
+      for u in range(_UNROLL):
+        c = step * span + tid + (threads * u if u else 0)
+        loads.append((c, f.chunk(src, src.shape, c.min(chunks - 1) * _VEC)))
+      for c, values in loads:
+        with b.if_(c < chunks):
+          for acc, v in zip(accs, values): fold(acc, v)
+  if tail:
+    with b.if_(tid.eq(0)):
+      for j, g in enumerate(range(chunks * _VEC, chunks * _VEC + tail)):
+        fold(accs[j], f.lower(src, f.unflatten(b.const(g, f.it), src.shape), {}))
+  return _reduce_op(rop, dt, _reduce_op(rop, dt, accs[0].value, accs[1].value), _reduce_op(rop, dt, accs[2].value, accs[3].value))
+
+
+def _partial_kernel(f: _FusedKernel, threads: int) -> Kernel:
+  """A first stage of a reduction over all of a large source: out[t] is thread t's fold (_fold), for `threads` threads."""
+  f.out[f.gid] = _fold(f, threads, f.gid)
+  return f.b.finish()
+
+
+def _group_kernel(f: _FusedKernel) -> Kernel:
+  """The last stage of a reduction over all of a source: one group of _GROUP threads, each folding its share (_fold),
+  then the group combines its _GROUP results in shared memory, halving (r[l] op= r[l + s] for l < s) down to r[0]."""
+  b, root = f.b, f.root
+  rop, dt = root.arg[0], root.dtype
+  part = b.shared("part", dt, _GROUP)
+  lid = b.local_id(0)
+  part[lid] = _fold(f, _GROUP, lid if f.it is dtypes.int32 else lid.cast(f.it))
+  b.barrier()
+  s = _GROUP // 2
+  while s:
+    with b.if_(lid < s): part[lid] = _reduce_op(rop, dt, part[lid], part[lid + s])
+    b.barrier()
+    s //= 2
+  with b.if_(lid.eq(0)):
+    zero = b.const(0, f.it)
+    f.out[f.destination(zero, f.unflatten(zero, root.shape))] = part[0]
+  return b.finish()
+
+
+def _reduce_init(rop: str, dt: DType) -> Any:
+  if rop == "sum": return 0.0 if dt.kind == "f" else 0 if dt is not dtypes.bool else False
+  if dt is dtypes.bool: return rop == "min"
+  if dt.kind == "f": return float("-inf") if rop == "max" else float("inf")
+  return dt.min if rop == "max" else dt.max
+
+
+def _reduce_op(rop: str, dt: DType, a: Val, v: Val) -> Val:
+  if dt is dtypes.bool: return a | v if rop in ("max", "sum") else a & v  # any / all, as numpy
+  return a + v if rop == "sum" else a.max(v) if rop == "max" else a.min(v)
 
 
 def _reduce_kernel(f: _FusedKernel) -> Kernel:
@@ -318,19 +463,14 @@ def _reduce_kernel(f: _FusedKernel) -> Kernel:
       rop, axes = root.arg
       src = root.srcs[0]
       dt = root.dtype
-      if rop == "sum": init: Any = 0
-      elif dt is dtypes.bool: init = rop == "min"
-      elif dt.kind == "f": init = float("-inf") if rop == "max" else float("inf")
-      else: init = dt.min if rop == "max" else dt.max
-      acc = b.var(float(init) if dt.kind == "f" else init, dt)
+      acc = b.var(_reduce_init(rop, dt), dt)
       idx = list(oidx)
 
       def nest(k: int) -> None:
         if k == len(axes):
           v = f.lower(src, idx, {})
           v = v if v.dtype is root.dtype else v.cast(root.dtype)
-          if dt is dtypes.bool: acc.value = acc.value | v if rop == "max" else acc.value & v  # any / all, as numpy
-          else: acc.value = acc.value + v if rop == "sum" else acc.value.max(v) if rop == "max" else acc.value.min(v)
+          acc.value = _reduce_op(rop, dt, acc.value, v)
           return
         with b.range(src.shape[axes[k]], dtype=f.it) as r:
           idx[axes[k]] = r
@@ -356,6 +496,10 @@ def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> 
     elif n.op == "ew": stack.extend(n.srcs)
   # a copy (of an image: its texels, into a plain buffer)
   root = node if node.op in ("ew", "reduce") else Node("ew", _value_dtype(node.dtype), node.shape, node.device, (node,), "cast")
+  stage = 0
+  if root.op == "reduce" and _numel(root.shape) == 1 and _numel(root.srcs[0].shape) >= _PARTIAL_MIN:  # in stages (_partial_threads)
+    while (threads := _partial_threads(_numel(root.srcs[0].shape))): root = _reduce_partials(root, threads)
+    stage = -1
   ctx = _Ctx()
   n = _numel(node.shape)
   key = (root.shape, root.dtype.name, ctx.key(root, {}))  # (collects the leaves too)
@@ -363,15 +507,42 @@ def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> 
     return _realize(_realize(node, force_copy=True), into=into)  # reading the target through another view: compute apart first
   wide = max([n] + [l.buffer.size for l in ctx.leaves if l.op == "buf"] + ([into.buffer.size] if into else [])) >= 2**31 - 1
   out_strides = into.view.strides if into is not None else None
+  out_aligned = into is None or (into.view.is_contiguous and vector_aligned(into.buffer, into.view.offset))
   # the memory first: a size no allocator can satisfy is OutOfMemoryError before a kernel is built for it
   out = into.buffer if into is not None else Buffer(node.device, n, root.dtype)
-  prg = node.device.program(_kernel(root, ctx, key + (wide, out_strides), wide, out_strides))
+  prg = node.device.program(_kernel(root, ctx, key + (wide, out_strides, out_aligned, stage), wide, out_strides, out_aligned, stage))
   bufs = [out] + [l.buffer for l in ctx.leaves if l.op == "buf"]
   vals = tuple(l.view.offset if l.op == "buf" else l.arg for l in ctx.leaves) + ((into.view.offset,) if into is not None else ())
-  per_group = _GROUP * (1 if root.op == "reduce" else _UNROLL)  # elements a group takes in one step
-  prg(*bufs, global_size=(min(_MAX_GROUPS, max(1, -(-n // per_group))), 1, 1), local_size=(min(_GROUP, max(n, 1)), 1, 1), vals=vals)
+  if stage: groups, threads = 1, _GROUP  # a staged reduction's last kernel: one group
+  elif root.op == "reduce": groups, threads = -(-n // _GROUP), n  # one output element per thread
+  else: groups, threads = -(-n // (_GROUP * _UNROLL * _VEC)), -(-n // _VEC)  # chunks of _VEC elements, _UNROLL per step
+  prg(*bufs, global_size=(min(_MAX_GROUPS, max(1, groups)), 1, 1), local_size=(min(_GROUP, max(threads, 1)), 1, 1), vals=vals)
   stats["kernels_run"] += 1
   return into if into is not None else _buf_node(out, node.shape)
+
+
+def _partial_threads(n: int) -> int:
+  """How many partial results the next stage of a reduction over all of n elements makes (_partial_kernel), or 0 when
+  the last stage (_group_kernel, one group) takes the n directly: past _GROUP * _REDUCE_CHUNKS chunks of _VEC, at least
+  _REDUCE_CHUNKS chunks per thread, in whole groups, at most _REDUCE_GROUPS of them."""
+  if n <= _VEC * _GROUP * _REDUCE_CHUNKS: return 0
+  return _GROUP * min(_REDUCE_GROUPS, -(-n // (_VEC * _GROUP * _REDUCE_CHUNKS)))
+
+
+def _reduce_partials(root: Node, threads: int) -> Node:
+  """Run a first stage of a reduction: `threads` partial results in a new buffer; returns the reduction of those (the
+  same op over a source of shape (1, ..., threads)), which _realize finishes (in more stages while it is large)."""
+  src = root.srcs[0]
+  ctx = _Ctx()
+  key = ("partials", threads, root.dtype.name, ctx.key(root, {}))
+  wide = max([_numel(src.shape)] + [l.buffer.size for l in ctx.leaves if l.op == "buf"]) >= 2**31 - 1
+  out = Buffer(root.device, threads, root.dtype)
+  prg = root.device.program(_kernel(root, ctx, key + (wide,), wide, None, False, partials=threads))
+  vals = tuple(l.view.offset if l.op == "buf" else l.arg for l in ctx.leaves)
+  prg(out, *(l.buffer for l in ctx.leaves if l.op == "buf"), global_size=(threads // _GROUP, 1, 1), local_size=(_GROUP, 1, 1), vals=vals)
+  stats["kernels_run"] += 1
+  shape = (1,) * (len(src.shape) - 1) + (threads,)
+  return Node("reduce", root.dtype, root.shape, root.device, (_buf_node(out, shape),), (root.arg[0], (len(shape) - 1,)))
 
 
 def _realize_into(node: Node, done: Node) -> None:
@@ -382,9 +553,16 @@ def _realize_into(node: Node, done: Node) -> None:
 #: threads per group of the fused kernels, and groups at most (the rest is the grid-stride loop): 65535, the least
 #: per-axis limit of the backends (WebGPU's maxComputeWorkgroupsPerDimension)
 _GROUP, _MAX_GROUPS = 256, 65535
-#: elements per thread and step of an elementwise kernel: four bring a large one near a device copy's bandwidth, where
-#: one falls well short (bench/gpu_cuda.py's tensor_u* rows; docs/performance.md)
+#: chunks of _VEC contiguous elements per thread and step of an elementwise kernel, a grid apart: four bring a large one
+#: near a device copy's bandwidth, where one falls well short (bench/gpu_cuda.py's tensor_u* rows; docs/performance.md)
 _UNROLL = 4
+#: elements of a chunk: one vector load or store of each contiguous aligned view (4 float32 = 16 bytes; 8-byte dtypes
+#: take two of 2), see plugrt.ir's vector access
+_VEC = 4
+#: a reduction over all of a source of at least _PARTIAL_MIN elements runs in stages: partial results (_partial_kernel:
+#: _REDUCE_GROUPS groups at most, each thread at least _REDUCE_CHUNKS chunks) while they are many, then one group
+#: (_group_kernel); below it, one thread's loop (_reduce_kernel)
+_PARTIAL_MIN, _REDUCE_GROUPS, _REDUCE_CHUNKS = 4 * 256, 1024, 16
 #: a repr prints every element up to _PRINT_THRESHOLD of them, past it _PRINT_EDGE at each end of each long axis (numpy's defaults)
 _PRINT_THRESHOLD, _PRINT_EDGE = 1000, 3
 #: counters for tests and tuning: kernels_run counts fused/reduce kernels launched by tensors

@@ -1,7 +1,7 @@
 """The PYTHON backend's objects: allocator, compiler (IR -> Python source), program.
 
 Memory is a bytearray; every load and store goes through `struct`, so the backend
-works for every dtype and checks every index. Each operation rounds or wraps its
+works for every dtype and checks every index (and that every vector access is aligned). Each operation rounds or wraps its
 result to its dtype, which makes this an independent implementation of the IR's
 semantics (the conformance suite compares it with the numpy interpreter). Images are plain memory too, in the
 layout every backend copies them in and out with: h*w*4 scalars, texel (x, y) at (y*w + x)*4.
@@ -154,6 +154,29 @@ class ops:
 
 
   @staticmethod
+  def address(mem: memoryview) -> int:
+    """Where a buffer's memory starts (vector accesses must be aligned in it, as on a GPU)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(mem)) if len(mem) else 0
+
+  @staticmethod
+  def _vector(mem: memoryview, i: int, addr: int, width: int, size: int, name: str, what: str) -> None:
+    if i < 0 or (i + width) * size > len(mem):
+      raise IndexError(f"kernel {what} elements {i}..{i + width - 1} of {name!r}, which has {len(mem) // size} elements")
+    if (addr + i * size) % (width * size):
+      raise IndexError(f"kernel {what} {width} elements at element {i} of {name!r}, whose address {addr + i * size:#x} is not a "
+                       f"multiple of {width * size} (a vector access must be aligned)")
+
+  @staticmethod
+  def vload(mem: memoryview, i: int, addr: int, code: str, width: int, size: int, name: str) -> tuple:
+    ops._vector(mem, i, addr, width, size, name, "reads")
+    return struct.unpack_from(code, mem, i * size)
+
+  @staticmethod
+  def vstore(mem: memoryview, i: int, values: tuple, addr: int, code: str, width: int, size: int, name: str) -> None:
+    ops._vector(mem, i, addr, width, size, name, "writes")
+    struct.pack_into(code, mem, i * size, *values)
+
+  @staticmethod
   def texel_load(mem: memoryview, x: int, y: int, c: int, h: int, w: int, code: str, size: int) -> Any:
     """Channel c of texel (x, y), the coordinates clamped to the edge (the IR's TEXEL_LOAD)."""
     x, y = min(max(x, 0), w - 1), min(max(y, 0), h - 1)
@@ -200,6 +223,8 @@ class PythonRenderer:
     lines = [f"def {k.name}(_bufs, _vals, _ng, _ls, _g0, _g1):"]
     if k.buffers: lines.append(f"  {', '.join(names[b] for b in k.buffers)}, = _bufs")
     if k.scalars: lines.append(f"  {', '.join(names[s] for s in k.scalars)}, = _vals")
+    vector_bufs = dict.fromkeys(u.src[0] for u in k.uops if u.op in (Ops.VLOAD, Ops.VSTORE))
+    for b in vector_bufs: lines.append(f"  {names[b]}_at = _r.address({names[b]})")
     lines += ["  ng0, ng1, ng2 = _ng", "  ls0, ls1, ls2 = _ls", "  for _g in range(_g0, _g1):",
               "    gid0, gid1, gid2 = _g % ng0, (_g // ng0) % ng1, _g // (ng0 * ng1)"]
     depth = 2
@@ -223,6 +248,15 @@ class PythonRenderer:
         vdt = u.src[2].dtype
         val = f"_r.f2bf({s[2]})" if vdt is dtypes.bfloat16 else s[2]
         lines.append(f"{pad}_r.store({s[0]}, {s[1]}, {val}, {self._code(vdt)!r}, {vdt.itemsize}, {memname[u.src[0]]!r})")
+      elif op is Ops.VLOAD:
+        code = "<" + str(u.arg) + dt.fmt
+        lines.append(f"{pad}{v} = _r.vload({s[0]}, {s[1]}, {s[0]}_at, {code!r}, {u.arg}, {dt.itemsize}, {memname[u.src[0]]!r})")
+      elif op is Ops.LANE: lines.append(f"{pad}{v} = {'_r.bf2f(' + s[0] + f'[{u.arg}])' if dt is dtypes.bfloat16 else f'{s[0]}[{u.arg}]'}")
+      elif op is Ops.VSTORE:
+        vdt, width = u.src[2].dtype, len(u.src) - 2
+        vals = ", ".join(f"_r.f2bf({x})" if vdt is dtypes.bfloat16 else x for x in s[2:])
+        lines.append(f"{pad}_r.vstore({s[0]}, {s[1]}, ({vals},), {s[0]}_at, {'<' + str(width) + vdt.fmt!r}, {width}, {vdt.itemsize}, "
+                     f"{memname[u.src[0]]!r})")
       elif op is Ops.TEXEL_LOAD:
         (h, w), code = u.src[0].dtype.base.shape, self._code(dt)
         lines.append(f"{pad}{v} = _r.texel_load({s[0]}, {s[1]}, {s[2]}, {u.arg}, {h}, {w}, {code!r}, {dt.itemsize})")

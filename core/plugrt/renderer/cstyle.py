@@ -10,6 +10,11 @@ Images (TEXEL_LOAD/TEXEL_STORE on a BUFFER of an ImageDType) are rendered throug
 texel_load and texel_store, by a language that sets `supports_images` (OpenCL's image2d_t); elsewhere a kernel
 with an image is a RenderError. A language without read-write images (`image_read_write` False, as OpenCL 1.2)
 refuses a kernel that both reads and writes one image.
+
+Vector access (VLOAD/VSTORE) is rendered through `vector_type`: a language that names a type of `width` elements of a
+storage type (CUDA's float4, OpenCL's and Metal's vector types, clang's ext_vector_type) reads and writes them at once
+through a pointer to that type (`vector_load`, `vector_store`: the IR guarantees the alignment); where it returns None
+the renderer reads and writes the elements one at a time, which gives the same result.
 """
 from __future__ import annotations
 
@@ -30,6 +35,12 @@ _UNSIGNED = {dtypes.int8: dtypes.uint8, dtypes.int16: dtypes.uint16, dtypes.int3
 
 #: the IR's one-argument math ops by their C names (C's math library adds `f` for float)
 MATH_NAMES = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
+
+
+def vector_uses(kernel: Kernel) -> list[tuple[DType, int]]:
+  """The (dtype, width) of every vector access of a kernel, each once, in the order of first use."""
+  return list(dict.fromkeys((u.dtype, u.arg) if u.op is Ops.VLOAD else (u.src[2].dtype, len(u.src) - 2)
+                            for u in kernel.uops if u.op is Ops.VLOAD or u.op is Ops.VSTORE))
 
 
 class CStyleRenderer:
@@ -148,6 +159,27 @@ class CStyleRenderer:
     """A statement storing the texel (r, g, b, a) at column x, row y."""
     raise RenderError(f"the {self.language} renderer has no images")
 
+  # vector access: `width` elements of a storage type at once (None: one at a time, see the module docstring)
+  def vector_type(self, dt: DType, width: int) -> str | None:
+    """The type of `width` elements of dt's storage type read or written at once, or None."""
+    return None
+  def vector_typedefs(self, kernel: Kernel) -> list[str]:
+    """Declarations the kernel's vector types need, at the top of its body (block-scope typedefs are valid in every C family)."""
+    return []
+  def vector_element(self, dt: DType) -> str:
+    """The element type of a vector of dt's storage (bool's storage as the byte it is: few languages have vectors of bool)."""
+    return "unsigned char" if dt is dtypes.bool else self.storage_type(dt)
+  def clang_vector_type(self, dt: DType, width: int) -> str: return f"__plugrt_{self.vector_element(dt).replace(' ', '_')}{width}"
+  def clang_vector_typedefs(self, kernel: Kernel, aligned: bool = True) -> list[str]:
+    """clang's ext_vector_type for each vector type of `kernel` (aligned False: aligned only to an element, so that a
+    pointer to one makes an unaligned load or store)."""
+    return [f"typedef {self.vector_element(dt)} {self.clang_vector_type(dt, w)} __attribute__((ext_vector_type({w})"
+            f"{'' if aligned else f', aligned({dt.itemsize})'}));" for dt, w in vector_uses(kernel)]
+  def vector_load(self, vt: str, buf: str, idx: str) -> str: return f"*((const {vt}*)({buf} + {idx}))"
+  def vector_store(self, vt: str, buf: str, idx: str, value: str) -> str: return f"*(({vt}*)({buf} + {idx})) = {value};"
+  def vector_lane(self, v: str, lane: int) -> str: return f"{v}.{'xyzw'[lane]}"
+  def vector_init(self, vt: str, lanes: Sequence[str]) -> str: return f"{{{', '.join(lanes)}}}"  # `vt name = <this>;`
+
   def kernel(self, name: str, params: list[str], body: list[str], kernel: Kernel) -> str:
     """The whole source: prelude, signature and body."""
     raise NotImplementedError
@@ -197,7 +229,8 @@ class CStyleRenderer:
 
   def body(self, kernel: Kernel, names: dict[UOp, str]) -> list[str]:
     r: dict[UOp, str] = dict(names)
-    lines: list[str] = []
+    lines: list[str] = [self.indent + t for t in self.vector_typedefs(kernel)]
+    lanes: dict[UOp, list[str]] = {}  # a VLOAD's elements, in their storage type
     depth = 1
     for i, u in enumerate(kernel.uops):
       op, dt = u.op, u.dtype
@@ -218,6 +251,21 @@ class CStyleRenderer:
         r[u] = v
       elif op is Ops.LOAD: lines.append(f"{pad}{self.type_name(dt)} {v} = {self.from_storage(dt, f'{s[0]}[{s[1]}]')};")
       elif op is Ops.STORE: lines.append(f"{pad}{s[0]}[{s[1]}] = {self.to_storage(u.src[2].dtype, s[2])};")
+      elif op is Ops.VLOAD:
+        if (vt := self.vector_type(dt, u.arg)) is not None:
+          lines.append(f"{pad}{vt} {v} = {self.vector_load(vt, s[0], s[1])};")
+          lanes[u] = [self.vector_lane(v, j) for j in range(u.arg)]
+        else:
+          lines += [f"{pad}{self.storage_type(dt)} {v}_{j} = {s[0]}[{s[1]} + {j}];" for j in range(u.arg)]
+          lanes[u] = [f"{v}_{j}" for j in range(u.arg)]
+      elif op is Ops.LANE: lines.append(f"{pad}{self.type_name(dt)} {v} = {self.from_storage(dt, lanes[u.src[0]][u.arg])};")
+      elif op is Ops.VSTORE:
+        vdt, width = u.src[2].dtype, len(u.src) - 2
+        vals = [self.to_storage(vdt, x) for x in s[2:]]
+        if (vt := self.vector_type(vdt, width)) is not None:
+          lines.append(f"{pad}{vt} {v} = {self.vector_init(vt, vals)};")
+          lines.append(pad + self.vector_store(vt, s[0], s[1], v))
+        else: lines += [f"{pad}{s[0]}[{s[1]} + {j}] = {x};" for j, x in enumerate(vals)]
       elif op is Ops.TEXEL_LOAD:
         lines.append(f"{pad}{self.type_name(dt)} {v} = {self.texel_load(s[0], s[1], s[2], u.arg, u.src[0].dtype.base)};")
       elif op is Ops.TEXEL_STORE: lines.append(pad + self.texel_store(s[0], s[1], s[2], s[3:], u.src[0].dtype.base))

@@ -13,6 +13,10 @@ parameters (`function`), thread and group ids (`special`), barriers, shared memo
 float16/bfloat16 in `emulated`: their values are then held as `float`, stored as
 `i16`, and rounded after every operation by exact integer-only helper functions
 emitted into the module (no compiler runtime is needed).
+
+Vector access: a VLOAD is one `load <W x T>` (its LANE ops `extractelement`s), a VSTORE one `store <W x T>` of the
+values put together with `insertelement`, aligned to the vector's size (`vector_align`: the IR guarantees it) or, on a
+target that sets it False, to one element, so that an unaligned access still reads and writes the right elements.
 """
 from __future__ import annotations
 
@@ -91,6 +95,8 @@ class LLVMRenderer:
   addrspace: dict[str, int] = {"global": 0, "shared": 0, "private": 0}
   #: attributes of every function the module defines (helpers included)
   fn_attrs = "nounwind"
+  #: vector loads and stores claim the alignment the IR guarantees (width * itemsize); False: one element's only
+  vector_align = True
 
   # ------------------------------------------------------------ types and literals
   def value_type(self, dt: DType) -> str:
@@ -240,6 +246,21 @@ class LLVMRenderer:
         raw = self.to_storage(f, vdt, s[2])
         p = self._gep(f, u.src[0], s[0], u.src[1], s[1])
         f.emit(f"store {self.storage_type(vdt)} {raw}, {self.ptr_type(u.src[0].dtype.addrspace)} {p}, align {vdt.itemsize}")
+      elif op is Ops.VLOAD:
+        vty, align = self._vector(dt, u.arg)
+        p = self._gep(f, u.src[0], s[0], u.src[1], s[1])
+        r[u] = f.op(f"load {vty}, {self.ptr_type(u.src[0].dtype.addrspace)} {p}, align {align}", v)
+      elif op is Ops.LANE:
+        vty, _ = self._vector(dt, u.src[0].arg)
+        raw = f.op(f"extractelement {vty} {s[0]}, i32 {u.arg}", v if self.storage_type(dt) == self.value_type(dt) else None)
+        r[u] = self.from_storage(f, dt, raw)
+      elif op is Ops.VSTORE:
+        vdt, width = u.src[2].dtype, len(u.src) - 2
+        vty, align = self._vector(vdt, width)
+        acc = "poison"
+        for j, x in enumerate(s[2:]): acc = f.op(f"insertelement {vty} {acc}, {self.storage_type(vdt)} {self.to_storage(f, vdt, x)}, i32 {j}")
+        p = self._gep(f, u.src[0], s[0], u.src[1], s[1])
+        f.emit(f"store {vty} {acc}, {self.ptr_type(u.src[0].dtype.addrspace)} {p}, align {align}")
       elif op is Ops.VAR:
         r[u] = self.alloca(f, v, self.value_type(dt))
         f.emit(f"store {self.value_type(dt)} {s[0]}, {self.ptr_type('private')} {v}")
@@ -272,6 +293,10 @@ class LLVMRenderer:
       elif op is Ops.CAST: r[u] = self.cast(f, s[0], u.src[0].dtype, dt, v)
       elif op is Ops.BITCAST: r[u] = self.bitcast(f, s[0], u.src[0].dtype, dt, v)
       else: r[u] = self.alu(f, u, s, v)
+
+  def _vector(self, dt: DType, width: int) -> tuple[str, int]:
+    """The LLVM type of `width` elements of dt in memory, and the alignment a vector access of them claims."""
+    return f"<{width} x {self.storage_type(dt)}>", width * dt.itemsize if self.vector_align else dt.itemsize
 
   def _gep(self, f: IRFunction, ptr: UOp, p: str, idx: UOp, x: str) -> str:
     st, pty = self.storage_type(ptr.dtype.base), self.ptr_type(ptr.dtype.addrspace)

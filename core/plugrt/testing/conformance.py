@@ -226,6 +226,16 @@ class ConformanceSuite:
   def test_loop_with_barriers(self, dev: RuntimeDevice, compiler: str) -> None: self.run(dev, K.reduce_case(), compiler)
   def test_3d_grid(self, dev: RuntimeDevice, compiler: str) -> None: self.run(dev, K.grid3d_case(), compiler)
 
+  @pytest.mark.parametrize("dt", ALL, ids=lambda d: d.name)
+  def test_vector_access(self, dev: RuntimeDevice, compiler: str, dt: DType) -> None:
+    """Vector loads and stores (VLOAD, VSTORE) of each width dt allows give the interpreter's bits, the same as the
+    scalar loads and stores beside them, in whole buffers and in views 16 and 48 bytes into larger ones (aligned: the
+    bytes around the views must stay as they were); the last elements of an odd length are scalar."""
+    self.skip_dtype(dt)
+    case = K.vector_case(dt)
+    self.run(dev, case, compiler)
+    for offset in (16, 48): K.run_case(dev, case, compiler, view_offset=offset)
+
   def test_big_grid(self, dev: RuntimeDevice, compiler: str) -> None:
     """Enough threads that a multi-core backend splits the grid."""
     n = 1 << 16

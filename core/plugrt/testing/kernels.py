@@ -104,17 +104,32 @@ def compare(what: str, got: np.ndarray, want: np.ndarray, dt: DType, ulps: int =
 
 # ---------------------------------------------------------------- running
 
-def run_case(device: Any, case: Case, compiler: str | None = None) -> None:
+def run_case(device: Any, case: Case, compiler: str | None = None, view_offset: int = 0) -> None:
+  """Run `case` on `device` and compare with the interpreter. view_offset: each buffer is a view that many bytes into
+  a larger allocation filled with other bytes, which must be left as they were."""
   from plugrt import interpreter
   from plugrt.device import Buffer
   prg = device.program(case.kernel, compiler)
   sig = case.kernel.signature
-  bufs = [Buffer(device, len(a), dt).copyin(np.ascontiguousarray(a)) for a, dt in zip(case.inputs, sig.buffers)]
+  bases, bufs = [], []
+  for a, dt in zip(case.inputs, sig.buffers):
+    if not view_offset: bufs.append(Buffer(device, len(a), dt).copyin(np.ascontiguousarray(a)))
+    else:
+      pad = -(-view_offset // dt.itemsize) * dt.itemsize
+      base = Buffer(device, len(a) + 2 * pad // dt.itemsize, dt)
+      around = np.random.default_rng(len(bases)).integers(0, 256, base.nbytes, dtype=np.uint8)
+      base.copyin((around if dt is not dtypes.bool else around & 1).tobytes())
+      bases.append((base, base.numpy().tobytes(), len(a) * dt.itemsize))
+      bufs.append(base.view(len(a), offset=view_offset).copyin(np.ascontiguousarray(a)))
   prg(*bufs, global_size=case.global_size, local_size=case.local_size, vals=case.vals, wait=True)
   want = [a.copy() for a in case.inputs]
   interpreter.run(case.kernel, want, case.vals, case.global_size, case.local_size)
   for i, (buf, w, written) in enumerate(zip(bufs, want, sig.written)):
     if written: compare_buffer(case, i, buf.numpy(), w)
+  for base, before, nbytes in bases:
+    after = base.numpy().tobytes()
+    if after[:view_offset] != before[:view_offset] or after[view_offset + nbytes:] != before[view_offset + nbytes:]:
+      raise AssertionError(f"{case.name}: the kernel wrote outside its buffers, views {view_offset} bytes into {base!r}")
 
 
 def compare_buffer(case: Case, i: int, got: np.ndarray, want: np.ndarray) -> None:
@@ -397,6 +412,38 @@ def grid3d_case(gs: tuple[int, int, int] = (3, 2, 2), ls: tuple[int, int, int] =
   return Case(k.name, k, [np.full(n, -1, np.int32)], (), gs, ls)
 
 
+def vector_case(dt: DType, n: int = 38, seed: int = 12) -> Case:
+  """Vector loads and stores (VLOAD, VSTORE) beside the same elements read and written one at a time: each thread takes
+  four elements at 4*t (one load of 4, or two of 2 where 4 would pass 16 bytes), permutes them and writes them into
+  `vec` with stores of 2 (of 4 where 2 is the only width), and with scalar stores into `one`, which must hold the same;
+  vector stores of constants into `lit`; the last n % 4 elements one at a time. Only moves and exact integer and bool
+  ops, so every device gives the interpreter's bits."""
+  b = KernelBuilder(f"vector_{dt.name}")
+  vec, one, lit, x = b.buffer("vec", dt), b.buffer("one", dt), b.buffer("lit", dt), b.buffer("x", dt)
+  i = b.global_id(0) * 4
+  wide, narrow = (4, 2) if 4 * dt.itemsize <= 16 else (2, 2)
+  perm = (3, 0, 2, 1)
+  if dt is dtypes.bool: consts: list[Any] = [True, False, False, True]
+  elif dt.kind in "iu": consts = [1, 2, int(dt.max), int(dt.min)]
+  else: consts = [1.5, -0.25, 0.0, -0.0]
+
+  def change(v: Any, k: int) -> Any:  # exact and different per lane: NOT for bool, + k for ints, a move for floats
+    return (~v if k % 2 else v) if dt is dtypes.bool else v + k if dt.kind in "iu" else v
+  with b.if_(i + 3 < n):
+    got = sum((x.vload(i + s, wide) for s in range(0, 4, wide)), ())
+    moved = [change(got[j], k) for k, j in enumerate(perm)]
+    for s in range(0, 4, narrow): vec.vstore(i + s, moved[s:s + narrow])
+    for k, j in enumerate(perm): one[i + k] = change(x[i + j], k)
+    for s in range(0, 4, wide): lit.vstore(i + s, consts[s:s + wide])
+  with b.else_():
+    with b.range(i, n) as j:
+      vec[j], one[j], lit[j] = x[j], x[j], x[j]
+  k = b.finish()
+  threads = -(-n // 4)
+  return Case(k.name, k, [*(np.zeros(n, dt.numpy) for _ in range(3)), values(dt, n, np.random.default_rng(seed))], (),
+              (-(-threads // 4), 1, 1), (4, 1, 1))
+
+
 def saxpy_kernel(dtype: DType = dtypes.float32) -> Kernel:
   """out[i] = a * x[i] + y[i] for i < n: the kernel the demo and benchmarks use."""
   b = KernelBuilder("saxpy")
@@ -405,6 +452,25 @@ def saxpy_kernel(dtype: DType = dtypes.float32) -> Kernel:
   i = b.global_id(0)
   with b.if_(i < n):
     out[i] = a * x[i] + y[i]
+  return b.finish()
+
+
+def saxpy_vector_kernel(dtype: DType = dtypes.float32) -> Kernel:
+  """saxpy_kernel with vector access: thread t takes elements 4t..4t+3, one vector load of x and of y and one vector
+  store (two of 2 for 8-byte dtypes); the thread whose four straddle n does the last n % 4 one at a time. Launch
+  ceil(n / 4) threads."""
+  b = KernelBuilder("saxpy4")
+  out, x, y = b.buffer("out", dtype), b.buffer("x", dtype), b.buffer("y", dtype)
+  a, n = b.scalar("a", dtype), b.scalar("n", dtypes.int32)
+  i = b.global_id(0) * 4
+  w = 4 if 4 * dtype.itemsize <= 16 else 2
+  with b.if_(i + 3 < n):
+    for k in range(0, 4, w):
+      at = i + k if k else i
+      out.vstore(at, [a * xv + yv for xv, yv in zip(x.vload(at, w), y.vload(at, w))])
+  with b.else_():
+    with b.range(i, n) as j:
+      out[j] = a * x[j] + y[j]
   return b.finish()
 
 
@@ -446,4 +512,4 @@ def all_cases() -> list[Case]:
           *(cast_case(dt) for dt in ALL), *(bitcast_case(g) for g in BITCAST_GROUPS),
           *(scalar_case(dt) for dt in ALL), *(literal_case(dt) for dt in ALL if dt.kind in "if"),
           *(bitcast_literal_case(a, b) for a, b in BITCAST_LITERAL_PAIRS), control_case(), reverse_case(),
-          reduce_case(), grid3d_case()]
+          reduce_case(), grid3d_case(), *(vector_case(dt) for dt in ALL)]

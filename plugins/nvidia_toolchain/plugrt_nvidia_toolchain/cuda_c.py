@@ -4,7 +4,9 @@ The kernel is `extern "C" __global__ void NAME(buffers..., scalars...)`: buffers
 pointers, scalars are passed by value in their C types (float16/bfloat16 as their
 16 raw bits). float16 and bfloat16 values are held as float and rounded after every
 operation with the GPU's own conversion instructions (inline PTX `cvt`), so the
-source needs no header and the results are the IR's per-op rounding exactly.
+source needs no header and the results are the IR's per-op rounding exactly. Vector access (VLOAD/VSTORE) goes
+through CUDA's vector types of the storage type (float4, uint2, ushort4, ...; bool's storage as uchar4), built into
+NVRTC and nvcc: one 16-byte (or 8-, 4-byte) load or store, ld.global.v4 in the PTX, as the IR guarantees the alignment.
 """
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ __device__ __forceinline__ float __plugrt_rbf(float f) { return __plugrt_bf2f(__
 """
 
 _AXES = "xyz"
+#: CUDA's vector type names by element type (each as `name` + width: float4, ulonglong2, ...)
+_VECTOR = {"signed char": "char", "unsigned char": "uchar", "short": "short", "unsigned short": "ushort", "int": "int",
+           "unsigned int": "uint", "long long": "longlong", "unsigned long long": "ulonglong", "float": "float", "double": "double"}
 
 
 class CUDARenderer(CStyleRenderer):
@@ -34,6 +39,7 @@ class CUDARenderer(CStyleRenderer):
   bool_type = "bool"
   emulated = {dtypes.float16: ("__plugrt_h2f", "__plugrt_f2h", "__plugrt_rh"), dtypes.bfloat16: ("__plugrt_bf2f", "__plugrt_f2bf", "__plugrt_rbf")}
   c_math = ""  # CUDA's math library: sinf, fmaxf, ...
+  reserved = frozenset(f"{t}{n}" for t in _VECTOR.values() for n in (1, 2, 3, 4))  # the vector types: a parameter so named is renamed
 
   float_from_bits = ("__int_as_float({})", "__longlong_as_double({}LL)")
 
@@ -53,6 +59,8 @@ class CUDARenderer(CStyleRenderer):
 
   def reinterpret(self, name: str, x: str, src_type: str, dst_type: str) -> list[str]:
     return [f"{dst_type} {name} = __plugrt_bitcast<{dst_type}>({x});"]
+
+  def vector_type(self, dt: DType, width: int) -> str: return f"{_VECTOR[self.vector_element(dt)]}{width}"
 
   def scalar_param(self, name: str, dt: DType) -> str:
     return f"unsigned short {name}_raw" if dt in self.emulated else f"{self.type_name(dt)} {name}"

@@ -48,6 +48,10 @@ Casts follow plugrt.interpreter: float->int truncates (`cvt.rzi`, which saturate
 0 where the IR says undefined), any->bool is != 0 (NaN is true), float64->float16 rounds once
 (`cvt.rn.f16.f64`), float64->bfloat16 and int->bfloat16 go through float32 as the interpreter does.
 
+Vector access: a VLOAD is one `ld.global.v2`/`.v4` into fresh registers, one per lane (8/16-bit integers and bool
+loaded into 32-bit registers and re-extended, as scalar loads are), its LANE ops those registers; a VSTORE is one
+`st.global.v2`/`.v4` of the values' registers. The IR guarantees the alignment those instructions need.
+
 Unsupported things (lowered IR's SPILL, bfloat16 before sm_80, shared arrays over 48 KiB, a PTX
 version the target cannot use) raise plugrt.errors.RenderError, never a ptxas error later.
 """
@@ -196,6 +200,7 @@ class PTXRenderer:
   def _body(self, kernel: Kernel, f: _Fn, r: dict[UOp, str]) -> list[str]:
     has_else = {u.src[0] for u in kernel.uops if u.op is Ops.ELSE}
     pos = {u: i for i, u in enumerate(kernel.uops)}
+    lanes: dict[UOp, list[str]] = {}  # a VLOAD's registers
     for i, u in enumerate(kernel.uops):
       op, dt = u.op, u.dtype
       if op in (Ops.BUFFER, Ops.SCALAR): continue
@@ -212,6 +217,9 @@ class PTXRenderer:
         r[u] = f.val("r", "mov.u32", sym)
       elif op is Ops.LOAD: r[u] = self._load(f, u, s)
       elif op is Ops.STORE: self._store(f, u, s)
+      elif op is Ops.VLOAD: lanes[u] = self._vload(f, u, s)
+      elif op is Ops.LANE: r[u] = self._lane(f, dt, lanes[u.src[0]][u.arg])
+      elif op is Ops.VSTORE: self._vstore(f, u, s)
       elif op is Ops.VAR: r[u] = f.val(_rc(dt), f"mov.{_MOVT[_rc(dt)]}", s[0])
       elif op is Ops.READ: r[u] = f.val(_rc(dt), f"mov.{_MOVT[_rc(dt)]}", s[0])
       elif op is Ops.WRITE: f.ins(f"mov.{_MOVT[_rc(u.src[1].dtype)]} {s[0]}, {s[1]}")
@@ -306,6 +314,27 @@ class PTXRenderer:
     addr = self._address(f, u.src[0], s[0], u.src[1], s[1])
     v = f.val("r", "selp.u32", "1", "0", s[2]) if dt is dtypes.bool else s[2]  # bool is stored as a byte 0/1
     f.ins(f"st.{space}.{_storage_type(dt)} {addr}, {v}")  # 8/16-bit stores take the low bits of the 32-bit register
+
+  def _vload(self, f: _Fn, u: UOp, s: list[str]) -> list[str]:
+    """ld.global.v2/v4 of u.arg elements into fresh registers (bool and 8/16-bit integers into 32-bit ones, raw)."""
+    dt, width = u.dtype, u.arg
+    addr = self._address(f, u.src[0], s[0], u.src[1], s[1])
+    small = dt is dtypes.bool or (dt.kind in "iu" and dt.bits < 32)
+    regs = [f.reg("r" if small else _rc(dt)) for _ in range(width)]
+    ty = f"u{8 if dt is dtypes.bool else dt.bits}" if small else _storage_type(dt)
+    f.ins(f"ld.global.v{width}.{ty} {{{', '.join(regs)}}}, {addr}")
+    return regs
+
+  def _lane(self, f: _Fn, dt: DType, reg: str) -> str:
+    """A VLOAD's register as a value of dt, as _load leaves one."""
+    if dt is dtypes.bool: return f.val("p", "setp.ne.b32", self._wrap(f, dtypes.uint8, reg), "0")
+    return self._wrap(f, dt, reg)
+
+  def _vstore(self, f: _Fn, u: UOp, s: list[str]) -> None:
+    dt, width = u.src[2].dtype, len(u.src) - 2
+    addr = self._address(f, u.src[0], s[0], u.src[1], s[1])
+    vals = [f.val("r", "selp.u32", "1", "0", x) for x in s[2:]] if dt is dtypes.bool else s[2:]  # bool is stored as a byte 0/1
+    f.ins(f"st.global.v{width}.{_storage_type(dt)} {addr}, {{{', '.join(vals)}}}")
 
   # ------------------------------------------------------------ ALU
   def _where(self, f: _Fn, dt: DType, s: list[str]) -> str:

@@ -6,7 +6,8 @@ ROCm (`clang -x hip -nogpuinc -nogpulib`, how the tests check it): attributes ar
 size and group count come from code object v5's hidden arguments (`__builtin_amdgcn_implicitarg_ptr`), math is
 the ROCm device library's (`__ocml_exp2_f32`, ...; hiprtc links it), and FP contraction is off (`#pragma clang
 fp contract(off)`: each op rounds, as the IR says). float16 is `_Float16`; bfloat16 values are held as float and
-stored as 16 raw bits, rounded after every op by exact integer helpers.
+stored as 16 raw bits, rounded after every op by exact integer helpers. Vector access (VLOAD/VSTORE) goes through
+clang's ext_vector_type of the storage type, aligned to its size as the IR guarantees (global_load_dwordx4).
 """
 from __future__ import annotations
 
@@ -59,6 +60,9 @@ class HIPRenderer(CStyleRenderer):
   def type_name(self, dt: DType) -> str:
     if dt is dtypes.float16: return "_Float16"
     return super().type_name(dt)
+
+  def vector_type(self, dt: DType, width: int) -> str: return self.clang_vector_type(dt, width)
+  def vector_typedefs(self, kernel: Kernel) -> list[str]: return self.clang_vector_typedefs(kernel)
 
   def _sfx(self, dt: DType) -> str: return {dtypes.float16: "f16", dtypes.float64: "f64"}.get(dt, "f32")  # bfloat16 values are floats
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 from fake_amdgpu import GC_BASES, MMHUB_BASES, FakeRegisters, FakeVRAM
-from fake_kfd import natural_kernarg_layout
+from fake_kfd import natural_kernarg_layout, vector_accesses
 
 from plugrt.ir import Kernel
 from plugrt.testing.fakegpu import DispatchRunner
@@ -191,9 +191,11 @@ class FakeMEC:
   def _resolve(self, ko: int, vmid: int) -> None:
     """The registered program whose image, relocated to where it lies, is the memory around kernel_object `ko`."""
     kd = self.vm.read(ko, 64, vmid)
-    for co, info, kernel in self.registered.get(kd, ()):
+    for co, info, kernel in sorted(self.registered.get(kd, ()), key=lambda e: vector_accesses(e[2])):
       base = ko - info.kd_offset
-      if self.vm.read(base, co.image_size, vmid) == bytes(co.image(base)):
+      try: here = self.vm.read(base, co.image_size, vmid)
+      except Fault: continue  # memory around ko is not that large: another program
+      if here == bytes(co.image(base)):
         explicit = info.explicit_args
         offs = [a.offset for a in explicit if a.kind == "global_buffer"] + [a.offset for a in explicit if a.kind != "global_buffer"]
         self.load(ko, kernel, offs, info.kernarg_size)

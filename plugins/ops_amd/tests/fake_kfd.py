@@ -62,6 +62,16 @@ def expected_cwsr(props: dict[str, int]) -> tuple[int, int, int]:
   return ctl + wg, ctl, -(-wave * 32 // 64) * 64
 
 
+def vector_accesses(kernel: Kernel) -> int:
+  """How many vector loads and stores a kernel has. Two IR kernels can build one code object: a VLOAD of 4 floats and
+  the 4 scalar loads a Tensor kernel makes of an unaligned view both become one global_load_dwordx4 (gfx9+ loads it at
+  any alignment), and a fake, which tells programs apart by their image, must then run the IR that asks least of the
+  memory, the one with the fewest vector accesses: it gives the other's result wherever that is defined, and is also
+  defined at an unaligned address."""
+  from plugrt.ir import Ops
+  return sum(u.op is Ops.VLOAD or u.op is Ops.VSTORE for u in kernel.uops)
+
+
 @dataclass
 class BO:
   va: int
@@ -128,7 +138,7 @@ class FakeKFD(FakeDevice, KFDOps):
     self.hw_fault_data: kfd.HwExceptionData | None = None
     self.kernargs: dict[int, tuple[list[int], int]] = {}  # kernel_object -> (argument offsets, kernarg size)
     self.registered: dict[bytes, list] = {}     # kernel descriptor bytes -> [(CodeObject, KernelInfo, Kernel)] (register)
-    self.seen: set[bytes] = set()
+    self.seen: set[tuple[bytes, int]] = set()  # (code object, id of its IR kernel) registered
     self.infos: dict = {}                       # kernel_object -> the KernelInfo of a registered program (hidden-argument checks)
     self.dispatches: list[aql.KernelDispatchPacket] = []
     self.copies: list[tuple[int, int, int]] = []
@@ -159,8 +169,8 @@ class FakeKFD(FakeDevice, KFDOps):
     calls this for every code object it builds, and the first dispatch whose kernel descriptor lies in memory holding
     that code object's image (relocated to where it lies) loads it, with the kernarg layout of its metadata."""
     from plugrt_amd import codeobject
-    if code_object in self.seen: return
-    self.seen.add(code_object)
+    if (code_object, id(kernel)) in self.seen: return
+    self.seen.add((code_object, id(kernel)))
     co = codeobject.parse(code_object)
     info = co.kernels[kernel.name]
     self.registered.setdefault(info.descriptor.raw, []).append((co, info, kernel))
@@ -168,7 +178,7 @@ class FakeKFD(FakeDevice, KFDOps):
   def _resolve(self, ko: int) -> None:
     """Load the registered program whose image lies around kernel_object `ko` (nothing when none does)."""
     kd = ctypes.string_at(ko, aql.KERNEL_DESCRIPTOR_SIZE)
-    for co, info, kernel in self.registered.get(kd, ()):
+    for co, info, kernel in sorted(self.registered.get(kd, ()), key=lambda e: vector_accesses(e[2])):  # (the first match is loaded)
       base = ko - info.kd_offset
       if self.gpu_bo(base, co.image_size) is not None and ctypes.string_at(base, co.image_size) == co.image(base):
         explicit = info.explicit_args

@@ -10,7 +10,9 @@ args holds the buffer addresses, then one 8-byte slot per scalar, then the numbe
 groups and the group size per axis; the function runs group (gid0, gid1, gid2). It has
 no loop over the grid (that loop, costly to compile into every kernel, is
 plugrt_cpu.grid's runner, compiled once). float16 and bfloat16 values are held as float and rounded after every
-operation, with exact conversions of our own (no compiler runtime needed).
+operation, with exact conversions of our own (no compiler runtime needed). Vector loads and stores (VLOAD/VSTORE) go
+through clang's ext_vector_type aligned only to an element: one unaligned vector move (movups), so that a vector access
+the caller failed to align still reads and writes the right elements on the CPU.
 """
 from __future__ import annotations
 
@@ -96,6 +98,9 @@ class CPUCRenderer(CStyleRenderer):
       if u.op is Ops.IDIV: return f"({b}==0 ? {a} : " + (f"{b}==-1 ? ({t})(0-{a}) : " if dt.kind == "i" else "") + f"({t})({a}/{b}))"
       return f"({b}==0" + (f" || {b}==-1" if dt.kind == "i" else "") + f" ? ({t})0 : ({t})({a}%{b}))"
     return super().alu(u, s)
+
+  def vector_type(self, dt: DType, width: int) -> str: return self.clang_vector_type(dt, width)
+  def vector_typedefs(self, kernel: Kernel) -> list[str]: return self.clang_vector_typedefs(kernel, aligned=False)
 
   def loop_prefix(self, rng) -> str:
     # the outer thread loops (y, z) rarely run more than once: optimising them only costs compile time

@@ -52,6 +52,7 @@ RELOC, CODE_MODEL = "static", "large"
 class CPULLVMRenderer(LLVMRenderer):
   device_name = "CPU"
   emulated = frozenset({dtypes.float16, dtypes.bfloat16})
+  vector_align = False  # an unaligned vector move: a vector access the caller failed to align still gives the right elements
 
   def prepare(self, kernel: Kernel) -> Kernel:
     if kernel.has_barrier or any(u.op is Ops.SPECIAL and u.arg[0] == "local_id" for u in kernel.uops):

@@ -331,7 +331,7 @@ class _Func:
         continue
       if ln.endswith(":"): self.labels[ln[:-1]] = len(self.code); continue
       pm = re.match(r"^(?:@(!?)(%\w+)\s+)?([\w.]+)\s*(.*)$", ln)
-      ops = [o.strip() for o in re.split(r",(?![^(\[]*[)\]])", pm[4])] if pm[4] else []
+      ops = [o.strip() for o in re.split(r",(?![^({\[]*[)}\]])", pm[4])] if pm[4] else []
       self.code.append((pm[2], pm[1] == "!", pm[3].split("."), ops))
 
 
@@ -438,11 +438,16 @@ class _Machine:
         addr = (regs[reg] if reg in regs else ctx["shared_syms"][reg]) + int(off)
         mem, o = self._mem(space, addr, ctx)
         nbytes = int(ty[1:]) // 8
-        if base == "ld":
-          v = int.from_bytes(mem[o:o + nbytes], "little")
-          regs[ops[0]] = _wrap(v, ty) if ty[0] == "s" else v
-        else:
-          mem[o:o + nbytes] = (regs[ops[1]] & ((1 << (8 * nbytes)) - 1)).to_bytes(nbytes, "little")
+        # ld/st.v2/.v4: one register per element, {%a, %b, ...}; the address must be aligned to the whole vector
+        names = (ops[0] if base == "ld" else ops[1]).strip("{}").split(",")
+        if len(names) > 1: assert addr % (nbytes * len(names)) == 0, f"{base}.v{len(names)} at {addr:#x} is not aligned to {nbytes * len(names)}"
+        for j, name in enumerate(n.strip() for n in names):
+          at = o + j * nbytes
+          assert at + nbytes <= len(mem), f"{space} access out of bounds: {at} of {len(mem)}"
+          if base == "ld":
+            v = int.from_bytes(mem[at:at + nbytes], "little")
+            regs[name] = _wrap(v, ty) if ty[0] == "s" else v
+          else: mem[at:at + nbytes] = (regs[name] & ((1 << (8 * nbytes)) - 1)).to_bytes(nbytes, "little")
         continue
       if base == "mov" and len(ops) == 2:
         src = ops[1]

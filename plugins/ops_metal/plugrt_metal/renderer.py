@@ -24,6 +24,10 @@ dtypes:
 - integers wrap: signed + - * and negation are done on the unsigned type (signed overflow is undefined in MSL, a
   C++ dialect); a zero divisor and MIN / -1 are guarded, so no division is undefined behaviour either.
 
+Vector access (VLOAD/VSTORE) is a load or store through a `device` pointer to MSL's vector type of the storage type
+(float4, half4, bfloat4, uint2, ...; bool's storage as uchar4): the IR guarantees the alignment. 64-bit integers
+have no vector type here, so their vector accesses are rendered an element at a time.
+
 Math: transcendentals use the `metal::precise::` functions (sin, exp2, log2, sqrt, divide), never `metal::fast::`:
 fast math is off in every compile (MTLCompileOptions / `-fno-fast-math`), and precise:: keeps the results within the
 few ulp the conformance suite allows even where a library is compiled with fast math on. Trunc is exact either way.
@@ -49,6 +53,8 @@ _TYPES = {dtypes.bool: "bool", dtypes.int8: "char", dtypes.int16: "short", dtype
 _STORAGE = {dtypes.bool: "uchar", dtypes.float16: "half", dtypes.bfloat16: "bfloat"}
 _HALVES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat"}
 _UNSIGNED = {dtypes.int32: "uint", dtypes.int64: "ulong"}
+#: storage types with an MSL vector type (vectors of 64-bit integers are left out: not every MSL version has them)
+_VECTORS = frozenset({"uchar", "char", "short", "ushort", "int", "uint", "half", "bfloat", "float"})
 _MATH = {Ops.EXP2: "metal::precise::exp2", Ops.LOG2: "metal::precise::log2", Ops.SIN: "metal::precise::sin",
          Ops.SQRT: "metal::precise::sqrt", Ops.TRUNC: "metal::trunc"}
 #: the launch geometry, as the kernel's attribute parameters: IR kind -> (parameter, attribute)
@@ -63,7 +69,8 @@ _RESERVED = frozenset({
   "alignof", "decltype", "static_assert", "static_cast", "reinterpret_cast", "const_cast", "dynamic_cast", "nullptr", "true", "false",
   "if", "else", "for", "while", "do", "return", "switch", "case", "default", "break", "continue", "goto", "try", "catch", "throw",
   "bool", "char", "uchar", "short", "ushort", "int", "uint", "long", "ulong", "half", "bfloat", "float", "double", "void", "signed",
-  "unsigned", "size_t", "ptrdiff_t", "uint3", "int3", "float4", "as_type", "threadgroup_barrier", "mem_flags", "precise", "fast",
+  "unsigned", "size_t", "ptrdiff_t", "uint3", "int3", *(f"{t}{n}" for t in _VECTORS for n in (2, 4)), "as_type", "threadgroup_barrier",
+  "mem_flags", "precise", "fast",
   "NAN", "INFINITY", *(p for p, _ in SPECIALS.values())})
 
 
@@ -140,6 +147,14 @@ class MetalRenderer(CStyleRenderer):
   def special(self, kind: str, axis: int) -> str: return f"int({SPECIALS[kind][0]}.{'xyz'[axis]})"
   def barrier(self) -> str: return "threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);"
   def shared_decl(self, name: str, dt: DType, count: int) -> str: return f"threadgroup {self.storage_type(dt)} {name}[{count}];"
+
+  # ------------------------------------------------------------ vector access
+  def vector_element(self, dt: DType) -> str: return self.storage_type(dt)  # bool's storage is uchar already
+  def vector_type(self, dt: DType, width: int) -> str | None:
+    return f"{el}{width}" if (el := self.vector_element(dt)) in _VECTORS else None
+  def vector_load(self, vt: str, buf: str, idx: str) -> str: return f"*((const device {vt}*)({buf} + {idx}))"
+  def vector_store(self, vt: str, buf: str, idx: str, value: str) -> str: return f"*((device {vt}*)({buf} + {idx})) = {value};"
+  def vector_init(self, vt: str, lanes: Sequence[str]) -> str: return f"{vt}({', '.join(lanes)})"
 
   # ------------------------------------------------------------ the kernel
   def buffer_param(self, name: str, dt: DType, written: bool) -> str:

@@ -34,6 +34,10 @@ program can re-emit that section when two arguments are views of one allocation:
 WebGPU forbids binding one buffer twice when either binding is writable (Dawn
 enforces it), so aliased arguments share one binding (see `specialize`).
 
+Vector access (VLOAD/VSTORE) is rendered an element at a time through the same accessors: a storage buffer is an
+array<u32> here (packed dtypes share its words), which WGSL can only read and write a word at a time; the results are
+the same, and the compiler may merge neighbouring words.
+
 The first line is a header the program reads back (entry point, buffer kinds,
 scalar count): the compiled "binary" of a WGSL kernel is this text.
 """
@@ -409,6 +413,7 @@ class WGSLRenderer:
   def _body(self, kernel: Kernel, names: dict[UOp, str]) -> list[str]:
     r = dict(names)
     lines: list[str] = []
+    lanes: dict[UOp, list[str]] = {}  # a VLOAD's elements, as values
     depth = 1
     for i, u in enumerate(kernel.uops):
       op, dt = u.op, u.dtype
@@ -428,6 +433,14 @@ class WGSLRenderer:
         if ptr.op is Ops.BUFFER: e = self._from_bits(dt, f"ld{self._buf_index[ptr]}(u32({s[1]}))")
         else: e = f"({s[0]}[{s[1]}] != 0u)" if dt is dtypes.bool else f"{s[0]}[{s[1]}]"
         lines.append(f"{pad}let {v}: {held(dt)} = {e};")
+      elif op is Ops.VLOAD:  # element by element (see the module docstring)
+        k = self._buf_index[u.src[0]]
+        lines += [f"{pad}let {v}_{j}: {held(dt)} = {self._from_bits(dt, f'ld{k}(u32({s[1]}) + {j}u)')};" for j in range(u.arg)]
+        lanes[u] = [f"{v}_{j}" for j in range(u.arg)]
+      elif op is Ops.LANE: lines.append(f"{pad}let {v}: {held(dt)} = {lanes[u.src[0]][u.arg]};")
+      elif op is Ops.VSTORE:
+        k, vdt = self._buf_index[u.src[0]], u.src[2].dtype
+        lines += [f"{pad}st{k}(u32({s[1]}) + {j}u, {self._to_bits(vdt, x)});" for j, x in enumerate(s[2:])]
       elif op is Ops.STORE:
         ptr, vdt = u.src[0], u.src[2].dtype
         if ptr.op is Ops.BUFFER: lines.append(f"{pad}st{self._buf_index[ptr]}(u32({s[1]}), {self._to_bits(vdt, s[2])});")
@@ -450,7 +463,7 @@ class WGSLRenderer:
         lines.append(f"{pad}workgroupBarrier();")
       elif op is Ops.SPILL: raise RenderError("unreachable: SPILL is refused by check()")
       else: lines.append(f"{pad}let {v}: {held(dt)} = {self.alu(u, s)};")
-      if op not in (Ops.STORE, Ops.WRITE, Ops.ENDRANGE, Ops.ENDIF, Ops.ELSE, Ops.IF, Ops.BARRIER): r[u] = v
+      if op not in (Ops.STORE, Ops.VSTORE, Ops.WRITE, Ops.ENDRANGE, Ops.ENDIF, Ops.ELSE, Ops.IF, Ops.BARRIER): r[u] = v
     return lines
 
   # ------------------------------------------------------------ ALU

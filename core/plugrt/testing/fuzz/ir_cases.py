@@ -1,5 +1,9 @@
 """Random IR kernels (KernelBuilder) with inputs and launch sizes, run on every (device, compiler) pair and compared with
 the reference interpreter.
+
+Half of the kernels end with vector access: a VLOAD of 2 or 4 elements of an input at an aligned index, its lanes
+changed (exactly) and written with a VSTORE, under a divergent IF or not, into an output of their own. Those are drawn
+from a second random stream (`layout`), so the kernels of earlier seeds keep every op before them.
 """
 from __future__ import annotations
 
@@ -58,6 +62,7 @@ class IRKernelGenerator:
 
   def __init__(self, seed: int, exact_div: bool, avoid: frozenset[str]):
     self.rng = np.random.default_rng([0x1F, seed])
+    self.layout = np.random.default_rng([0x2F, seed])  # the vector access at the end (see the module docstring)
     self.seed, self.exact_div, self.avoid = seed, exact_div, avoid
     self.b = KernelBuilder(f"fuzz_ir_{seed}")
     self.scopes: list[list[IRValue]] = [[]]
@@ -368,11 +373,31 @@ class IRKernelGenerator:
       if self.r() < 0.3:
         self.add(IRValue(ptr[(self.tid + b.const(int(rng.integers(1, 7)), dtypes.int32)) % b.const(self.T, dtypes.int32)], nan=nan, inf=inf))
     self.block(int(rng.integers(10, 28)), 0)
+    vec = self.vectors()
     kernel = b.finish()
     outs = [fuzz_values(dt, max(1, len(self.slots[dt])) * self.T, rng) for dt in self.palette]
     ulps = {i: [(j * self.T, (j + 1) * self.T, math.ceil(u), a) for j, (u, a) in enumerate(self.slots[dt])]
             for i, dt in enumerate(self.palette) if dt.kind == "f"}
-    return K.Case(kernel.name, kernel, outs + data, tuple(scalars), tuple(gs), tuple(ls), ulps)  # type: ignore[arg-type]
+    return K.Case(kernel.name, kernel, outs + data + vec, tuple(scalars), tuple(gs), tuple(ls), ulps)  # type: ignore[arg-type]
+
+  def vectors(self) -> list[np.ndarray]:
+    """Maybe (from the layout stream): thread t reads the vector of w elements at index (t % (T // w)) * w of an input
+    (w 4, or 2 where 4 would pass 16 bytes), reverses it, adds the lane's number to integer lanes (NOT to a bool's first)
+    and writes it at t * w of a new output, sometimes only in even threads; returns that output's initial contents."""
+    lay, b = self.layout, self.b
+    if lay.random() >= 0.5: return []
+    ptr, dt, _, _ = self.inputs[int(lay.integers(len(self.inputs)))]
+    w = 4 if 4 * dt.itemsize <= 16 and self.T >= 4 else 2
+    if self.T < w: return []
+    lanes = list(reversed(ptr.vload((self.tid % b.const(self.T // w, dtypes.int32)) * b.const(w, dtypes.int32), w)))
+    if dt.kind in "iu": lanes = [v + b.const(k, dt) if k else v for k, v in enumerate(lanes)]
+    elif dt is dtypes.bool: lanes[0] = ~lanes[0]
+    out = b.buffer(f"vec_{dt.name}", dt)
+    at = self.tid * b.const(w, dtypes.int32)
+    if lay.random() < 0.5:
+      with b.if_((self.tid % b.const(2, dtypes.int32)).eq(0)): out.vstore(at, lanes)
+    else: out.vstore(at, lanes)
+    return [fuzz_values(dt, self.T * w, lay)]
 
 
 def ir_case(seed: int, exact_div: bool = True, avoid: frozenset[str] = AVOIDABLE) -> K.Case:

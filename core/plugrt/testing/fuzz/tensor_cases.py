@@ -1,11 +1,16 @@
 """Random Tensor expressions (broadcasting, elementwise ops, casts, where, reductions, matmul, views) over random
 leaves, evaluated by plugrt on every device and by numpy in the dtypes plugrt's promotion picks.
+
+Where a leaf's memory starts is drawn too: a fresh buffer (aligned: the kernels read it with vector loads) or a view
+1 to 3 elements into a larger one (unaligned: element by element), and some reductions take a source of 1024 to
+20000 elements (reduced in stages), so that vector access and its scalar tails are compared with numpy on every
+device. Those draws come from a second random stream (`layout`), so the expressions of earlier seeds stay the same.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -58,6 +63,8 @@ class TensorExprGenerator:
     self.rng = np.random.default_rng([0x7E, seed])
     self.seed, self.exact_div, self.avoid = seed, exact_div, avoid
     self.leaves: dict[str, tuple[np.ndarray, DType]] = {}
+    self.layout = np.random.default_rng([0x7F, seed])  # leaf offsets and large reductions (see the module docstring)
+    self.offsets: dict[str, int] = {}
 
   def r(self) -> float: return float(self.rng.random())
   def choice(self, seq: Sequence[Any]) -> Any: return seq[int(self.rng.integers(len(seq)))]
@@ -74,6 +81,7 @@ class TensorExprGenerator:
     else: data = fuzz_values(dt, n, self.rng).reshape(shape)
     name = f"t{len(self.leaves)}"
     self.leaves[name] = (data, dt)
+    if shape and self.layout.random() < 0.4: self.offsets[name] = int(self.layout.integers(1, 4))
     return TensorExpr(name, lambda env: env[name], dt, data.copy(), np.zeros(shape), np.zeros(shape, bool))
 
   def sub_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -330,7 +338,10 @@ class TensorExprGenerator:
     op = self.choice(["sum", "sum", "max", "min", "mean"])
     keep = self.r() < 0.5
     naxes = int(self.rng.integers(1, 3))
-    if keep:  # the result keeps the reduced dims as 1: grow some of them (or all of them, for axis=None)
+    if self.layout.random() < 0.3:  # over all of a large source, reduced in stages (expr broadcasts the 0-d result to shape)
+      size = self.layout.integers(1024, 2600) if self.layout.random() < 0.7 else self.layout.integers(16385, 20000)  # 1 or 2 stages
+      keep, in_shape, axes = False, (int(size),), [0]
+    elif keep:  # the result keeps the reduced dims as 1: grow some of them (or all of them, for axis=None)
       ones = [i for i, d in enumerate(shape) if d == 1]
       if not ones: return self.view(shape, depth)
       axes = sorted(self.rng.choice(ones, min(naxes, len(ones)), replace=False).tolist())
@@ -344,7 +355,7 @@ class TensorExprGenerator:
       in_shape, axes = tuple(in_shape), sorted(axes)
     a = self.expr(in_shape, depth - 1)
     ax = tuple(axes)
-    all_axes = len(ax) == len(in_shape) and self.r() < 0.5
+    all_axes = len(ax) == len(in_shape) and (self.r() < 0.5 or in_shape[-1] >= 1024)
     arg = "" if all_axes and not keep else f"axis={ax if len(ax) > 1 else ax[0]}" + (", keepdim=True" if keep else "")
     if all_axes and keep: arg = "axis=None, keepdim=True"
     axis_arg: Any = None if all_axes else (ax if len(ax) > 1 else ax[0])
@@ -482,7 +493,8 @@ class TensorExprGenerator:
         t[idx].assign(root.build(env))
         return t
       root = TensorExpr(f"{base.src}[{txt}].assign({root.src}); result: {base.src}", run, base.dt, v, err, dc)
-    return TensorCase(self.seed, self.exact_div, self.avoid, root.src, root.build, root.dt, root.v, root.err, root.dc, self.leaves)
+    return TensorCase(self.seed, self.exact_div, self.avoid, root.src, root.build, root.dt, root.v, root.err, root.dc, self.leaves,
+                      self.offsets)
 
 
 _TENSOR_BINOPS: dict[str, Callable[[Any, Any], Any]] = {
@@ -504,10 +516,23 @@ class TensorCase:
   err: np.ndarray
   dc: np.ndarray
   leaves: dict[str, tuple[np.ndarray, DType]]
+  offsets: dict[str, int] = field(default_factory=dict)  # leaf -> elements before it in its buffer (unaligned views)
+
+  def leaf(self, name: str, dev: str) -> Any:
+    """Leaf `name` as a Tensor on dev: a fresh one, or a view offsets[name] elements into a larger one."""
+    from plugrt.tensor import Tensor
+    v, dt = self.leaves[name]
+    if not (k := self.offsets.get(name, 0)): return Tensor(v, dt, dev)
+    flat = v.reshape(-1)
+    return Tensor(np.concatenate([np.repeat(flat[:1], k), flat]), dt, dev)[k:].reshape(v.shape)
 
   def repro(self) -> str:
     extra = "" if self.avoid == AVOIDABLE else f", avoid={sorted(self.avoid)!r}"
-    leaves = "\n".join(f"{n} = Tensor(np.array({v.tolist()!r}), dtypes.{dt.name})" for n, (v, dt) in self.leaves.items())
+    def made(n: str, v: np.ndarray, dt: DType) -> str:
+      if not (k := self.offsets.get(n, 0)): return f"Tensor(np.array({v.tolist()!r}), dtypes.{dt.name})"
+      padded = np.concatenate([np.repeat(v.reshape(-1)[:1], k), v.reshape(-1)])
+      return f"Tensor(np.array({padded.tolist()!r}), dtypes.{dt.name})[{k}:].reshape{tuple(v.shape)}"
+    leaves = "\n".join(f"{n} = {made(n, v, dt)}" for n, (v, dt) in self.leaves.items())
     return (repro_line("tensor", self.seed, f"tensor_case({self.seed}, exact_div={self.exact_div}{extra})", self.avoid) + "\n"
             f"{leaves}\nresult ({self.dtype.name}, shape {tuple(self.want.shape)}) = {self.src}")
 
@@ -524,13 +549,12 @@ def run_tensor(seed: int, devs: Sequence[str] | None = None, avoid: frozenset[st
 
 
 def _run_tensor(seed: int, devs: list[str], avoid: frozenset[str]) -> list[Outcome]:
-  from plugrt.tensor import Tensor
   out: list[Outcome] = []
   for dev in devs:
     ed = dev in EXACT_DEVICES
     case = cached_case(("tensor", seed, ed, avoid), lambda ed=ed: tensor_case(seed, ed, avoid))
     try:
-      env = {n: Tensor(v, dt, dev) for n, (v, dt) in case.leaves.items()}
+      env = {n: case.leaf(n, dev) for n in case.leaves}
       t = case.build(env)
       if t.dtype is not case.dtype or t.shape != tuple(case.want.shape):
         raise AssertionError(f"result is {t.dtype.name} {t.shape}, want {case.dtype.name} {tuple(case.want.shape)}")

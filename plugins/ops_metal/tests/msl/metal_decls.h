@@ -44,7 +44,24 @@ static_assert(sizeof(half) == 2 && sizeof(bfloat) == 2, "16-bit floats");
 
 struct uint3 { uint x, y, z; };
 struct int3 { int x, y, z; };
-struct float4 { float x, y, z, w; };
+// vector types: 2 and 4 elements of each scalar type MSL has vectors of, aligned to their size, built from one value of
+// the element type per element (plugrt's renderer converts each first)
+template <class T, int N> struct plugrt_msl_vec;
+template <class T> struct alignas(2 * sizeof(T)) plugrt_msl_vec<T, 2> {
+  T x, y;
+  plugrt_msl_vec() = default;
+  template <class A, class = std::enable_if_t<std::is_same<A, T>::value>> plugrt_msl_vec(A a, A b) : x(a), y(b) {}
+};
+template <class T> struct alignas(4 * sizeof(T)) plugrt_msl_vec<T, 4> {
+  T x, y, z, w;
+  plugrt_msl_vec() = default;
+  template <class A, class = std::enable_if_t<std::is_same<A, T>::value>> plugrt_msl_vec(A a, A b, A c, A d) : x(a), y(b), z(c), w(d) {}
+};
+#define PLUGRT_MSL_VECTORS(t) typedef plugrt_msl_vec<t, 2> t##2; typedef plugrt_msl_vec<t, 4> t##4;
+PLUGRT_MSL_VECTORS(char) PLUGRT_MSL_VECTORS(uchar) PLUGRT_MSL_VECTORS(short) PLUGRT_MSL_VECTORS(ushort) PLUGRT_MSL_VECTORS(int)
+PLUGRT_MSL_VECTORS(uint) PLUGRT_MSL_VECTORS(half) PLUGRT_MSL_VECTORS(bfloat) PLUGRT_MSL_VECTORS(float)
+#undef PLUGRT_MSL_VECTORS
+static_assert(sizeof(float4) == 16 && alignof(float4) == 16 && sizeof(half2) == 4, "vectors are aligned to their size");
 
 // as_type<T>(x): the same bits as another type of the same size
 template <class T, class F> T as_type(F x) {
