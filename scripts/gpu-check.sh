@@ -4,7 +4,7 @@
 # brings them back). Usage (from the repo root): bash scripts/gpu-check.sh [--quick] [--only=tests|bench|cuda|webgpu|nv|video|nvvideo|multi]
 # (--only=cuda: the CUDA tests and benches alone; --only=webgpu, nv, nvvideo (NV's own video engine) or multi (two or more GPUs:
 # indices, peer copies, CUDA_VISIBLE_DEVICES, collectives, bench/multi_gpu.py) or launch (CUDA's and NV's launches and graphs, the
-# seeds' GPU snippets, NVDEC, and bench/ab_gpu_launch.sh against .ab-old where it travels): install, then that section alone; the full run
+# seeds' GPU snippets, NVDEC, and the launch rows against .ab-old where it travels) or rows (issue 30's GPU rows): install, then that section alone; the full run
 # includes multi where `nvidia-smi -L` lists two GPUs or more). Each step has its own time limit, so one hang costs one step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,13 +50,31 @@ if [ "$ONLY" = "launch" ]; then
   echo "== launch: CUDA tests, seeds' snippets, NVDEC"
   timeout ${LAUNCH_CUDA_S:-240} $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=200 --tb=short -rfE plugins/ops_cuda/tests \
     tests/test_launchargs.py tests/test_launch_protocol.py tests/test_seed_snippets.py tests/test_conformance.py tests/test_adversarial_threads.py \
+    tests/test_vector_ir.py tests/test_adversarial_vector.py tests/test_tensor.py \
     -k "not multi and not Multi and not thousand" \
     2>&1 | tee "$OUT/launch_cuda_tests.txt" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -30
   echo "== launch: NV tests"
   env PLUGRT_PLUGINS=nv,nv-nvk,nv-pci,cpu,python PLUGRT_NV_TIMEOUT=10 timeout ${LAUNCH_NV_S:-150} $PY -m pytest -q -p no:cacheprovider \
     -o faulthandler_timeout=120 --tb=short -rfE plugins/ops_nv/tests tests/test_dsl.py tests/test_tensor.py -k "not multi" \
     2>&1 | tee "$OUT/launch_nv_tests.txt" | grep -E "^(FAILED|ERROR)|NVError|passed|failed" | tail -30
-  [ -d .ab-old ] && timeout ${LAUNCH_AB_S:-200} bash bench/ab_gpu_launch.sh .ab-old 2 2>&1 | tee "$OUT/launch_ab.txt"
+  if [ -d .ab-old ]; then  # the launch rows of the tree before, alternating with this one (installed beside /tmp/site)
+    AB="./core ./plugins/ops_cpu ./plugins/ops_cuda ./plugins/ops_nv ./plugins/ops_nv/iface_nvk"
+    for t in ./plugins/nvidia_toolchain ./plugins/ops_cuda/toolchain; do [ -d ".ab-old/$t" ] && AB="$AB $t"; done
+    (cd .ab-old && $PY -m pip install -q --no-deps --no-build-isolation --no-compile --target /tmp/ab-old $AB 2>&1 | tail -2)
+    for r in 1 2 3; do for side in /tmp/site /tmp/ab-old; do
+      echo "-- $side NV: $(PYTHONPATH=$side timeout 60 $PY bench/nv_launch_parts.py 2>&1 | head -1)"
+      echo "-- $side CUDA: $(PYTHONPATH=$side timeout 90 $PY bench/cuda_launch.py 2>&1 | grep -E 'plugrt prg' | tr -s ' ')"
+    done; done 2>&1 | tee "$OUT/launch_ab.txt"
+  fi
+  exit 0
+fi
+if [ "$ONLY" = "rows" ]; then
+  # issue 30's rows: elementwise and sum against a device copy (CUDA), NV's launch and copies (bench/nv.py, the copy
+  # kernel's variants against CUDA's cuMemcpyDtoD)
+  echo "== rows: bench/gpu_cuda.py, bench/nv.py, bench/nv_copy_variants.py"
+  timeout ${ROWS_CUDA_S:-240} $PY bench/gpu_cuda.py --quick --json "$OUT/bench_cuda.json" 2>&1 | tee "$OUT/bench_cuda.txt" | tail -25
+  PLUGRT_NV_TIMEOUT=10 timeout ${ROWS_NV_S:-150} $PY bench/nv.py --quick --json "$OUT/bench_nv.json" 2>&1 | tee "$OUT/bench_nv.txt" | tail -12
+  PLUGRT_NV_TIMEOUT=10 timeout ${ROWS_COPY_S:-150} $PY bench/nv_copy_variants.py --sizes 16M,256M,1G --reps 5 2>&1 | tee "$OUT/nv_copy.txt" | tail -30
   exit 0
 fi
 if [ -z "$ONLY" ] || [ "$ONLY" = "video" -a "${NV_VIDEO:-1}" != 0 ] || [ "$ONLY" = "nvvideo" ]; then
