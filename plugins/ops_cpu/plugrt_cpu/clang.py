@@ -29,8 +29,10 @@ from plugrt_cpu.span import RenderedSources
 from plugrt_cpu.toolchain import MAX_SHARED_BYTES, probe_clang, which_cc
 
 # -fno-pic -mcmodel=large: absolute addresses only, so the JIT may place the code, its constants and libm anywhere
+# an attribute the compiler ignores is an error: the source would not be what the renderer meant (a vector type that
+# became a scalar, a kernel that then runs wrongly)
 CFLAGS = ("-O2", "-fno-pic", "-mcmodel=large", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-asynchronous-unwind-tables",
-          "-nostdinc", "-ffreestanding", "-march=native")
+          "-nostdinc", "-ffreestanding", "-march=native", "-Werror=attributes")
 
 
 # how clang and gcc report an error in the kernel's source (read from stdin): `<stdin>:12:5: error: ...`

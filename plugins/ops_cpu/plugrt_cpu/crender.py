@@ -11,8 +11,8 @@ groups and the group size per axis; the function runs group (gid0, gid1, gid2). 
 no loop over the grid (that loop, costly to compile into every kernel, is
 plugrt_cpu.grid's runner, compiled once). float16 and bfloat16 values are held as float and rounded after every
 operation, with exact conversions of our own (no compiler runtime needed). Vector loads and stores (VLOAD/VSTORE) go
-through clang's ext_vector_type aligned only to an element: one unaligned vector move (movups), so that a vector access
-the caller failed to align still reads and writes the right elements on the CPU.
+through GNU C's vector_size types (clang and gcc both take them) aligned only to an element: one unaligned vector move
+(movups), so that a vector access the caller failed to align still reads and writes the right elements on the CPU.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from plugrt.dtype import DType, dtypes
 from plugrt.errors import RenderError
 from plugrt.ir import Kernel, Ops
 from plugrt.lowering import THREAD_LOOP, serialize_groups
-from plugrt.renderer.cstyle import CStyleRenderer
+from plugrt.renderer.cstyle import CStyleRenderer, vector_uses
 
 HALF_HELPERS = r"""
 static inline float __plugrt_h2f(unsigned short h) {
@@ -99,8 +99,12 @@ class CPUCRenderer(CStyleRenderer):
       return f"({b}==0" + (f" || {b}==-1" if dt.kind == "i" else "") + f" ? ({t})0 : ({t})({a}%{b}))"
     return super().alu(u, s)
 
+  # GNU C's vector_size (clang's and gcc's: CC may name either), aligned only to an element, lanes by subscript
   def vector_type(self, dt: DType, width: int) -> str: return self.clang_vector_type(dt, width)
-  def vector_typedefs(self, kernel: Kernel) -> list[str]: return self.clang_vector_typedefs(kernel, aligned=False)
+  def vector_typedefs(self, kernel: Kernel) -> list[str]:
+    return [f"typedef {self.vector_element(dt)} {self.clang_vector_type(dt, w)} __attribute__((vector_size({w * dt.itemsize}), "
+            f"aligned({dt.itemsize})));" for dt, w in vector_uses(kernel)]
+  def vector_lane(self, v: str, lane: int) -> str: return f"{v}[{lane}]"
 
   def loop_prefix(self, rng) -> str:
     # the outer thread loops (y, z) rarely run more than once: optimising them only costs compile time
