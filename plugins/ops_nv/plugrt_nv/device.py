@@ -61,9 +61,10 @@ SHARED_WINDOW, LOCAL_WINDOW = 0x7E00_0000_0000, 0x7F00_0000_0000  # generic-addr
 FENCE = bytes.fromhex("0faef8c3")         # sfence; ret: write-combined stores reach the GPU before the doorbell does
 MAX_SHARED = 227 << 10
 KERNEL_COPY_MIN = 1 << 20                  # device-to-device copies from this size run as a kernel
-#: the copy kernel's shape (bench/nv_copy_variants.py measures the alternatives): 16-byte loads in flight per thread,
-#: threads per block, blocks per multiprocessor (a grid-stride loop covers the rest)
-COPY_INFLIGHT, COPY_THREADS, COPY_BLOCKS_PER_SM = 4, 256, 8
+#: the copy kernel's shape (bench/nv_copy_variants.py measures the alternatives; docs/performance.md has the figures):
+#: 16-byte loads in flight per thread, then (threads per block, blocks per multiprocessor) below COPY_LARGE bytes and
+#: from it: small grids start sooner, large ones keep more loads in flight (a grid-stride loop covers the rest)
+COPY_INFLIGHT, COPY_SMALL, COPY_LARGE_SHAPE, COPY_LARGE = 4, (256, 8), (1024, 16), 64 << 20
 
 
 def copy_kernel_source(inflight: int = COPY_INFLIGHT) -> str:
@@ -344,8 +345,9 @@ class NVAllocator(StagedAllocator):
     sms = self.state.iface.gr.get("sms", 1)
 
     def copy(dest: int, src: int, nbytes: int) -> None:
-      blocks = max(1, min(-(-nbytes // (COPY_THREADS * 16)), sms * COPY_BLOCKS_PER_SM))
-      prg(global_size=(blocks, 1, 1), local_size=(COPY_THREADS, 1, 1), vals=(dest, src, nbytes))
+      threads, per_sm = COPY_LARGE_SHAPE if nbytes >= COPY_LARGE else COPY_SMALL
+      blocks = max(1, min(-(-nbytes // (threads * 16)), sms * per_sm))
+      prg(global_size=(blocks, 1, 1), local_size=(threads, 1, 1), vals=(dest, src, nbytes))
     return copy
 
   def _copy_kernel(self) -> Any:
