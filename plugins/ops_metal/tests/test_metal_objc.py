@@ -133,6 +133,26 @@ def test_a_repeated_launch_looks_nothing_up(on_a_fake_mac):
   dev.synchronize()
 
 
+def test_each_call_is_encoded_as_called(on_a_fake_mac):
+  """The launch memo (the core's) on Metal's encoding: a size list the caller changed, and -0.0 after 0.0, are other
+  launches: the dispatch and the scalar's bytes follow the call, not the last one prepared."""
+  rt = FakeRuntime()
+  dev = open_metal(rt)
+  prg = dev.program(saxpy_kernel())
+  bufs = [Buffer(dev, 16, dtypes.float32) for _ in range(3)]
+  gs = [1, 1, 1]
+  for _ in range(2): prg(*bufs, global_size=gs, local_size=(4, 1, 1), vals=(1.0, 16))
+  gs[0] = 3
+  del rt.log[:]
+  prg(*bufs, global_size=gs, local_size=(4, 1, 1), vals=(1.0, 16))
+  assert [m[2] for m in rt.messages("dispatchThreadgroups:threadsPerThreadgroup:")] == [((3, 1, 1), (4, 1, 1))]
+  for a in (0.0, -0.0, 0.0):
+    del rt.log[:]
+    prg(*bufs, global_size=(1, 1, 1), local_size=(4, 1, 1), vals=(a, 16))
+    assert [m[2] for m in rt.messages("setBytes:length:atIndex:")][0] == (struct.pack("<f", a), 4, 3)
+  dev.synchronize()
+
+
 def test_pipelines_are_built_once_per_binary(on_a_fake_mac):
   rt = FakeRuntime()
   dev = open_metal(rt)
