@@ -149,7 +149,7 @@ def test_each_call_is_encoded_as_called(on_a_fake_mac):
   for a in (0.0, -0.0, 0.0):
     del rt.log[:]
     prg(*bufs, global_size=(1, 1, 1), local_size=(4, 1, 1), vals=(a, 16))
-    assert [m[2] for m in rt.messages("setBytes:length:atIndex:")][0] == (struct.pack("<f", a), 4, 3)
+    assert next(m[2] for m in rt.messages("setBytes:length:atIndex:")) == (struct.pack("<f", a), 4, 3)
   dev.synchronize()
 
 
