@@ -274,12 +274,10 @@ def test_a_graph_keeps_its_own_launches(fake):
   assert xs[0].numpy().tolist() == want0.tolist() and xs[1].numpy().tolist() == want1.tolist()
 
 
-def test_a_graph_replay_tells_the_gpu_once(fake):
-  """An NV graph queues every launch's words and ring entry, then fences and rings the doorbell once for the batch
-  (HCQGraph with the prepared calls' `queue`), where launches one by one ring it each time; the results are the same."""
+def add1_program(fake: tuple) -> tuple:
+  """(device, program) of `x[i] += 1` on the fake GPU, whose engine runs it through the reference interpreter."""
   from plugrt import kernel
   from plugrt.dsl import global_id
-  from plugrt.runtime import Launch
 
   @kernel
   def add1(x: dtypes.int32[:]):
@@ -289,6 +287,14 @@ def test_a_graph_replay_tells_the_gpu_once(fake):
   gpu, dev = fake
   prg = dev.program(add1.ir())
   gpu.load(prg, add1.ir())
+  return dev, prg
+
+
+def test_a_graph_replay_tells_the_gpu_once(fake):
+  """An NV graph queues every launch's words and ring entry, then fences and rings the doorbell once for the batch
+  (HCQGraph with the prepared calls' `queue`), where launches one by one ring it each time; the results are the same."""
+  from plugrt.runtime import Launch
+  dev, prg = add1_program(fake)
   x = Buffer(dev, 4, dtypes.int32).copyin(np.zeros(4, np.int32))
   st = dev.info.state
   fences, real = [], st._fence
@@ -309,17 +315,7 @@ def test_a_graph_replay_tells_the_gpu_once(fake):
 def test_a_call_that_finds_its_entry_again_takes_the_fast_path(fake):
   """Alternating between two argument sets prepares each call again (the core keeps the last one), and each finds the
   resident entry holding its bytes: every launch then takes the fast path, none the slot path."""
-  from plugrt import kernel
-  from plugrt.dsl import global_id
-
-  @kernel
-  def add1(x: dtypes.int32[:]):
-    i = global_id(0)
-    x[i] = x[i] + 1
-
-  gpu, dev = fake
-  prg = dev.program(add1.ir())
-  gpu.load(prg, add1.ir())
+  dev, prg = add1_program(fake)
   xs = [Buffer(dev, 4, dtypes.int32).copyin(np.zeros(4, np.int32)) for _ in range(2)]
   slotted, real = [], prg._slot_launch
   prg._slot_launch = lambda *a: (slotted.append(a), real(*a))[1]  # (before anything is prepared: launches keep what they were made with)
