@@ -168,7 +168,7 @@ def _renderers():
   except ImportError: pass
   from plugrt_cpu.crender import CPUCRenderer
   from plugrt_cpu.llvm import CPULLVMRenderer
-  out["CPU C"] = (CPUCRenderer().render(flip4()), ("ext_vector_type(4), aligned(4)", "*((const __plugrt_float4*)(x + "))
+  out["CPU C"] = (CPUCRenderer().render(flip4()), ("vector_size(16), aligned(4)", "*((const __plugrt_float4*)(x + "))
   out["CPU LLVM"] = (CPULLVMRenderer().render(flip4()), ("load <4 x float>, ptr", "align 4", "store <4 x float>"))
   try:
     from plugrt_webgpu.wgsl import WGSLRenderer
