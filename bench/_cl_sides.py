@@ -45,7 +45,7 @@ class PlugrtCL:
     self.device_label = f"{st.device.name.strip()} on {st.platform.name.strip()} ({st.platform.version.strip()})"
 
   def _kernel(self, name: str) -> Any:
-    from plugrt.testing.kernels import tiny_kernel
+    from plugrt.compiler.samples import tiny_kernel
     return tiny_kernel(name)
 
   def _bufs(self) -> tuple[Any, Any]:

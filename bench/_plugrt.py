@@ -13,8 +13,8 @@ from collections.abc import Callable
 from _common import per_call
 
 from plugrt import Buffer, Device, dtypes
+from plugrt.compiler.samples import tiny_kernel
 from plugrt.errors import PlugrtError
-from plugrt.testing.kernels import tiny_kernel
 
 # The "first result" script: the same one-liner as tinygrad's.
 FIRST_RESULT = "from plugrt import Tensor\nprint(Tensor([1, 2, 3]).add(1).numpy().tolist())\n"

@@ -52,7 +52,7 @@ class PlugrtSide:
     except PlugrtError as e: raise NotAvailable(f"plugrt WEBGPU on {engine} cannot open: {e}") from e
     self.engine = self.dev.info.iface_object
     from plugrt import Buffer
-    from plugrt.testing.kernels import tiny_kernel
+    from plugrt.compiler.samples import tiny_kernel
     self.Buffer, self.tiny = Buffer, tiny_kernel
     self.a, self.b = Buffer(self.dev, 1), Buffer(self.dev, 1).copyin(memoryview(bytearray(ONE)))
     self.prg = self.dev.program(tiny_kernel(fresh_name("tiny")))

@@ -29,7 +29,7 @@ import json, sys, time
 T = time.perf_counter
 compiler, src1, src2 = sys.argv[1], open(sys.argv[2]).read(), open(sys.argv[3]).read()
 from plugrt import Device
-from plugrt.testing.kernels import tiny_kernel
+from plugrt.compiler.samples import tiny_kernel
 dev = Device["CPU"]
 comp = dev.compiler_for(compiler)
 k1, k2 = tiny_kernel("fresh_a"), tiny_kernel("fresh_b")
@@ -55,7 +55,7 @@ print(json.dumps({"hit": (t1 - t0) * 1e6, "cached": True}))
 def sources(compiler: str, workdir: str) -> dict[str, list[str]]:
   """Source files of the tiny kernel as each side renders it (plugrt: two names; tinygrad: one)."""
   from plugrt import Device
-  from plugrt.testing.kernels import tiny_kernel
+  from plugrt.compiler.samples import tiny_kernel
   comp = Device["CPU"].compiler_for(compiler)
   out: dict[str, list[str]] = {"plugrt": [], "tinygrad": []}
   for name in ("fresh_a", "fresh_b"):

@@ -22,7 +22,7 @@ CHILD = r"""
 import json, statistics, sys, time
 import numpy as np
 from plugrt import Buffer, Device, KernelBuilder, dtypes
-from plugrt.testing.kernels import tiny_kernel
+from plugrt.compiler.samples import tiny_kernel
 reps, n = int(sys.argv[1]), 1 << 24
 dev = Device["CPU"]
 b = KernelBuilder("ew_add")

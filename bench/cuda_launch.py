@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from plugrt import Buffer, Device, dtypes
-from plugrt.testing.kernels import tiny_kernel
+from plugrt.compiler.samples import tiny_kernel
 
 
 def per_launch(fn, n: int, sync) -> float:

@@ -128,7 +128,7 @@ class FastCuvid:
 def clip(frames: int) -> bytes:
   made = Path("/tmp") / f"plugrt-cuvid-cpu-{frames}.hevc"
   if made.exists(): return made.read_bytes()
-  from plugrt.testing.video import make_hevc
+  from plugrt_testing.video import make_hevc
   data = make_hevc(64, 64, frames=frames, pattern="gradient")
   made.write_bytes(data)
   return data

@@ -41,8 +41,8 @@ def median_of(fn: Callable[[], float], reps: int) -> float:
 
 def plugrt_side(quick: bool) -> dict[str, Any]:
   from plugrt import Buffer, Device, dtypes
+  from plugrt.compiler.samples import saxpy_kernel, saxpy_vector_kernel, tiny_kernel
   from plugrt.runtime import Launch
-  from plugrt.testing.kernels import saxpy_kernel, saxpy_vector_kernel, tiny_kernel
   dev = Device["CUDA"]
   out: dict[str, Any] = {"device": dev.info.state.name}
   a, b = Buffer(dev, 1, dtypes.float32), Buffer.from_numpy(np.ones(1, np.float32), dev)
@@ -120,7 +120,7 @@ def plugrt_side(quick: bool) -> dict[str, Any]:
   out["tensor_sum_gbs"] = median_of(lambda: 4 * count / st.timed(lambda: tx.sum().realize()) / 1e9, 10)
   # the Tensor kernel's own time (events around realize: includes the ~30 us of Python before the launch), for its
   # elements per thread and step and its most groups (the rest of the work is the grid-stride loop)
-  from plugrt import tensor as T
+  from plugrt.frontend import tensor as T
   saved = T._UNROLL, T._MAX_GROUPS
   for unroll, groups in ((1, 4096), (1, 65535), (4, 4096), (2, 65535), (4, 65535), (8, 65535), (4, 1 << 20)):
     T._UNROLL, T._MAX_GROUPS = unroll, groups

@@ -42,7 +42,7 @@ def med(fn: Callable[[], float], reps: int, key: str = "") -> float:
 
 def int_inc_kernel() -> Any:
   from plugrt import dtypes
-  from plugrt.testing import kernels as K
+  from plugrt.compiler import samples as K
   b = K.KernelBuilder("inc")
   o, x = b.buffer("o", dtypes.int32), b.buffer("x", dtypes.int32)
   o[0] = x[0] + 1
@@ -51,7 +51,7 @@ def int_inc_kernel() -> Any:
 
 def plugrt_side(name: str, quick: bool) -> dict[str, float]:
   from plugrt import Buffer, Device, dtypes
-  from plugrt.testing.kernels import tiny_kernel
+  from plugrt.compiler.samples import tiny_kernel
   dev = Device[name]
   reps = 3 if quick else 15
   out: dict[str, float] = {}

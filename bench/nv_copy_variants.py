@@ -33,7 +33,7 @@ def main() -> int:
   ap.add_argument("--reps", type=int, default=7)
   args = ap.parse_args()
   from plugrt import Buffer, Device, dtypes
-  from plugrt.ir import Signature
+  from plugrt.compiler.ir import Signature
   from plugrt_nv import cmd
   from plugrt_nv import device as nvd
   from plugrt_nvidia_toolchain import nvrtc

@@ -23,7 +23,7 @@ def main() -> int:
   ap.add_argument("--device", default="NV")
   args = ap.parse_args()
   from plugrt import Buffer, Device, dtypes
-  from plugrt.testing.kernels import tiny_kernel
+  from plugrt.compiler.samples import tiny_kernel
   dev = Device[args.device]
   a, b = Buffer(dev, 1, dtypes.float32), Buffer.from_numpy(np.ones(1, np.float32), dev)
   prg = dev.program(tiny_kernel())

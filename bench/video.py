@@ -60,7 +60,7 @@ def make_clip(frames: int, preset: str) -> bytes:
   import av
   import numpy as np
 
-  from plugrt.testing.video import TAGS
+  from plugrt_testing.video import TAGS
   buf = io.BytesIO()
   w, h = 1920, 1080
   with av.open(buf, "w", format="hevc") as out:

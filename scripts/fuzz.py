@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The long differential-fuzzing run (plugrt.testing.fuzz): random IR kernels, @kernel DSL functions and Tensor
+"""The long differential-fuzzing run (plugrt_testing.fuzz): random IR kernels, @kernel DSL functions and Tensor
 expressions on every available device (every compiler, for IR), checked against the reference interpreter, the
 DSL's semantics and numpy, until the time is up.
 
@@ -36,7 +36,7 @@ def _worker(conn: Any, log_path: str) -> None:
   """Runs cases target by target: ("case", kind, seed, avoid, target) -> ("start", target) ... ("done", outcomes)."""
   fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
   os.dup2(fd, 2)  # compilers' and drivers' chatter (and a crash's last words) go to the log, not the console
-  from plugrt.testing import fuzz
+  from plugrt_testing import fuzz
   conn.send(("targets", {"ir": [str(t) for t in fuzz.ir_targets()], "dsl": fuzz.devices(), "tensor": fuzz.devices()}))
   while True:
     msg = conn.recv()
@@ -89,7 +89,7 @@ class Worker:
 # ---------------------------------------------------------------- the run
 
 def signature(o: Any) -> str:
-  from plugrt.testing import fuzz
+  from plugrt_testing import fuzz
   if (bug := fuzz.classify(o)) is not None: return f"known bug {bug}"
   d = re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?(e[-+]?\d+)?", "N", o.detail.splitlines()[0] if o.detail else "")
   return re.sub(r"fuzz_(ir|dsl)_N", "fuzz_KIND", d)[:160]
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
   kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
   if bad := [k for k in kinds if k not in ("ir", "dsl", "tensor")]: ap.error(f"unknown kinds {bad}")
   sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "core"))
-  from plugrt.testing import fuzz
+  from plugrt_testing import fuzz
   avoid = frozenset() if args.include_known else fuzz.AVOIDABLE
   out_dir = args.out or tempfile.mkdtemp(prefix="plugrt-fuzz-")
   os.makedirs(out_dir, exist_ok=True)

@@ -7,7 +7,7 @@
 #                                    /dev/kfd or an AMD GPU on PCI is, plugrt-qcom where /dev/kgsl-3d0 is, plugrt-metal on
 #                                    macOS. It says what it skipped and the one command that adds each.
 #   bash scripts/setup.sh --all      every backend, also those this machine cannot run (their compilers and renderers work)
-#   bash scripts/setup.sh --test     every backend (the test suite runs each against its fake), plus what the tests need
+#   bash scripts/setup.sh --test     every backend (the test suite runs each against its fake), plus the authoring kit (plugrt-testing) and what the tests need
 #   --dry-run (with any of those)    print what would be installed and skipped, and install nothing
 # pip installs into the active virtual or conda environment, or else into .venv in this checkout (scripts/env.sh);
 # scripts/run COMMAND runs a command there.
@@ -68,6 +68,8 @@ for b in CUDA NV AMD METAL QCOM; do
   why=$(absent "$b")
   if [ "$MODE" != default ] || [ -z "$why" ]; then FOLDERS_NOW="$FOLDERS_NOW $(folders "$b")"; else SKIPPED+=("$b|$why"); fi
 done
+# the tests run with the authoring kit (its pytest plugin and conformance suite): its own distribution
+[ "$MODE" = test ] && FOLDERS_NOW="$FOLDERS_NOW ./testkit"
 FOLDERS_NOW=$(echo "$FOLDERS_NOW" | tr ' ' '\n' | awk '!seen[$0]++' | tr '\n' ' ')
 skipped_report() {
   [ ${#SKIPPED[@]} -gt 0 ] || return 0

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 . scripts/env.sh
 PY=python3
 [ "$(plugrt_env_kind)" = venv ] && [ -x "$PLUGRT_VENV/bin/python3" ] && PY="$PLUGRT_VENV/bin/python3"
-DIRS=$(for f in core/pyproject.toml plugins/*/pyproject.toml plugins/*/iface_*/pyproject.toml; do
+DIRS=$(for f in core/pyproject.toml testkit/pyproject.toml plugins/*/pyproject.toml plugins/*/iface_*/pyproject.toml; do
   if [ -f "$f" ]; then echo "./$(dirname "$f")"; fi; done)
 # without build isolation when this Python has the build tools: an isolated build looks setuptools up on the index, ~7 s a wheel
 ISOLATION=""

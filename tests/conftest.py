@@ -151,8 +151,8 @@ def run_tiny(reg: Any, device: str) -> float:
   """Open `device` in registry `reg`, run the tiny kernel (out[0] = x[0] + 1) and return out[0]."""
   import numpy as np
 
+  from plugrt.compiler.samples import tiny_kernel
   from plugrt.device import Buffer
-  from plugrt.testing.kernels import tiny_kernel
   dev = reg.open(device)
   prg = dev.program(tiny_kernel())
   out, x = Buffer(dev, 1), Buffer(dev, 1).copyin(np.array([41.0], np.float32))

@@ -14,8 +14,8 @@ import numpy as np
 
 import plugrt.distributed as dist
 from plugrt import Buffer, Tensor, dtypes
-from plugrt.testing import collectives as ref
-from plugrt.testing.collectives import reduce, say
+from plugrt_testing import collectives as ref
+from plugrt_testing.collectives import reduce, say
 
 DTYPES = [d for d in dtypes.all()]
 N = 37  # odd on purpose: no size is a multiple of anything convenient

@@ -2,7 +2,7 @@
 import math
 
 from plugrt import dtypes, kernel
-from plugrt.dsl import barrier, global_id, group_id, local_id, local_size, num_groups, shared, where
+from plugrt.frontend.dsl import barrier, global_id, group_id, local_id, local_size, num_groups, shared, where
 
 SCALE = 3  # a module constant: folded into the kernel
 

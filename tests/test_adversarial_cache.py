@@ -23,8 +23,8 @@ import pytest
 
 from plugrt import Device, dtypes
 from plugrt.cache import DiskCache
+from plugrt.compiler.ir import Kernel, KernelBuilder
 from plugrt.errors import EnvError
-from plugrt.ir import Kernel, KernelBuilder
 
 TARGETS = ["CPU:CLANG", "CPU:LLVM", "CL:CL", "WEBGPU:WGSL"]
 OTHER_UID = 65534  # nobody: "another user" (these tests run as root, which may chown)
@@ -34,7 +34,7 @@ WORKER = r"""
 import json, sys, warnings
 import numpy as np
 from plugrt import Buffer, Device, dtypes
-from plugrt.ir import KernelBuilder
+from plugrt.compiler.ir import KernelBuilder
 device, compiler, op = sys.argv[1:4]
 b = KernelBuilder("adv")
 out, x = b.buffer("out", dtypes.float32), b.buffer("x", dtypes.float32)

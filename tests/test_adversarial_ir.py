@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from plugrt import Buffer, Device, KernelBuilder, dtypes, kernel
-from plugrt.dsl import global_id
+from plugrt.compiler.ir import MAX_NAME_LENGTH, Ops
 from plugrt.errors import IRError
-from plugrt.ir import MAX_NAME_LENGTH, Ops
-from plugrt.testing.fuzz import ir_targets
+from plugrt.frontend.dsl import global_id
+from plugrt_testing.fuzz import ir_targets
 
 TARGETS = [str(t) for t in ir_targets()]
 N = 37

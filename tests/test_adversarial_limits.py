@@ -24,7 +24,7 @@ import pytest
 from plugrt import Buffer, Device, KernelBuilder, Tensor, dtypes
 from plugrt.errors import CompileError, LaunchError, OutOfMemoryError
 from plugrt.runtime import INT32_MAX, MAX_ALLOC_BYTES
-from plugrt.testing.fuzz import ir_targets
+from plugrt_testing.fuzz import ir_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 

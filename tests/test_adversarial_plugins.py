@@ -398,7 +398,7 @@ def test_a_hung_decoder_factory_falls_back(fake_plugins):
   r = run(fake_plugins, """
     import time
     from plugrt import dtypes
-    from plugrt.testing.video import make_hevc
+    from plugrt_testing.video import make_hevc
     from plugrt.video import decode_annexb_to_tensors_auto
     stream = make_hevc(64, 48, frames=2)
     t = time.perf_counter()
@@ -416,8 +416,8 @@ def test_a_decoder_factory_that_uses_the_registry_is_refused(fake_plugins):
   pytest.importorskip("av")
   fake_plugins.plugin(declaring(decoders="return [DEC]", decoder_open="from plugrt import Device\n      Device.available()"), entry="nosydec")
   from plugrt import dtypes
-  from plugrt.testing.video import make_hevc
   from plugrt.video import decode_annexb_to_tensors_auto
+  from plugrt_testing.video import make_hevc
   with use(Registry(env={})):
     err = decode_annexb_to_tensors_auto(make_hevc(64, 48, frames=2), dtype=dtypes.uint8, normalize=False, fallback=lambda e: e)
   assert "used plugrt's device registry" in err.reasons["FAKEDEC"] and "while opening video decoder FAKEDEC" in err.reasons["FAKEDEC"]

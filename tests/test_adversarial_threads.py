@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from plugrt import Buffer, Device, Tensor, dtypes, kernel
-from plugrt.dsl import global_id
 from plugrt.errors import UnsupportedError
+from plugrt.frontend.dsl import global_id
 from plugrt.registry import Registry, use
 
 NTHREADS = 8
@@ -152,7 +152,7 @@ def test_webgpu_uploads_keep_staging_bounded(engine):
 def test_rendering_from_threads(target):
   """Renderers are shared by every thread using a device's compiler: rendering different kernels at once gives each
   the source it gets alone (WGSL kept its per-kernel state on the renderer: the 16-core GPU machine mixed kernels)."""
-  from plugrt.testing.kernels import chain_case, ops_case
+  from plugrt.compiler.samples import chain_case, ops_case
   comp = Device[target].compiler
   kernels = [ops_case(dt).kernel for dt in (dtypes.float32, dtypes.int32, dtypes.uint8)] + [chain_case(dtypes.float32).kernel]
   alone = [comp.render(k) for k in kernels]

@@ -4,10 +4,11 @@ reads and writes vectors with unaligned moves, still gives the right elements in
 import numpy as np
 import pytest
 
-from plugrt import Buffer, Device, interpreter
+from plugrt import Buffer, Device
+from plugrt.compiler import interpreter
+from plugrt.compiler.interpreter import InterpreterError
+from plugrt.compiler.ir import Kernel, KernelBuilder
 from plugrt.dtype import dtypes
-from plugrt.interpreter import InterpreterError
-from plugrt.ir import Kernel, KernelBuilder
 
 
 def copy4() -> Kernel:

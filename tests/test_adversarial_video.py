@@ -50,7 +50,7 @@ def av() -> Any: return pytest.importorskip("av")
 @pytest.fixture(scope="module")
 def units(av: Any) -> dict[str, bytes]:
   """Parameter sets of two real streams of different sizes, each with its start code."""
-  from plugrt.testing.video import make_hevc
+  from plugrt_testing.video import make_hevc
   out = {}
   for tag, (w, h) in {"a": (64, 48), "b": (96, 64)}.items():
     for u in hevc.split_nal_units(make_hevc(w, h, frames=1)):
@@ -142,7 +142,7 @@ def _reference_scan(stream: bytes) -> dict[str, Any]:
 
 
 def test_real_streams_scan_as_before(av: Any) -> None:
-  from plugrt.testing.video import make_hevc
+  from plugrt_testing.video import make_hevc
   streams = [make_hevc(64, 48, frames=6, tag="bt709"), make_hevc(128, 72, frames=5, bit_depth=10, tag="bt2020"),
              make_hevc(202, 146, frames=4, tag="bt601", full_range=True), make_hevc(128, 64, frames=33, pattern="gradient"),
              make_hevc(192, 256, frames=3, pattern="gradient", params="slices=2"),
@@ -162,7 +162,7 @@ ONE_THREAD = "frame-threads=1:pools=1"
 
 @pytest.fixture(scope="module")
 def streams(av: Any) -> dict[str, bytes]:
-  from plugrt.testing.video import make_hevc
+  from plugrt_testing.video import make_hevc
   return {"noise": make_hevc(64, 48, frames=6, tag="bt709", params=ONE_THREAD),
           "skip-heavy": make_hevc(128, 64, frames=40, pattern="gradient", params=ONE_THREAD),  # small B slices; an open GOP: a CRA, its RASL
           "two-slices": make_hevc(192, 256, frames=5, pattern="gradient", params="slices=2:" + ONE_THREAD),
@@ -286,8 +286,8 @@ def test_units_ffmpeg_cannot_parse_are_errors(av: Any, streams: dict[str, bytes]
 def test_intact_streams_decode_every_frame_as_pyav(av: Any, streams: dict[str, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
   """No false alarm: each stream, and each of its prefixes that ends between access units, decodes every picture to the
   planes PyAV's own decode gives, with no error."""
-  from plugrt.testing.video import pyav_planes
   from plugrt.video import software
+  from plugrt_testing.video import pyav_planes
   seen: list[tuple[np.ndarray, ...]] = []
   real: Callable[..., Any] = software.surface_from_planes
 
@@ -314,7 +314,7 @@ def test_damaged_streams_on_threads_never_hang(av: Any) -> None:
     from plugrt import dtypes
     from plugrt.errors import VideoStreamError
     from plugrt.video import hevc, software_decode
-    from plugrt.testing.video import make_hevc
+    from plugrt_testing.video import make_hevc
     clip = make_hevc(256, 144, frames=12, tag="bt709", pattern="gradient", params="frame-threads=1:pools=1")
     units = list(hevc.split_nal_units(clip))
     n = errors = 0

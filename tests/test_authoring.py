@@ -46,7 +46,7 @@ def broken_source(wrong: str = "", api_version: str = '"1.1"', probe: str = "lam
   returning the op's Python expression, or None for the reference's)."""
   return f"""{header}
 from plugrt.hookspecs import BackendSpec, CompilerSpec, Probe, hookimpl
-from plugrt.ir import BINARY, COMPARE, Ops
+from plugrt.compiler.ir import BINARY, COMPARE, Ops
 
 @hookimpl
 def plugrt_backends():
@@ -85,7 +85,7 @@ UNROUNDED_BF16 = ('if u.dtype.name == "bfloat16" and u.op in BINARY and u.op not
 def run_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, source: str, *args: str, suite: str = "") -> pytest.RunResult:
   """Install `source` as plugin module `broken` and run the conformance suite against BROKEN in a fresh process."""
   pytester.makepyfile(broken=source)
-  pytester.makepyfile(test_broken="from plugrt.testing.conformance import ConformanceSuite\n\n"
+  pytester.makepyfile(test_broken="from plugrt_testing.conformance import ConformanceSuite\n\n"
                                   f"class TestBroken(ConformanceSuite):\n  device = 'BROKEN'\n{suite}")
   monkeypatch.setenv("PLUGRT_EXTRA_PLUGINS", "broken")
   monkeypatch.setenv("PYTHONPATH", str(pytester.path) + os.pathsep + os.environ.get("PYTHONPATH", ""))

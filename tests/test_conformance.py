@@ -1,5 +1,5 @@
 """The conformance suite on every backend this repository ships that runs here."""
-from plugrt.testing.conformance import ConformanceSuite
+from plugrt_testing.conformance import ConformanceSuite
 
 
 class TestPython(ConformanceSuite):
@@ -16,8 +16,8 @@ def test_a_mismatch_names_what_the_range_holds_and_its_inputs():
   import numpy as np
   import pytest
 
+  from plugrt.compiler import samples as K
   from plugrt.dtype import bf16_to_f32, dtypes
-  from plugrt.testing import kernels as K
   case = K.cast_case(dtypes.bfloat16)
   j = K.ALL.index(dtypes.int8)
   want = np.arange(len(case.inputs[j])).astype(np.int8)

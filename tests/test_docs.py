@@ -189,7 +189,7 @@ with isolated(["plugrt_mydev"]) as reg:  # the registry imports it, and so sees 
 
 def test_authoring_guide_lists_every_suite_attribute():
   """Every public class attribute a ConformanceSuite subclass sets is documented in docs/authoring.md."""
-  from plugrt.testing.conformance import ConformanceSuite
+  from plugrt_testing.conformance import ConformanceSuite
   text = (REPO / "docs" / "authoring.md").read_text()
   attrs = [a for a, v in vars(ConformanceSuite).items() if not a.startswith("_") and not callable(v) and not isinstance(v, property)]
   assert "device" in attrs and "transcendental_atol" in attrs

@@ -9,7 +9,7 @@ import pytest
 from conftest import float16_or_skip
 
 from plugrt import Buffer, Device, Tensor, dtypes, kernel
-from plugrt.dsl import KernelSyntaxError, global_id
+from plugrt.frontend.dsl import KernelSyntaxError, global_id
 
 
 @pytest.fixture(params=Device.available())
@@ -182,7 +182,7 @@ def test_errors_point_at_the_line(name, tmp_path, monkeypatch):
   body, line, message = BAD[name]
   src = textwrap.dedent("""\
     from plugrt import dtypes, kernel
-    from plugrt.dsl import global_id, shared
+    from plugrt.frontend.dsl import global_id, shared
 
 
     @kernel
@@ -200,7 +200,7 @@ def test_errors_point_at_the_line(name, tmp_path, monkeypatch):
 
 def test_shared_inside_a_block_is_refused(tmp_path, monkeypatch):
   path = tmp_path / "bad_shared.py"
-  path.write_text("from plugrt import dtypes, kernel\nfrom plugrt.dsl import global_id, shared\n\n@kernel\ndef k(out: dtypes.float32[:]):\n"
+  path.write_text("from plugrt import dtypes, kernel\nfrom plugrt.frontend.dsl import global_id, shared\n\n@kernel\ndef k(out: dtypes.float32[:]):\n"
                   "  if global_id(0) < 2:\n    s = shared(dtypes.float32, 4)\n")
   monkeypatch.syspath_prepend(str(tmp_path))
   with pytest.raises(KernelSyntaxError, match="top level") as e: __import__("bad_shared")
@@ -215,6 +215,6 @@ def test_source_must_be_available():
 def test_unannotated_kernel_needs_types():
   with pytest.raises(TypeError, match="not known until it is called"): K.loops_and_types.ir()
   with pytest.raises(RuntimeError, match="only meaningful inside"):
-    from plugrt.dsl import global_id
+    from plugrt.frontend.dsl import global_id
     global_id(0)
   assert kernel(K.saxpy.fn).ir().name == "saxpy"

@@ -1,4 +1,4 @@
-"""Differential fuzzing with fixed seeds (plugrt.testing.fuzz): random IR kernels on every (device, compiler) pair
+"""Differential fuzzing with fixed seeds (plugrt_testing.fuzz): random IR kernels on every (device, compiler) pair
 against the interpreter, random @kernel functions on every device against the DSL's semantics, random Tensor
 expressions on every device against numpy. A failure prints the seed and the kernel listing, the source or the
 expression; `python scripts/fuzz.py --kinds KIND --seed SEED --count 1` runs it again. The long run is
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from plugrt.testing import fuzz as F
+from plugrt_testing import fuzz as F
 
 IR_SEEDS, DSL_SEEDS, TENSOR_SEEDS = range(40), range(25), range(40)
 IR_TARGETS = {str(t): t for t in F.ir_targets()}
@@ -96,8 +96,9 @@ def test_python_backend_casts_int64_to_float32_with_one_rounding() -> None:
   """python-int64-float (fixed): rare in random cases (it needs an integer just past a float32 rounding midpoint)."""
   import numpy as np
 
-  from plugrt import Buffer, Device, dtypes, interpreter
-  from plugrt.ir import KernelBuilder
+  from plugrt import Buffer, Device, dtypes
+  from plugrt.compiler import interpreter
+  from plugrt.compiler.ir import KernelBuilder
   b = KernelBuilder("i64_to_f32")
   out, x = b.buffer("out", dtypes.float32), b.buffer("x", dtypes.int64)
   out[b.global_id(0)] = x[b.global_id(0)].cast(dtypes.float32)
@@ -125,9 +126,9 @@ def test_flush_to_zero_is_allowed_on_fast_math_devices_only_as_a_flush() -> None
   inputs with their subnormals flushed, or a subnormal result flushed to 0; nothing else."""
   import numpy as np
 
+  from plugrt.compiler import samples as K
+  from plugrt.compiler.ir import KernelBuilder
   from plugrt.dtype import dtypes
-  from plugrt.ir import KernelBuilder
-  from plugrt.testing import kernels as K
 
   b = KernelBuilder("ftz")
   out, x = b.buffer("out", dtypes.float32), b.buffer("x", dtypes.float32)
@@ -157,9 +158,9 @@ def test_python_trunc_keeps_negative_zero() -> None:
   import numpy as np
 
   from plugrt import Device
+  from plugrt.compiler.ir import KernelBuilder
   from plugrt.device import Buffer
   from plugrt.dtype import dtypes
-  from plugrt.ir import KernelBuilder
   b = KernelBuilder("trunc_sign")
   out, x = b.buffer("out", dtypes.int32), b.buffer("x", dtypes.float32)
   i = b.global_id(0)

@@ -1,4 +1,4 @@
-"""plugrt.hwqueue (the hardware-queue layer) and plugrt.testing.fakegpu, without a GPU: counters in host memory stand
+"""plugrt.hwqueue (the hardware-queue layer) and plugrt_testing.fakegpu, without a GPU: counters in host memory stand
 in for what a GPU writes, and a staging subclass whose "DMA" runs only when waited for shows any missing wait."""
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from plugrt import dtypes
+from plugrt.compiler import samples as K
+from plugrt.compiler.ir import Signature
 from plugrt.context import PluginContext
 from plugrt.errors import EnvError, PlugrtError
 from plugrt.hwqueue import CommandSlots, DoorbellRing, PinnedStaging, QueueError, ResidentLaunch, ResidentLaunches, Timeline, queue_timeout
-from plugrt.ir import Signature
-from plugrt.testing import kernels as K
-from plugrt.testing.fakegpu import FakeDevice, FakeMemory, acquire, acquired, decode_scalar, release
+from plugrt_testing.fakegpu import FakeDevice, FakeMemory, acquire, acquired, decode_scalar, release
 
 # ---------------------------------------------------------------- Timeline
 

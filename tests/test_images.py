@@ -8,13 +8,14 @@ import pickle
 import numpy as np
 import pytest
 
-from plugrt import Tensor, interpreter, kernel
+from plugrt import Tensor, kernel
+from plugrt.compiler import interpreter
+from plugrt.compiler import samples as K
+from plugrt.compiler.ir import Kernel, KernelBuilder, Ops, UOp, parse, verify
 from plugrt.device import Buffer, Device
-from plugrt.dsl import global_id, read_texel, write_texel
 from plugrt.dtype import ImageDType, PtrDType, dtypes
 from plugrt.errors import ImageError, IRError, PlugrtError, RenderError, UnsupportedError
-from plugrt.ir import Kernel, KernelBuilder, Ops, UOp, parse, verify
-from plugrt.testing import kernels as K
+from plugrt.frontend.dsl import global_id, read_texel, write_texel
 
 IMAGE_DEVICES = [d for d in ("PYTHON", "CL", "QCOM") if d in Device.available()]
 
@@ -198,7 +199,7 @@ def test_dsl_image_kernel(device):
 
 
 def test_dsl_rejects_image_misuse():
-  from plugrt.dsl import KernelSyntaxError
+  from plugrt.frontend.dsl import KernelSyntaxError
   with pytest.raises(KernelSyntaxError, match="is an image"):
     @kernel
     def plain_read(out: dtypes.float32[:], src: dtypes.imagef((2, 2))[:]):

@@ -1,7 +1,7 @@
 """The core's modules import alone, and the core's module-level imports form no cycle.
 
 An import cycle works or breaks depending on which module of it is imported first, so a module that imports fine
-after `import plugrt.tensor` may fail on its own: each module is imported alone, in a fresh interpreter. The cycle
+after `import plugrt.frontend.tensor` may fail on its own: each module is imported alone, in a fresh interpreter. The cycle
 test reads the import graph from the source (ast), so it names the files and the imports that close a cycle.
 """
 from __future__ import annotations
@@ -25,9 +25,14 @@ def _module_name(path: Path, root: Path = CORE) -> str:
   return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+KIT = CORE.parent / "testkit"
+
+
 def core_modules() -> dict[str, Path]:
-  """Every module of the core distribution (plugrt and its subpackages), by dotted name."""
-  return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts}
+  """Every module of the core distribution (plugrt and its subpackages) and of the authoring kit (plugrt_testing, its
+  own distribution), by dotted name."""
+  found = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts}
+  return found | {_module_name(p, KIT): p for p in sorted((KIT / "plugrt_testing").rglob("*.py")) if "__pycache__" not in p.parts}
 
 
 # ---------------------------------------------------------------- each module alone
@@ -45,7 +50,8 @@ def _import_alone(module: str) -> tuple[str, int, str]:
 def test_core_module_list_is_complete():
   """The walk finds the modules (a moved core directory would make the tests below pass on nothing)."""
   mods = core_modules()
-  assert {"plugrt", "plugrt.tensor", "plugrt.dsl", "plugrt.renderer.cstyle", "plugrt.reference", "plugrt.testing.conformance"} <= set(mods)
+  assert {"plugrt", "plugrt.frontend.tensor", "plugrt.frontend.dsl", "plugrt.compiler.renderer.cstyle", "plugrt.reference",
+          "plugrt_testing.conformance"} <= set(mods)
 
 
 def test_each_core_module_imports_alone_in_a_fresh_interpreter():
@@ -163,7 +169,8 @@ def first_party_modules() -> dict[str, Path]:
   toolchain, examples/ops_interp), by dotted name; tests and build copies left out."""
   root = CORE.parent
   found: dict[str, Path] = {}
-  for init in sorted([*root.glob("core/plugrt/__init__.py"), *root.glob("plugins/**/plugrt_*/__init__.py"),
+  for init in sorted([*root.glob("core/plugrt/__init__.py"), *root.glob("testkit/plugrt_testing/__init__.py"),
+                      *root.glob("plugins/**/plugrt_*/__init__.py"),
                       *root.glob("examples/*/plugrt_*/__init__.py")]):
     pkg = init.parent
     if "build" in pkg.relative_to(root).parts or "tests" in pkg.relative_to(root).parts: continue
@@ -186,3 +193,70 @@ def test_no_import_cycle_anywhere_even_through_deferred_imports():
   if cycle is not None:
     steps = [f"  {a} -> {b}  ({mods[a].relative_to(CORE.parent)}:{graph[a][b]})" for a, b in itertools.pairwise(cycle)]
     pytest.fail("import cycle (deferred imports included):\n" + "\n".join(steps))
+
+
+# ---------------------------------------------------------------- the core's layers (docs/architecture.md)
+
+#: the core's layers, bottom first: a module imports (at module level or in a function) only modules of its own layer
+#: or of layers below it. What a backend author needs is the first; the authoring kit, its own distribution, is last.
+LAYERS = [
+  ("backend-facing", lambda m: m.count(".") == 1 and m not in ("plugrt.cli", "plugrt.__main__") and (PACKAGE / f"{m[7:]}.py").is_file()),
+  ("compiler", lambda m: m.startswith("plugrt.compiler")),
+  ("reference backend", lambda m: m.startswith("plugrt.reference")),
+  ("frontends", lambda m: m.startswith("plugrt.frontend")),
+  ("video and distributed", lambda m: m.startswith(("plugrt.video", "plugrt.distributed"))),
+  ("the package face and the CLI", lambda m: m in ("plugrt", "plugrt.cli", "plugrt.__main__")),
+  ("the authoring kit", lambda m: m.startswith("plugrt_testing")),
+]
+
+
+def layer_of(module: str) -> int:
+  found = [i for i, (_, member) in enumerate(LAYERS) if member(module)]
+  assert len(found) == 1, f"{module} is in {len(found)} layers"
+  return found[0]
+
+
+def test_every_core_module_is_in_one_layer_and_the_first_stays_small():
+  mods = core_modules()
+  for m in mods: layer_of(m)
+  first = [p for m, p in mods.items() if layer_of(m) == 0]
+  assert {"plugrt.registry", "plugrt.hookspecs", "plugrt.runtime", "plugrt.hwqueue", "plugrt.cache", "plugrt.errors"} <= \
+    {m for m in mods if layer_of(m) == 0}
+  lines = sum(len(p.read_text().splitlines()) for p in first)
+  assert lines <= 6000, f"the backend-facing layer is {lines} lines (at most ~6k: what a backend author reads)"
+
+
+def test_the_core_layers_import_only_downward():
+  """Deferred imports included: a lower layer never reaches up (the CLI's doctor runs sample kernels from the compiler
+  layer, and nothing of the core imports the authoring kit)."""
+  mods = core_modules()
+  graph = import_graph(mods, deferred=True)
+  up = [f"  {a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]})  {mods[a].relative_to(CORE.parent)}:{line}"
+        for a, edges in graph.items() for b, line in edges.items() if layer_of(b) > layer_of(a)]
+  assert not up, "imports that run up the core's layers:\n" + "\n".join(up)
+
+
+def test_nothing_first_party_imports_a_moved_modules_old_name():
+  """The old names of moved modules (plugrt.MOVED_MODULES) stay importable for third-party backends; first-party code,
+  tests and benchmarks use the new ones."""
+  from plugrt import MOVED_MODULES
+  root, found = CORE.parent, []
+  for path in [*root.glob("core/**/*.py"), *root.glob("testkit/**/*.py"), *root.glob("plugins/**/*.py"), *root.glob("tests/*.py"),
+               *root.glob("bench/*.py"), *root.glob("examples/**/*.py"), *root.glob("scripts/*.py")]:
+    if "build" in path.relative_to(root).parts or path.resolve() == Path(__file__).resolve(): continue
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+        [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) and not node.level else []
+      old = [n for n in names if n in MOVED_MODULES or n.startswith(tuple(k + "." for k in MOVED_MODULES))]
+      found += [f"{path.relative_to(root)}:{node.lineno}: {n}" for n in old]
+  assert not found, "old module names in first-party code:\n" + "\n".join(found)
+
+
+def test_a_moved_modules_old_name_is_the_module_itself():
+  r = subprocess.run([sys.executable, "-W", "always::DeprecationWarning", "-c",
+                      "import plugrt.ir, plugrt.compiler.ir as new; from plugrt.renderer.cstyle import CStyleRenderer;"
+                      "from plugrt.compiler.renderer import cstyle; from plugrt import tensor;"
+                      "assert plugrt.ir is new and new.__spec__.name == 'plugrt.compiler.ir' and CStyleRenderer is cstyle.CStyleRenderer;"
+                      "assert tensor.__name__ == 'plugrt.frontend.tensor'"], capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr
+  assert "plugrt.ir is plugrt.compiler.ir now" in r.stderr

@@ -25,7 +25,7 @@ def _project(folder: str) -> dict:
 
 def test_distributions_are_the_repository_folders():
   found = [glob.glob(os.path.join(ROOT, "plugins", *parts, "pyproject.toml")) for parts in (("*",), ("*", "iface_*"))]
-  folders = ["core"] + sorted(os.path.relpath(os.path.dirname(p), ROOT) for ps in found for p in ps)
+  folders = ["core", "testkit"] + sorted(os.path.relpath(os.path.dirname(p), ROOT) for ps in found for p in ps)
   assert {_project(f)["name"]: f for f in folders} == DISTRIBUTIONS
 
 
@@ -34,7 +34,7 @@ def test_local_requirements_are_the_libraries_each_distribution_requires():
   repository with no plugrt entry point, which no other hint names and no index has): each pyproject.toml's own list."""
   def name(req: str) -> str: return req.split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip()
   libraries = {d for d, f in DISTRIBUTIONS.items() if "plugrt" not in _project(f).get("entry-points", {})}
-  assert libraries == {"plugrt-nvidia-toolchain"}
+  assert libraries == {"plugrt-nvidia-toolchain", "plugrt-testing"}  # the toolchain, and the authoring kit
   for dist, folder in DISTRIBUTIONS.items():
     ours = [name(r) for r in _project(folder).get("dependencies", []) if name(r) in libraries]
     assert tuple(ours) == LOCAL_REQUIREMENTS.get(dist, ()), dist
@@ -50,7 +50,7 @@ def test_every_extra_names_a_shipped_distribution():
   for folder in DISTRIBUTIONS.values():  # the plugins' own extras, where they name plugrt distributions
     for reqs in _project(folder).get("optional-dependencies", {}).values():
       assert all(name(r) in DISTRIBUTIONS for r in reqs if name(r).startswith("plugrt")), reqs
-  assert set(extras["all"]) >= {r for k, v in extras.items() if k not in ("all", "dawn", "webgpu") for r in v}
+  assert set(extras["all"]) >= {r for k, v in extras.items() if k not in ("all", "dawn", "webgpu", "testing") for r in v}  # all: the backends
   assert any(r.startswith("plugrt-webgpu[wgpu") for r in extras["webgpu"])  # the WebGPU extra brings its default engine
 
 
@@ -240,7 +240,7 @@ def test_setup_installs_the_backends_this_machine_can_run_and_names_the_rest():
 @pytest.mark.parametrize("mode", ["--all", "--test"])
 def test_setup_all_and_test_install_every_backend(mode):
   folders, out = _setup_plan(mode)
-  every = {"./" + f for f in DISTRIBUTIONS.values()}
+  every = {"./" + f for f in DISTRIBUTIONS.values()} - ({"./testkit"} if mode == "--all" else set())  # the kit: for tests
   assert set(folders) == every and "skipped" not in out  # every distribution of this repository: their fakes test them all
   assert ("would install: -r requirements-test.txt" in out) == (mode == "--test")
   assert folders.index("./plugins/nvidia_toolchain") < folders.index("./plugins/ops_cuda")

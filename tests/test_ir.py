@@ -4,13 +4,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from plugrt import Buffer, Device, interpreter
+from plugrt import Buffer, Device
+from plugrt.compiler import interpreter
+from plugrt.compiler import samples as K
+from plugrt.compiler.interpreter import InterpreterError
+from plugrt.compiler.ir import Kernel, KernelBuilder, Ops, UOp, verify
+from plugrt.compiler.lowering import serialize_groups
 from plugrt.dtype import PtrDType, bf16_to_f32, cast_value, dtypes, f32_to_bf16
 from plugrt.errors import IRError
-from plugrt.interpreter import InterpreterError
-from plugrt.ir import Kernel, KernelBuilder, Ops, UOp, verify
-from plugrt.lowering import serialize_groups
-from plugrt.testing import kernels as K
 
 
 def add1() -> Kernel:

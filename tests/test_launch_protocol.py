@@ -99,7 +99,7 @@ def test_an_old_style_program_with_its_own_call_still_runs(plugrt_registry, api:
 
   from conftest import backend_source
 
-  from plugrt.ir import KernelBuilder
+  from plugrt.compiler.ir import KernelBuilder
   from plugrt.runtime import Launch
   mod = types.ModuleType(f"oldstyle_{api.replace('.', '_')}")
   mod.OldStyleProgram = OldStyleProgram  # type: ignore[attr-defined]

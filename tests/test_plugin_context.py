@@ -127,7 +127,7 @@ e = os.environ
 os.environ = Spy(e._data, e.encodekey, e.decodekey, e.encodevalue, e.decodevalue)
 from plugrt.registry import Registry
 from plugrt.device import Buffer
-from plugrt.testing.kernels import tiny_kernel
+from plugrt.compiler.samples import tiny_kernel
 import numpy as np
 
 reg = Registry(env=json.loads(sys.argv[2])).load()

@@ -626,8 +626,8 @@ def test_device_strings():
 def test_no_hook_on_the_launch_path(monkeypatch):
   import numpy as np
 
+  from plugrt.compiler.samples import tiny_kernel
   from plugrt.device import Buffer
-  from plugrt.testing.kernels import tiny_kernel
   calls: list[str] = []
   orig = Registry.call_hook
 

@@ -8,10 +8,10 @@ import pytest
 
 from plugrt import Buffer, Device, dtypes
 from plugrt.cache import DiskCache, cache_key
+from plugrt.compiler.samples import tiny_kernel
 from plugrt.errors import CompileError, EnvError, OutOfMemoryError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.runtime import Allocator, Compiler, launch_dims
-from plugrt.testing.kernels import tiny_kernel
 
 # ---------------------------------------------------------------- disk cache
 

@@ -222,7 +222,7 @@ def _nvdec_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict,
   pytest.importorskip("av")
   from plugrt import video
   from plugrt.dtype import dtypes
-  from plugrt.testing.video import make_hevc
+  from plugrt_testing.video import make_hevc
   (tmp_path / "sample.hevc").write_bytes(make_hevc(W, H, frames=4, tag="bt2020"))
   monkeypatch.chdir(tmp_path)
   consumed: list = []

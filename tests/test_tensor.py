@@ -4,7 +4,7 @@ import pytest
 from conftest import float16_or_skip
 
 from plugrt import Device, Tensor, dtypes
-from plugrt import tensor as T
+from plugrt.frontend import tensor as T
 
 
 def devices() -> list[str]:
@@ -346,7 +346,7 @@ def test_vector_and_scalar_paths_give_the_same_bits(dev, dt, n):
 
 def test_vector_loads_are_used_only_where_the_memory_is_aligned(dev):
   from plugrt import Buffer
-  from plugrt.ir import Ops
+  from plugrt.compiler.ir import Ops
   T._KERNELS.clear()
   x = np.arange(40, dtype=np.float32)
   (Tensor(x, device=dev) + 1).realize()

@@ -3,13 +3,14 @@ kernel whose vector values cross a barrier, the DSL's vload/vstore, and what eve
 import numpy as np
 import pytest
 
-from plugrt import Buffer, Device, interpreter, kernel
-from plugrt.dsl import KernelSyntaxError, barrier, global_id, local_id, vload, vstore
+from plugrt import Buffer, Device, kernel
+from plugrt.compiler import interpreter
+from plugrt.compiler import samples as K
+from plugrt.compiler.ir import Kernel, KernelBuilder, Ops, UOp, parse, verify
+from plugrt.compiler.lowering import serialize_groups
 from plugrt.dtype import dtypes
 from plugrt.errors import IRError
-from plugrt.ir import Kernel, KernelBuilder, Ops, UOp, parse, verify
-from plugrt.lowering import serialize_groups
-from plugrt.testing import kernels as K
+from plugrt.frontend.dsl import KernelSyntaxError, barrier, global_id, local_id, vload, vstore
 
 
 def flip4() -> Kernel:
@@ -141,14 +142,14 @@ def test_dsl_vload_and_vstore(device):
 def test_dsl_names_what_vector_access_takes(tmp_path, body, message):
   import importlib.util
   src = tmp_path / "bad_vector_kernel.py"
-  src.write_text(f"from plugrt import kernel, dtypes\nfrom plugrt.dsl import vload, vstore\n@kernel\n{body}\n")
+  src.write_text(f"from plugrt import kernel, dtypes\nfrom plugrt.frontend.dsl import vload, vstore\n@kernel\n{body}\n")
   spec = importlib.util.spec_from_file_location("bad_vector_kernel", src)
   with pytest.raises(KernelSyntaxError, match=message): spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
 def _renderers():
   """Each renderer's text for flip4, and what shows its vector load and store (an empty tuple: element by element)."""
-  from plugrt.renderer.opencl import OpenCLRenderer
+  from plugrt.compiler.renderer.opencl import OpenCLRenderer
   out = {"OpenCL C": (OpenCLRenderer().render(flip4()), ("*((__global const float4*)(x + ", "*((__global float4*)(out + "))}
   try:
     from plugrt_nvidia_toolchain.cuda_c import CUDARenderer

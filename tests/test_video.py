@@ -18,7 +18,7 @@ from plugrt.video import Frame, decode_annexb_iter, decode_annexb_to_tensors_aut
 from plugrt.video.convert import VideoArgumentError, surface_from_planes
 
 av = pytest.importorskip("av")
-from plugrt.testing.video import make_hevc, pyav_planes, reference_rgb  # noqa: E402
+from plugrt_testing.video import make_hevc, pyav_planes, reference_rgb  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import pytest
 
 from plugrt import Buffer, Device, dtypes
 from plugrt.errors import DeviceUnavailable
-from plugrt.testing.video import reference_rgb
 from plugrt.video.convert import Surface, VideoArgumentError, check_output, convert, default_matrix, surface_from_planes
+from plugrt_testing.video import reference_rgb
 
 DEVICES = ("CPU", "CL", "WEBGPU")
 CUSTOM = (1.4, -0.35, -0.7, 1.8)

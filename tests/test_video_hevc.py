@@ -11,7 +11,7 @@ from plugrt.errors import VideoStreamError
 from plugrt.video import hevc
 
 pytest.importorskip("av")
-from plugrt.testing.video import make_hevc
+from plugrt_testing.video import make_hevc
 
 CASES = [  # width, height, bit depth, tag, full range -> expected (matrix, primaries, transfer)
   (64, 48, 8, None, False, (2, 2, 2)),

@@ -255,8 +255,8 @@ def _run_doctor_kernels(targets: list[tuple[str, str]]) -> list[_KernelResult]:
   """saxpy (checked against numpy) and a group reduction with barriers (checked against the interpreter) on each target."""
   import numpy as np
 
+  from plugrt.compiler.samples import reduce_case, run_case, saxpy_kernel
   from plugrt.device import Buffer, Device
-  from plugrt.testing.kernels import reduce_case, run_case, saxpy_kernel
   out_results = []
   n = 1 << 20
   x, y = np.arange(n, dtype=np.float32) / 7, np.ones(n, dtype=np.float32)
@@ -335,8 +335,8 @@ def bench_target(name: str, compiler: str, quick: bool = False) -> dict[str, flo
 
   import numpy as np
 
+  from plugrt.compiler.samples import tiny_kernel
   from plugrt.device import Buffer, Device
-  from plugrt.testing.kernels import tiny_kernel
   dev = Device[name]
   comp = dev.compiler_for(compiler)
   res: dict[str, float] = {}

@@ -49,7 +49,7 @@ from plugrt.context import DeviceInfo, PluginContext
 from plugrt.errors import Reason
 
 if TYPE_CHECKING:
-  from plugrt.ir import Signature
+  from plugrt.launchargs import Signature
   from plugrt.runtime import Allocator, Compiler, DeviceState, Program
 
 PROJECT = "plugrt"

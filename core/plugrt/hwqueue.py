@@ -44,7 +44,7 @@ from plugrt.launchargs import NO_CALL, PreparedCall
 from plugrt.runtime import Allocator, DeviceState, Graph, Launch, LockedProgram, buffer_address
 
 if TYPE_CHECKING:
-  from plugrt.ir import Signature
+  from plugrt.launchargs import Signature
 
 
 def round_up(x: int, a: int) -> int: return (x + a - 1) // a * a

@@ -28,10 +28,20 @@ from __future__ import annotations
 import ctypes
 import struct
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from marshal import dumps as _exact_bytes
 from typing import Any
 
 from plugrt.dtype import DType, cast_value, dtypes, float_bits, float_packer, float_value
+
+
+@dataclass(frozen=True)
+class Signature:
+  """What a program takes: its buffers' element dtypes (and whether each is written), then its scalars."""
+  buffers: tuple[DType, ...]
+  scalars: tuple[DType, ...]
+  written: tuple[bool, ...] = ()
+
 
 # marshal's format 2: each value's type and exact bits (numpy scalars: their bytes), and no back-references (format 3 on
 # marks objects by their reference count, so equal scalars could serialise differently)

@@ -16,8 +16,7 @@ from plugrt.dtype import DType, ImageDType, dtypes
 from plugrt.errors import RenderError, UnknownDeviceError
 
 if TYPE_CHECKING:
-  from plugrt.ir import Kernel
-  from plugrt.runtime import Allocator, Compiler, Program
+  from plugrt.runtime import Allocator, Compiler, KernelLike, Program
 
 #: opens a device by name (None: the default) in the process's registry; plugrt.registry installs it when it loads
 open_by_name: Callable[[str | None], RuntimeDevice] | None = None
@@ -34,7 +33,7 @@ class RuntimeDevice:
     self.program_factory = registry.build(info, backend, "plugrt_program")
     self._compilers: dict[str, Compiler] = {}
     self._programs: dict[tuple[str, str, Any], Program] = {}
-    self._kernel_programs: dict[tuple[int, str], tuple[Kernel, Program]] = {}
+    self._kernel_programs: dict[tuple[int, str], tuple[KernelLike, Program]] = {}
     self._lock = allocate_lock()
     self._graph_factory: Any = None
     self._peer_paths: dict[str, str] = {}  # destination device -> how copies to it travel (Allocator.peer_path), asked once
@@ -64,7 +63,7 @@ class RuntimeDevice:
       c = self._compilers[name] = self.registry.build(self.info, self.backend, "plugrt_compiler", compiler=name)
     return c
 
-  def program(self, kernel: Kernel, compiler: str | None = None) -> Program:
+  def program(self, kernel: KernelLike, compiler: str | None = None) -> Program:
     """Render, compile (through the disk cache) and load `kernel`; the same kernel object
     or the same source gives the same Program without compiling again."""
     comp = self.compiler if compiler is None else self.compiler_for(compiler)

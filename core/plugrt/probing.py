@@ -72,6 +72,7 @@ def device_nodes(prefix: str) -> list[str]:
 #: `bash scripts/wheelhouse.sh` builds all of them into dist/, and `pip install --find-links dist 'plugrt[cl]'` picks.
 DISTRIBUTIONS: dict[str, str] = {
   "plugrt": "core",
+  "plugrt-testing": "testkit",
   "plugrt-cpu": "plugins/ops_cpu",
   "plugrt-cl": "plugins/ops_cl",
   "plugrt-cuda": "plugins/ops_cuda",

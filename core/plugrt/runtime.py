@@ -11,17 +11,26 @@ from _thread import allocate_lock  # threading's locks, without importing thread
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from plugrt.context import BufferBase, DeviceInfo, DeviceState
 from plugrt.dtype import DType, ImageDType, image_dtype
 from plugrt.errors import EnvError, LaunchError, OutOfMemoryError, UnsupportedError
-from plugrt.launchargs import NO_CALL, PreparedCall, call_key, slot_packer
-
-if TYPE_CHECKING:  # (the IR and the disk cache load when something compiles, not when a device opens)
-  from plugrt.ir import Kernel, Signature
+from plugrt.launchargs import NO_CALL, PreparedCall, Signature, call_key, slot_packer
 
 H = TypeVar("H")  # a backend's memory handle
+
+
+class KernelLike(Protocol):
+  """What this layer reads of a kernel (a plugrt.compiler.ir.Kernel): a device's program() checks and caches by these,
+  and hands the kernel to its Compiler's render, which reads the rest."""
+  name: str
+  @property
+  def signature(self) -> Signature: ...
+  @property
+  def images(self) -> tuple[Any, ...]: ...
+  @property
+  def shared_bytes(self) -> int: ...
 
 
 def size_str(n: int) -> str:
@@ -278,7 +287,7 @@ class Compiler:
     import _thread
     self._memory_lock = _thread.allocate_lock()
 
-  def render(self, kernel: Kernel) -> str: raise NotImplementedError
+  def render(self, kernel: KernelLike) -> str: raise NotImplementedError
   def compile_uncached(self, src: str) -> bytes: raise NotImplementedError
   def toolchain(self) -> tuple[str, ...]: raise NotImplementedError
 

@@ -161,7 +161,7 @@ def _as_buffer(x: Any, what: str, write: bool) -> Any:
   """`x` as a plugrt Buffer: a Buffer as is, a Tensor's contiguous memory (a Tensor written into must be contiguous)."""
   from plugrt.device import Buffer
   if isinstance(x, Buffer): return x
-  from plugrt.tensor import Tensor
+  from plugrt.frontend.tensor import Tensor
   if isinstance(x, Tensor):
     if not write: return x.contiguous_buffer()
     n = x.realize().node

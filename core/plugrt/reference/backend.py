@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
+from plugrt.compiler.ir import BINARY, COMPARE, Kernel, Ops, Signature, UOp
+from plugrt.compiler.lowering import serialize_groups
 from plugrt.dtype import DType, cast_value, dtypes
 from plugrt.errors import CompileError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.ir import BINARY, COMPARE, Kernel, Ops, Signature, UOp
 from plugrt.launchargs import PreparedCall, value_packer
-from plugrt.lowering import serialize_groups
 from plugrt.runtime import Allocator, Compiler, Program
 
 # ---------------------------------------------------------------- memory

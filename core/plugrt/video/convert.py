@@ -23,9 +23,9 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from plugrt.compiler.ir import Kernel, KernelBuilder
 from plugrt.dtype import DType, dtypes
 from plugrt.errors import PlugrtError
-from plugrt.ir import Kernel, KernelBuilder
 
 #: (Kr, Kb) of each named matrix (ITU-T H.273 Table 4)
 MATRICES: dict[str, tuple[float, float]] = {"bt601": (0.299, 0.114), "bt709": (0.2126, 0.0722), "bt2020": (0.2627, 0.0593)}
@@ -154,7 +154,7 @@ def convert(s: Surface, dtype: Any = dtypes.float32, normalize: bool = True, col
   """Convert surface `s` on its buffer's device to an (height, width, 3) Tensor there. `out`: a Buffer of
   height*width*3 elements of `dtype` to write into instead of a new one."""
   from plugrt.device import Buffer
-  from plugrt.tensor import Tensor
+  from plugrt.frontend.tensor import Tensor
   dt = check_output(dtype, normalize)
   sample = s.buffer.dtype
   if sample not in (dtypes.uint8, dtypes.uint16): raise TypeError(f"a surface holds uint8 or uint16 elements, not {sample.name}")

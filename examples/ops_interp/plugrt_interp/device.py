@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 
 import plugrt
-from plugrt import interpreter
+from plugrt.compiler import interpreter
+from plugrt.compiler.ir import Kernel, Signature, parse
 from plugrt.errors import CompileError, IRError
-from plugrt.ir import Kernel, Signature, parse
 from plugrt.launchargs import PreparedCall, value_packer
 from plugrt.runtime import Allocator, Compiler, Program
 

@@ -1,5 +1,5 @@
 """Prove the backend: plugrt's conformance suite, run against INTERP."""
-from plugrt.testing.conformance import ConformanceSuite
+from plugrt_testing.conformance import ConformanceSuite
 
 
 class TestInterp(ConformanceSuite):

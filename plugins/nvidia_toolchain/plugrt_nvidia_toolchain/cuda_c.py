@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from plugrt.compiler.ir import Kernel
+from plugrt.compiler.renderer.cstyle import CStyleRenderer
 from plugrt.dtype import DType, dtypes
-from plugrt.ir import Kernel
-from plugrt.renderer.cstyle import CStyleRenderer
 
 PRELUDE = r"""
 template<class T, class F> __device__ __forceinline__ T __plugrt_bitcast(F f) { union { F f; T t; } u; u.f = f; return u.t; }

@@ -44,7 +44,7 @@ round the result.
 Integers: IDIV/MOD are div/rem with a zero divisor replaced by 1 (quotient x, remainder 0, as the
 interpreter gives) and, for 32/64-bit signed, x / -1 computed as a wrapping negation (MIN / -1 is
 otherwise unspecified in PTX). Shift amounts are masked with bits-1 as the interpreter does.
-Casts follow plugrt.interpreter: float->int truncates (`cvt.rzi`, which saturates and maps NaN to
+Casts follow plugrt.compiler.interpreter: float->int truncates (`cvt.rzi`, which saturates and maps NaN to
 0 where the IR says undefined), any->bool is != 0 (NaN is true), float64->float16 rounds once
 (`cvt.rn.f16.f64`), float64->bfloat16 and int->bfloat16 go through float32 as the interpreter does.
 
@@ -63,9 +63,9 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from plugrt.compiler.ir import COMPARE, Kernel, Ops, UOp
 from plugrt.dtype import DType, PtrDType, cast_value, dtypes
 from plugrt.errors import RenderError
-from plugrt.ir import COMPARE, Kernel, Ops, UOp
 from plugrt_nvidia_toolchain.arch import min_ptx_version, parse_arch, version_tuple
 from plugrt_nvidia_toolchain.ptx_math import HELPER_PREFIX, HELPERS, f32_hex, f64_hex, two_over_pi_table
 
@@ -159,7 +159,8 @@ class PTXRenderer:
     for u in kernel.uops:
       dt = u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype
       if u.op is Ops.SPILL:
-        raise RenderError(f"kernel {name}: SPILL (lowered IR) has no PTX rendering", "render the kernel before plugrt.lowering.serialize_groups")
+        raise RenderError(f"kernel {name}: SPILL (lowered IR) has no PTX rendering",
+                          "render the kernel before plugrt.compiler.lowering.serialize_groups")
       if dt is dtypes.bfloat16 and self.sm < 80:
         raise RenderError(f"kernel {name}: bfloat16 ({u.op.name}) needs sm_80 or later for cvt.rn.bf16.f32, the target is {self.arch}",
                           "use float16/float32, or a newer GPU")

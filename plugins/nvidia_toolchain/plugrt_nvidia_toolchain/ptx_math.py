@@ -13,7 +13,7 @@ routine a module calls once, before its entries.
   EXP2 f64: x = n + f, |f| <= 1/2, a degree-13 polynomial for 2^f, then two exact-or-once-rounded scalings by
             2^(n/2) so subnormal results round once.
 
-The constants (pi/2 in parts, 2/pi's bits, ln 2) come exact from plugrt.renderer.floatmath, which the WGSL renderer
+The constants (pi/2 in parts, 2/pi's bits, ln 2) come exact from plugrt.compiler.renderer.floatmath, which the WGSL renderer
 uses too.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from plugrt.renderer import floatmath
-from plugrt.renderer.floatmath import round_f32, sin_cos_taylor
+from plugrt.compiler.renderer import floatmath
+from plugrt.compiler.renderer.floatmath import round_f32, sin_cos_taylor
 
 #: every routine's name starts with this (kernel names may not, so they never collide)
 HELPER_PREFIX = "__plugrt_"

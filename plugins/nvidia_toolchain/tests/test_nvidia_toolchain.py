@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from plugrt.compiler.renderer import floatmath
 from plugrt.context import PluginContext
 from plugrt.errors import CompileError, RenderError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.renderer import floatmath
 from plugrt_nvidia_toolchain import arch, jitlink, nvrtc, ptx_math, ptxas, toolkit
 
 

@@ -13,8 +13,8 @@ from plugrt.context import PluginContext
 
 def main(argv: list[str]) -> int:
   import plugrt_amd
+  from plugrt.compiler import samples as K
   from plugrt.errors import PlugrtError
-  from plugrt.testing import kernels as K
   from plugrt_amd import codeobject, hw
   ctx = PluginContext.from_process()
   for what, probe in (("device", plugrt_amd.probe_amd), ("compiler LLVM", plugrt_amd.probe_llvm), ("compiler HIP", plugrt_amd.probe_hip)):

@@ -14,11 +14,11 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from plugrt.compiler.ir import Kernel, Ops
+from plugrt.compiler.renderer.cstyle import MATH_NAMES, CStyleRenderer
 from plugrt.dtype import DType, dtypes
 from plugrt.errors import CompileError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.ir import Kernel, Ops
-from plugrt.renderer.cstyle import MATH_NAMES, CStyleRenderer
 from plugrt.runtime import Compiler
 from plugrt_amd import hw
 from plugrt_amd.toolchain import HIP_HINT, hiprtc_path

@@ -25,11 +25,11 @@ import tempfile
 import threading
 from typing import Any
 
+from plugrt.compiler.ir import Kernel, Ops, UOp
+from plugrt.compiler.renderer.llvmir import IRFunction, LLVMRenderer
 from plugrt.dtype import DType, dtypes
 from plugrt.errors import CompileError, RenderError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.ir import Kernel, Ops, UOp
-from plugrt.renderer.llvmir import IRFunction, LLVMRenderer
 from plugrt.runtime import Compiler
 from plugrt_amd import hw, llvm_math
 from plugrt_amd.iface import GPUInterface

@@ -3,7 +3,7 @@
 LLVM's AMDGPU backend lowers llvm.exp2/log2/sin of half and float to the GPU's own instructions, but has no
 instruction and no library call for them on double (llc stops with "no libcall available for fexp2"), so plugrt
 brings its own, built only from what the backend does lower: fma, rint, floor, ldexp, frexp and IEEE division.
-Constants are computed exactly by plugrt.renderer.floatmath and written as the bits of the nearest double.
+Constants are computed exactly by plugrt.compiler.renderer.floatmath and written as the bits of the nearest double.
 
 - exp2: x = n + r (n = rint x, |r| <= 1/2, exact); 2^r = e^(r ln 2) by its Taylor series to degree 13
   (the first term left out is below 2^-57); ldexp(., n). NaN stays NaN, past +-1075 it is inf or 0.
@@ -39,7 +39,7 @@ def _horner(var: str, coeffs: list[float], out: str, lines: list[str], tag: str)
 def _exp2() -> str:
   from fractions import Fraction
 
-  from plugrt.renderer.floatmath import PRECISION, ln2
+  from plugrt.compiler.renderer.floatmath import PRECISION, ln2
   ln2_d = float(ln2(PRECISION))
   taylor = [float(Fraction(1, math.factorial(k))) for k in range(14)]  # e^t = sum t^k / k!
   lines = ["define internal double @__plugrt_amd_exp2_f64(double %x) #HELPER {",
@@ -60,7 +60,7 @@ def _exp2() -> str:
 def _log2() -> str:
   from fractions import Fraction
 
-  from plugrt.renderer.floatmath import PRECISION, ln2, split
+  from plugrt.compiler.renderer.floatmath import PRECISION, ln2, split
   inv_hi, inv_lo = split(1 / ln2(PRECISION), 2, float)
   series = [float(Fraction(2, 2 * k + 1)) for k in range(1, 11)]  # R / z = 2/3 + 2z/5 + ... (z = s^2)
   lines = ["define internal double @__plugrt_amd_log2_f64(double %x) #HELPER {",
@@ -99,7 +99,7 @@ def _log2() -> str:
 
 
 def _sin() -> str:
-  from plugrt.renderer.floatmath import PRECISION, pi, sin_cos_taylor, split
+  from plugrt.compiler.renderer.floatmath import PRECISION, pi, sin_cos_taylor, split
   p1, p2, p3 = split(pi(PRECISION) / 2, 3, float)
   two_over_pi = float(2 / pi(PRECISION))
   sin_c = [sin_cos_taylor(k, float) for k in range(3, 20, 2)]  # sin r = r + r * z * (c3 + c5 z + ...)

@@ -20,10 +20,10 @@ from _thread import RLock
 from functools import partial
 from typing import Any
 
+from plugrt.compiler.ir import Signature
 from plugrt.errors import CompileError, LaunchError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import HCQProgram, HCQState, StagedAllocator, queue_timeout
-from plugrt.ir import Signature
 from plugrt.launchargs import PreparedCall, bytes_packer
 from plugrt.runtime import LaunchLimits, check_nbytes
 from plugrt_amd import codeobject

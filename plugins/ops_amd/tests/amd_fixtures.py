@@ -14,8 +14,8 @@ from fake_kfd import FakeKFD
 import plugrt_amd
 import plugrt_amd_kfd
 from plugrt import dtypes
+from plugrt.compiler.ir import Kernel, KernelBuilder
 from plugrt.hookspecs import InterfaceSpec, Probe, hookimpl
-from plugrt.ir import Kernel, KernelBuilder
 from plugrt.registry import isolated
 
 ENV = {"AMD": "1", "AMD_LLVM": "1", "PLUGRT_AMD_TIMEOUT": "20"}

@@ -29,7 +29,7 @@ def pytest_addoption(parser: Any) -> None:
 def pytest_configure(config: Any) -> None:
   from amd_pci_fixtures import FakePCIGPU, env_for, fake_gen, fake_pci_plugins
 
-  from plugrt.testing.fakegpu import use_fake_for_session
+  from plugrt_testing.fakegpu import use_fake_for_session
   fake = FakePCIGPU(gen=fake_gen(config, "--amd-pci-gen"))
   _fake.append(fake)
   env = {k: v for k, v in env_for(fake).items() if k not in ("AMD", "AMD_LLVM")}

@@ -18,7 +18,7 @@ def pytest_configure(config: Any) -> None:
   from amd_fixtures import ENV, fake_plugins
   from fake_kfd import FakeKFD
 
-  from plugrt.testing.fakegpu import use_fake_for_session
+  from plugrt_testing.fakegpu import use_fake_for_session
   fake = FakeKFD()
   env = {k: v for k, v in ENV.items() if k not in ("AMD", "AMD_LLVM")}
   _undo.append(use_fake_for_session(fake, fake_plugins(fake)[:2], env, ("plugrt-amd", "plugrt-amd-kfd")))

@@ -28,7 +28,7 @@ def pytest_configure(config: Any) -> None:
   from amd_pci_fixtures import fake_gen
   from amd_usb_fixtures import FakeUSBGPU, env_for, fake_usb_plugins
 
-  from plugrt.testing.fakegpu import use_fake_for_session
+  from plugrt_testing.fakegpu import use_fake_for_session
   fake = FakeUSBGPU(gen=fake_gen(config, "--amd-usb-gen"))
   _fake.append(fake)
   env = {k: v for k, v in env_for(fake).items() if k not in ("AMD", "AMD_LLVM")}

@@ -7,7 +7,7 @@ The page-table and MQD formats are written out here from the kernel's headers (a
 gc_11_0_0 offsets; GMC 12: gmc_v12_0.c, mmhub_4_1_0 and gc_12_0_0 offsets), apart from plugrt_amd_pci.vm /
 plugrt_amd_pci.mec, so that a wrong bit in one is caught by the other.
 Dispatches run with the fake KFD's machinery: plugrt_amd.aql decodes the packets and kernel descriptors and
-plugrt.testing.fakegpu.DispatchRunner runs the kernel's IR (registered with `load`, as fake_kfd.FakeKFD.load) on
+plugrt_testing.fakegpu.DispatchRunner runs the kernel's IR (registered with `load`, as fake_kfd.FakeKFD.load) on
 numpy views of the fake VRAM (hence a dense FakeVRAM).
 """
 from __future__ import annotations
@@ -20,9 +20,9 @@ import numpy as np
 from fake_amdgpu import GC_BASES, MMHUB_BASES, FakeRegisters, FakeVRAM
 from fake_kfd import natural_kernarg_layout, vector_accesses
 
-from plugrt.ir import Kernel
-from plugrt.testing.fakegpu import DispatchRunner
+from plugrt.compiler.ir import Kernel
 from plugrt_amd import aql
+from plugrt_testing.fakegpu import DispatchRunner
 
 #: the hubs' context registers (segment 0): CONTEXT0_CNTL, PAGE_TABLE_BASE_ADDR_LO32, START_ADDR_LO32, END_ADDR_LO32
 HUB_REGS = {"MMHUB": (MMHUB_BASES[0], 0x740, 0x7AB, 0x7CB, 0x7EB), "GFXHUB": (GC_BASES[0], 0x1688, 0x16F3, 0x1713, 0x1733)}

@@ -1,5 +1,5 @@
 """A fake KFD for tests without an AMD GPU: the kernel below plugrt-amd-kfd's one seam (KFDOps), on
-plugrt.testing.fakegpu.
+plugrt_testing.fakegpu.
 
 It answers the real kfd.py structs: GET_VERSION, ACQUIRE_VM, GET_PROCESS_APERTURES_NEW, RUNTIME_ENABLE, memory
 (ALLOC/MAP/UNMAP/FREE at the address the caller reserved, backed by FakeMemory: the CPU and the "GPU" share it),
@@ -30,11 +30,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from plugrt.ir import Kernel, Signature
-from plugrt.testing.fakegpu import FakeDevice, FakeMemory
+from plugrt.compiler.ir import Kernel, Signature
 from plugrt_amd import aql, sdma
 from plugrt_amd_kfd import kfd
 from plugrt_amd_kfd.kfdev import PAGE, PROT_NONE, TOPOLOGY, KFDOps
+from plugrt_testing.fakegpu import FakeDevice, FakeMemory
 
 KFD_FD, DRM_FD = 1000, 1001
 FOREIGN_DRM_FD = 1002     # the render node another runtime of the process (ROCr under HIP) opened and acquired the VM with
@@ -68,7 +68,7 @@ def vector_accesses(kernel: Kernel) -> int:
   any alignment), and a fake, which tells programs apart by their image, must then run the IR that asks least of the
   memory, the one with the fewest vector accesses: it gives the other's result wherever that is defined, and is also
   defined at an unaligned address."""
-  from plugrt.ir import Ops
+  from plugrt.compiler.ir import Ops
   return sum(u.op is Ops.VLOAD or u.op is Ops.VSTORE for u in kernel.uops)
 
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from amd_tools import hip_clang, need, readelf_kernels, run
 
+from plugrt.compiler import samples as K
 from plugrt.dtype import dtypes
 from plugrt.errors import CompileError, EnvError, PluginError, RenderError
-from plugrt.testing import kernels as K
 from plugrt_amd import codeobject, compiler_for, hw
 from plugrt_amd.codeobject import unpackb
 
@@ -39,7 +39,7 @@ def built(arch: str) -> dict[str, tuple[bytes, codeobject.CodeObject]]:
 
 
 def shared_bytes(kernel) -> int:
-  from plugrt.ir import Ops
+  from plugrt.compiler.ir import Ops
   total = 0
   for u in kernel.uops:
     if u.op is Ops.SHARED: total = (total + 15) // 16 * 16 + u.arg[1] * u.dtype.base.itemsize
@@ -202,7 +202,7 @@ def test_arch_choice_and_refusals() -> None:
   with pytest.raises(EnvError, match=r"no architecture 'gfx1101x'.*did you mean gfx1101"): compiler_for("gfx1101x", env=ENV)
   with pytest.raises(CompileError, match=r"ld\.lld is not installed") as e: compiler_for(env={**ENV, "PLUGRT_AMD_LLD": "/nonexistent/ld.lld"})
   assert "lld" in e.value.hint
-  from plugrt.lowering import serialize_groups
+  from plugrt.compiler.lowering import serialize_groups
   with pytest.raises(RenderError): compiler("gfx1100").render(serialize_groups(K.reduce_case().kernel))
 
 

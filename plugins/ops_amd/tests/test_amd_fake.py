@@ -16,13 +16,13 @@ from amd_fixtures import fake_amd
 from fake_kfd import GFX942
 
 from plugrt import Buffer, dtypes
+from plugrt.compiler import samples as K
 from plugrt.context import PluginContext
-from plugrt.testing import kernels as K
-from plugrt.testing.conformance import ConformanceSuite
 from plugrt_amd.runtime import AMDAllocator, AMDProgram, AMDState
 from plugrt_amd.toolchain import llvm_tool
 from plugrt_amd_kfd.gpu import KFDGPU
 from plugrt_amd_kfd.kfdev import KFDHardwareFault, KFDMemoryFault, KFDTimeout
+from plugrt_testing.conformance import ConformanceSuite
 
 pytestmark = pytest.mark.skipif(llvm_tool(PluginContext.from_process(), "ld.lld") is None, reason="ld.lld is not installed (apt-get install lld)")
 

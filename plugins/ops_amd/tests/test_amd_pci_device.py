@@ -15,18 +15,18 @@ from amd_pci_fixtures import FakePCIGPU, env_for, fake_pci_amd, fake_pci_plugins
 from fake_amdq import Fault
 
 from plugrt import Buffer, dtypes
+from plugrt.compiler import samples as K
+from plugrt.compiler.ir import KernelBuilder
 from plugrt.context import PluginContext
 from plugrt.errors import EnvError, LaunchError
 from plugrt.hwqueue import QueueError
-from plugrt.ir import KernelBuilder
 from plugrt.registry import isolated
-from plugrt.testing import kernels as K
-from plugrt.testing.conformance import ConformanceSuite
 from plugrt_amd.runtime import AMDAllocator, AMDProgram, AMDState
 from plugrt_amd.toolchain import llvm_tool
 from plugrt_amd_pci import mec
 from plugrt_amd_pci.driverless import BARTooSmall, NoDMA, check_descriptor
 from plugrt_amd_pci.gpu import PCIGPU
+from plugrt_testing.conformance import ConformanceSuite
 
 pytestmark = pytest.mark.skipif(llvm_tool(PluginContext.from_process(), "ld.lld") is None, reason="ld.lld is not installed (apt-get install lld)")
 ADDR = "0000:03:00.0"

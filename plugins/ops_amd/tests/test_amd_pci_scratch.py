@@ -10,10 +10,10 @@ from amd_pci_fixtures import fake_pci_amd
 from test_amd_queue_features import pick_kernel, pick_llvm_ir
 
 from plugrt import Buffer, dtypes
+from plugrt.compiler import samples as K
 from plugrt.context import PluginContext
 from plugrt.errors import UnsupportedError
 from plugrt.hwqueue import QueueError
-from plugrt.testing import kernels as K
 from plugrt_amd import aql
 from plugrt_amd.toolchain import llvm_tool
 from plugrt_amd_pci import mec, scratch, vm

@@ -15,11 +15,11 @@ from amd_tools import need, readelf_kernels, run
 from fake_kfd import FOREIGN_DRM_FD, TIMESTAMP_KHZ
 
 from plugrt import Buffer, Tensor, dtypes
+from plugrt.compiler import samples as K
+from plugrt.compiler.ir import KernelBuilder
 from plugrt.context import PluginContext
-from plugrt.dlpack import KDL_ROCM
 from plugrt.errors import UnsupportedError
-from plugrt.ir import KernelBuilder
-from plugrt.testing import kernels as K
+from plugrt.frontend.dlpack import KDL_ROCM
 from plugrt_amd import aql
 from plugrt_amd.toolchain import llvm_tool
 from plugrt_amd_kfd.kfdev import KFDHardwareFault, KFDNotVisible

@@ -10,9 +10,9 @@ import pytest
 from amd_usb_fixtures import fake_usb_amd
 
 from plugrt import Buffer, dtypes
+from plugrt.compiler import samples as K
 from plugrt.context import PluginContext
 from plugrt.hwqueue import QueueError
-from plugrt.testing import kernels as K
 from plugrt_amd.runtime import AMDState
 from plugrt_amd.toolchain import llvm_tool
 from plugrt_amd_pci import mec

@@ -35,8 +35,8 @@ def test_kfd_on_hardware():
 def test_device_saxpy_on_hardware():
   """The AMD device through the installed plugins on a real GPU: AMD_LLVM's code object, AQL dispatch, SDMA copies."""
   from plugrt import Buffer, dtypes
+  from plugrt.compiler import samples as K
   from plugrt.registry import Registry
-  from plugrt.testing import kernels as K
   reg = Registry(env={**os.environ, "AMD": "1", "PLUGRT_AMD_TIMEOUT": "10"}).load()
   try:
     dev = reg.open("AMD")

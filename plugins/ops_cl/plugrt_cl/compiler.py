@@ -23,9 +23,9 @@ from typing import Any
 
 import pyopencl as cl
 
+from plugrt.compiler.ir import Kernel
 from plugrt.errors import CompileError, PluginError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.ir import Kernel
 from plugrt.runtime import Compiler
 from plugrt_cl.device import CLState, state_of
 from plugrt_cl.renderer import OpenCLRenderer

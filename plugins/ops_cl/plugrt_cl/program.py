@@ -18,8 +18,8 @@ from typing import Any
 
 import pyopencl as cl
 
+from plugrt.compiler.ir import Signature
 from plugrt.errors import PluginError
-from plugrt.ir import Signature
 from plugrt.launchargs import PreparedCall, bytes_packer
 from plugrt.runtime import LockedProgram
 from plugrt_cl.compiler import build, unframe

@@ -14,9 +14,9 @@ import pytest
 
 import plugrt_cl
 from plugrt import Buffer, KernelBuilder, dtypes
+from plugrt.compiler.samples import saxpy_kernel, tiny_kernel
 from plugrt.context import PluginContext
 from plugrt.errors import CompileError, DeviceUnavailable, EnvError, Reason, RenderError, UnsupportedError
-from plugrt.testing.kernels import saxpy_kernel, tiny_kernel
 from plugrt_cl import icd
 
 
@@ -385,7 +385,7 @@ def test_a_loop_with_barriers_that_runs_no_times_inside_another_loop(dev):
   """The fuzzer's ir 5597: an inner loop holding barriers, with zero trips in an outer loop's iteration, must not
   run its body. PoCL (3.1 with each work-group method, and 3.0) runs it once; CPU, PYTHON and the interpreter do
   not, nor does plain C. A PoCL bug, not plugrt's: xfail there (strict, so a fixed PoCL shows up)."""
-  from plugrt import interpreter
+  from plugrt.compiler import interpreter
   b = KernelBuilder("zero_trip_barrier_loop")
   out, n_in = b.buffer("out", dtypes.int32), b.buffer("n", dtypes.int32)
   sh = b.shared("sh", dtypes.int32, 4)

@@ -1,6 +1,6 @@
 """plugrt's conformance suite on the CL device (skipped, saying why, where pyopencl or an OpenCL platform is missing;
 a CL plugin that is broken fails)."""
-from plugrt.testing.conformance import ConformanceSuite
+from plugrt_testing.conformance import ConformanceSuite
 
 
 class TestCL(ConformanceSuite):

@@ -20,9 +20,9 @@ import threading
 import weakref
 from typing import Any
 
+from plugrt.compiler.ir import Kernel
 from plugrt.errors import CompileError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.ir import Kernel
 from plugrt.runtime import Compiler
 from plugrt_cpu.crender import CPUCRenderer
 from plugrt_cpu.span import RenderedSources

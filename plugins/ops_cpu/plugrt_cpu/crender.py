@@ -1,6 +1,6 @@
 """Kernel IR -> C for the CPU (clang), on the core's C-like renderer base.
 
-The kernel is first lowered (plugrt.lowering.serialize_groups) so that one call runs
+The kernel is first lowered (plugrt.compiler.lowering.serialize_groups) so that one call runs
 one group. The generated function has the CPU calling convention shared with the LLVM
 renderer (see plugrt_cpu.program):
 
@@ -16,11 +16,11 @@ through GNU C's vector_size types (clang and gcc both take them) aligned only to
 """
 from __future__ import annotations
 
+from plugrt.compiler.ir import Kernel, Ops
+from plugrt.compiler.lowering import THREAD_LOOP, serialize_groups
+from plugrt.compiler.renderer.cstyle import CStyleRenderer, vector_uses
 from plugrt.dtype import DType, dtypes
 from plugrt.errors import RenderError
-from plugrt.ir import Kernel, Ops
-from plugrt.lowering import THREAD_LOOP, serialize_groups
-from plugrt.renderer.cstyle import CStyleRenderer, vector_uses
 
 HALF_HELPERS = r"""
 static inline float __plugrt_h2f(unsigned short h) {

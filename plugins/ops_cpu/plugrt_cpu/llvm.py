@@ -7,7 +7,7 @@ the C renderer (see plugrt_cpu.program):
 
 args holds the buffer addresses, one 8-byte slot per scalar, then the number of
 groups and the group size per axis; the function runs one group. The kernel is first
-lowered (plugrt.lowering.serialize_groups) so that one call runs a group's threads; the
+lowered (plugrt.compiler.lowering.serialize_groups) so that one call runs a group's threads; the
 grid is run by plugrt_cpu.grid's runner (a kernel has no loop over groups: that loop
 was half of a small kernel's compile time). float16/bfloat16 are emulated (held as float,
 rounded after every op), because LLVM's own half conversions call compiler-rt
@@ -29,12 +29,12 @@ import threading
 import warnings
 from typing import Any
 
+from plugrt.compiler.ir import Kernel, Ops, UOp
+from plugrt.compiler.lowering import THREAD_LOOP, serialize_groups
+from plugrt.compiler.renderer.llvmir import IRFunction, LLVMRenderer
 from plugrt.dtype import DType, dtypes
 from plugrt.errors import CompileError, PluginError, RenderError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.ir import Kernel, Ops, UOp
-from plugrt.lowering import THREAD_LOOP, serialize_groups
-from plugrt.renderer.llvmir import IRFunction, LLVMRenderer
 from plugrt.runtime import Compiler
 from plugrt_cpu.span import RenderedSources
 from plugrt_cpu.toolchain import MAX_SHARED_BYTES

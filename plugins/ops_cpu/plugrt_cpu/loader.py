@@ -10,7 +10,7 @@ from plugrt_cpu.objects import ET_DYN, check_elf, load_relocatable
 from plugrt_cpu.program import CPUProgram
 
 if TYPE_CHECKING:
-  from plugrt.ir import Signature
+  from plugrt.compiler.ir import Signature
 
 
 def load_program(device: Any, name: str, lib: bytes, signature: Signature) -> Any:

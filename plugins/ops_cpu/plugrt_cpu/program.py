@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
+from plugrt.compiler.ir import Signature
 from plugrt.errors import EnvError
-from plugrt.ir import Signature
 from plugrt.launchargs import PreparedCall
 from plugrt.runtime import LaunchLimits, Program
 from plugrt_cpu.grid import HEAD, ONE_GROUP, SPAN

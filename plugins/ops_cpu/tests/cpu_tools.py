@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from plugrt import KernelBuilder, dtypes
-from plugrt.ir import Kernel
+from plugrt.compiler.ir import Kernel
 
 
 def count_kernel(name: str) -> Kernel:

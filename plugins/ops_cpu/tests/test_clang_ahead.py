@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from plugrt.compiler.samples import tiny_kernel
 from plugrt.registry import Registry
-from plugrt.testing.kernels import tiny_kernel
 
 
 def clang(tmp_path, **env: str):
@@ -98,7 +98,7 @@ def test_a_forked_child_neither_uses_nor_blocks_the_parents_process(tmp_path, ch
 
 
 def test_the_waiting_process_is_stopped_at_exit(tmp_path) -> None:
-  script = ("import os\nfrom plugrt import Device\nfrom plugrt.testing.kernels import tiny_kernel\n"
+  script = ("import os\nfrom plugrt import Device\nfrom plugrt.compiler.samples import tiny_kernel\n"
             "c = Device['CPU'].compiler_for('CLANG')\nc.compile_uncached(c.render(tiny_kernel('ahead_exit')))\n"
             "print(c._standby.proc.pid)\n")
   p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from plugrt import Buffer, dtypes
-from plugrt.ir import KernelBuilder
+from plugrt.compiler.ir import KernelBuilder
 from plugrt.registry import Registry
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")

@@ -7,11 +7,11 @@ import struct
 import numpy as np
 import pytest
 
-import plugrt.interpreter as interp
+import plugrt.compiler.interpreter as interp
 from plugrt import Buffer, Device, KernelBuilder, dtypes
+from plugrt.compiler.ir import BINARY, COMPARE, UNARY, Kernel, Ops
 from plugrt.dtype import DType, bf16_to_f32, f32_to_bf16
 from plugrt.errors import CompileError, IRError, PluginError
-from plugrt.ir import BINARY, COMPARE, UNARY, Kernel, Ops
 
 pytest.importorskip("llvmlite")
 
@@ -485,7 +485,7 @@ def test_integer_division_never_traps(dev, compiler: str, dt):
 def test_only_straight_line_modules_get_the_fast_code_generator(dev):
   """A module with no branch is code-generated at level 0 (the same instructions for one block, a third of the time);
   anything with a loop or a branch, or past the size limit, at O2. The rule is part of the cache key."""
-  from plugrt.testing.kernels import tiny_kernel
+  from plugrt.compiler.samples import tiny_kernel
   from plugrt_cpu.llvm import STRAIGHT_LINE_MAX_LINES, STRAIGHT_LINE_RULE, straight_line
   comp = dev.compiler_for("LLVM")
   assert straight_line(comp.render(tiny_kernel("sl_tiny")))

@@ -11,7 +11,7 @@ import pytest
 from cpu_tools import count_kernel, want_ids
 
 from plugrt import Buffer, Device, KernelBuilder, dtypes
-from plugrt.ir import Kernel
+from plugrt.compiler.ir import Kernel
 from plugrt_cpu import program as cpu_program
 from plugrt_cpu.grid import ONE_GROUP, SPAN
 from plugrt_cpu.objects import check_elf

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from plugrt.compiler.ir import Kernel
 from plugrt.errors import CompileError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.ir import Kernel
 from plugrt.runtime import Compiler
 from plugrt_cuda import driver as D
 from plugrt_nvidia_toolchain import nvrtc

@@ -13,10 +13,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from plugrt.compiler.ir import Signature
 from plugrt.errors import DeviceUnavailable, Reason, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import PinnedStaging
-from plugrt.ir import Signature
 from plugrt.launchargs import NO_CALL, PreparedCall, ctypes_packer
 from plugrt.runtime import Allocator, DeviceState, Graph, Launch, LaunchLimits, Program, buffer_address
 from plugrt_cuda import driver as D

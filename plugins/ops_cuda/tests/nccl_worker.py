@@ -10,8 +10,8 @@ import numpy as np
 
 import plugrt.distributed as dist
 from plugrt import Buffer, dtypes
-from plugrt.testing import collectives as ref
-from plugrt.testing.collectives import reduce, say
+from plugrt_testing import collectives as ref
+from plugrt_testing.collectives import reduce, say
 
 #: what NCCL reduces (16-bit integers it does not); every dtype moves (gather, broadcast, send/recv go as bytes)
 REDUCED = [d for d in dtypes.all() if d.name not in ("int16", "uint16")]

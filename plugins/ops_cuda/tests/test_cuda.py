@@ -8,10 +8,10 @@ import pytest
 from cuda_tools import toolkit_program
 
 from plugrt import Buffer, Device, Tensor, dtypes
+from plugrt.compiler import samples as K
 from plugrt.errors import DeviceUnavailable, Reason, UnsupportedError
-from plugrt.testing import kernels as K
-from plugrt.testing.conformance import ConformanceSuite
 from plugrt_nvidia_toolchain.cuda_c import PRELUDE, CUDARenderer
+from plugrt_testing.conformance import ConformanceSuite
 
 
 def has_gpu() -> bool:

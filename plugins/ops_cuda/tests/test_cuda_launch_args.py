@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from plugrt import Buffer, Device, dtypes
-from plugrt.ir import Signature
+from plugrt.compiler.ir import Signature
 from plugrt.runtime import LaunchLimits
 from plugrt_cuda import device as cuda_device
 

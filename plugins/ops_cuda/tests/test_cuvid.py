@@ -68,7 +68,7 @@ def test_nvdec_is_declared_and_listed() -> None:
 @pytest.mark.skipif(has_gpu(), reason="there is a GPU here")
 def test_without_a_gpu_the_auto_variant_falls_back() -> None:
   pytest.importorskip("av")
-  from plugrt.testing.video import make_hevc
+  from plugrt_testing.video import make_hevc
   stream = make_hevc(64, 48, frames=3)
   seen = []
   got = decode_annexb_to_tensors_auto(stream, dtype=dtypes.uint8, normalize=False, fallback=lambda e: seen.append(e) or "software")
@@ -79,7 +79,7 @@ def test_without_a_gpu_the_auto_variant_falls_back() -> None:
 # ---------------------------------------------------------------- on the GPU
 
 def _streams() -> dict[str, bytes]:
-  from plugrt.testing.video import nvdec_streams
+  from plugrt_testing.video import nvdec_streams
   return nvdec_streams()
 
 

@@ -26,7 +26,7 @@ from plugrt_cuda import cuvid, driver
 from plugrt_cuda import device as cuda_device
 
 av = pytest.importorskip("av")
-from plugrt.testing.video import make_hevc, pyav_planes, reference_rgb  # noqa: E402
+from plugrt_testing.video import make_hevc, pyav_planes, reference_rgb  # noqa: E402
 
 
 class FakeCuda:

@@ -16,7 +16,7 @@ import pytest
 
 import plugrt.distributed as dist
 from plugrt import Buffer, Device, dtypes
-from plugrt.testing import collectives as ref
+from plugrt_testing import collectives as ref
 
 WORKER = Path(__file__).with_name("nccl_worker.py")
 

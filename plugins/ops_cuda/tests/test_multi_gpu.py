@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from plugrt import Buffer, Device, Tensor, dtypes
-from plugrt.testing.kernels import saxpy_kernel
+from plugrt.compiler.samples import saxpy_kernel
 
 
 def cuda_count() -> int:

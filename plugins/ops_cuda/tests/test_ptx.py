@@ -27,10 +27,10 @@ import numpy as np
 import pytest
 from cuda_tools import toolkit_program
 
+from plugrt.compiler import samples as K
+from plugrt.compiler.ir import Kernel, KernelBuilder, Ops
 from plugrt.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
 from plugrt.errors import RenderError
-from plugrt.ir import Kernel, KernelBuilder, Ops
-from plugrt.testing import kernels as K
 from plugrt_nvidia_toolchain.arch import min_ptx_version
 from plugrt_nvidia_toolchain.ptx import PTXRenderer
 from plugrt_nvidia_toolchain.ptx_math import HELPER_PREFIX, constants, helper_ptx
@@ -213,7 +213,7 @@ def test_min_ptx_version() -> None:
 # ---------------------------------------------------------------- RenderError cases
 
 def test_render_errors() -> None:
-  from plugrt.lowering import serialize_groups
+  from plugrt.compiler.lowering import serialize_groups
   lowered = serialize_groups(K.reduce_case().kernel)
   if any(u.op is Ops.SPILL for u in lowered.uops):
     with pytest.raises(RenderError, match="SPILL"): PTXRenderer().render(lowered)
@@ -569,7 +569,7 @@ def _scalar_raw(dt: DType, v: Any) -> int:
 
 def _run_emulated(case: K.Case) -> None:
   """K.run_case with the PTX interpreter as the device."""
-  from plugrt import interpreter
+  from plugrt.compiler import interpreter
   sig = case.kernel.signature
   m = _Machine(PTXRenderer().render(case.kernel))
   got = [np.ascontiguousarray(a).copy() for a in case.inputs]

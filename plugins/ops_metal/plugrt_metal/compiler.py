@@ -20,9 +20,9 @@ import subprocess
 import tempfile
 from typing import Any
 
+from plugrt.compiler.ir import Kernel
 from plugrt.errors import CompileError, PluginError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.ir import Kernel
 from plugrt.runtime import Compiler
 from plugrt_metal.device import MetalState, state_of
 from plugrt_metal.renderer import MetalRenderer, msl_version_str

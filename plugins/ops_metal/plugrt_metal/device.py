@@ -14,8 +14,8 @@ import weakref
 from types import SimpleNamespace
 from typing import Any
 
-from plugrt.dlpack import KDL_METAL
 from plugrt.errors import DeviceUnavailable, PluginError, Reason, UnsupportedError
+from plugrt.frontend.dlpack import KDL_METAL
 from plugrt.hookspecs import DeviceInfo
 from plugrt.runtime import Allocator, DeviceState, LaunchLimits, size_str
 from plugrt_metal.macos import msl_version_for_macos

@@ -20,8 +20,8 @@ import ctypes
 from functools import partial
 from typing import Any
 
+from plugrt.compiler.ir import Signature
 from plugrt.errors import CompileError, PluginError
-from plugrt.ir import Signature
 from plugrt.launchargs import PreparedCall, bytes_packer
 from plugrt.runtime import LockedProgram
 from plugrt_metal.compiler import BUG_HINT, load_library

@@ -38,9 +38,9 @@ import math
 import struct
 from collections.abc import Sequence
 
+from plugrt.compiler.ir import Kernel, Ops, UOp
+from plugrt.compiler.renderer.cstyle import CStyleRenderer
 from plugrt.dtype import DType, dtypes
-from plugrt.ir import Kernel, Ops, UOp
-from plugrt.renderer.cstyle import CStyleRenderer
 
 #: the first Metal Shading Language version with `bfloat` (macOS 14, iOS 17)
 BFLOAT_MSL = (3, 1)

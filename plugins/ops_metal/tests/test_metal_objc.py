@@ -18,9 +18,9 @@ from plugrt_metal.compiler import METALLIB, SOURCE, frame, language_version, unf
 from plugrt_metal.device import MetalCommandError, MetalTimeoutError
 
 from plugrt import Buffer, KernelBuilder, dtypes
+from plugrt.compiler.samples import saxpy_kernel, tiny_kernel
 from plugrt.errors import CompileError, DeviceUnavailable, EnvError, LaunchError, RenderError, UnsupportedError
 from plugrt.registry import Registry
-from plugrt.testing.kernels import saxpy_kernel, tiny_kernel
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_objc import COMMITTED, ERROR, FakeRuntime
@@ -324,7 +324,7 @@ def test_graph_falls_back_where_no_indirect_command_buffer_is_made(on_a_fake_mac
 
 def test_dlpack_round_trip_of_a_view_wraps_the_mtlbuffer(on_a_fake_mac):
   from plugrt import Tensor
-  from plugrt.dlpack import from_dlpack
+  from plugrt.frontend.dlpack import from_dlpack
   rt = FakeRuntime()
   dev = open_metal(rt)
   buf = Buffer.from_numpy(np.arange(8, dtype=np.float32), dev)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from plugrt_metal.renderer import MetalRenderer
 
+from plugrt.compiler import samples as K
 from plugrt.dtype import dtypes
 from plugrt.errors import RenderError
-from plugrt.testing import kernels as K
 
 MSL = Path(__file__).parent / "msl"
 CLANG = shutil.which("clang++")

@@ -61,8 +61,8 @@ def main() -> None:
 
   import plugrt_nv
   from plugrt import Buffer, dtypes
+  from plugrt.compiler import samples as K
   from plugrt.context import PluginContext
-  from plugrt.testing import kernels as K
   probe = step("probe", lambda: plugrt_nv.probe_nv(PluginContext.from_process()))
 
   step("interface: driver, classes, VA space, memory", lambda: interface_alone(index))

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from plugrt.compiler.ir import Kernel
 from plugrt.errors import CompileError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.ir import Kernel
 from plugrt.runtime import Compiler
 from plugrt_nvidia_toolchain import nvrtc
 from plugrt_nvidia_toolchain.arch import device_arch

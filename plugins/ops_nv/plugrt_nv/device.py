@@ -30,6 +30,7 @@ from _thread import RLock
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from plugrt.compiler.ir import Signature
 from plugrt.dtype import dtypes
 from plugrt.errors import CompileError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
@@ -46,7 +47,6 @@ from plugrt.hwqueue import (
   queue_timeout,
   round_up,
 )
-from plugrt.ir import Signature
 from plugrt.launchargs import PreparedCall, bytes_packer
 from plugrt.probing import install_hint
 from plugrt.runtime import Launch, LaunchLimits

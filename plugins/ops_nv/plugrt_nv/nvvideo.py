@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from plugrt.compiler.ir import Kernel, KernelBuilder
 from plugrt.dtype import DType, dtypes
 from plugrt.errors import Reason, VideoDecoderUnavailable, VideoStreamError
 from plugrt.hwqueue import round_up
-from plugrt.ir import Kernel, KernelBuilder
 from plugrt.video.hevc import StreamInfo
 from plugrt_nv import nvdec
 from plugrt_nv.iface import Mem, NVError

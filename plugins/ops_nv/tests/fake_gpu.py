@@ -1,4 +1,4 @@
-"""A fake NV interface for tests without a GPU: the NV-specific part of a fake GPU, on plugrt.testing.fakegpu.
+"""A fake NV interface for tests without a GPU: the NV-specific part of a fake GPU, on plugrt_testing.fakegpu.
 
 Memory is host memory at the addresses NV asks for (FakeMemory, placed in NV's VA window), and each channel is a
 queue thread (FakeDevice.serve) that decodes the real command stream from its GPFIFO ring: host semaphores
@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from plugrt.ir import Kernel
-from plugrt.testing.fakegpu import FakeDevice, FakeMemory, acquire, release
+from plugrt.compiler.ir import Kernel
 from plugrt_nv import hw
 from plugrt_nv.iface import Channel, GPUInterface, Mem, NVError
 from plugrt_nv_nvk.nvk import PAGE, PROCESS_VA
+from plugrt_testing.fakegpu import FakeDevice, FakeMemory, acquire, release
 
 HOPPER = {0xCBC0, 0xC8B5, 0xC86F, 0xC661, 0xB8B0}
 

@@ -16,8 +16,8 @@ from fake_gpu import FakeGPU
 from test_nv_fake import fake_plugins
 
 from plugrt import Buffer, dtypes
+from plugrt.compiler import samples as K
 from plugrt.registry import isolated
-from plugrt.testing import kernels as K
 
 
 def main() -> None:

@@ -14,9 +14,9 @@ from nv_tools import cubin, has_nv, nvcc
 import plugrt_nv
 import plugrt_nv_nvk
 import plugrt_nv_pci
+from plugrt.compiler import samples as K
 from plugrt.context import PluginContext
 from plugrt.errors import CompileError, DeviceUnavailable, Reason
-from plugrt.testing import kernels as K
 from plugrt_nv import cmd, hw
 from plugrt_nv import cubin as elf
 from plugrt_nv_nvk import rm

@@ -13,9 +13,9 @@ from fake_gpu import FakeGPU
 
 import plugrt_nv
 from plugrt import Buffer, dtypes
+from plugrt.compiler import samples as K
 from plugrt.errors import EnvError, UnsupportedError
 from plugrt.hookspecs import InterfaceSpec, Probe, hookimpl
-from plugrt.testing import kernels as K
 from plugrt_nv import hw
 from plugrt_nv.iface import NVError
 from plugrt_nvidia_toolchain import ptxas
@@ -227,7 +227,7 @@ def test_a_resident_launch_tells_equal_looking_scalars_apart(fake):
 def test_a_resident_launch_sees_a_changed_list(fake):
   """Sizes and scalars given as lists the caller changes between launches are other launches, not the resident one."""
   from plugrt import kernel
-  from plugrt.dsl import global_id
+  from plugrt.frontend.dsl import global_id
 
   @kernel
   def recip_each(out: dtypes.float32[:], a: dtypes.float32):
@@ -249,7 +249,7 @@ def test_a_graph_keeps_its_own_launches(fake):
   """An NV graph (the core's HCQGraph) holds resident launches of its own: direct launches of the same program with
   more argument sets than the program keeps resident entries for (which rewrites them) leave the graph's intact."""
   from plugrt import kernel
-  from plugrt.dsl import global_id
+  from plugrt.frontend.dsl import global_id
   from plugrt.hwqueue import HCQGraph
   from plugrt.runtime import Launch
 
@@ -277,7 +277,7 @@ def test_a_graph_keeps_its_own_launches(fake):
 def add1_program(fake: tuple) -> tuple:
   """(device, program) of `x[i] += 1` on the fake GPU, whose engine runs it through the reference interpreter."""
   from plugrt import kernel
-  from plugrt.dsl import global_id
+  from plugrt.frontend.dsl import global_id
 
   @kernel
   def add1(x: dtypes.int32[:]):

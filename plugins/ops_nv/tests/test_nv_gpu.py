@@ -13,8 +13,8 @@ import pytest
 from nv_tools import has_nv
 
 from plugrt import Buffer, Device, dtypes
-from plugrt.testing import kernels as K
-from plugrt.testing.conformance import ConformanceSuite
+from plugrt.compiler import samples as K
+from plugrt_testing.conformance import ConformanceSuite
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not has_nv(), reason="no NVIDIA GPU and driver here (run scripts/gpu-check.sh --only=nv on the GPU machine)")]
@@ -64,7 +64,7 @@ def test_large_copy(dev):
 CHILD = textwrap.dedent("""
   import sys
   from plugrt import Buffer, Device, dtypes
-  from plugrt.ir import Signature
+  from plugrt.compiler.ir import Signature
   from plugrt_nv.iface import NVError
   dev = Device["NV"]
   src = {src!r}

@@ -20,10 +20,10 @@ from fake_gpu import FakeGPU, FakeRM
 
 import plugrt_nv
 from plugrt import Buffer, dtypes
+from plugrt.compiler import samples as K
 from plugrt.context import PluginContext
 from plugrt.errors import DeviceUnavailable, StagedCopyWarning
 from plugrt.hookspecs import InterfaceSpec, Probe, hookimpl
-from plugrt.testing import kernels as K
 from plugrt_nv import cmd, hw
 from plugrt_nv.iface import NVError
 from plugrt_nv_nvk import client as nvk_client

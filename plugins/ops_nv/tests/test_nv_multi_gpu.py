@@ -10,7 +10,7 @@ import pytest
 
 import plugrt_nv
 from plugrt import Buffer, Device, Tensor, dtypes
-from plugrt.testing.kernels import saxpy_kernel
+from plugrt.compiler.samples import saxpy_kernel
 from plugrt_nv.peer import STAGED
 
 

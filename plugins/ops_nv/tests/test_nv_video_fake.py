@@ -25,7 +25,7 @@ from plugrt_nv.nvvideo import detile_kernel
 from plugrt_nvidia_toolchain import ptxas
 
 av = pytest.importorskip("av")
-from plugrt.testing.video import make_hevc, pyav_planes, reference_rgb  # noqa: E402
+from plugrt_testing.video import make_hevc, pyav_planes, reference_rgb  # noqa: E402
 
 needs_ptxas = pytest.mark.skipif(ptxas.path(os.environ) is None, reason="ptxas is not installed (pip install nvidia-cuda-nvcc)")
 

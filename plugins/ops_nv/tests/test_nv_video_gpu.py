@@ -1,6 +1,6 @@
 """NV's own video engine path on a real GPU (marker `gpu`; `bash scripts/gpu-check.sh --only=nvvideo` on the lent
 H100 or H200; first passed on two H200s, 2026-11-28): the engine opens, and every frame of the hardware-decoder test
-streams (plugrt.testing.video.nvdec_streams, the ones plugrt-cuda's NVDEC tests use) decoded by
+streams (plugrt_testing.video.nvdec_streams, the ones plugrt-cuda's NVDEC tests use) decoded by
 `decode_annexb_iter(stream, device="NV")` equals PyAV's software decode through the same conversion kernel within
 1 level in uint8 (float16 within 2**-9, float32 1e-6, normalized); a picture below the engine's minimum is a typed
 refusal; opening and closing streams leaves no memory behind."""
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.gpu,
 @pytest.fixture(scope="module")
 def streams() -> dict[str, bytes]:
   pytest.importorskip("av")
-  from plugrt.testing.video import nvdec_streams
+  from plugrt_testing.video import nvdec_streams
   return nvdec_streams()
 
 

@@ -13,7 +13,7 @@ from plugrt_nv import hw, nvdec
 from plugrt_nv.nvdec_setup import Decode, Output, Planner
 
 av = pytest.importorskip("av")
-from plugrt.testing.video import make_hevc  # noqa: E402
+from plugrt_testing.video import make_hevc  # noqa: E402
 
 # (field, byte, first bit, width) as nvdec_drv.h lays nvdec_hevc_pic_s out (x86-64 C bitfields: allocated from the
 # least significant bit of each 32-bit unit), for a sample of fields from every part of the struct

@@ -5,9 +5,9 @@ libcl.MissingToolchain (a CompileError) naming what to install.
 """
 from __future__ import annotations
 
+from plugrt.compiler.ir import Kernel
+from plugrt.compiler.renderer.opencl import OpenCLRenderer
 from plugrt.hookspecs import DeviceInfo
-from plugrt.ir import Kernel
-from plugrt.renderer.opencl import OpenCLRenderer
 from plugrt.runtime import Compiler
 from plugrt_qcom import libcl
 

@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
+from plugrt.compiler.ir import Signature
 from plugrt.dtype import ImageDType, dtypes
 from plugrt.errors import CompileError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import CommandSlots, HCQProgram, HCQState, queue_timeout, round_up
-from plugrt.ir import Signature
 from plugrt.launchargs import PreparedCall, bytes_packer
 from plugrt.runtime import Allocator, LaunchLimits, buffer_address
 from plugrt_qcom import binary, cmd
@@ -260,7 +260,7 @@ class QCOMAllocator(Allocator[Any]):
 
 def copy_kernel() -> Any:
   """The byte copy QCOM runs for memory only the GPU sees: thread t copies bytes k*threads + t, k < per."""
-  from plugrt.ir import KernelBuilder
+  from plugrt.compiler.ir import KernelBuilder
   b = KernelBuilder("plugrt_qcom_copy")
   dst, src = b.buffer("dst", dtypes.uint8), b.buffer("src", dtypes.uint8)
   n, threads, per = b.scalar("n", dtypes.int32), b.scalar("threads", dtypes.int32), b.scalar("per", dtypes.int32)

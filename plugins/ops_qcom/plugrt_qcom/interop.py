@@ -101,7 +101,7 @@ def cl_mem_info(mem: Any, *, env: Mapping[str, str] | None = None, queries: Any 
 def tensor_from_cl_mem(mem: Any, dtype: DType | None = None, shape: tuple[int, ...] | None = None, device: str = "QCOM",
                        keepalive: Any = None, **kw: Any) -> Any:
   """Tensor.from_blob of `mem` on `device`: an image as its ImageDType; a buffer as `dtype` elements (shape: default all)."""
-  from plugrt.tensor import Tensor
+  from plugrt.frontend.tensor import Tensor
   info = cl_mem_info(mem, **kw)
   if info.dtype is not None: return Tensor.from_blob(info.address, info.shape, dtype=info.dtype, device=device, keepalive=keepalive or mem)
   if dtype is None: raise TypeError("a cl_mem buffer has no dtype: pass dtype= (and shape=)")

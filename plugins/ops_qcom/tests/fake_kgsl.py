@@ -1,5 +1,5 @@
 """A fake KGSL for tests without an Adreno: the kernel below plugrt-qcom's one seam (KGSLOps), on
-plugrt.testing.fakegpu.
+plugrt_testing.fakegpu.
 
 It answers the real kgsl.py structs: DEVICE_GETPROPERTY (DEVICE_INFO with a chip id, GPU_RESET_STAT), DRAWCTXT_CREATE
 and DESTROY, GPUOBJ_ALLOC / INFO / FREE and the mmap of the KGSL fd at id << 12 (FakeMemory: the CPU and the "GPU"
@@ -40,7 +40,7 @@ from plugrt_qcom.kgsldev import KGSLOps, adreno_generation
 from qcom_standin import MARKER, PROGRAMS, TEXTURE, UAV, Layout
 
 from plugrt.dtype import ImageDType
-from plugrt.testing.fakegpu import FakeDevice, FakeMemory, Mapping, release
+from plugrt_testing.fakegpu import FakeDevice, FakeMemory, Mapping, release
 
 FD = 1000
 ADRENO_630 = 0x06030001
@@ -330,7 +330,7 @@ class FakeKGSL(FakeDevice, KGSLOps):
   def _run_kernel(self, prg: Layout, addrs: list[int], images: list[tuple[int, Any, int]], scalars: list[Any], groups: Any, local: Any) -> None:
     """The interpreter sees an image as exactly its texels, rows packed: each image is read from its padded rows into
     an array, and written back after the kernel ran."""
-    from plugrt import interpreter
+    from plugrt.compiler import interpreter
     sig = prg.kernel.signature
     arrays = [self.memory.array(a, dt) for a, dt in zip(addrs, sig.buffers)]
     packed = {i: image_rows(addr, dt).ravel().copy() for i, dt, addr in images}

@@ -23,7 +23,7 @@ def pytest_configure(config: Any) -> None:
   from fake_kgsl import CHIPS, FakeKGSL
   from qcom_fixtures import ENV, fake_plugins
 
-  from plugrt.testing.fakegpu import use_fake_for_session
+  from plugrt_testing.fakegpu import use_fake_for_session
   fake = FakeKGSL(chip_id=CHIPS[config.getoption("--qcom-chip")])
   env = {k: v for k, v in ENV.items() if k != "QCOM"}
   _undo.append(use_fake_for_session(fake, fake_plugins(fake)[:1], env, ("plugrt-qcom",)))

@@ -13,11 +13,11 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
+from plugrt.compiler.ir import Kernel
+from plugrt.compiler.renderer.opencl import OpenCLRenderer
 from plugrt.dtype import ImageDType, dtypes
 from plugrt.errors import CompileError
 from plugrt.hookspecs import DeviceInfo
-from plugrt.ir import Kernel
-from plugrt.renderer.opencl import OpenCLRenderer
 from plugrt.runtime import Compiler
 
 MARKER = b"PLUGRT-FAKE-ADRENO-SHADER\0\0\0\0\0\0\0"  # 32 bytes, then the 32-byte key

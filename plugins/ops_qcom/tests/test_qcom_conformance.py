@@ -16,7 +16,7 @@ from fake_kgsl import CHIPS
 from qcom_fixtures import fake_qcom
 
 from plugrt.dtype import dtypes
-from plugrt.testing.conformance import ConformanceSuite
+from plugrt_testing.conformance import ConformanceSuite
 
 
 class _OnInstances:

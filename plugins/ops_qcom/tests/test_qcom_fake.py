@@ -15,8 +15,8 @@ from plugrt_qcom.kgsldev import KGSLError, KGSLFault, KGSLTimeout
 from qcom_fixtures import fake_qcom
 
 from plugrt import Buffer, dtypes
+from plugrt.compiler import samples as K
 from plugrt.errors import DeviceUnavailable, LaunchError
-from plugrt.testing import kernels as K
 
 
 @pytest.fixture
@@ -189,7 +189,7 @@ def test_no_device_file_is_no_device():
 def test_from_blob_of_host_memory_and_images(fake):
   kg, dev = fake
   from plugrt.errors import UnsupportedError
-  from plugrt.tensor import Tensor
+  from plugrt.frontend.tensor import Tensor
   raw = np.zeros(2 * 4 * 4 + 16, np.float32)
   host = raw[(-raw.ctypes.data % 64) // 4:][:2 * 4 * 4]  # a 64-byte aligned 2x4 imagef: 64-byte rows, which a descriptor describes in place
   host[:] = np.arange(host.size)
@@ -209,7 +209,7 @@ def test_from_blob_of_host_memory_and_images(fake):
 
 def test_memory_only_the_gpu_sees_is_copied_by_the_gpu(fake):
   kg, dev = fake
-  from plugrt.tensor import Tensor
+  from plugrt.frontend.tensor import Tensor
   st = dev.info.state
   other = st.kgsl.alloc(0x2000)  # stands in for a cl_mem's memory: KGSL's MAP_USER_MEM refuses it (EFAULT), so it is GPU memory
   t = Tensor.from_blob(other.va, (64,), dtype=dtypes.float32, device=dev)

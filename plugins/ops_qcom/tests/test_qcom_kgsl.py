@@ -12,8 +12,8 @@ from plugrt_qcom import binary, cmd, kgsl
 from qcom_standin import build
 
 from plugrt import dtypes
+from plugrt.compiler import samples as K
 from plugrt.errors import CompileError
-from plugrt.testing import kernels as K
 
 LAYOUTS: dict[type, tuple[int, dict[str, int]]] = {
   kgsl.DevInfo: (40, {"device_id": 0, "chip_id": 4, "mmu_enabled": 8, "gmem_gpubaseaddr": 16, "gpu_id": 24, "gmem_sizebytes": 32}),

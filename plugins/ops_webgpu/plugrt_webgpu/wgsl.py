@@ -50,10 +50,10 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from plugrt.compiler.ir import Kernel, Ops, UOp
+from plugrt.compiler.renderer import floatmath
 from plugrt.dtype import DType, PtrDType, dtypes
 from plugrt.errors import RenderError
-from plugrt.ir import Kernel, Ops, UOp
-from plugrt.renderer import floatmath
 
 HEADER = "// plugrt-wgsl 1"
 BEGIN, END = "// plugrt-buffers-begin", "// plugrt-buffers-end"

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from webgpu_engines import device as engine_device
 
+from plugrt.compiler import samples as K
 from plugrt.dtype import DType, dtypes
 from plugrt.registry import use
-from plugrt.testing import kernels as K
-from plugrt.testing.conformance import ConformanceSuite
+from plugrt_testing.conformance import ConformanceSuite
 
 WIDE = (dtypes.int64, dtypes.uint64, dtypes.float64)
 

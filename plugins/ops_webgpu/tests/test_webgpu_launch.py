@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from webgpu_engines import device, engine_params
 
-from plugrt import interpreter
+from plugrt.compiler import interpreter
+from plugrt.compiler import samples as K
+from plugrt.compiler.ir import KernelBuilder
 from plugrt.device import Buffer
 from plugrt.dtype import DType, dtypes
 from plugrt.errors import CompileError
-from plugrt.ir import KernelBuilder
 from plugrt.registry import use
-from plugrt.testing import kernels as K
 
 
 def fresh(kernel: Any, tag: str) -> Any:

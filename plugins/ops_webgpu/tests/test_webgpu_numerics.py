@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from webgpu_engines import device, engine_params
 
-from plugrt import interpreter
+from plugrt.compiler import interpreter
+from plugrt.compiler import samples as K
+from plugrt.compiler.ir import Kernel, KernelBuilder, Ops
 from plugrt.device import Buffer
 from plugrt.dtype import DType, dtypes, f32_to_bf16
-from plugrt.ir import Kernel, KernelBuilder, Ops
 from plugrt.registry import use
-from plugrt.testing import kernels as K
 
 NAN = float("nan")
 

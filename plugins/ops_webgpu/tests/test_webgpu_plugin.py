@@ -175,9 +175,9 @@ def plugrt_open_interface(device, interface):
 def test_a_third_party_engine_plugs_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
   import numpy as np
 
+  from plugrt.compiler.samples import tiny_kernel
   from plugrt.device import Buffer
   from plugrt.errors import CompileError
-  from plugrt.testing.kernels import tiny_kernel
   (tmp_path / "stub_webgpu_engine.py").write_text(STUB_ENGINE)
   monkeypatch.syspath_prepend(str(tmp_path))
   reg = reg_with({"WEBGPU_IFACE": "STUB"}, "stub_webgpu_engine")

@@ -7,10 +7,10 @@ import pytest
 
 pytest.importorskip("plugrt_webgpu")
 
+from plugrt.compiler import samples as K
+from plugrt.compiler.ir import _KINDS, BINARY, COMPARE, UNARY, Kernel, KernelBuilder, Ops, UOp
 from plugrt.dtype import DType, PtrDType, dtypes
 from plugrt.errors import RenderError
-from plugrt.ir import _KINDS, BINARY, COMPARE, UNARY, Kernel, KernelBuilder, Ops, UOp
-from plugrt.testing import kernels as K
 from plugrt_webgpu.wgsl import BEGIN, END, BufferParam, WGSLRenderer, buffer_section, parse_header, specialize
 
 NARROW = tuple(d for d in K.ALL if d not in (dtypes.int64, dtypes.uint64, dtypes.float64))
@@ -195,7 +195,7 @@ def test_nan_is_tested_through_the_bits_only_where_it_changes_a_result() -> None
 def test_sin_is_an_own_routine_rendered_only_where_used() -> None:
   """SIN calls pr_sin (argument reduction, then polynomials; float16 through float32): WGSL's sin is accurate only
   near [-pi, pi]. The helper and its table of 2/pi come with kernels that use SIN, and only with those."""
-  from plugrt.renderer import floatmath
+  from plugrt.compiler.renderer import floatmath
   src = one_op(Ops.SIN, dtypes.float32)
   assert "fn pr_sin(x: f32) -> f32" in src and "const pr_2opi = array<u32, 7>(" in src and " sin(" not in src
   assert "f16(pr_sin(f32(v" in one_op(Ops.SIN, dtypes.float16) and "pr_bf16(pr_sin(v" in one_op(Ops.SIN, dtypes.bfloat16)

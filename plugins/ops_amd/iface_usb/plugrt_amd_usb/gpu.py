@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from plugrt.compiler.ir import Kernel, KernelBuilder
 from plugrt.hookspecs import DeviceInfo
-from plugrt.ir import Kernel, KernelBuilder
 from plugrt_amd_pci import compute, mec, vm
 from plugrt_amd_pci.driverless import DriverlessGPU
 from plugrt_amd_pci.regs import GPURegisters

@@ -2,7 +2,7 @@
 
 In your backend package's tests:
 
-    from plugrt.testing.conformance import ConformanceSuite
+    from plugrt_testing.conformance import ConformanceSuite
 
     class TestMyDevice(ConformanceSuite):
         device = "MYDEV"            # the name your BackendSpec declares
@@ -27,10 +27,10 @@ import sys
 import numpy as np
 import pytest
 
+from plugrt.compiler import samples as K
 from plugrt.device import Buffer, RuntimeDevice
 from plugrt.dtype import DType, dtypes
 from plugrt.errors import CompileError, LaunchError, OutOfMemoryError, RenderError, UnsupportedError
-from plugrt.testing import kernels as K
 
 ALL = K.ALL
 
@@ -144,7 +144,7 @@ class ConformanceSuite:
     """External memory is wrapped for real (a write through one side shows through the other) or refused; never
     copied. Its owner sees a write plugrt makes into it when the call that makes it returns (Tensor.assign,
     Buffer.copyin, Buffer.copy_to), and a kernel's write once dev.synchronize() returns (docs/authoring.md)."""
-    from plugrt.tensor import Tensor
+    from plugrt.frontend.tensor import Tensor
     n = 1 << 16  # enough work that a write still queued when the call returns is caught
     host = np.zeros(n, np.float32)
     if not dev.allocator.supports_wrap:
@@ -285,7 +285,7 @@ class ConformanceSuite:
     """An image tensor keeps the caller's shape ((h*w*4,) as the seeds pass it, or (h, w, 4)); elementwise ops, a strided
     view, reductions and .numpy() read its texels as the texel type into plain results, against numpy. A device without
     images refuses the tensor (UnsupportedError naming images)."""
-    from plugrt.tensor import Tensor
+    from plugrt.frontend.tensor import Tensor
     h, w = 3, 5
     img = dtypes.imagef((h, w)) if base is dtypes.float32 else dtypes.imageh((h, w))
     data = (np.arange(h * w * 4) % 23 - 7).astype(base.numpy)
@@ -353,7 +353,7 @@ class ConformanceSuite:
   def test_each_call_is_seen_exactly(self, dev: RuntimeDevice, compiler: str) -> None:
     """A launch that looks like the last one to Python's == is not always the same call: a list the caller changed
     since (the sizes, the scalars), or -0.0 after 0.0 (1/a). A backend's memo of its last launch must see each."""
-    from plugrt.ir import KernelBuilder
+    from plugrt.compiler.ir import KernelBuilder
     b = KernelBuilder("recip_each")
     out, a = b.buffer("out", dtypes.float32), b.scalar("a", dtypes.float32)
     out[b.global_id(0)] = 1.0 / a
@@ -372,7 +372,7 @@ class ConformanceSuite:
     """A graph of launches of one program with different buffers and scalars replays each with its own arguments, in
     order, also after the program was launched directly with others in between (backends keep a prepared launch per
     call: the graph's must be its own), and times a replay with wait=True."""
-    from plugrt.ir import KernelBuilder
+    from plugrt.compiler.ir import KernelBuilder
     from plugrt.runtime import Launch
     b = KernelBuilder("axpb_inplace")
     x, a, c = b.buffer("x", dtypes.int32), b.scalar("a", dtypes.int32), b.scalar("c", dtypes.int32)
@@ -417,7 +417,7 @@ class ConformanceSuite:
   def test_fuzz(self, dev: RuntimeDevice, compiler: str, fuzz_seed: int, request: pytest.FixtureRequest) -> None:
     """One seed of plugrt's differential fuzzer on this device: a random IR kernel on this compiler, and (on the
     device's default compiler) a random @kernel function and a Tensor expression. Runs with --plugrt-fuzz=N."""
-    from plugrt.testing import fuzz
+    from plugrt_testing import fuzz
     outs = fuzz.run_ir(fuzz_seed, [fuzz.Target(self.device, compiler)])
     if compiler == dev.info.compiler:
       outs += fuzz.run_dsl(fuzz_seed, [self.device]) + fuzz.run_tensor(fuzz_seed, [self.device])

@@ -3,7 +3,7 @@
 Three generators, each a pure function of an integer seed (it seeds a numpy Generator):
 
 - `ir_case(seed)`: a random IR kernel (KernelBuilder) with its inputs and launch size, as a `kernels.Case`. It is
-  run by every (device, compiler) pair and compared with the reference interpreter (plugrt.interpreter).
+  run by every (device, compiler) pair and compared with the reference interpreter (plugrt.compiler.interpreter).
 - `dsl_case(seed)`: the Python source of a random @kernel function, with inputs, and the outputs an independent
   Python evaluator of the DSL's documented semantics computes (int32 wrap after every op, Python's floor `//`
   and `%`, float32 rounding per op). The source is written to a file, imported, and launched on every device.
@@ -23,7 +23,7 @@ target; a failed outcome's `repro` holds what is needed to reproduce it (seed, l
 The package, by kind: `values` (inputs with edge values), `ir_cases`, `dsl_cases` (with `dsl_reference`, the
 independent evaluator of the DSL's semantics) and `tensor_cases` (one generator and runner each), `compare` (results
 against references, within error bounds), `targets` (where cases run) and `outcomes` (what a run reports). Everything
-a caller uses is importable from `plugrt.testing.fuzz` itself.
+a caller uses is importable from `plugrt_testing.fuzz` itself.
 
 KNOWN_BUGS lists the bugs this fuzzer found that are not fixed yet (none now: docs/fuzzing.md has those it found and
 how each was fixed). The generators leave out what triggers the avoidable ones unless told to (`avoid=frozenset()`),
@@ -32,14 +32,14 @@ so that a frequent known bug does not hide others. The tests
 """
 from __future__ import annotations
 
-from plugrt.testing import kernels as K
-from plugrt.testing.fuzz.compare import compare_within_error, flush_subnormals, flush_tolerant
-from plugrt.testing.fuzz.dsl_cases import DSLCase, dsl_case, load_dsl, run_dsl
-from plugrt.testing.fuzz.ir_cases import ir_case, ir_repro, run_ir
-from plugrt.testing.fuzz.outcomes import AVOIDABLE, KNOWN_BUGS, Outcome, classify
-from plugrt.testing.fuzz.targets import EXACT_DEVICES, FAST_MATH_DEVICES, Target, devices, ir_targets
-from plugrt.testing.fuzz.tensor_cases import TensorCase, run_tensor, tensor_case
-from plugrt.testing.fuzz.values import fuzz_values
+from plugrt.compiler import samples as K
+from plugrt_testing.fuzz.compare import compare_within_error, flush_subnormals, flush_tolerant
+from plugrt_testing.fuzz.dsl_cases import DSLCase, dsl_case, load_dsl, run_dsl
+from plugrt_testing.fuzz.ir_cases import ir_case, ir_repro, run_ir
+from plugrt_testing.fuzz.outcomes import AVOIDABLE, KNOWN_BUGS, Outcome, classify
+from plugrt_testing.fuzz.targets import EXACT_DEVICES, FAST_MATH_DEVICES, Target, devices, ir_targets
+from plugrt_testing.fuzz.tensor_cases import TensorCase, run_tensor, tensor_case
+from plugrt_testing.fuzz.values import fuzz_values
 
 ALL = K.ALL
 FLOATS, INTS = K.FLOATS, K.INTS

@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from plugrt.compiler.ir import _KINDS, BINARY, COMPARE, UNARY, Kernel, KernelBuilder, Ops
 from plugrt.dtype import DType, ImageDType, bf16_to_f32, dtypes, f32_to_bf16
-from plugrt.ir import _KINDS, BINARY, COMPARE, UNARY, Kernel, KernelBuilder, Ops
 
 FLOATS = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
 INTS = (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64)
@@ -107,7 +107,7 @@ def compare(what: str, got: np.ndarray, want: np.ndarray, dt: DType, ulps: int =
 def run_case(device: Any, case: Case, compiler: str | None = None, view_offset: int = 0) -> None:
   """Run `case` on `device` and compare with the interpreter. view_offset: each buffer is a view that many bytes into
   a larger allocation filled with other bytes, which must be left as they were."""
-  from plugrt import interpreter
+  from plugrt.compiler import interpreter
   from plugrt.device import Buffer
   prg = device.program(case.kernel, compiler)
   sig = case.kernel.signature

@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from plugrt.compiler import samples as K
+from plugrt.compiler.ir import KernelBuilder, Ops, Val
 from plugrt.dtype import DType, dtypes
 from plugrt.errors import RenderError
-from plugrt.ir import KernelBuilder, Ops, Val
-from plugrt.testing import kernels as K
-from plugrt.testing.fuzz.compare import flush_subnormals, flush_tolerant, nonfinite
-from plugrt.testing.fuzz.outcomes import AVOIDABLE, Outcome, cached_case, error_text, repro_line
-from plugrt.testing.fuzz.targets import Target, ir_targets
-from plugrt.testing.fuzz.values import (
+from plugrt_testing.fuzz.compare import flush_subnormals, flush_tolerant, nonfinite
+from plugrt_testing.fuzz.outcomes import AVOIDABLE, Outcome, cached_case, error_text, repro_line
+from plugrt_testing.fuzz.targets import Target, ir_targets
+from plugrt_testing.fuzz.values import (
   MANTISSA_BITS,
   MAX_EXPONENT,
   float_below,
@@ -434,7 +434,7 @@ def _run_ir_case(dev: Any, case: K.Case, compiler: str | None, want: list[np.nda
 
 def run_ir(seed: int, targets: Sequence[Target] | None = None, avoid: frozenset[str] = AVOIDABLE) -> list[Outcome]:
   """One random IR kernel on every target, against the interpreter."""
-  from plugrt import interpreter
+  from plugrt.compiler import interpreter
   from plugrt.device import Device
   targets = list(targets) if targets is not None else ir_targets()
   return _run_ir(seed, targets, avoid, interpreter, Device)

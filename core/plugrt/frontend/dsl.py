@@ -1,7 +1,7 @@
 """The @kernel DSL: a typed Python function becomes plugrt IR, and runs on any device.
 
     from plugrt import kernel, dtypes
-    from plugrt.dsl import global_id
+    from plugrt.frontend.dsl import global_id
 
     @kernel
     def saxpy(out: dtypes.float32[:], x: dtypes.float32[:], y: dtypes.float32[:], a: dtypes.float32, n: dtypes.int32):
@@ -33,7 +33,7 @@ read and write one image on OpenCL (read one, write another).
 
 Vector access reads or writes 2 or 4 contiguous elements of a buffer parameter at once (16 bytes at most: one
 float4-wide load or store on a GPU), at an index whose element address is a multiple of the vector's size (in a
-buffer plugrt allocated: an index that is a multiple of the width; see plugrt.ir):
+buffer plugrt allocated: an index that is a multiple of the width; see plugrt.compiler.ir):
 
     @kernel
     def scale4(out: dtypes.float32[:], x: dtypes.float32[:], n: dtypes.int32):
@@ -66,10 +66,10 @@ import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from plugrt.arith import PROMOTION_ORDER, ir_floordiv, ir_math, promote
+from plugrt.compiler.arith import PROMOTION_ORDER, ir_floordiv, ir_math, promote
+from plugrt.compiler.ir import Kernel, KernelBuilder, Ops, Ptr, Val, Var
 from plugrt.dtype import BufType, DType, ImageDType, dtypes
 from plugrt.errors import IRError
-from plugrt.ir import Kernel, KernelBuilder, Ops, Ptr, Val, Var
 
 
 class KernelSyntaxError(SyntaxError):
@@ -79,7 +79,7 @@ class KernelSyntaxError(SyntaxError):
 # ---------------------------------------------------------------- what kernels call (placeholders outside a kernel)
 
 def _only_in_kernels(name: str) -> Callable[..., Any]:
-  def fn(*args: Any, **kwargs: Any) -> Any: raise RuntimeError(f"plugrt.dsl.{name}() is only meaningful inside a @kernel function")
+  def fn(*args: Any, **kwargs: Any) -> Any: raise RuntimeError(f"plugrt.frontend.dsl.{name}() is only meaningful inside a @kernel function")
   fn.__name__ = name
   return fn
 
@@ -264,7 +264,7 @@ class _Translator:
           raise self.error(f"variable {e.id!r} is used before it is assigned", e)
         v = self.resolve(e)
         if isinstance(v, (bool, int, float)): return v
-        raise self.error(f"{e.id!r} is a {type(v).__name__}; kernels use numbers, buffers and plugrt.dsl functions", e)
+        raise self.error(f"{e.id!r} is a {type(v).__name__}; kernels use numbers, buffers and plugrt.frontend.dsl functions", e)
       return v.value if isinstance(v, Var) else v
     if isinstance(e, ast.Attribute):
       v = self.resolve(e)
@@ -444,7 +444,7 @@ class _Translator:
       x = vals[0]
       if cast is dtypes.bool: return self.truth(x)
       return self.convert(x, cast) if isinstance(x, Val) else self.convert(x if cast.kind == "f" else int(x), cast)
-    raise self.error(f"cannot call {getattr(fn, '__name__', fn)!r} in a kernel (only plugrt.dsl functions, math functions and casts)", e)
+    raise self.error(f"cannot call {getattr(fn, '__name__', fn)!r} in a kernel (only plugrt.frontend.dsl functions, math functions and casts)", e)
 
 
   def texel(self, fn: Any, e: ast.Call) -> Value:

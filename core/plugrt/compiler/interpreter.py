@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from plugrt.compiler.ir import Kernel, Ops, UOp
 from plugrt.dtype import DType, ImageDType, bf16_to_f32, cast_value, dtypes, f32_to_bf16
-from plugrt.ir import Kernel, Ops, UOp
 
 _NP_UNARY = {Ops.EXP2: np.exp2, Ops.LOG2: np.log2, Ops.SIN: np.sin, Ops.SQRT: np.sqrt, Ops.TRUNC: np.trunc}
 _NP_BINARY = {Ops.ADD: np.add, Ops.SUB: np.subtract, Ops.MUL: np.multiply, Ops.DIV: np.divide, Ops.MAX: np.maximum,
@@ -52,7 +52,7 @@ def run(kernel: Kernel, buffers: Sequence[np.ndarray], scalars: Sequence[Any] = 
 
   global_size is the number of groups per axis, local_size the threads per group.
   With serial_groups=True each group is one lane: for lowered kernels
-  (plugrt.lowering.serialize_groups) that loop over their threads themselves.
+  (plugrt.compiler.lowering.serialize_groups) that loop over their threads themselves.
   """
   _Interp(kernel, buffers, scalars, global_size, local_size, serial_groups).run()
 

@@ -55,4 +55,4 @@ def error_text(e: BaseException) -> str:
 
 def repro_line(kind: str, seed: int, call: str, avoid: frozenset[str]) -> str:
   flag = "" if avoid == AVOIDABLE else " --include-known" if not avoid else f" (avoid={sorted(avoid)})"
-  return f"reproduce: python scripts/fuzz.py --kinds {kind} --seed {seed} --count 1{flag}   (or plugrt.testing.fuzz.{call})"
+  return f"reproduce: python scripts/fuzz.py --kinds {kind} --seed {seed} --count 1{flag}   (or plugrt_testing.fuzz.{call})"

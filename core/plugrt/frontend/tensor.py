@@ -34,10 +34,10 @@ import operator
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from plugrt.arith import ir_floordiv, ir_math, promote
+from plugrt.compiler.arith import ir_floordiv, ir_math, promote
+from plugrt.compiler.ir import VECTOR_BYTES, Kernel, KernelBuilder, Val
 from plugrt.device import Buffer, RuntimeDevice, _device
 from plugrt.dtype import DType, ImageDType, dtypes
-from plugrt.ir import VECTOR_BYTES, Kernel, KernelBuilder, Val
 
 Shape = tuple[int, ...]
 
@@ -226,7 +226,7 @@ class _Ctx:
 
 def vector_aligned(buf: Buffer, offset: int = 0) -> bool:
   """Whether element `offset` of `buf` may be the first of a vector load or store of _VEC elements (or of 2, where 4
-  would pass 16 bytes): its address a multiple of the vector's size (see plugrt.ir). plugrt's allocations are aligned to
+  would pass 16 bytes): its address a multiple of the vector's size (see plugrt.compiler.ir). plugrt's allocations are aligned to
   at least 16 bytes; wrapped memory (from_blob, DLPack) is checked at its address where the device tells it, and is
   taken as unaligned where it does not. Images have no plain loads."""
   dt = buf.dtype
@@ -557,7 +557,7 @@ _GROUP, _MAX_GROUPS = 256, 65535
 #: near a device copy's bandwidth, where one falls well short (bench/gpu_cuda.py's tensor_u* rows; docs/performance.md)
 _UNROLL = 4
 #: elements of a chunk: one vector load or store of each contiguous aligned view (4 float32 = 16 bytes; 8-byte dtypes
-#: take two of 2), see plugrt.ir's vector access
+#: take two of 2), see plugrt.compiler.ir's vector access
 _VEC = 4
 #: a reduction over all of a source of at least _PARTIAL_MIN elements runs in stages: partial results (_partial_kernel:
 #: _REDUCE_GROUPS groups at most, each thread at least _REDUCE_CHUNKS chunks) while they are many, then one group
@@ -750,17 +750,17 @@ class Tensor:
   @staticmethod
   def from_dlpack(obj: Any, device: str | None = None) -> Tensor:
     """Zero-copy import of any object that implements __dlpack__ (numpy, torch, cupy, ...)."""
-    from plugrt.dlpack import from_dlpack
+    from plugrt.frontend.dlpack import from_dlpack
     return Tensor.from_buffer(*from_dlpack(obj, device))
 
   def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
-    from plugrt.dlpack import to_dlpack
+    from plugrt.frontend.dlpack import to_dlpack
     t = self.contiguous() if kwargs.get("copy") is True else self.realize()
     node = t.node
     return to_dlpack(node.buffer, node.shape, node.view.strides, node.view.offset, t, stream, **kwargs)
 
   def __dlpack_device__(self) -> tuple[int, int]:
-    from plugrt.dlpack import dlpack_device
+    from plugrt.frontend.dlpack import dlpack_device
     return dlpack_device(self.node.device)
 
   # ---- realising and reading

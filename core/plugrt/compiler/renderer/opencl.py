@@ -33,9 +33,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from plugrt.compiler.ir import Kernel, Ops, UOp
+from plugrt.compiler.renderer.cstyle import CStyleRenderer, vector_uses
 from plugrt.dtype import DType, ImageDType, dtypes
-from plugrt.ir import Kernel, Ops, UOp
-from plugrt.renderer.cstyle import CStyleRenderer, vector_uses
 
 _EMULATED = {dtypes.float16: ("plugrt_h2f", "plugrt_f2h", "plugrt_rh"), dtypes.bfloat16: ("plugrt_bf2f", "plugrt_f2bf", "plugrt_rbf")}
 # the name OpenCL's as_<type>() reinterpretations use for each storage type

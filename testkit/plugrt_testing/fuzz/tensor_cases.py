@@ -15,14 +15,14 @@ from typing import Any
 
 import numpy as np
 
+from plugrt.compiler import samples as K
+from plugrt.compiler.ir import Ops
 from plugrt.dtype import DType, bf16_to_f32, cast_value, dtypes, f32_to_bf16
 from plugrt.errors import RenderError
-from plugrt.ir import Ops
-from plugrt.testing import kernels as K
-from plugrt.testing.fuzz.compare import compare_within_error
-from plugrt.testing.fuzz.outcomes import AVOIDABLE, Outcome, cached_case, error_text, repro_line
-from plugrt.testing.fuzz.targets import EXACT_DEVICES, devices
-from plugrt.testing.fuzz.values import (
+from plugrt_testing.fuzz.compare import compare_within_error
+from plugrt_testing.fuzz.outcomes import AVOIDABLE, Outcome, cached_case, error_text, repro_line
+from plugrt_testing.fuzz.targets import EXACT_DEVICES, devices
+from plugrt_testing.fuzz.values import (
   MANTISSA_BITS,
   fuzz_values,
 )
@@ -141,7 +141,7 @@ class TensorExprGenerator:
 
   def operands(self, a: TensorExpr, other: Any) -> tuple[TensorExpr, TensorExpr, DType]:
     """Tensor._operands: one dtype for both, a Python number taking the tensor's kind."""
-    from plugrt.arith import promote
+    from plugrt.compiler.arith import promote
     if isinstance(other, TensorExpr): dt = promote(a.dt, other.dt); b = other
     else:
       dt = a.dt
@@ -316,7 +316,7 @@ class TensorExprGenerator:
       c = self.binary(c, 0, "cmp", "!=") if c.dt.kind != "f" or c.exact else self.binary(c, 0.0, "cmp", ">")
     a: Any = self.expr(self.sub_shape(shape), depth - 1) if self.r() < 0.7 else self.scalar(dtypes.float32)
     b: Any = self.expr(shape, depth - 1) if self.r() < 0.8 else self.scalar(dtypes.int32)
-    from plugrt.arith import promote
+    from plugrt.compiler.arith import promote
     tensors = [x.dt for x in (a, b) if isinstance(x, TensorExpr)]
     if not tensors: dt = promote(dtypes.from_py(a), dtypes.from_py(b))
     else:
@@ -390,7 +390,7 @@ class TensorExprGenerator:
       else: sa, sb = (k,), (k, shape[0])
     else: sa, sb = shape[:-1] + (k,), (self.sub_shape(shape[:-2]) if self.r() < 0.5 else ()) + (k, shape[-1])
     a, b = self.expr(sa, depth - 1), self.expr(sb, depth - 1)
-    from plugrt.arith import promote
+    from plugrt.compiler.arith import promote
     dt = promote(a.dt, b.dt)
     if dt is dtypes.bool: a, b, dt = self.cast(a, dtypes.int32), self.cast(b, dtypes.int32), dtypes.int32
     x, y = self.cast(a, dt, a.src), self.cast(b, dt, b.src)
@@ -520,7 +520,7 @@ class TensorCase:
 
   def leaf(self, name: str, dev: str) -> Any:
     """Leaf `name` as a Tensor on dev: a fresh one, or a view offsets[name] elements into a larger one."""
-    from plugrt.tensor import Tensor
+    from plugrt.frontend.tensor import Tensor
     v, dt = self.leaves[name]
     if not (k := self.offsets.get(name, 0)): return Tensor(v, dt, dev)
     flat = v.reshape(-1)

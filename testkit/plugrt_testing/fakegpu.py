@@ -13,7 +13,7 @@ here, so each backend's fake stays a packet decoder:
 - `release` / `acquired` / `acquire`: timeline semantics: the GPU writing a value (and its timestamp) where the
   backend reads it, and a queue waiting until a counter reaches a value (circular compare, 32 or 64 bits).
 - `DispatchRunner`: runs a dispatch, given the program's IR kernel, the buffers' addresses, the scalar values and
-  the grid, through the reference interpreter (plugrt.interpreter) on the fake's memory: what the hardware would
+  the grid, through the reference interpreter (plugrt.compiler.interpreter) on the fake's memory: what the hardware would
   have computed. `load(address, kernel)` registers the kernel under its code address, as the decoder sees it;
   `decode_scalars` turns the argument bytes a launch wrote into values.
 - `FakeDevice`: the fake's state and its queue threads: `serve(step)` runs a decoder's step function on a thread
@@ -47,9 +47,9 @@ from typing import Any
 
 import numpy as np
 
+from plugrt.compiler.ir import Kernel, Signature
 from plugrt.dtype import DType, bf16_to_f32, dtypes
 from plugrt.hwqueue import libc
-from plugrt.ir import Kernel, Signature
 
 PAGE = 4096
 _PROT_RW, _MAP_PRIVATE_ANON, _MAP_FIXED, _MAP_FIXED_NOREPLACE = 3, 0x02 | 0x20, 0x10, 0x100000
@@ -163,7 +163,7 @@ class DispatchRunner:
 
   def run(self, kernel: Kernel, buffers: Sequence[int], scalars: Sequence[Any], grid: Sequence[int], block: Sequence[int]) -> None:
     """What the GPU would compute: `kernel` on the buffers at these GPU addresses, with these scalars and sizes."""
-    from plugrt import interpreter
+    from plugrt.compiler import interpreter
     arrays = [self.memory.array(a, dt) for a, dt in zip(buffers, kernel.signature.buffers)]
     self.runs.append((kernel.name, tuple(grid), tuple(block)))
     interpreter.run(kernel, arrays, scalars, tuple(grid), tuple(block))

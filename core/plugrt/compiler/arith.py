@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 import struct
 
+from plugrt.compiler.ir import Ops, Val
 from plugrt.dtype import DType, dtypes
-from plugrt.ir import Ops, Val
 
 #: narrowest to widest: promote() picks the later of two (float16 with bfloat16 meets at float32), roughly numpy's lattice
 PROMOTION_ORDER = [dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64,

@@ -91,7 +91,7 @@ def _compilers(device: str, wanted: tuple[str, ...] | None, hardware_optional: b
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
   cls = metafunc.cls
   if cls is None or "compiler" not in metafunc.fixturenames: return
-  from plugrt.testing.conformance import ConformanceSuite
+  from plugrt_testing.conformance import ConformanceSuite
   if not (issubclass(cls, ConformanceSuite) and cls.device): return
   metafunc.parametrize("compiler", _compilers(cls.device, cls.compilers, cls.hardware_optional))
   if "fuzz_seed" in metafunc.fixturenames:

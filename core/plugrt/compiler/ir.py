@@ -10,7 +10,7 @@ One kernel instance runs per thread. Threads form groups of `local_size` threads
 synchronise at BARRIER, which every thread of a group must reach (uniform control
 flow, as on every GPU).
 
-Semantics (the reference interpreter in plugrt.interpreter is the normative model):
+Semantics (the reference interpreter in plugrt.compiler.interpreter is the normative model):
 - integers wrap (two's complement); IDIV truncates toward zero and MOD takes the
   sign of the dividend, as in C (MIN // -1 wraps to MIN); SHR of a signed value is
   arithmetic; a zero divisor gives an unspecified value (never a trap); shifts by >= the
@@ -51,6 +51,7 @@ from typing import Any, Union
 
 from plugrt.dtype import DType, ImageDType, PtrDType, cast_value, dtypes
 from plugrt.errors import IRError
+from plugrt.launchargs import Signature  # what a program takes: the launch layer's, and the IR's kernels have one
 
 
 class Ops(enum.Enum):
@@ -124,12 +125,6 @@ class UOp:
   def __repr__(self) -> str: return f"UOp({self.op.name}, {self.dtype!r}, arg={self.arg!r}, nsrc={len(self.src)})"
 
 
-@dataclass(frozen=True)
-class Signature:
-  """What a program takes: its buffers' element dtypes (and whether each is written), then its scalars."""
-  buffers: tuple[DType, ...]
-  scalars: tuple[DType, ...]
-  written: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)

@@ -24,9 +24,9 @@ import math
 import struct
 from dataclasses import dataclass, field
 
+from plugrt.compiler.ir import COMPARE, FLOAT_UNARY, Kernel, Ops, UOp
 from plugrt.dtype import DType, PtrDType, cast_value, dtypes
 from plugrt.errors import RenderError
-from plugrt.ir import COMPARE, FLOAT_UNARY, Kernel, Ops, UOp
 
 _INT = {1: "i8", 2: "i16", 4: "i32", 8: "i64"}
 _FLOAT = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float", dtypes.float64: "double"}

@@ -23,9 +23,9 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+from plugrt.compiler.ir import BINARY, COMPARE, Kernel, Ops, UOp
 from plugrt.dtype import DType, ImageDType, PtrDType, dtypes
 from plugrt.errors import RenderError
-from plugrt.ir import BINARY, COMPARE, Kernel, Ops, UOp
 
 _INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.DIV: "/", Ops.IDIV: "/", Ops.MOD: "%", Ops.AND: "&", Ops.OR: "|",
           Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>", Ops.CMPLT: "<", Ops.CMPLE: "<=", Ops.CMPEQ: "==", Ops.CMPNE: "!="}

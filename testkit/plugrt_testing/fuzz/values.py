@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from plugrt.compiler import samples as K
 from plugrt.dtype import DType, bf16_to_f32, cast_value, dtypes, f32_to_bf16
-from plugrt.testing import kernels as K
 
 MANTISSA_BITS = {dtypes.float16: 10, dtypes.bfloat16: 7, dtypes.float32: 23, dtypes.float64: 52}
 MAX_EXPONENT = {dtypes.float16: 15, dtypes.bfloat16: 127, dtypes.float32: 127, dtypes.float64: 1023}

@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 
+from plugrt.compiler import samples as K
 from plugrt.dtype import DType
-from plugrt.testing import kernels as K
-from plugrt.testing.fuzz.values import (
+from plugrt_testing.fuzz.values import (
   SMALLEST_NORMAL,
   to_storage,
 )

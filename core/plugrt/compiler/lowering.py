@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
+from plugrt.compiler.ir import ALU, Kernel, Ops, UOp, verify
 from plugrt.dtype import PtrDType, dtypes
-from plugrt.ir import ALU, Kernel, Ops, UOp, verify
 
 #: the arg of the RANGE ops this pass creates: ("threads", axis). Renderers may treat the
 #: outer ones (axes 2 and 1, usually of length 1) as plain counting loops not worth optimising.

@@ -1,1 +1,0 @@
-"""The authoring kit: fixtures and the conformance suite for backend packages."""
