@@ -21,7 +21,7 @@ PY=${PY:-python3}
 echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 $PY -c "import sys, numpy, pluggy; print(sys.version.split()[0], 'numpy', numpy.__version__, 'pluggy', pluggy.__version__)"
 echo "== install (no network: --no-deps, no build isolation)"
-PKGS="./core ./plugins/ops_cpu ./plugins/nvidia_toolchain ./plugins/ops_cuda"
+PKGS="./core ./testkit ./plugins/ops_cpu ./plugins/nvidia_toolchain ./plugins/ops_cuda"
 for p in ./plugins/ops_cl ./plugins/ops_webgpu ./plugins/ops_webgpu/iface_wgpu ./plugins/ops_webgpu/iface_dawn \
          ./plugins/ops_nv ./plugins/ops_nv/iface_nvk ./plugins/ops_nv/iface_pci \
          ./plugins/ops_amd ./plugins/ops_amd/iface_kfd ./plugins/ops_amd/iface_pci ./plugins/ops_amd/iface_usb ./plugins/ops_metal ./plugins/ops_qcom; do [ -f "$p/pyproject.toml" ] && PKGS="$PKGS $p"; done
@@ -57,10 +57,11 @@ if [ "$ONLY" = "launch" ]; then
   env PLUGRT_PLUGINS=nv,nv-nvk,nv-pci,cpu,python PLUGRT_NV_TIMEOUT=10 timeout ${LAUNCH_NV_S:-150} $PY -m pytest -q -p no:cacheprovider \
     -o faulthandler_timeout=120 --tb=short -rfE plugins/ops_nv/tests tests/test_dsl.py tests/test_tensor.py -k "not multi" \
     2>&1 | tee "$OUT/launch_nv_tests.txt" | grep -E "^(FAILED|ERROR)|NVError|passed|failed" | tail -30
-  if [ -d .ab-old ]; then  # the launch rows of the tree before, alternating with this one (installed beside /tmp/site)
+  AB_OLD=${AB_OLD:-.ab-old}  # the tree before (git archive of a commit), e.g. AB_OLD=.ab-step3
+  if [ -d "$AB_OLD" ]; then  # the launch rows of the tree before, alternating with this one (installed beside /tmp/site)
     AB="./core ./plugins/ops_cpu ./plugins/ops_cuda ./plugins/ops_nv ./plugins/ops_nv/iface_nvk"
-    for t in ./plugins/nvidia_toolchain ./plugins/ops_cuda/toolchain; do [ -d ".ab-old/$t" ] && AB="$AB $t"; done
-    (cd .ab-old && $PY -m pip install -q --no-deps --no-build-isolation --no-compile --target /tmp/ab-old $AB 2>&1 | tail -2)
+    for t in ./plugins/nvidia_toolchain ./plugins/ops_cuda/toolchain; do [ -d "$AB_OLD/$t" ] && AB="$AB $t"; done
+    (cd "$AB_OLD" && $PY -m pip install -q --no-deps --no-build-isolation --no-compile --target /tmp/ab-old $AB 2>&1 | tail -2)
     for r in 1 2 3; do for side in /tmp/site /tmp/ab-old; do
       echo "-- $side NV: $(PYTHONPATH=$side timeout 60 $PY bench/nv_launch_parts.py 2>&1 | head -1)"
       echo "-- $side CUDA: $(PYTHONPATH=$side timeout 90 $PY bench/cuda_launch.py 2>&1 | grep -E 'plugrt prg' | tr -s ' ')"
