@@ -14,6 +14,7 @@ page table), sets up its status queue, sends a CPU-sequencer request and GSP_INI
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import random
 import struct
@@ -22,7 +23,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from plugrt_nv_pci import boot, falcon, firmware, msgq, rpc, vbios
+from fake_gpu import FakeEngine
+
+from plugrt_nv.iface import Channel
+from plugrt_nv_nvk import rm
+from plugrt_nv_pci import boot, falcon, firmware, mmu, msgq, rpc, vbios
+from plugrt_nv_pci import gpu as gpu_pci
 from plugrt_nv_pci.chips import GSP_VERSION
 from plugrt_nv_pci.dma import PAGE, DMABuffer
 
@@ -49,6 +55,11 @@ def make_sysfs(root: str, gpus: list[tuple[str, int, str]]) -> tuple[str, str]:
     lines = [(0xF2000000, 0xF2FFFFFF, 0x40200), (0xE0000000, 0xEFFFFFFF, 0x14220C), (0, 0, 0), (0xF0000000, 0xF1FFFFFF, 0x14220C)] + [(0, 0, 0)] * 9
     with open(os.path.join(d, "resource"), "w") as f: f.write("".join(f"0x{a:016x} 0x{b:016x} 0x{c:016x}\n" for a, b, c in lines))
     for i in (0, 1, 3): open(os.path.join(d, f"resource{i}"), "wb").close()
+    config = bytearray(256)  # vendor, device; command 0 (bus mastering off); revision 0xa1; subsystem vendor and id
+    struct.pack_into("<HHH", config, 0, 0x10DE, device, 0)
+    config[8] = 0xA1
+    struct.pack_into("<HH", config, 0x2C, 0x1458, 0x4000 | device & 0xFF)
+    with open(os.path.join(d, "config"), "wb") as f: f.write(bytes(config))
     if driver: os.symlink(os.path.join("..", "..", "drivers", driver), os.path.join(d, "driver"))
   # an AMD GPU beside them, which the NV probe must not list
   d = os.path.join(devices, "0000:09:00.0")
@@ -151,19 +162,35 @@ class FakeDMA:
     self.rnd = random.Random(seed)
     self.page_of: dict[int, int] = {}  # bus page -> CPU address
     self.buffers: list[Any] = []
+    self.placed: dict[int, int] = {}   # buffers placed at an address: CPU address -> size
     self.next = 0
 
-  def alloc(self, size: int, contiguous: bool = False) -> DMABuffer:
+  def alloc(self, size: int, contiguous: bool = False, at: int | None = None) -> DMABuffer:
     size = -(-max(size, 1) // PAGE) * PAGE
-    buf = (ctypes.c_char * size)()
-    self.buffers.append(buf)
-    cpu = ctypes.addressof(buf)
+    if at is None:
+      buf = (ctypes.c_char * size)()
+      self.buffers.append(buf)
+      cpu = ctypes.addressof(buf)
+    else:  # at the address the GPU will use too: anonymous pages placed there, as PagemapDMA places them
+      from plugrt.hwqueue import libc
+      cpu = libc().mmap(at, size, 3, 0x02 | 0x20 | 0x100000, -1, 0)  # MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE
+      if cpu != at:
+        if cpu not in (None, ctypes.c_void_p(-1).value): libc().munmap(cpu, size)
+        raise FileExistsError(f"{at:#x} is already mapped in this process")
+      self.placed[cpu] = size
     slots = list(range(self.next, self.next + size // PAGE + 8))
     if not contiguous: self.rnd.shuffle(slots)
     self.next += size // PAGE + 8
     pages = [self.BASE + s * PAGE for s in slots[:size // PAGE]]
     for i, p in enumerate(pages): self.page_of[p] = cpu + i * PAGE
     return DMABuffer(cpu, size, pages)
+
+  def free(self, buf: DMABuffer) -> None:
+    """The buffer's bus pages are gone (the fake GPU's access faults) and placed memory is unmapped."""
+    for p in buf.pages: self.page_of.pop(p, None)
+    if (size := self.placed.pop(buf.cpu, 0)):
+      from plugrt.hwqueue import libc
+      libc().munmap(buf.cpu, size)
 
   def resolve(self, bus: int) -> int:
     if bus & ~(PAGE - 1) not in self.page_of: raise KeyError(f"no host page at bus address {bus:#x}")
@@ -236,30 +263,55 @@ class FakeVBIOS:
 # ---- the GPU -----------------------------------------------------------------------------------------------------------
 
 class FakeVRAM:
-  """VRAM in 4 KiB pages made on first touch."""
+  """VRAM behind BAR1, which covers all of it (a GPU with a resized BAR): a memory file (sparse: pages exist once
+  touched), read and written by offset, and mapped into the process at a fixed address by `map_at`, as a BAR's
+  resource file maps, so the CPU's stores through such a mapping land in the VRAM the fake GPU reads (`cpu(offset)`:
+  the fake's own view of the same bytes). `mode()` says whether BAR1 is in physical mode (None: no check); a
+  CPU access through BAR1 in another mode is listed in `violations`."""
 
   def __init__(self, mib: int):
-    self.size, self.pages = mib << 20, {}
+    from plugrt.hwqueue import libc
+    self.size, self.libc = mib << 20, libc()
+    self.fd = os.memfd_create("fake-vram")
+    os.ftruncate(self.fd, self.size)
+    self.base = self.libc.mmap(None, self.size, 3, 0x01, self.fd, 0)  # PROT_READ | PROT_WRITE, MAP_SHARED
+    self.mode: Callable[[], bool] | None = None
+    self.mapped: dict[int, tuple[int, int]] = {}  # CPU address -> (VRAM offset, size) of every map_at
+    self.violations: list[str] = []
 
-  def _page(self, a: int) -> bytearray: return self.pages.setdefault(a // PAGE, bytearray(PAGE))
+  def cpu(self, addr: int) -> int: return self.base + addr
+
+  def _check(self, what: str, addr: int, n: int) -> None:
+    assert 0 <= addr and addr + n <= self.size, f"VRAM {what} at {addr:#x}+{n} outside {self.size:#x}"
+    if self.mode is not None and not self.mode(): self.violations.append(f"a BAR1 {what} at {addr:#x} while BAR1 is not in physical mode")
 
   def write(self, addr: int, data: bytes) -> None:
-    assert 0 <= addr and addr + len(data) <= self.size, f"VRAM write at {addr:#x}+{len(data)} outside {self.size:#x}"
-    pos = 0
-    while pos < len(data):
-      a = addr + pos
-      k = min(len(data) - pos, PAGE - a % PAGE)
-      self._page(a)[a % PAGE:a % PAGE + k] = data[pos:pos + k]
-      pos += k
+    self._check("write", addr, len(data))
+    ctypes.memmove(self.base + addr, data, len(data))
 
   def read(self, addr: int, n: int) -> bytes:
     assert 0 <= addr and addr + n <= self.size, f"VRAM read at {addr:#x}+{n} outside {self.size:#x}"
-    out = bytearray()
-    while len(out) < n:
-      a = addr + len(out)
-      k = min(n - len(out), PAGE - a % PAGE)
-      out += self._page(a)[a % PAGE:a % PAGE + k]
-    return bytes(out)
+    return ctypes.string_at(self.base + addr, n)
+
+  def map_at(self, va: int, offset: int, size: int) -> None:
+    self._check("mapping", offset, size)
+    addr = self.libc.mmap(va, size, 3, 0x01 | 0x100000, self.fd, offset)  # MAP_SHARED | MAP_FIXED_NOREPLACE
+    if addr != va:
+      if addr not in (None, ctypes.c_void_p(-1).value): self.libc.munmap(addr, size)
+      raise FileExistsError(f"{va:#x} is already mapped in this process")
+    self.mapped[va] = (offset, size)
+
+  def unmap_at(self, va: int, size: int) -> None:
+    assert self.mapped.pop(va, (0, 0))[1] == size, f"unmap_at({va:#x}, {size}) of no such mapping"
+    self.libc.munmap(va, size)
+
+  def close(self) -> None:
+    for va, (_, size) in self.mapped.items(): self.libc.munmap(va, size)
+    self.mapped.clear()
+    if self.base:
+      self.libc.munmap(self.base, self.size)
+      os.close(self.fd)
+      self.base = 0
 
 
 def translate(vram: FakeVRAM, root: int, va: int) -> tuple[int, int] | None:
@@ -286,12 +338,26 @@ class FakeFalconModel:
     self.resets = 0
 
 
-class FakeBAR0:
-  """The register BAR: read32/write32 by byte offset. `boot42`, `gfw_done`, `wpr2`, `vram_mib` set what the GPU reports."""
+#: the fake function's BARs' bus addresses (BAR0, BAR1, BAR3), as make_sysfs's resource file lists them
+BAR_ADDRESSES = (0xF2000000, 0xE0000000, 0xF0000000)
+USERMODE = 0xBB0000  # the virtual-function window's page with the doorbell (dev_vm.h), which the CPU writes with plain stores
 
-  def __init__(self, boot42: int, dma: FakeDMA, firmware: FakeFirmware | None, vram_mib: int = VRAM_MIB, rom: FakeVBIOS | None = None):
-    self.dma, self.fw = dma, firmware
+
+class FakeBAR0:
+  """The register BAR: read32/write32 by byte offset. `boot42`, `gfw_done`, `wpr2`, `vram_mib` set what the GPU reports.
+  `address(offset)` gives the CPU address of a register the CPU stores to directly (the doorbell page, which is
+  memory here); a write to the MMU-invalidate register flushes every engine's TLB. `config` is the function's
+  config-space file (its command register's bus-master bit is checked before the booter reads host memory)."""
+
+  def __init__(self, boot42: int, dma: FakeDMA, firmware: FakeFirmware | None, vram_mib: int = VRAM_MIB, rom: FakeVBIOS | None = None,
+               config: str | None = None, pci_address: str = "0000:01:00.0"):
+    self.dma, self.fw, self.config, self.pci_address = dma, firmware, config, pci_address
     self.vram = FakeVRAM(vram_mib)
+    self.usermode = (ctypes.c_char * 0x10000)()
+    self.engines: dict[int, Any] = {}            # page directory -> the PCIEngine running that VA space's channels
+    self.registered: list[tuple[bytes, Any]] = []  # cubins and their IR, for every engine (FakeEngine.register)
+    self.tlb_flushes = 0
+    self.meta: Any = None                        # the WPR metadata the booter read
     self.rom = rom or FakeVBIOS()
     self.regs: dict[int, int] = {0xA00: boot42, boot.SCRATCH_05_PRIV_LEVEL_MASK: 1, boot.SCRATCH_05_0: 0xFF, boot.SCRATCH_42: vram_mib,
                                  vbios.FUSE_GSP_UCODE1_VERSION + 4 * (FakeVBIOS.UCODE_ID - 1): FakeVBIOS.FUSE}
@@ -315,9 +381,23 @@ class FakeBAR0:
     self.log.append(("r", offset, v))
     return v
 
+  def address(self, offset: int) -> int:
+    assert USERMODE <= offset < USERMODE + len(self.usermode), f"the fake maps only the doorbell page for CPU stores, not {offset:#x}"
+    return ctypes.addressof(self.usermode) + offset - USERMODE
+
+  def bus_master(self) -> bool:
+    if self.config is None: return True
+    with open(self.config, "rb") as f: return bool(struct.unpack("<H", f.read(6)[4:6])[0] & 4)
+
+  def register(self, lib: bytes, kernel: Any) -> None:
+    self.registered.append((lib, kernel))
+
   def write32(self, offset: int, value: int) -> None:
     self.log.append(("w", offset, value))
     self.regs[offset] = value
+    if offset == mmu.INVALIDATE:
+      self.tlb_flushes += 1
+      for e in list(self.engines.values()): e.tlb.clear()
     if (hook := self.on_write.get(offset)) is not None: hook(value)
     if offset in (falcon.GSP_ENGINE, falcon.SEC2_ENGINE) and value == 0:
       f = self.falcons[falcon.GSP_BASE if offset == falcon.GSP_ENGINE else falcon.SEC2_BASE]
@@ -384,6 +464,7 @@ class FakeBAR0:
             falcon.BOOTVEC: 0x1000}
     bad += [f"SEC2 register {b + k:#x} = {r(b + k, 0):#x}, the booter needs {v:#x}" for k, v in want.items() if r(b + k, 0) != v]
     if not self.regs.get(boot.WPR2_ADDR_HI): bad.append("booter_load ran with WPR2 down (FWSEC-FRTS has not run)")
+    if not self.bus_master(): bad.append("booter_load ran with bus mastering off: the GPU cannot read host memory")
     gsp = self.falcons[falcon.GSP_BASE]
     if not gsp.resets or not gsp.riscv: bad.append("the GSP was not reset into RISC-V before the booter ran")
     libos = r(boot.GSP_MAILBOX0, 0) | r(boot.GSP_MAILBOX1, 0) << 32
@@ -392,6 +473,7 @@ class FakeBAR0:
     meta_at = r(b + falcon.MAILBOX0, 0) | r(b + falcon.MAILBOX1, 0) << 32
     try: m = boot.GspFwWprMeta.from_buffer_copy(self.dma.read(meta_at, 256))
     except KeyError: return [*bad, f"SEC2's mailboxes hold {meta_at:#x}, which is not host memory handed to the GPU"]
+    self.meta = m
     if (m.magic, m.revision) != (boot.WPR_META_MAGIC, boot.WPR_META_REVISION): bad.append(f"WPR metadata magic {m.magic:#x} revision {m.revision}")
     try:
       if self._radix3(m.sysmemAddrOfRadix3Elf, m.sizeOfRadix3Elf) != fw.gsp_image: bad.append("the radix-3 table does not resolve to the GSP image")
@@ -418,6 +500,8 @@ class FakeBAR0:
 
   def close(self) -> None:
     if self.gsp is not None: self.gsp.stop = True
+    for e in list(self.engines.values()): e.close()
+    self.engines.clear()
 
 
 #: what the fake GSP-RM offers per architecture: classes (device, subdevice, memory, VA space, channel objects, and the
@@ -425,66 +509,271 @@ class FakeBAR0:
 CLASSES = {0x17: [0x80, 0x2080, 0x70, 0x90F1, 0xA06C, 0x9067, 0xC56F, 0xC561, 0xC7C0, 0xC7B5, 0xC6B5],
            0x19: [0x80, 0x2080, 0x70, 0x90F1, 0xA06C, 0x9067, 0xC56F, 0xC561, 0xC9C0, 0xC7B5]}
 GR = {0x17: {0x0C: 0x806, 0x0D: 48, 0x14: 7, 0x17: 6, 0x1D: 10496, 0x20: 2}, 0x19: {0x0C: 0x809, 0x0D: 48, 0x14: 12, 0x17: 6, 0x1D: 16384, 0x20: 2}}
-PARAM_SIZES = {0x0: 120, 0x80: 56, 0x2080: 4}
-PARENTS = {0x80: (0x0,), 0x2080: (0x80,)}
-INVALID_PARAM_STRUCT, NOT_SUPPORTED, OBJECT_NOT_FOUND, INVALID_OBJECT_PARENT = 0x3A, 0x56, 0x57, 0x36
-MALFORMED = 0xFF100002  # NV_VGPU_MSG_RESULT_RPC_INVALID_MESSAGE_FORMAT
+GPFIFO, COMPUTE, COPY = (0xC56F,), (0xC7C0, 0xC9C0, 0xC6C0), (0xC7B5, 0xC6B5)
+PARAM_SIZES = {0x0: 120, 0x80: 56, 0x2080: 4, 0x90F1: 48, 0xA06C: 20, 0x9067: 12, 0xC56F: 368, **{c: 0 for c in COMPUTE + COPY}}
+PARENTS = {0x80: (0x0,), 0x2080: (0x80,), 0x90F1: (0x80,), 0xA06C: (0x80,), 0x9067: (0xA06C,), 0xC56F: (0x80, 0xA06C),
+           **{c: GPFIFO for c in COMPUTE + COPY}}
+#: the device info table: (RM engine type, runlist): GR0 on runlist 1, copy engines 0-2 on runlists 2-4
+ENGINES = ((1, 1), (9, 2), (10, 3), (11, 4))
+CTX_SIZES = {0: 0x20000, 16: 0x4000, 17: 0x8000, 18: 0x8000, 19: 0x10000, 20: 0x4000, 23: 0x1000, 24: 0x1000}  # context property -> bytes
+INVALID_PARAM_STRUCT, NOT_SUPPORTED, OBJECT_NOT_FOUND, INVALID_OBJECT_PARENT, INVALID_STATE = 0x3A, 0x56, 0x57, 0x36, 0x40
+INVALID_ARGUMENT, INVALID_CLASS = 0x1F, 0x22
+MALFORMED, HANDLE_EXISTS = 0xFF100002, 0xFF100004  # NV_VGPU_MSG_RESULT_RPC_INVALID_MESSAGE_FORMAT, _RPC_HANDLE_EXISTS
+
+
+class Obj:
+  """An RM object: its class, parent, and what the fake keeps of its parameters."""
+
+  def __init__(self, cls: int, parent: int, **kw: Any):
+    self.cls, self.parent, self.kw = cls, parent, kw
 
 
 class FakeRM:
-  """GSP-RM's resource manager as far as plugrt uses it: objects by handle with their parents and classes, the
-  parameter sizes of the classes it knows, the class list and GR's static info; everything else NV_ERR_NOT_SUPPORTED."""
+  """GSP-RM's resource manager as far as plugrt uses it: clients, objects by (client, handle) with their parents and
+  classes, the parameter sizes of the classes it knows, and the controls of the bring-up. It checks what GSP-RM
+  would refuse: a channel's VRAM (instance block, RAMFC, method buffer, USERD) inside the client's VRAM, a channel on
+  a VA space without a page directory, a compute object before GSP-RM's golden context exists, a channel group
+  scheduled before its compute channel's context buffers were promoted, PDEs handed over that are not a walk of the
+  tables; each as the NV_STATUS it would answer. A scheduled group's channels run on a PCIEngine of their VA space."""
 
-  def __init__(self, arch: int):
-    self.arch, self.objects, self.client = arch, {}, None
-    self.calls: list[tuple[str, int, int]] = []   # ("alloc", class, handle) / ("control", cmd, object)
+  def __init__(self, gpu: FakeBAR0):
+    self.gpu, self.arch = gpu, gpu.regs[0xA00] >> 24
+    self.objects: dict[tuple[int, int], Obj] = {}
+    self.clients: set[int] = set()
+    self.client: int | None = None            # the first client (what the direct tests look at)
+    self.calls: list[tuple[str, int, int]] = []   # ("alloc", class, handle) / ("control", cmd, object) / ("rpc", function, handle)
+    self.chids = itertools.count(0)
+    self.golden = False
+    self.tokens: set[int] = set()
+
+  def _vram_ok(self, base: int, size: int) -> bool:
+    top = self.gpu.meta.gspFwRsvdStart if self.gpu.meta is not None else self.gpu.vram.size
+    return 0 <= base and base + size <= top and size > 0
 
   def alloc(self, p: bytes) -> tuple[int, bytes]:
     if len(p) < rpc.ALLOC_HEADER.size: return MALFORMED, p
     client, parent, handle, cls, _, size, _ = rpc.ALLOC_HEADER.unpack_from(p)
+    body = p[rpc.ALLOC_HEADER.size:]
     self.calls.append(("alloc", cls, handle))
-    if cls == rpc.ROOT_CLASS and self.client is None: self.client = client
-    if client != self.client or handle in self.objects: return (0xFF100004 if handle in self.objects else OBJECT_NOT_FOUND), p
-    if cls not in PARAM_SIZES and cls not in CLASSES[self.arch]: return 0x22, p                       # NV_ERR_INVALID_CLASS
-    if cls in PARAM_SIZES and size != PARAM_SIZES[cls]: return INVALID_PARAM_STRUCT, p
-    if cls != rpc.ROOT_CLASS and self.objects.get(parent) not in PARENTS.get(cls, (self.objects.get(parent),)): return INVALID_OBJECT_PARENT, p
-    self.objects[handle] = cls
-    return 0, p
+    if cls == rpc.ROOT_CLASS:
+      if client in self.clients: return HANDLE_EXISTS, p
+      self.clients.add(client)
+      self.client = self.client or client
+      self.objects[(client, client)] = Obj(cls, 0)
+      return 0, p
+    if client not in self.clients: return OBJECT_NOT_FOUND, p
+    if (client, handle) in self.objects: return HANDLE_EXISTS, p
+    if cls not in CLASSES[self.arch]: return INVALID_CLASS, p
+    if cls in PARAM_SIZES and (size != PARAM_SIZES[cls] or len(body) != size): return INVALID_PARAM_STRUCT, p
+    up = self.objects.get((client, parent))
+    if up is None or up.cls not in PARENTS.get(cls, (up.cls,)): return INVALID_OBJECT_PARENT, p
+    kw: dict[str, Any] = {}
+    if cls == 0x90F1: kw["flags"], kw["root"] = rpc.L570.VASPACE_PARAMS.from_buffer_copy(body).flags, None
+    elif cls == 0x9067:
+      vas = self.objects.get((client, rm.CTXSHARE_PARAMS.from_buffer_copy(body).hVASpace))
+      if vas is None or vas.cls != 0x90F1: return INVALID_ARGUMENT, p
+      kw["vaspace"] = vas
+    elif cls in GPFIFO:
+      status = self._channel(client, up, body, kw)
+      if status: return status, p
+      body = bytes(kw.pop("params"))
+    elif cls in COMPUTE:
+      if client == gpu_pci.INTERNAL_CLIENT:
+        if 0 not in up.kw["promoted"]: return INVALID_STATE, p  # the golden context needs its main buffer first
+        self.golden = True
+      elif not self.golden: return INVALID_STATE, p            # GSP-RM has no golden context image to start from
+      up.kw["compute"] = True
+    self.objects[(client, handle)] = Obj(cls, parent, **kw)
+    return 0, p[:rpc.ALLOC_HEADER.size] + body
+
+  def _channel(self, client: int, group: Obj, body: bytes, kw: dict[str, Any]) -> int:
+    c = rpc.L570.CHANNEL_PARAMS.from_buffer_copy(body)
+    for name in ("instanceMem", "ramfcMem", "mthdbufMem", "userdMem"):
+      d = getattr(c, name)
+      if d.addressSpace != gpu_pci.ADDR_FB or not self._vram_ok(d.base, d.size): return INVALID_ARGUMENT
+    if c.userdMem.base != c.hUserdMemory[0] + c.userdOffset[0]: return INVALID_ARGUMENT
+    if group.cls == 0xA06C:
+      share = self.objects.get((client, c.hContextShare))
+      if share is None or share.cls != 0x9067: return INVALID_OBJECT_PARENT
+      if share.kw["vaspace"].kw["root"] is None: return INVALID_STATE  # no page directory for its VA space
+      kw["vaspace"] = share.kw["vaspace"]
+    kw.update(chid=next(self.chids), ring=c.gpFifoOffset, entries=c.gpFifoEntries, userd=c.userdMem.base, promoted=set(), group=group)
+    kw["params"] = c
+    return 0
 
   def control(self, p: bytes) -> tuple[int, bytes]:
     if len(p) < rpc.CONTROL_HEADER.size: return MALFORMED, p
     client, obj, cmd, _, size, _ = rpc.CONTROL_HEADER.unpack_from(p)
     self.calls.append(("control", cmd, obj))
     body = bytearray(p[rpc.CONTROL_HEADER.size:])
-    if client != self.client or obj not in self.objects: return OBJECT_NOT_FOUND, p
-    if cmd == 0x800292 and self.objects[obj] == 0x80 and size == 404:   # NV0080_CTRL_CMD_GPU_GET_CLASSLIST_V2
+    o = self.objects.get((client, obj))
+    if client not in self.clients or o is None: return OBJECT_NOT_FOUND, p
+    if len(body) != size: return INVALID_PARAM_STRUCT, p
+    sizes = {0x800292: 404, rpc.CTRL_KGR_INFO: ctypes.sizeof(rpc.KGR_INFO), rpc.CTRL_DEVICE_INFO_TABLE: 3212, rpc.CTRL_CTX_BUFFERS_INFO: 1664,
+             rpc.CTRL_RESERVED_PDES: 184, rpc.CTRL_PROMOTE_CTX: 560, rm.CTRL_SCHEDULE: 2, rm.CTRL_WORK_SUBMIT_TOKEN: 4}
+    owner = {0x800292: 0x80, rpc.CTRL_KGR_INFO: 0x2080, rpc.CTRL_DEVICE_INFO_TABLE: 0x2080, rpc.CTRL_CTX_BUFFERS_INFO: 0x2080,
+             rpc.CTRL_RESERVED_PDES: 0x90F1, rpc.CTRL_PROMOTE_CTX: 0x2080, rm.CTRL_SCHEDULE: 0xA06C, rm.CTRL_WORK_SUBMIT_TOKEN: GPFIFO[0]}
+    if cmd not in owner or o.cls != owner[cmd]: return NOT_SUPPORTED, p
+    if size != sizes[cmd]: return INVALID_PARAM_STRUCT, p
+    status = 0
+    if cmd == 0x800292:   # NV0080_CTRL_CMD_GPU_GET_CLASSLIST_V2
       cl = CLASSES[self.arch]
       struct.pack_into(f"<I{len(cl)}I", body, 0, len(cl), *cl)
-    elif cmd == rpc.CTRL_KGR_INFO and self.objects[obj] == 0x2080 and size == ctypes.sizeof(rpc.KGR_INFO):
+    elif cmd == rpc.CTRL_KGR_INFO:
       for index, value in GR[self.arch].items(): struct.pack_into("<II", body, 8 * index, index, value)
-    else: return NOT_SUPPORTED, p
-    return 0, p[:rpc.CONTROL_HEADER.size] + bytes(body)
+    elif cmd == rpc.CTRL_DEVICE_INFO_TABLE:
+      struct.pack_into("<II", body, 0, 0, len(ENGINES))
+      for i, (engine, runlist) in enumerate(ENGINES): struct.pack_into("<II", body, 12 + 100 * i + 8, engine, runlist)
+    elif cmd == rpc.CTRL_CTX_BUFFERS_INFO:
+      for prop, n in CTX_SIZES.items(): struct.pack_into("<II", body, 8 * prop, n, 0x1000)
+    elif cmd == rpc.CTRL_RESERVED_PDES: status = self._reserved_pdes(rpc.RESERVED_PDES.from_buffer_copy(body))
+    elif cmd == rpc.CTRL_PROMOTE_CTX: status = self._promote(client, rpc.PROMOTE_CTX.from_buffer_copy(body))
+    elif cmd == rm.CTRL_SCHEDULE: status = self._schedule(client, obj)
+    elif cmd == rm.CTRL_WORK_SUBMIT_TOKEN: struct.pack_into("<I", body, 0, o.kw["chid"])
+    return status, p[:rpc.CONTROL_HEADER.size] + bytes(body)
+
+  def _reserved_pdes(self, p: Any) -> int:
+    """The levels must be the tables a walk to virtAddrLo passes: each level's entry pointing at the next level."""
+    if p.numLevelsToCopy != 3 or p.virtAddrHi - p.virtAddrLo + 1 != p.pageSize: return INVALID_ARGUMENT
+    for i in range(2):
+      shift, bits, _ = mmu.LEVELS[i]
+      e = struct.unpack("<Q", self.gpu.vram.read(p.levels[i].physAddress + (p.virtAddrLo >> shift & ((1 << bits) - 1)) * 8, 8))[0]
+      if e >> 1 & 3 != 1 or (e >> 8 & ((1 << 46) - 1)) << 12 != p.levels[i + 1].physAddress: return INVALID_ARGUMENT
+    return 0
+
+  def _promote(self, client: int, p: Any) -> int:
+    ch = self.objects.get((p.hChanClient, p.hObject))
+    if ch is None or ch.cls not in GPFIFO or p.hChanClient != client: return OBJECT_NOT_FOUND
+    if not 0 < p.entryCount <= 16: return INVALID_ARGUMENT
+    for e in p.promoteEntry[:p.entryCount]:
+      if e.gpuPhysAddr and not self._vram_ok(e.gpuPhysAddr, e.size): return INVALID_ARGUMENT
+      if e.gpuVirtAddr and "vaspace" in ch.kw and translate(self.gpu.vram, ch.kw["vaspace"].kw["root"], e.gpuVirtAddr) is None:
+        return INVALID_ARGUMENT                            # a virtual address the channel's VA space does not map
+      ch.kw["promoted"].update({e.bufferId} if e.gpuPhysAddr and e.gpuVirtAddr else {(e.bufferId, "p" if e.gpuPhysAddr else "v")})
+    return 0
+
+  def _schedule(self, client: int, group: int) -> int:
+    chans = [o for (c, _), o in self.objects.items() if c == client and o.cls in GPFIFO and o.parent == group]
+    for ch in chans:
+      if ch.kw.get("compute") and not {(b, k) for b in (0, 1, 2) for k in "pv"} <= ch.kw["promoted"]: return INVALID_STATE
+    if not chans: return INVALID_STATE
+    root = chans[0].kw["vaspace"].kw["root"]
+    engine = self.gpu.engines.get(root)
+    if engine is None: engine = self.gpu.engines[root] = PCIEngine(self.gpu, root, set(CLASSES[self.arch]))
+    for ch in chans:
+      token = ch.kw["chid"] | dict(ENGINES)[1] << 16
+      self.tokens.add(token)
+      engine.run_channel(Channel("compute" if ch.kw.get("compute") else "copy", ch.kw["ring"], ch.kw["entries"],
+                                 self.gpu.vram.cpu(ch.kw["userd"]), token), self.tokens)
+    return 0
+
+  def set_page_directory(self, p: bytes) -> tuple[int, bytes]:
+    if len(p) != rpc.SET_PAGE_DIRECTORY.size: return MALFORMED, p
+    client, device, _, root, entries, flags, vaspace, _, _, _ = rpc.SET_PAGE_DIRECTORY.unpack(p)
+    if flags != rpc.PAGE_DIRECTORY_ALL_CHANNELS: return INVALID_ARGUMENT, p
+    self.calls.append(("rpc", msgq.Function.SET_PAGE_DIRECTORY, vaspace))
+    vas, dev = self.objects.get((client, vaspace)), self.objects.get((client, device))
+    if vas is None or dev is None or vas.cls != 0x90F1 or dev.cls != 0x80: return OBJECT_NOT_FOUND, p
+    if not vas.kw["flags"] & 1 << 3: return INVALID_STATE, p  # only a VA space its client owns takes the client's tables
+    if entries != 4 or root % PAGE or not self._vram_ok(root, PAGE): return INVALID_ARGUMENT, p
+    vas.kw["root"] = root
+    return 0, p
+
+
+class GPUView:
+  """The fake GPU's memory seen through a VA space's page tables, for the reference interpreter: a buffer address is
+  the host memory its pages resolve to, as far as they stay contiguous there."""
+
+  def __init__(self) -> None:
+    self.engine: PCIEngine | None = None
+
+  def array(self, addr: int, dtype: Any) -> Any:
+    import numpy as np
+    assert self.engine is not None
+    host = self.engine.host(addr)
+    n = PAGE - addr % PAGE
+    while n < 1 << 31:
+      try: nxt = self.engine.host(addr + n)
+      except KeyError: break
+      if nxt != host + n: break
+      n += PAGE
+    count = n // dtype.itemsize
+    return np.frombuffer((ctypes.c_char * (count * dtype.itemsize)).from_address(host), dtype=dtype.numpy, count=count)
+
+  def close(self) -> None: pass
+
+
+class PCIEngine(FakeEngine):
+  """fake_gpu's NV engine behind the GPU-MMU: every address a command names is walked through the page tables at
+  `root` (cached per page until the MMU-invalidate register is written, like a TLB) to VRAM (the fake's own view of
+  the memory file behind BAR1) or to host memory (the DMA allocator's bus pages); an unmapped address faults the
+  channel. The doorbell page is watched: any value but a token GSP-RM handed out is a violation."""
+
+  def __init__(self, gpu: FakeBAR0, root: int, classes: set[int]):
+    view = GPUView()
+    super().__init__(view, classes)
+    view.engine = self
+    self.gpu, self.root, self.tlb = gpu, root, {}
+    self.registered = gpu.registered
+    self.doorbells: set[int] = set()
+
+  def host(self, va: int) -> int:
+    page = va & ~(PAGE - 1)
+    where = self.tlb.get(page)
+    if where is None:
+      where = translate(self.gpu.vram, self.root, page)
+      if where is None: raise KeyError(f"MMU fault: GPU address {va:#x} is not mapped")
+      self.tlb[page] = where
+    aperture, addr = where
+    if aperture == mmu.APERTURE_VIDEO: return self.gpu.vram.cpu(addr) + va % PAGE
+    if aperture == mmu.APERTURE_SYSTEM: return self.gpu.dma.resolve(addr + va % PAGE)
+    raise KeyError(f"MMU fault: GPU address {va:#x} has aperture {aperture}")
+
+  def at(self, addr: int, n: int) -> int:
+    first = self.host(addr)
+    for k in range(PAGE - addr % PAGE, n, PAGE):
+      if self.host(addr + k) != first + k: raise KeyError(f"GPU range {addr:#x}+{n} is not contiguous in the fake's memory")
+    return first
+
+  def visible(self, addr: int, n: int) -> None: self.at(addr, n)
+
+  def run_channel(self, ch: Channel, tokens: set[int]) -> None:
+    bell = ctypes.c_uint32.from_address(ctypes.addressof(self.gpu.usermode) + gpu_pci.DOORBELL - USERMODE)
+    step = self._channel(ch)
+
+    def watched() -> bool:
+      if (v := bell.value) and v not in tokens:
+        self.gpu.violations.append(f"the doorbell got {v:#x}, which is no channel's token")
+        bell.value = 0
+      elif v: self.doorbells.add(v)
+      return step()
+    self.serve(ch.name, watched)
 
 
 class FakeGSP(threading.Thread):
-  """GSP-RM after the booter: its arguments read through the bus addresses, its status queue written, a CPU-sequencer
-  request and GSP_INIT_DONE sent, then RPCs answered by `handlers` (function -> payload -> (result, reply) or None for
-  no reply). `silent` stops it answering; `corrupt` garbles the next reply's checksum."""
+  """GSP-RM after the booter: its arguments read through the bus addresses, the messages queued for its init checked
+  (GSP_SET_SYSTEM_INFO with this function's BARs and ids, then SET_REGISTRY; otherwise an error log and no
+  GSP_INIT_DONE), its status queue written, a CPU-sequencer request and GSP_INIT_DONE sent (BAR1 left in virtual mode,
+  as GSP-RM's init leaves it), then RPCs answered by `handlers` (function -> payload -> (result, reply) or None for no
+  reply). A channel fault (an engine's error) is reported once as RC_TRIGGERED. `silent` stops it answering;
+  `corrupt` garbles the next reply's checksum."""
 
   def __init__(self, gpu: FakeBAR0):
     super().__init__(daemon=True, name="fake-gsp")
     self.gpu, self.dma, self.stop = gpu, gpu.dma, False
     self.silent = self.corrupt = False
     self.tx_seq = self.rx_seq = 0
-    self.rm = FakeRM(gpu.regs[0xA00] >> 24)
+    self.rm = FakeRM(gpu)
     self.handlers: dict[int, Callable[[bytes], tuple[int, bytes] | None]] = {msgq.Function.GSP_RM_ALLOC: self.rm.alloc,
-                                                                             msgq.Function.GSP_RM_CONTROL: self.rm.control}
+                                                                             msgq.Function.GSP_RM_CONTROL: self.rm.control,
+                                                                             msgq.Function.SET_PAGE_DIRECTORY: self.rm.set_page_directory}
     self.received: list[tuple[int, bytes]] = []
     self.errors: list[str] = []
+    self.reported: set[str] = set()
     libos = gpu.regs[boot.GSP_MAILBOX0] | gpu.regs[boot.GSP_MAILBOX1] << 32
     regions = [boot.LibosMemoryRegionInitArgument.from_buffer_copy(self.dma.read(libos + 32 * i, 32)) for i in range(4)]
-    rm = next(r for r in regions if r.id8 == boot.id8("RMARGS"))
-    args = boot.GspArgumentsCached.from_buffer_copy(self.dma.read(rm.pa, ctypes.sizeof(boot.GspArgumentsCached)))
+    rm_args = next(r for r in regions if r.id8 == boot.id8("RMARGS"))
+    args = boot.GspArgumentsCached.from_buffer_copy(self.dma.read(rm_args.pa, ctypes.sizeof(boot.GspArgumentsCached)))
     mq = args.messageQueueInitArguments
     first = self.dma.read(mq.sharedMemPhysAddr, 8 * mq.pageTableEntryCount)
     self.pt = struct.unpack(f"<{mq.pageTableEntryCount}Q", first)
@@ -508,22 +797,62 @@ class FakeGSP(threading.Thread):
     self.tx_seq += 1
     self.w32(self.stat_off + 16, (wp + n) % self.count)
 
+  def error_log(self, text: str) -> None:
+    """An OS_ERROR_LOG event (exceptType, preemptiveRemovalPreviousXid, runlistId, chid, errString) and the note in `errors`."""
+    self.errors.append(text)
+    self.send(msgq.Function.OS_ERROR_LOG, struct.pack("<4I", 0, 0, 0, 0) + text.encode()[:0xFF].ljust(0x100, b"\0"))
+
+  def init_messages(self) -> str:
+    """What the CPU queued before the boot: "" when it is GSP_SET_SYSTEM_INFO for this function, then SET_REGISTRY."""
+    got = []
+    while len(got) < 2 and self.r32(self.stat_off + msgq.RX_HDR_OFF) != self.r32(self.cmd_off + 16):
+      self.step(answer=False)
+      got.append(self.received[-1])
+    want = [msgq.Function.GSP_SET_SYSTEM_INFO, msgq.Function.SET_REGISTRY]
+    if [f for f, _ in got] != want:
+      return f"GSP-RM's init found {[msgq.name_of(f) for f, _ in got]} queued, not GSP_SET_SYSTEM_INFO then SET_REGISTRY"
+    info, registry = got[0][1], got[1][1]
+    if len(info) != rpc.SYSTEM_INFO_SIZE: return f"GSP_SET_SYSTEM_INFO of {len(info)} bytes, not {rpc.SYSTEM_INFO_SIZE}"
+    bars, bdf, ids = struct.unpack_from("<3Q", info), struct.unpack_from("<Q", info, 32)[0], struct.unpack_from("<I", info, 88)[0]
+    if bars != BAR_ADDRESSES or bdf != rpc.bdf_of(self.gpu.pci_address) or ids & 0xFFFF != 0x10DE or not info[840]:
+      return f"GSP_SET_SYSTEM_INFO names BARs {[hex(b) for b in bars]}, function {bdf:#x}, ids {ids:#x}, passthrough {info[840]}"
+    size, count = struct.unpack_from("<II", registry)
+    if size != len(registry) or count < 1: return f"SET_REGISTRY's table says {size} bytes and {count} entries in {len(registry)} bytes"
+    return ""
+
   def run(self) -> None:
     try:
       hdr = struct.unpack("<8I", bytes(ctypes.string_at(self.addr(self.cmd_off), 32)))
-      if hdr != struct.unpack("<8I", msgq.tx_header()): self.errors.append(f"the CPU's command queue header is {hdr}")
+      want = struct.unpack("<8I", msgq.tx_header())
+      if hdr[:4] + hdr[5:] != want[:4] + want[5:]: self.errors.append(f"the CPU's command queue header is {hdr}")  # (its write pointer aside)
       ctypes.memmove(self.addr(self.stat_off), msgq.tx_header(), 32)
+      if (wrong := self.init_messages()):
+        self.error_log(wrong)
+        return  # GSP-RM's init stops: no GSP_INIT_DONE
       self.send(msgq.Function.GSP_RUN_CPU_SEQUENCER, self.sequencer)
       deadline = time.monotonic() + 5
       while self.gpu.regs.get(0x1E0000) != 0x1234 and not self.stop:  # the CPU ran the sequencer's register write
         if time.monotonic() > deadline: self.errors.append("the CPU did not run the sequencer's register write"); return
         time.sleep(0.001)
+      self.gpu.regs[boot.BAR1_BLOCK] = 1 << 31   # GSP-RM's init moves BAR1 to virtual mode; the CPU must set it back
+      self.gpu.vram.mode = lambda: self.gpu.regs.get(boot.BAR1_BLOCK, 0) >> 31 == 0
       self.send(msgq.Function.GSP_INIT_DONE, b"")
       while not self.stop:
-        if not self.step(): time.sleep(0.0005)
+        if not self.step() and not self.faults(): time.sleep(0.0005)
     except Exception as e: self.errors.append(f"{type(e).__name__}: {e}")
 
-  def step(self) -> bool:
+  def faults(self) -> bool:
+    """An engine whose channel faulted: RC_TRIGGERED (rpc_rc_triggered_v17_02: engine type, chid, gfid, level, Xid)."""
+    for e in list(self.gpu.engines.values()):
+      if e.error and e.error not in self.reported and not self.silent:
+        self.reported.add(e.error)
+        xid = 31 if "MMU fault" in e.error else 13
+        self.send(msgq.Function.RC_TRIGGERED, struct.pack("<5I", 1, 0, 0, 0, xid) + bytes(28))
+        self.error_log(e.error)
+        return True
+    return False
+
+  def step(self, answer: bool = True) -> bool:
     rp = self.r32(self.stat_off + msgq.RX_HDR_OFF)  # the GSP's read pointer of the command queue lives in the status queue
     if self.silent or rp == self.r32(self.cmd_off + 16): return False
     base = self.cmd_off + msgq.ENTRY_OFF
@@ -540,7 +869,111 @@ class FakeGSP(threading.Thread):
       self.received[-1] = (self.received[-1][0], self.received[-1][1] + payload)
       return True
     self.received.append((function, payload))
-    if function == msgq.Function.UNLOADING_GUEST_DRIVER: self.stop = True  # answers, then GSP-RM is gone
+    if not answer: return True
+    if function == msgq.Function.UNLOADING_GUEST_DRIVER:  # answers, then GSP-RM is gone with its channels
+      self.stop = True
+      for e in list(self.gpu.engines.values()): e.stop = True
     handler = self.handlers.get(function, lambda p: (0, p))
-    if (answer := handler(payload)) is not None: self.send(function, answer[1], answer[0])
+    if (answer_ := handler(payload)) is not None: self.send(function, answer_[1], answer_[0])
     return True
+
+
+def init_messages(gpu: FakeBAR0) -> tuple[tuple[int, bytes], ...]:
+  """What plugrt queues before the boot, for the fake function: GSP_SET_SYSTEM_INFO and SET_REGISTRY (tests that run
+  the boot's steps directly pass this to boot.start_gsp)."""
+  info = rpc.system_info(BAR_ADDRESSES, rpc.bdf_of(gpu.pci_address), 0x10DE | 0x2204 << 16, 0, 0xA1)
+  return ((msgq.Function.GSP_SET_SYSTEM_INFO, info), (msgq.Function.SET_REGISTRY, rpc.registry_table()))
+
+
+# ---- a whole fake GPU on a fake PCI bus, opened through plugrt-nv-pci ------------------------------------------------
+
+ADDRESS = "0000:01:00.0"
+CHIPS = {"ga102": AMPERE, "ad102": ADA}
+
+
+class FakePCINV:
+  """One fake NVIDIA GPU (`chip`: "ga102" Ampere, "ad102" Ada) on a fake sysfs tree, bound to nvidia, with its
+  firmware files: `open(device)` runs plugrt-nv-pci's real open path on it (the BARs and the DMA allocator are the
+  fake's). `env()` is what NV_IFACE=PCI needs. Files live in a temporary folder until shutdown()."""
+
+  def __init__(self, chip: str = "ga102", root: str | None = None):
+    import tempfile
+    if chip not in CHIPS: raise ValueError(f"no fake NV chip {chip!r} (have {', '.join(CHIPS)})")
+    self.chip, self.own = chip, root is None
+    self.dir = root or tempfile.mkdtemp(prefix="plugrt-fake-nvpci-")
+    device, boot42 = CHIPS[chip]
+    self.devices, self.drivers = make_sysfs(os.path.join(self.dir, "sys"), [(ADDRESS, device, "nvidia")])
+    self.kernel = KernelWrites(self.devices)
+    self.fw_root = os.path.join(self.dir, "fw")
+    self.firmware = FakeFirmware(self.fw_root, chip)
+    self.dma = FakeDMA()
+    self.gpu = FakeBAR0(boot42, self.dma, self.firmware, config=os.path.join(self.devices, ADDRESS, "config"), pci_address=ADDRESS)
+    self.mapped: list[int] = []
+
+  def bars(self, fn: Any, index: int) -> Any:
+    self.mapped.append(index)
+    return self.gpu.vram if index == 1 else self.gpu
+
+  def open(self, device: Any) -> Any:
+    import plugrt_nv_pci
+    return plugrt_nv_pci.open_pci(device, self.devices, self.drivers, self.kernel, bars=self.bars, dma=lambda d: self.dma)
+
+  def env(self) -> dict[str, str]:
+    return {"NV": "1", "NV_IFACE": "PCI", "NV_PTX": "1", "PLUGRT_NV_ALLOW_UNBIND": "1", "PLUGRT_NV_FIRMWARE": self.fw_root,
+            "PLUGRT_NV_BOOT_TIMEOUT": "5", "PLUGRT_NV_TIMEOUT": "20"}
+
+  def violations(self) -> list[str]:
+    gsp = self.gpu.gsp
+    return [*self.gpu.violations, *self.gpu.vram.violations, *(gsp.errors if gsp is not None else [])]
+
+  def shutdown(self) -> None:
+    import shutil
+    self.gpu.close()
+    if self.own: shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def fake_pci_plugins(fake: FakePCINV) -> list[Any]:
+  """plugrt-nv's real hooks behind a probe that finds the fake (its compiler telling the fake which IR each cubin it
+  builds came from), and a PCI interface plugin whose open is plugrt-nv-pci's on the fake: what the session loads."""
+  import types
+
+  import plugrt_nv
+  from plugrt.hookspecs import InterfaceSpec, Probe, hookimpl
+  found = lambda *a: Probe.found(1, "fake PCI GPU")
+  nv = types.ModuleType("fake_plugrt_nv_pci_backend")
+  spec = plugrt_nv.plugrt_backends()[0]._replace(probe=found)
+  nv.plugrt_backends = hookimpl(lambda: [spec])  # type: ignore[attr-defined]
+  for hook in ("plugrt_open_device", "plugrt_allocator", "plugrt_program", "plugrt_graph"): setattr(nv, hook, getattr(plugrt_nv, hook))
+  nv.plugrt_compiler = hookimpl(lambda device, compiler: recording_compiler(device, compiler, fake.gpu))  # type: ignore[attr-defined]
+  iface = types.ModuleType("fake_plugrt_nv_pci")
+  iface.plugrt_interfaces = hookimpl(lambda: [InterfaceSpec("NV", "PCI", found, auto=False,  # type: ignore[attr-defined]
+                                                            description="plugrt-nv-pci on the fake GPU of a fake sysfs tree")])
+  iface.plugrt_open_interface = hookimpl(lambda device, interface: fake.open(device))  # type: ignore[attr-defined]
+  return [nv, iface, "plugrt.reference"]
+
+
+def recording_compiler(device: Any, name: str, gpu: FakeBAR0) -> Any:
+  """NV's compiler `name` for `device`, telling `gpu` which IR each cubin it returns was built from."""
+  from plugrt_nv.compiler import NVRTCCompiler, PTXCompiler
+  base = PTXCompiler if name == "PTX" else NVRTCCompiler
+
+  class Recording(base):  # type: ignore[misc, valid-type]
+    def __init__(self, device: Any):
+      super().__init__(device)
+      self.rendered: dict[str, Any] = {}
+
+    def render(self, kernel: Any) -> str:
+      src = super().render(kernel)
+      self.rendered[src] = kernel
+      return src
+
+    def compile_cached(self, src: str) -> tuple[bytes, bool]:
+      lib, cached = super().compile_cached(src)
+      return self._registered(src, lib), cached
+
+    def recompile(self, src: str, error: Exception) -> bytes: return self._registered(src, super().recompile(src, error))
+
+    def _registered(self, src: str, lib: bytes) -> bytes:
+      if (kernel := self.rendered.get(src)) is not None: gpu.register(lib, kernel)
+      return lib
+  return Recording(device)

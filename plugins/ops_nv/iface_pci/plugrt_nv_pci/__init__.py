@@ -7,11 +7,15 @@ PLUGRT_NV_ALLOW_UNBIND=1, the function taken from its driver, BAR0 and BAR1 mapp
 GSP boot of a GA10x/AD10x GPU (plugrt_nv_pci.boot): the chip from NV_PMC_BOOT_42, the VBIOS's boot awaited, WPR2 checked
 down, the VRAM sized, the 570.144 GSP firmware files read from linux-firmware (MissingFirmware names a missing one and
 its Debian package), the GSP's arguments laid out in host memory, FWSEC-FRTS from the VBIOS on the GSP's falcon,
-booter_load on SEC2, GSP-RM's message queues, its CPU-sequencer requests and GSP_INIT_DONE, then the RM client, device
-and subdevice over RPC (plugrt_nv_pci.rpc) with the class list and GR's sizes. Then GSP-RM is unloaded and the open
-ends in NotBuilt: the VA space with plugrt's GPU page tables, the GR context, the channels and engine objects, the
-system-info and registry RPCs GSP-RM expects before its init, and Blackwell's FSP boot are not built. On every failure
-and on close the function is reset (once the boot changed the GPU), re-disabled and bound back to its driver.
+booter_load on SEC2 with GSP_SET_SYSTEM_INFO and SET_REGISTRY queued for GSP-RM's init, its CPU-sequencer requests and
+GSP_INIT_DONE, BAR1 back in physical mode; then (plugrt_nv_pci.gpu) GSP-RM's golden GR context on an internal client,
+and for the NV device the RM client, device, subdevice, a VA space whose GPU page tables plugrt writes in VRAM (handed
+over with SET_PAGE_DIRECTORY), a channel group with a compute and a copy channel (their instance blocks, RAMFC, method
+buffers and USERD in VRAM plugrt supplies), the compute object's context buffers promoted, the doorbell in BAR0, and
+memory as VRAM (mapped for the CPU through BAR1) or host pages (by their /proc/self/pagemap addresses). plugrt-nv's
+device, allocator, programs and queues run unchanged on it. Not built: Blackwell's FSP boot (GB20x is refused with
+NotBuilt), VFIO (DMA through an IOMMU), video channels, peer mappings. On every failure and on close GSP-RM is
+unloaded, the function reset (once the boot changed the GPU), re-disabled and bound back to its driver.
 **Never run on hardware: tested against the fake GPU of plugins/ops_nv/tests/fake_nvpci.py only.**
 
 Never chosen automatically (`NV_IFACE=PCI` or `DEV=PCI+NV`). The probe reads sysfs only. Entry module: standard
@@ -30,11 +34,12 @@ NAME = "PCI"
 ACK = "PLUGRT_NV_ALLOW_UNBIND"
 FIRMWARE = "PLUGRT_NV_FIRMWARE"
 TIMEOUT = "PLUGRT_NV_BOOT_TIMEOUT"
-WOULD = ("opening unbinds the GPU from its driver, maps BAR0 and BAR1 through sysfs, boots GSP-RM from the linux-firmware files (FWSEC-FRTS "
-         "from the VBIOS, booter_load on SEC2, the GSP's message queues), allocates the RM client, device and subdevice over RPC, "
-         "then unloads it, resets the function and binds the driver back: "
-         "the VA space, channels and kernels over RPC are not built")
-NOT_YET = "never run on hardware, tested against a fake GPU only; no VA space, channels or kernels yet, so no device opens through it"
+WOULD = ("opening unbinds the GPU from its driver, turns on bus mastering, maps BAR0 and BAR1 through sysfs, boots GSP-RM from the "
+         "linux-firmware files (FWSEC-FRTS from the VBIOS, booter_load on SEC2, the GSP's message queues), makes the RM objects over RPC "
+         "(GR's golden context, a VA space with plugrt's page tables, a compute and a copy channel) and runs NV's command stream on them; "
+         "closing unloads GSP-RM, resets the function and binds the driver back")
+NOT_YET = ("never run on hardware: tested end to end against a fake GPU only (Ampere GA10x and Ada AD10x; Blackwell's FSP boot is "
+           "not built)")
 HINT = "use the NVK interface (NV_IFACE=NVK, the default) with the NVIDIA kernel driver"
 
 
@@ -70,24 +75,25 @@ def probe_tree(root: str) -> Probe:
 @hookimpl
 def plugrt_interfaces() -> list[InterfaceSpec]:
   return [InterfaceSpec(device="NV", name=NAME, probe=probe, auto=False, priority=0,
-                        description=f"driverless through sysfs: GSP-RM boot on GA10x/AD10x against a fake GPU only, never run on "
-                                    f"hardware, no channels yet (never automatic; needs {ACK}=1)")]
+                        description=f"driverless through sysfs: GSP-RM boot and channels on GA10x/AD10x against a fake GPU only, never run on "
+                                    f"hardware (never automatic; needs {ACK}=1)")]
 
 
 def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any = None, bars: Any = None, dma: Any = None) -> Any:
-  """Take the NV device's GPU function and run the implemented boot; today it always ends in an error saying where it
-  stopped (NotBuilt after GSP-RM's init), after resetting the function (once the boot changed the GPU) and giving it
-  back. `root`/`drivers`/`write` are the sysfs seam (tests pass a fake tree),
-  `bars(function, index)` maps a BAR (default: its resource file), `dma(function)` makes the host-memory allocator
-  (default: dma.PagemapDMA). DeviceUnavailable for a GPU this interface does not open (or cannot map),
-  AcknowledgementRequired without PLUGRT_NV_ALLOW_UNBIND=1, MissingFirmware/FirmwareError for the files, GSPError for
-  what the GPU answers, NotBuilt where the boot ends."""
+  """Take the NV device's GPU function, boot GSP-RM and make the RM objects: a PCIInterface (plugrt_nv_pci.gpu), whose
+  close() unloads GSP-RM, resets the function and gives it back. `root`/`drivers`/`write` are the sysfs seam (tests
+  pass a fake tree), `bars(function, index)` maps a BAR (default: its resource file), `dma(function)` makes the
+  host-memory allocator (default: dma.PagemapDMA). DeviceUnavailable for a GPU this interface does not open (or cannot
+  map), AcknowledgementRequired without PLUGRT_NV_ALLOW_UNBIND=1, MissingFirmware/FirmwareError for the files, GSPError
+  (RPCError, MalformedRPC) for what the GPU or GSP-RM answers, NotBuilt for Blackwell's FSP boot. On any failure the
+  function is reset (once the boot changed the GPU), re-disabled and bound back before the error is raised."""
   from plugrt.errors import DeviceUnavailable
-  from plugrt_nv_pci import boot
+  from plugrt_nv_pci import boot, rpc
   from plugrt_nv_pci.chips import generation_of_device
   from plugrt_nv_pci.dma import PagemapDMA
   from plugrt_nv_pci.errors import AcknowledgementRequired
   from plugrt_nv_pci.firmware import FIRMWARE_ROOT
+  from plugrt_nv_pci.gpu import PCIInterface
   from plugrt_nv_pci.sysfs import PCI_DEVICES, PCI_DRIVERS, REGISTER_BAR, VRAM_BAR, PCIFunction, nvidia_gpus
   root, drivers = root or PCI_DEVICES, drivers or PCI_DRIVERS
   gpus = nvidia_gpus(root)
@@ -105,21 +111,24 @@ def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any =
                                   f"set {ACK}=1 only on a machine where nothing else uses the GPU; or {HINT}")
   timeout = ctx.number(TIMEOUT, 5.0, lo=0.001, unit="seconds")
   fn = PCIFunction(c.address, root, drivers, write)
-  allocator = None
+  label = f"{device.canonical} through PCI ({c.address})"
+  allocator = booted = None
   try:
     fn.take()
+    fn.bus_master()
     regs = (bars or PCIFunction.map_bar)(fn, REGISTER_BAR)
     vram = (bars or PCIFunction.map_bar)(fn, VRAM_BAR)
     allocator = (dma or PagemapDMA)(fn.dir)
-    boot.bring_up(regs, vram.write, allocator, ctx.get(FIRMWARE) or FIRMWARE_ROOT, f"{device.canonical} through PCI ({c.address})", timeout,
-                  started=lambda: setattr(fn, "reset_on_release", True))
+    booted = boot.bring_up(regs, vram.write, allocator, ctx.get(FIRMWARE) or FIRMWARE_ROOT, label, timeout, rpc.system_info_of(fn),
+                           started=lambda: setattr(fn, "reset_on_release", True))
+    return PCIInterface(fn, regs, vram, allocator, booted, label)
   except Exception as e:
-    done = fn.release()
+    undone = [boot.unload(booted.queues) or "GSP-RM unloaded"] if booted is not None else []
+    if allocator is not None: allocator.close()
+    done = undone + fn.release()
     if done and hasattr(e, "message"):
       e.args = (f"{e.args[0]} [released: {', '.join(done)}]", *e.args[1:])
     raise
-  finally:
-    if allocator is not None: allocator.close()
 
 
 @hookimpl

@@ -10,18 +10,19 @@
 6. arguments in host memory the GSP reads by DMA (contiguous where it reads a range rather than pages): the message
    queues (msgq.py, the command queue's header written), GSP_ARGUMENTS_CACHED (the queues' page table address and
    offsets), the LibOS memory regions (log buffers, RMARGS), GSP-RM's image behind a radix-3 page table, its
-   signature, the bootloader, and GspFwWprMeta with the VRAM layout of kgspCalculateFbLayout_TU102.
-   NOT BUILT: GSP_SET_SYSTEM_INFO and SET_REGISTRY, which the kernel driver queues before the boot for GSP-RM's init.
+   signature, the bootloader, and GspFwWprMeta with the VRAM layout of kgspCalculateFbLayout_TU102; then
+   GSP_SET_SYSTEM_INFO (the BARs' bus addresses, the function's PCI ids) and SET_REGISTRY queued in the command queue,
+   which GSP-RM reads at its init.
 7. FWSEC-FRTS: the FWSEC ucode from the VBIOS (vbios.py), patched with the FRTS command and the signature for the
    fused ucode version, run in heavy-secure mode on the GSP's falcon from VRAM; afterwards WPR2 is up and
    NV_PBUS_VBIOS_SCRATCH(0x0E) holds no FRTS error.
 8. GSP-RM: the GSP reset into RISC-V with the LibOS arguments in its mailboxes; booter_load on SEC2 with the WPR
    metadata's address in its mailboxes (mailbox 0 = 0 on success); NV_PFALCON_FALCON_OS = 0; the RISC-V core active;
    then the status queue, GSP_RUN_CPU_SEQUENCER events run by the CPU, and GSP_INIT_DONE (`start_gsp`).
-9. the first RM objects over RPC (rpc.py): the client, the device and subdevice, the class list and GR's sizes.
-10. NOT BUILT: the VA space with plugrt's page tables, the GR context, channels and engine objects. `bring_up` stops
-   here with NotBuilt, after unloading GSP-RM (UNLOADING_GUEST_DRIVER); the caller resets the function before
-   binding the driver back, since WPR2 stays up.
+9. BAR1 in physical mode (NV_PBUS_BAR1_BLOCK = 0: BAR1 offset = VRAM address), which GSP-RM's init changed.
+`bring_up` returns the queues and the VRAM layout; the RM objects, page tables and channels are plugrt_nv_pci.gpu's.
+Afterwards `unload` stops GSP-RM (UNLOADING_GUEST_DRIVER); the caller resets the function before binding the driver
+back, since WPR2 stays up.
 """
 from __future__ import annotations
 
@@ -30,14 +31,12 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from plugrt.errors import DeviceUnavailable, Reason
-from plugrt_nv import hw
 from plugrt_nv_pci import firmware, msgq, rpc, vbios
 from plugrt_nv_pci.chips import BOOT_42, GSP_VERSION, Chip, decode_boot42
 from plugrt_nv_pci.dma import PAGE, DMAAllocator, DMABuffer
-from plugrt_nv_pci.errors import GSPError, NotBuilt
+from plugrt_nv_pci.errors import GSPError, NotBuilt, RPCError
 from plugrt_nv_pci.falcon import (
   GSP_BASE,
   GSP_ENGINE,
@@ -56,6 +55,7 @@ SCRATCH_05_PRIV_LEVEL_MASK, SCRATCH_05_0, SCRATCH_42 = 0x118128, 0x118234, 0x118
 WPR2_ADDR_HI = 0x1FA828                                                                # NV_PFB_PRI_MMU_WPR2_ADDR_HI (dev_fb.h)
 GSP_MAILBOX0, GSP_MAILBOX1 = 0x110040, 0x110044                                        # NV_PGSP_FALCON_MAILBOX0/1 (dev_gsp.h)
 BSI_SECURE_SCRATCH_14, BOOT_STAGE_3_HANDOFF = 0x1180F8, 1 << 26                         # dev_gc6_island.h: SEC2's hand-off after a resume
+BAR1_BLOCK = 0x1704                        # NV_PBUS_BAR1_BLOCK (dev_bus.h): mode 31:31 (0 physical), target 29:28, ptr 27:0
 MB = 1 << 20
 PRAMIN_SIZE = MB                              # DRF_SIZE(NV_PRAMIN): the VGA workspace when the display's is not known
 FRTS_SIZE, NON_WPR_HEAP_SIZE = MB, MB         # kgspGetFrtsSize_TU102, kgspGetNonWprHeapSize (GA10x/AD10x)
@@ -317,11 +317,21 @@ class Sequencer:
 
 
 def start_gsp(regs: MMIO, vram_write: Callable[[int, bytes], None], args: GSPArgs, fw: Firmware, rec: Record, timeout: float,
-              booter_at: int) -> msgq.GSPQueues:
+              booter_at: int, before: tuple[tuple[int, bytes], ...] = ()) -> msgq.GSPQueues:
   """Step 8: booter_load on SEC2 starts GSP-RM; the CPU then runs the GSP's sequencer requests until GSP_INIT_DONE.
   `booter_at`: where in VRAM the booter image is put for SEC2's DMA (below the WPR region); `vram_write` writes VRAM
-  through BAR1. Returns the queues, linked and ready for RPCs."""
+  through BAR1; `before`: (function, payload) messages queued for GSP-RM's init before it starts. Returns the queues,
+  linked and ready for RPCs."""
   gsp, sec2 = Falcon(regs, GSP_BASE, GSP_ENGINE, "GSP", timeout), Falcon(regs, SEC2_BASE, SEC2_ENGINE, "SEC2", timeout)
+  seq_box: list[Sequencer] = []
+  errors: list[str] = []
+
+  def event(m: msgq.Message) -> None:
+    if m.function == msgq.Function.GSP_RUN_CPU_SEQUENCER: seq_box[0].run(m.payload)
+    elif m.function == msgq.Function.OS_ERROR_LOG: errors.append(m.payload[16:16 + 0x100].split(b"\0")[0].decode(errors="replace"))
+  q = msgq.GSPQueues(args.cmd_queue, args.stat_queue, lambda v: regs.write32(msgq.PGSP_QUEUE_HEAD0, v), timeout, event)
+  for function, payload in before: q.send(function, payload, f"queueing {msgq.name_of(function)} for GSP-RM's init")
+  if before: rec.done(f"{' and '.join(msgq.name_of(f) for f, _ in before)} queued")
   gsp.reset(riscv=True, step="resetting the GSP into RISC-V")
   libos = args.libos.bus(0)
   regs.write32(GSP_MAILBOX0, libos & 0xFFFFFFFF)
@@ -339,17 +349,14 @@ def start_gsp(regs: MMIO, vram_write: Callable[[int, bytes], None], args: GSPArg
   if not gsp.r(RISCV_OFFSET + RISCV_CPUCTL) & RISCV_CPUCTL_ACTIVE_STAT:
     raise GSPError("the GSP's RISC-V core is not active after the booter", step="starting GSP-RM")
   seq = Sequencer(regs, gsp, sec2, libos, timeout)
-  errors: list[str] = []
-
-  def event(m: msgq.Message) -> None:
-    if m.function == msgq.Function.GSP_RUN_CPU_SEQUENCER: seq.run(m.payload)
-    elif m.function == msgq.Function.OS_ERROR_LOG: errors.append(m.payload[16:16 + 0x100].split(b"\0")[0].decode(errors="replace"))
-  q = msgq.GSPQueues(args.cmd_queue, args.stat_queue, lambda v: regs.write32(msgq.PGSP_QUEUE_HEAD0, v), timeout, event)
+  seq_box.append(seq)
   q.link(step="waiting for GSP-RM's status queue")
   try: q.wait(msgq.Function.GSP_INIT_DONE, step="waiting for GSP_INIT_DONE")
   except GSPError as e:
-    if errors: e.reason = f"{e.reason}; the GSP's error log: {' | '.join(errors)}"
-    raise
+    if not errors: raise
+    log = " | ".join(errors)
+    raise GSPError(f"{e.message}; GSP-RM's error log: {log}", e.hint, step=e.step, reason=f"{e.reason}; the GSP's error log: {log}",
+                   timed_out=e.timed_out) from None
   rec.done(f"GSP-RM up (CPU sequencer ran {len(seq.ran)} commands)")
   return q
 
@@ -376,10 +383,19 @@ def run_fwsec(regs: MMIO, vram_write: Callable[[int, bytes], None], meta: GspFwW
   rec.done(f"FWSEC-FRTS ran (ucode {fw.ucode_id}, FRTS at {meta.frtsOffset >> 20} MiB), WPR2 up")
 
 
+@dataclass
+class Booted:
+  """GSP-RM up: its queues, the VRAM layout (memory below meta.gspFwRsvdStart is the client's), the chip, the record."""
+  queues: msgq.GSPQueues
+  meta: GspFwWprMeta
+  chip: Chip
+  rec: Record
+
+
 def bring_up(regs: MMIO, vram_write: Callable[[int, bytes], None], dma: DMAAllocator, firmware_root: str, label: str, timeout: float,
-             started: Callable[[], None] = lambda: None) -> Any:
-  """Steps 1-8, then NotBuilt (step 9). `started()` is called once the GPU's state was changed (FWSEC ran), after
-  which only a reset of the function returns it to what the driver expects."""
+             system_info: bytes, started: Callable[[], None] = lambda: None) -> Booted:
+  """Steps 1-9. `started()` is called once the GPU's state was changed (FWSEC ran), after which only a reset of the
+  function returns it to what the driver expects. `system_info`: the GSP_SET_SYSTEM_INFO payload (rpc.system_info)."""
   rec = Record(label)
   chip = identify(regs, rec)
   vram = preboot_checks(regs, rec, timeout)
@@ -387,12 +403,15 @@ def bring_up(regs: MMIO, vram_write: Callable[[int, bytes], None], dma: DMAAlloc
   args = build_args(dma, fw, vram, rec)
   started()
   run_fwsec(regs, vram_write, args.meta, rec, timeout)
-  q = start_gsp(regs, vram_write, args, fw, rec, timeout, BOOTER_AT)
-  objs = rpc.open_objects(rpc.RM(q))
-  c = objs.classes
-  rec.done(f"RM client, device and subdevice over RPC ({c.family.name} classes: compute {c.compute:#06x}, copy {c.copy:#06x}, "
-           f"channel {c.gpfifo:#06x}; {hw.arch_of(objs.sm_version)}, {objs.gr['sms']} SMs)")
-  q.call(msgq.Function.UNLOADING_GUEST_DRIVER, struct.pack("<BBxxI", 0, 0, UNLOAD_FAST), "unloading GSP-RM")
-  rec.done("GSP-RM unloaded")
-  raise NotBuilt(f"{label}: GSP-RM booted, but the VA space, GPU page tables, GR context and channels over RPC that the NV device needs "
-                 f"are not implemented yet; done: {rec.so_far()}", "use the NVK interface (NV_IFACE=NVK) with the NVIDIA driver")
+  q = start_gsp(regs, vram_write, args, fw, rec, timeout, BOOTER_AT,
+                before=((msgq.Function.GSP_SET_SYSTEM_INFO, system_info), (msgq.Function.SET_REGISTRY, rpc.registry_table())))
+  regs.write32(BAR1_BLOCK, 0)
+  rec.done("BAR1 in physical mode")
+  return Booted(q, args.meta, chip, rec)
+
+
+def unload(q: msgq.GSPQueues) -> str:
+  """Stop GSP-RM (UNLOADING_GUEST_DRIVER, fast unload); "" when it answered, else why not (the reset follows anyway)."""
+  try: q.call(msgq.Function.UNLOADING_GUEST_DRIVER, struct.pack("<BBxxI", 0, 0, UNLOAD_FAST), "unloading GSP-RM")
+  except (GSPError, RPCError) as e: return f"GSP-RM did not unload: {e.message}"
+  return ""

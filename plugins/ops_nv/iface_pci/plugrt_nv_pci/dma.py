@@ -6,12 +6,14 @@ usable as bus addresses only when no IOMMU translates the GPU's DMA (the functio
 `identity`); otherwise it refuses, since DMA through the IOMMU needs VFIO, which plugrt does not implement yet.
 A buffer the GPU reads as one range (the bootloader and signature the booter copies, LibOS's log regions) is asked
 for `contiguous`: PagemapDMA then takes it from a 2 MiB huge page (hugetlbfs pages must be reserved:
-/proc/sys/vm/nr_hugepages) and checks that its frames are consecutive. Tests pass their own allocator with the same
-`alloc` (the fake GPU resolves the bus addresses it hands out).
+/proc/sys/vm/nr_hugepages) and checks that its frames are consecutive. Memory the NV device uses as "host" memory is
+asked `at` the address it will have for the GPU too (the CPU and the GPU see one address), and given back with `free`.
+Tests pass their own allocator with the same `alloc` and `free` (the fake GPU resolves the bus addresses it hands out).
 """
 from __future__ import annotations
 
 import ctypes
+import errno
 import itertools
 import mmap
 import os
@@ -24,7 +26,7 @@ from plugrt.hwqueue import libc
 
 PAGE = 0x1000
 PFN_MASK, PRESENT = (1 << 55) - 1, 1 << 63      # a /proc/self/pagemap entry (Documentation/admin-guide/mm/pagemap.rst)
-MAP_LOCKED, MAP_POPULATE, MAP_HUGETLB = 0x2000, 0x8000, 0x40000
+MAP_LOCKED, MAP_POPULATE, MAP_HUGETLB, MAP_FIXED_NOREPLACE = 0x2000, 0x8000, 0x40000, 0x100000
 HUGE = 2 << 20
 
 
@@ -43,7 +45,8 @@ class DMABuffer:
 
 
 class DMAAllocator(Protocol):
-  def alloc(self, size: int, contiguous: bool = False) -> DMABuffer: ...
+  def alloc(self, size: int, contiguous: bool = False, at: int | None = None) -> DMABuffer: ...
+  def free(self, buf: DMABuffer) -> None: ...
   def close(self) -> None: ...
 
 
@@ -66,15 +69,22 @@ class PagemapDMA:
                               "boot with iommu=pt (or intel_iommu=off / amd_iommu=off) for this GPU; DMA through VFIO is not implemented yet")
     self.maps: list[tuple[int, int]] = []
 
-  def alloc(self, size: int, contiguous: bool = False) -> DMABuffer:
+  def alloc(self, size: int, contiguous: bool = False, at: int | None = None) -> DMABuffer:
+    """`size` bytes of locked host memory with their bus addresses; at CPU address `at` when given (FileExistsError
+    when something of this process is mapped there)."""
     size = -(-max(size, 1) // PAGE) * PAGE
     huge = contiguous and size > PAGE
+    if huge and at is not None: raise ValueError("contiguous host memory comes from a huge page plugrt places itself")
     if huge and size > HUGE: raise MemoryError(f"{size} bytes of contiguous host memory: plugrt takes at most one 2 MiB huge page")
     length = HUGE if huge else size
     lib = libc()
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_LOCKED | MAP_POPULATE | (MAP_HUGETLB if huge else 0)
-    addr = lib.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_LOCKED | MAP_POPULATE | (MAP_HUGETLB if huge else 0) | (MAP_FIXED_NOREPLACE if at else 0)
+    addr = lib.mmap(at, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+    if at is not None and addr not in (None, ctypes.c_void_p(-1).value) and addr != at:
+      lib.munmap(addr, length)
+      addr = None
     if addr in (None, ctypes.c_void_p(-1).value):
+      if at is not None and ctypes.get_errno() in (0, errno.EEXIST): raise FileExistsError(f"{at:#x} is already mapped in this process")
       if huge: raise DeviceUnavailable(f"{size} bytes of contiguous host memory for the GPU: no 2 MiB huge page is free", Reason.NO_DEVICE,
                                        "reserve some: echo 8 | sudo tee /proc/sys/vm/nr_hugepages")
       raise MemoryError(f"cannot map {size} bytes of locked host memory for the GPU")
@@ -90,6 +100,13 @@ class PagemapDMA:
     if contiguous and any(b - a != PAGE for a, b in itertools.pairwise(pages)):
       raise DeviceUnavailable("host memory for the GPU: a huge page's frames are not consecutive", Reason.NO_DEVICE)
     return DMABuffer(addr, size, pages)
+
+  def free(self, buf: DMABuffer) -> None:
+    for i, (addr, size) in enumerate(self.maps):
+      if addr == buf.cpu:
+        libc().munmap(addr, size)
+        del self.maps[i]
+        return
 
   def close(self) -> None:
     for addr, size in self.maps: libc().munmap(addr, size)

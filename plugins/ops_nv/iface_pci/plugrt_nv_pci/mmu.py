@@ -50,10 +50,11 @@ class PageTables:
       self.tables[(level, base)] = addr
     return self.tables[(level, base)]
 
-  def _leaf(self, va: int) -> int:
-    """The VRAM address of the PTE of `va`, making the tables on the way (a new table's PDE written once)."""
-    table = self.root
-    for level, (shift, bits, size) in enumerate(LEVELS[:-1]):
+  def table_path(self, va: int, depth: int) -> list[int]:
+    """The VRAM addresses of the tables of levels 0 .. depth-1 on the way to `va` (made where missing, each new
+    table's PDE written once in its parent); depth len(LEVELS) ends with `va`'s PTE table."""
+    table, path = self.root, [self.root]
+    for level, (shift, bits, size) in enumerate(LEVELS[:depth - 1]):
       key = (level + 1, va >> shift << shift)
       if key not in self.tables:
         child = self._table(*key)
@@ -61,15 +62,26 @@ class PageTables:
         entry = struct.pack("<QQ", 0, pde(child)) if size == 16 else struct.pack("<Q", pde(child))
         self.write(table + (va >> shift & ((1 << bits) - 1)) * size, entry)
       table = self.tables[key]
-    shift, bits, size = LEVELS[-1]
-    return table + (va >> shift & ((1 << bits) - 1)) * size
+      path.append(table)
+    return path
+
+  def _write_ptes(self, va: int, entries: list[int]) -> None:
+    """PTEs for the pages from `va`, one write per PTE table they fall in."""
+    shift, bits, _ = LEVELS[-1]
+    done = 0
+    while done < len(entries):
+      at = va + done * PAGE
+      n = min(len(entries) - done, (1 << bits) - (at >> shift & ((1 << bits) - 1)))
+      table = self.table_path(at, len(LEVELS))[-1]
+      self.write(table + (at >> shift & ((1 << bits) - 1)) * 8, struct.pack(f"<{n}Q", *entries[done:done + n]))
+      done += n
 
   def map(self, va: int, pages: list[int], aperture: int, volatile: bool = False) -> None:
     """Map the 4 KiB pages at `va` to `pages` (VRAM or bus addresses, by `aperture`), then invalidate the TLBs."""
     if va % PAGE or va + len(pages) * PAGE > 1 << VA_BITS: raise ValueError(f"GPU address {va:#x} (+{len(pages)} pages) outside the 49-bit VA")
-    for i, p in enumerate(pages): self.write(self._leaf(va + i * PAGE), struct.pack("<Q", pte(p, aperture, volatile)))
+    self._write_ptes(va, [pte(p, aperture, volatile) for p in pages])
     self.invalidate()
 
   def unmap(self, va: int, npages: int) -> None:
-    for i in range(npages): self.write(self._leaf(va + i * PAGE), bytes(8))
+    self._write_ptes(va, [0] * npages)
     self.invalidate()

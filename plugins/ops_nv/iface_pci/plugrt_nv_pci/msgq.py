@@ -209,7 +209,8 @@ class GSPQueues:
       for m in self.messages(step):
         if m.function == function:
           if m.result != 0:
-            raise RPCError(f"the GSP answered {name_of(function)} with {result_name(m.result)}", function=function, status=m.result,
+            raise RPCError(f"{step + ': ' if step else ''}the GSP answered {name_of(function)} with {result_name(m.result)}", function=function,
+                           status=m.result,
                            step=step or name_of(function))
           return m
         self.on_event(m)

@@ -4,7 +4,9 @@ driver and giving it back, and its BARs mapped from their `resourceN` files.
 Every path is under `root` (default /sys/bus/pci/devices) and `drivers` (default /sys/bus/pci/drivers), so tests run
 against a fake tree in a temporary folder; writes go through `write(path, text)`, where a fake tree plays the kernel's
 part (removing the `driver` link on unbind). `take()` unbinds only when the caller passes the user's acknowledgement,
-records what it changed (the driver it unbound, whether it enabled the function) and `release()` undoes exactly that.
+records what it changed (the driver it unbound, whether it enabled the function, whether it turned bus mastering on)
+and `release()` undoes exactly that. Bus mastering (PCI_COMMAND bit 2, in the `config` file at offset 4) is what lets
+the GPU read host memory by DMA: enabling the function through sysfs does not set it.
 
 BARs (PCI BAR layout of NVIDIA GPUs since Fermi, as open-gpu-kernel-modules' nv.c maps them): BAR0 registers (16 MiB),
 BAR1 a window onto VRAM (physical mode once the GSP boot set NV_PBUS_BAR1_BLOCK to 0), BAR3 (index 3 in sysfs's
@@ -12,6 +14,8 @@ numbering of 64-bit BARs) the instance-memory window.
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import mmap
 import os
 import struct
@@ -19,12 +23,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plugrt.errors import DeviceUnavailable, Reason
+from plugrt.hwqueue import libc
 from plugrt_nv_pci.chips import DISPLAY_CLASS, NVIDIA_VENDOR
 
 PCI_DEVICES = "/sys/bus/pci/devices"
 PCI_DRIVERS = "/sys/bus/pci/drivers"
 IORESOURCE_MEM = 0x200      # a `resource` line's flag for a memory BAR (include/linux/ioport.h)
 REGISTER_BAR, VRAM_BAR = 0, 1
+PCI_COMMAND, PCI_COMMAND_MASTER = 0x04, 1 << 2   # config space: the command register and its bus-master enable bit (pci_regs.h)
+MAP_SHARED, MAP_FIXED_NOREPLACE = 0x01, 0x100000
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,27 @@ class MappedBAR:
       raise DeviceUnavailable(f"access of {n} bytes at {offset:#x} outside BAR{self.index} ({self.size} bytes)", Reason.NO_DEVICE)
     return self.view
 
+  def address(self, offset: int) -> int:
+    """The CPU address of `offset` in the mapping (for plain stores: the doorbell)."""
+    view = self._at(offset, 4)
+    return ctypes.addressof(ctypes.c_char.from_buffer(view.obj)) + offset  # type: ignore[arg-type]
+
+  def map_at(self, va: int, offset: int, size: int) -> None:
+    """Map [offset, offset + size) of the BAR at CPU address `va` too (VRAM the CPU writes at its GPU address)."""
+    if offset < 0 or offset + size > self.size:
+      raise MemoryError(f"BAR{self.index} is {self.size >> 20} MiB: it does not reach {offset + size:#x} "
+                        "(resize it, or use memory below that)")
+    fd = os.open(self.path, os.O_RDWR | os.O_SYNC)
+    try: addr = libc().mmap(va, size, mmap.PROT_READ | mmap.PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, offset)
+    finally: os.close(fd)
+    if addr in (None, ctypes.c_void_p(-1).value) or addr != va:
+      err = ctypes.get_errno()
+      if addr not in (None, ctypes.c_void_p(-1).value): libc().munmap(addr, size)
+      if err == errno.EEXIST: raise FileExistsError(f"{va:#x} is already mapped in this process")
+      raise DeviceUnavailable(f"cannot map BAR{self.index} at {va:#x}: {os.strerror(err)}", Reason.NO_DEVICE)
+
+  def unmap_at(self, va: int, size: int) -> None: libc().munmap(va, size)
+
   def read32(self, offset: int) -> int: return struct.unpack_from("<I", self._at(offset, 4), offset)[0]
   def write32(self, offset: int, value: int) -> None: struct.pack_into("<I", self._at(offset, 4), offset, value & 0xFFFFFFFF)
   def read(self, offset: int, n: int) -> bytes: return bytes(self._at(offset, n)[offset:offset + n])
@@ -106,6 +134,7 @@ class PCIFunction:
     self.unbound_driver = ""
     self.enabled_by_us = False
     self.reset_on_release = False   # set once the GPU's state was changed (a GSP boot began): release() resets the function
+    self.master_by_us = False
     self.bars: dict[int, MappedBAR] = {}
     if not os.path.isdir(self.dir):
       raise DeviceUnavailable(f"no PCI function {address} ({self.dir} does not exist)", Reason.NO_DEVICE, "list them with lspci -D -d 10de:")
@@ -133,6 +162,40 @@ class PCIFunction:
       self._write(self.path("enable"), "1", "enable")
       self.enabled_by_us = True
 
+  def config(self, offset: int, n: int) -> bytes:
+    """`n` bytes of the function's config space from `offset` (the `config` file; its first 64 bytes need no root)."""
+    try:
+      with open(self.path("config"), "rb") as f:
+        f.seek(offset)
+        data = f.read(n)
+    except OSError as e: raise DeviceUnavailable(f"{self.address}: cannot read its config space: {e}", Reason.NO_DEVICE) from None
+    if len(data) != n: raise DeviceUnavailable(f"{self.address}: its config space ends before {offset + n:#x}", Reason.NO_DEVICE)
+    return data
+
+  def bus_master(self) -> None:
+    """Turn on bus mastering (the GPU's DMA into host memory) in the function's config space, if it is off."""
+    try:
+      fd = os.open(self.path("config"), os.O_RDWR)
+      try:
+        (cmd,) = struct.unpack("<H", os.pread(fd, 2, PCI_COMMAND))
+        if not cmd & PCI_COMMAND_MASTER:
+          os.pwrite(fd, struct.pack("<H", cmd | PCI_COMMAND_MASTER), PCI_COMMAND)
+          self.master_by_us = True
+      finally: os.close(fd)
+    except PermissionError: raise DeviceUnavailable(f"{self.address}: no permission to write its config space", Reason.NO_DEVICE,
+                                                    "driverless access needs root") from None
+    except (OSError, struct.error) as e: raise DeviceUnavailable(f"{self.address}: cannot turn on bus mastering: {e}", Reason.NO_DEVICE) from None
+
+  def _bus_master_off(self) -> str:
+    try:
+      fd = os.open(self.path("config"), os.O_RDWR)
+      try:
+        (cmd,) = struct.unpack("<H", os.pread(fd, 2, PCI_COMMAND))
+        os.pwrite(fd, struct.pack("<H", cmd & ~PCI_COMMAND_MASTER), PCI_COMMAND)
+      finally: os.close(fd)
+      return "bus mastering off"
+    except (OSError, struct.error) as e: return f"bus mastering left on ({e})"
+
   def _write(self, path: str, text: str, what: str) -> None:
     try: self.write(path, text)
     except PermissionError: raise DeviceUnavailable(f"{self.address}: no permission to {what} ({path})", Reason.NO_DEVICE,
@@ -155,6 +218,9 @@ class PCIFunction:
     done = []
     for bar in self.bars.values(): bar.close()
     self.bars.clear()
+    if self.master_by_us:
+      done.append(self._bus_master_off())
+      self.master_by_us = False
     if self.reset_on_release:  # a function-level reset: WPR2 and the GSP go, as the driver expects to find the GPU
       try: self.write(self.path("reset"), "1"); done.append("reset")
       except OSError as e: done.append(f"reset failed ({e}): echo 1 | sudo tee {self.path('reset')}")
