@@ -30,7 +30,7 @@ def pytest_addoption(parser: Any) -> None:
 def pytest_configure(config: Any) -> None:
   from fake_nvpci import CHIPS, FakePCINV, fake_pci_plugins
 
-  from plugrt.testing.fakegpu import use_fake_for_session
+  from plugrt_testing.fakegpu import use_fake_for_session
   chip = config.getoption("--nv-pci-chip", None) or os.environ.get("PLUGRT_FAKE_NV_CHIP") or "ga102"
   if chip not in CHIPS: raise ValueError(f"PLUGRT_FAKE_NV_CHIP={chip}: the fake NV chips are {', '.join(CHIPS)}")
   fake = FakePCINV(chip)

@@ -14,9 +14,9 @@ from fake_nvpci import ADA, AMPERE, BLACKWELL, BOOTER_FAILED, HOPPER, FakeBAR0, 
 
 import plugrt_nv_pci
 from plugrt import Buffer, dtypes
+from plugrt.compiler import samples as K
 from plugrt.context import DeviceInfo, PluginContext
 from plugrt.errors import DeviceUnavailable, EnvError
-from plugrt.testing import kernels as K
 from plugrt_nv.iface import NVError
 from plugrt_nv_nvk.nvk import VASpace
 from plugrt_nv_pci import boot, mmu, msgq, rpc

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from plugrt.testing.conformance import ConformanceSuite
+from plugrt_testing.conformance import ConformanceSuite
 
 if "nv_pci_session" in sys.modules:  # (elsewhere NV is not the fake's: the suite is not collected at all)
   class TestNVThroughPCI(ConformanceSuite):
