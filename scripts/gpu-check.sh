@@ -53,6 +53,8 @@ if [ "$ONLY" = "launch" ]; then
     tests/test_vector_ir.py tests/test_adversarial_vector.py tests/test_tensor.py \
     -k "not multi and not Multi and not thousand" \
     2>&1 | tee "$OUT/launch_cuda_tests.txt" | grep -E "^(FAILED|ERROR)|passed|failed" | tail -30
+  # NV's PCI interface: its probe (reads sysfs files and links only) lists the GPU and says why it is not opened
+  echo "== NV PCI probe: $($PY -c 'from plugrt_nv_pci import probe_tree; from plugrt_nv_pci.sysfs import PCI_DEVICES; print(probe_tree(PCI_DEVICES))' 2>&1)"
   echo "== launch: NV tests"
   env PLUGRT_PLUGINS=nv,nv-nvk,nv-pci,cpu,python PLUGRT_NV_TIMEOUT=10 timeout ${LAUNCH_NV_S:-150} $PY -m pytest -q -p no:cacheprovider \
     -o faulthandler_timeout=120 --tb=short -rfE plugins/ops_nv/tests tests/test_dsl.py tests/test_tensor.py -k "not multi" \
