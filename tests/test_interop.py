@@ -171,6 +171,41 @@ def test_torch_dtypes_wherever_a_dtype_is_taken():
   assert torch.from_dlpack(Tensor([1, 2], dtype=torch.uint8).realize()).dtype == dtypes.to_torch(dtypes.uint8)
 
 
+@pytest.mark.parametrize("name", ["CPU", "CL", "WEBGPU", "PYTHON"])
+def test_a_dropped_from_blob_buffer_never_waits_for_the_device_in_its_finalizer(name):
+  """A finalizer runs on whichever thread the collector runs on, which may be one the device's progress depends on (a
+  fake GPU's command processor deadlocked on QCOM, waiting for itself): dropping a wrapped buffer never waits for the
+  device; its owner goes at the device's next synchronize (or a later from_blob past a bound)."""
+  import gc
+  import weakref
+
+  import numpy as np
+
+  from plugrt import Buffer, Device
+  from plugrt.dtype import dtypes
+  if name not in Device.available(): pytest.skip(f"{name} is not available here")
+  dev = Device[name]
+  if not dev.allocator.supports_wrap: pytest.skip(f"{name} does not wrap host memory")
+  state = dev.info.state
+  waits = []
+  if state is not None:
+    real = state.synchronize
+    state.synchronize = lambda: (waits.append(1), real())[1]
+  try:
+    host = np.arange(16, dtype=np.float32)
+    owner = weakref.ref(host)
+    ext = Buffer.from_blob(host.ctypes.data, 16, dtypes.float32, dev, keepalive=host)
+    del host, ext
+    gc.collect()
+    assert waits == []  # the finalizer did not wait
+    assert (owner() is not None) == (state is not None)  # a device with a queue keeps the owner until it has waited
+    dev.synchronize()
+    gc.collect()
+    assert owner() is None
+  finally:
+    if state is not None: del state.synchronize
+
+
 def test_dropping_a_from_blob_buffer_waits_for_the_work_queued_on_it():
   """An external buffer lets go of its owner (keepalive) only after the device has finished the work queued on it: a
   kernel still reading a dropped from_blob array must not read freed memory. 64 MiB arrays are unmapped by free, so a

@@ -37,6 +37,8 @@ class RuntimeDevice:
     self._lock = allocate_lock()
     self._graph_factory: Any = None
     self._peer_paths: dict[str, str] = {}  # destination device -> how copies to it travel (Allocator.peer_path), asked once
+    #: owners (keepalive) of dropped wrapped buffers that queued work may still read: let go at the next synchronize
+    self._owners_after_work: list[Any] = []
 
   @property
   def compiler(self) -> Compiler | None:
@@ -128,12 +130,20 @@ class RuntimeDevice:
     return self._graph_factory(self, list(launches))
 
   def synchronize(self) -> None:
-    """Wait for everything queued on this device; then memory it wrapped (from_blob) shows every write to its owner."""
+    """Wait for everything queued on this device; then memory it wrapped (from_blob) shows every write to its owner,
+    and the owners of wrapped buffers dropped before the wait are let go."""
+    owners, self._owners_after_work = self._owners_after_work, []  # work on each was queued before it was dropped
     if self.info.state is not None: self.info.state.synchronize()
+    del owners
 
   def close(self) -> None:
     self.allocator.free_cache()
     if self.info.state is not None: self.info.state.close()
+    self._owners_after_work = []
+
+
+#: how many owners of dropped wrapped buffers a device holds before the next from_blob waits for it and lets them go
+_OWNERS_AFTER_WORK_MAX = 64
 
 
 def _device(device: str | RuntimeDevice | None) -> RuntimeDevice:
@@ -221,6 +231,7 @@ class Buffer(BufferBase):
     from plugrt.runtime import check_nbytes
     check_nbytes(size)  # before the device opens: a bad size is the caller's error whatever the device
     dev = _device(device)
+    if len(dev._owners_after_work) >= _OWNERS_AFTER_WORK_MAX: dev.synchronize()  # dropped owners waiting for no sync: let them go
     dtype = dtypes.as_dtype(dtype)
     if isinstance(dtype, ImageDType):
       _check_image_size(dtype, size)
@@ -234,8 +245,10 @@ class Buffer(BufferBase):
     try:
       if self.base is None and self.handle is not None:
         if not self._external: self.device.allocator.free(self.handle, self.nbytes, self.dtype if isinstance(self.dtype, ImageDType) else None)
-        # a kernel queued on wrapped memory may still read it: its owner (keepalive) goes only once the device is done
-        elif self._keepalive is not None: self.device.synchronize()
+        # a kernel queued on wrapped memory may still read it: its owner (keepalive) goes at the device's next
+        # synchronize. A finalizer never waits for the device: it runs on whichever thread the collector runs on, which
+        # may be one the device's progress depends on (a poller thread, a fake GPU's command processor)
+        elif self._keepalive is not None and self.device.info.state is not None: self.device._owners_after_work.append(self._keepalive)
     except Exception: pass  # interpreter shutdown
     self.handle = None
 
