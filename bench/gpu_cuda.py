@@ -12,9 +12,11 @@ Rows (medians; ratio = other / plugrt for times, plugrt / other for bandwidths, 
   copy of 2 GiB (bytes read + written), the memory ceiling; and both against cupy's ElementwiseKernel and copyto.
   Written twice with the IR: one element a thread (saxpy_kernel), and with vector access (saxpy_vector_kernel: 4
   contiguous floats a thread, one 16-byte load of x and of y and one store, the n % 4 tail element by element).
-- Tensor x*2+y: the same bytes through a fused Tensor expression (chunks of 4 with vector loads and stores).
-- Tensor sum: x.sum() over 2^28 floats (1 GiB read, in stages: partial results, then theirs), GB/s read against the
-  D2D copy's GB/s read + written (both what the memory moves), and against cupy's x.sum() (GB/s read).
+- Tensor x*2+y: the same bytes through a fused Tensor expression (chunks of 4 with vector loads and stores, one pass),
+  timed from the host; then its kernel's variants (tensor_u*_l*_g*: the knobs of plugrt.frontend.tensor) with events.
+- Tensor sum: x.sum() over 2^28 floats (1 GiB read, in two launches: a partial result per group, then one group),
+  GB/s read against the D2D copy's GB/s read + written (both what the memory moves), and against cupy's x.sum() (GB/s
+  read); then its variants (tensor_sum_g*_u*_l*). tensor_*_host_us: the Python of one realize, the GPU behind it.
 tinygrad is taken from the carried wheel (.whl) or an install; a side that cannot run shows '-' and why.
 """
 from __future__ import annotations
@@ -104,7 +106,7 @@ def plugrt_side(quick: bool) -> dict[str, Any]:
   def copy_gbs() -> float:
     return 2 * 8 * count / st.timed(lambda: dev.allocator._copy(dst.handle, src.handle, 8 * count)) / 1e9
   out["d2d_copy_gbs"] = median_of(copy_gbs, 10)
-  from plugrt import Tensor  # what users get: a fused elementwise Tensor expression (a grid-stride kernel)
+  from plugrt import Tensor  # what users get: a fused elementwise Tensor expression
   tx, ty = Tensor.full(count, 1.5, dtypes.float32, "CUDA").realize(), Tensor.full(count, 0.5, dtypes.float32, "CUDA").realize()
 
   def tensor_gbs() -> float:
@@ -118,16 +120,40 @@ def plugrt_side(quick: bool) -> dict[str, Any]:
   got = tx.sum().item()
   assert abs(got - want) <= 1e-3 * want, f"Tensor sum {got}, want {want}"  # a staged sum of 1.5s in float32 is close
   out["tensor_sum_gbs"] = median_of(lambda: 4 * count / st.timed(lambda: tx.sum().realize()) / 1e9, 10)
-  # the Tensor kernel's own time (events around realize: includes the ~30 us of Python before the launch), for its
-  # elements per thread and step and its most groups (the rest of the work is the grid-stride loop)
+  # the host's share of those rows: a realize's Python before and around its launches (the GPU runs behind it)
+  def host_us(fn: Callable[[], Any]) -> float:
+    dev.synchronize()
+    t = time.perf_counter()
+    fn()
+    took = time.perf_counter() - t
+    dev.synchronize()
+    return took * 1e6
+  out["tensor_elementwise_host_us"] = median_of(lambda: host_us(lambda: (tx * 2.0 + ty).realize()), 10)
+  out["tensor_sum_host_us"] = median_of(lambda: host_us(lambda: tx.sum().realize()), 10)
+  # the Tensor kernels' knobs (plugrt.frontend.tensor), each variant checked and timed with events around realize (so
+  # with the Python before the first launch): x*2+y by chunks a thread (u), threads a group (l) and groups an axis (g:
+  # 65535 takes a second axis past it, 2**31-1 one axis); the sum by groups of its first stage (g), chunks a thread
+  # and step (u) and threads a group (l)
   from plugrt.frontend import tensor as T
-  saved = T._UNROLL, T._MAX_GROUPS
-  for unroll, groups in ((1, 4096), (1, 65535), (4, 4096), (2, 65535), (4, 65535), (8, 65535), (4, 1 << 20)):
-    T._UNROLL, T._MAX_GROUPS = unroll, groups
+  saved = T._UNROLL, T._GROUP, T._MAX_GROUPS, T._REDUCE_GROUPS, T._REDUCE_UNROLL
+  want_ew = 1.5 * 2.0 + 0.5
+  for unroll, group, groups in ((1, 256, 65535), (1, 256, 2**31 - 1), (1, 128, 65535), (1, 512, 65535), (1, 1024, 65535), (2, 256, 65535),
+                                (4, 256, 65535)):
+    T._UNROLL, T._GROUP, T._MAX_GROUPS = unroll, group, groups
     T._KERNELS.clear()
-    (tx * 2.0 + ty).realize()
-    out[f"tensor_u{unroll}_g{groups}_gbs"] = median_of(lambda: 3 * 4 * count / st.timed(lambda: (tx * 2.0 + ty).realize()) / 1e9, 10)
-  T._UNROLL, T._MAX_GROUPS = saved
+    r = (tx * 2.0 + ty).realize()
+    assert r.min().item() == r.max().item() == want_ew, (unroll, group, groups, r.min().item(), r.max().item())
+    del r
+    out[f"tensor_u{unroll}_l{group}_g{groups}_gbs"] = median_of(lambda: 3 * 4 * count / st.timed(lambda: (tx * 2.0 + ty).realize()) / 1e9, 10)
+  T._UNROLL, T._GROUP, T._MAX_GROUPS = saved[:3]
+  for groups, unroll, group in ((512, 4, 256), (1024, 4, 256), (2048, 4, 256), (4096, 4, 256), (1024, 2, 256), (1024, 8, 256),
+                                (2048, 8, 256), (4096, 8, 256), (1024, 4, 512)):
+    T._REDUCE_GROUPS, T._REDUCE_UNROLL, T._GROUP = groups, unroll, group
+    T._KERNELS.clear()
+    got = tx.sum().item()
+    assert abs(got - want) <= 1e-3 * want, (groups, unroll, group, got, want)
+    out[f"tensor_sum_g{groups}_u{unroll}_l{group}_gbs"] = median_of(lambda: 4 * count / st.timed(lambda: tx.sum().realize()) / 1e9, 10)
+  T._UNROLL, T._GROUP, T._MAX_GROUPS, T._REDUCE_GROUPS, T._REDUCE_UNROLL = saved
   T._KERNELS.clear()
   # what the elementwise figure is made of: the group size, and whether the compiler may assume no aliasing
   kern = saxpy_kernel()
@@ -281,10 +307,12 @@ def main(argv: list[str] | None = None) -> int:
           row("elementwise kernel vs cupy's", "elementwise_gbs", c, "elementwise_gbs", False),
           row("D2D copy vs cupy's copyto", "d2d_copy_gbs", c, "d2d_copy_gbs", False)]
   def f(v: Any) -> str: return f"{v:.2f}" if isinstance(v, float) else "-"
+  print("variants (GB/s; host: us):")  # first, so that the table ends the output
+  for k, v in sorted(p.items()):
+    if k.startswith(("elementwise_", "tensor_")) and k not in ("elementwise_gbs", "tensor_sum_gbs", "tensor_elementwise_gbs"):
+      print(f"    {k:<36} {f(v):>10}")
   print(f"CUDA bench on {p.get('device', '?')}{' (quick)' if args.quick else ''}: plugrt | cupy (or the reference) | tinygrad | ratio | target")
   for label, a, b, tg, r, target in rows: print(f"  {label:<32} {f(a):>10} {f(b):>10} {f(tg):>10} {r:>8}  {target}")
-  for k, v in sorted(p.items()):
-    if k.startswith(("elementwise_", "tensor_u")) and k != "elementwise_gbs": print(f"    {k:<32} {f(v):>10}")
   if args.json:
     with open(args.json, "w") as fh: json.dump(res, fh, indent=2)
   return 0

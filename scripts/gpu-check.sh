@@ -77,7 +77,7 @@ if [ "$ONLY" = "rows" ]; then
   echo "== rows: bench/gpu_cuda.py, bench/nv.py, bench/nv_copy_variants.py"
   # (--quick: 2^24-element rows, where a Tensor row's host time, graph and launch, outweighs its kernel: the rows
   # are the full bench's 2^28)
-  timeout ${ROWS_CUDA_S:-360} $PY bench/gpu_cuda.py $QUICK --json "$OUT/bench_cuda.json" 2>&1 | tee "$OUT/bench_cuda.txt" | tail -25
+  timeout ${ROWS_CUDA_S:-360} $PY bench/gpu_cuda.py $QUICK --json "$OUT/bench_cuda.json" 2>&1 | tee "$OUT/bench_cuda.txt" | tail -50
   PLUGRT_NV_TIMEOUT=10 timeout ${ROWS_NV_S:-150} $PY bench/nv.py --quick --json "$OUT/bench_nv.json" 2>&1 | tee "$OUT/bench_nv.txt" | tail -12
   [ "${ROWS_COPY:-1}" != 0 ] && PLUGRT_NV_TIMEOUT=10 timeout ${ROWS_COPY_S:-150} $PY bench/nv_copy_variants.py --sizes 16M,256M,1G --reps 5 2>&1 \
     | tee "$OUT/nv_copy.txt" | tail -30

@@ -394,6 +394,45 @@ def test_assign_into_views_writes_only_the_view(dev):
   assert base.numpy().tolist() == want.tolist()
 
 
+@pytest.mark.parametrize("unroll,group,max_groups,n", [(1, 256, 65535, 4096), (1, 8, 3, 8 * 4 * 7 + 3), (1, 8, 4, 8 * 4 * 12 + 2),
+                                                     (2, 8, 3, 8 * 8 * 5 + 2), (4, 4, 2, 1001)])
+def test_elementwise_kernels_cover_their_output_in_one_pass(dev, monkeypatch, unroll, group, max_groups, n):
+  """An elementwise kernel covers its output in one pass of its grid, with no loop (what the IR's own vector-access
+  kernel does at a device copy's bandwidth): `per` chunks of 4 a thread, a second grid axis past the most groups an
+  axis, a guard only where the grid passes the chunks, more chunks a thread past the most groups squared, the n % 4
+  tail one element at a time. Every such shape gives numpy's bits, and the grid stays within the groups an axis."""
+  from plugrt.compiler.ir import Ops
+  for name, v in (("_UNROLL", unroll), ("_GROUP", group), ("_MAX_GROUPS", max_groups)): monkeypatch.setattr(T, name, v)
+  T._KERNELS.clear()
+  x, y = np.arange(n, dtype=np.float32) * 0.5 - 7, np.arange(n, dtype=np.float32)[::-1] * 0.25
+  got = (Tensor(x, device=dev) * 3 + Tensor(y, device=dev)).numpy()
+  assert _bits(got) == _bits(x * np.float32(3) + y)
+  (k,) = T._KERNELS.values()
+  gx, gy, local, per = T._ew_grid(n)
+  assert gx <= max_groups and gy <= max_groups and local <= group and gx * gy * local * per >= n // 4 > gx * (gy - 1) * local * per  # no empty row
+  assert not any(u.op is Ops.RANGE for u in k.uops)
+  assert sum(u.op is Ops.VLOAD for u in k.uops) == 2 * per and sum(u.op is Ops.VSTORE for u in k.uops) == per
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_large_reductions_take_two_launches(dev, monkeypatch, op):
+  """A reduction over all of a large source takes two launches however large it is: a partial result per group (its
+  threads' folds combined in shared memory), at most _REDUCE_GROUPS of them, then one group over those. Groups of 4
+  threads here, so that a small source has as many groups as a large one has with 256."""
+  monkeypatch.setattr(T, "_GROUP", 4)
+  T._KERNELS.clear()
+  rng = np.random.default_rng(5)
+  for n, most in ((20001, 1024), (20001, 16), (255, 1024)):
+    monkeypatch.setattr(T, "_REDUCE_GROUPS", most)
+    x, ints = (rng.standard_normal(n) * 10).astype(np.float32), rng.integers(-1000, 1000, n).astype(np.int32)
+    before = T.stats["kernels_run"]
+    got = getattr(Tensor(x, device=dev), op)().numpy()
+    assert T.stats["kernels_run"] - before == (2 if n > 4 * 4 * T._REDUCE_CHUNKS else 1)
+    if op == "sum": np.testing.assert_allclose(got, x.astype(np.float64).sum(), rtol=1e-5, atol=1e-5 * np.abs(x).sum())
+    else: assert got == getattr(x, op)()
+    assert getattr(Tensor(ints, device=dev), op)().item() == getattr(ints.astype(np.int64), op)()
+
+
 @pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])
 def test_large_reductions_run_in_stages(dev, op):
   """A reduction over all of a large source runs as partial results then their reduction (bench: a Tensor sum at read

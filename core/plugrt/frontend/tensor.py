@@ -244,13 +244,13 @@ _KERNELS: dict[tuple, Kernel] = {}
 
 
 def _kernel(root: Node, ctx: _Ctx, key: tuple, wide: bool, out_strides: tuple[int, ...] | None, out_aligned: bool,
-            partials: int = 0) -> Kernel:
-  """The fused kernel for a graph of this structure (built once; ctx.leaves are its inputs in parameter order). partials:
-  a staged reduction's kernel (see _realize): its first stages with that many threads, or its last (-1: one group)."""
+            grid: tuple[int, ...] = (), groups: int = 0) -> Kernel:
+  """The fused kernel for a graph of this structure (built once; ctx.leaves are its inputs in parameter order). grid: an
+  elementwise kernel's launch (_ew_grid); groups: a staged reduction's kernel (see _realize), `groups` groups."""
   if (k := _KERNELS.get(key)) is not None: return k
   f = _FusedKernel(root, ctx, wide, out_strides, out_aligned)
-  if partials: k = _partial_kernel(f, partials) if partials > 0 else _group_kernel(f)
-  else: k = _reduce_kernel(f) if root.op == "reduce" else _elementwise_kernel(f)
+  if groups: k = _group_kernel(f, groups)
+  else: k = _reduce_kernel(f) if root.op == "reduce" else _elementwise_kernel(f, grid)
   _KERNELS[key] = k
   return k
 
@@ -275,10 +275,10 @@ class _FusedKernel:
     self.params = params
     self.out_off = b.scalar("out_off", it) if out_strides is not None else None
     self.n_out = _numel(root.shape)
-    self.gid = b.global_id(0).cast(it) if it is dtypes.int64 else b.global_id(0)
-    # a grid-stride loop: at most _MAX_GROUPS groups, each thread taking every total-th chunk of _VEC elements (an
-    # elementwise kernel _UNROLL of them per step), so any size runs within the backends' limits on groups
-    self.total = b.num_groups(0).cast(it) * b.local_size(0).cast(it) if it is dtypes.int64 else b.num_groups(0) * b.local_size(0)
+
+  def index(self, v: Val) -> Val:
+    """An int32 id or count as the index dtype."""
+    return v.cast(self.it) if self.it is dtypes.int64 else v
 
   def unflatten(self, flat: Val, shape: Shape) -> list[Any]:
     idx, rest = [], flat
@@ -360,26 +360,55 @@ class _FusedKernel:
     return dest
 
 
-def _elementwise_kernel(f: _FusedKernel) -> Kernel:
-  """Each thread takes chunks of _VEC contiguous output elements (vector loads and stores where the views allow),
-  _UNROLL chunks per step, a grid apart: all their loads first (at a chunk index clamped into range, so every load is
-  valid), then the guarded stores, so a thread has that many independent loads in flight (a store between them would
-  order them: the output may alias an input). The last n % _VEC elements (the tail) are thread 0's, one at a time."""
+def _ew_grid(n: int) -> tuple[int, int, int, int]:
+  """The launch of an elementwise kernel over n elements, (gx, gy, local, per): gx * gy groups of `local` threads, each
+  thread taking `per` chunks of _VEC elements, so that one pass of the grid covers every chunk (no loop in the kernel).
+  Past _MAX_GROUPS groups the grid takes a second axis, of a few rows more than it must where that makes the rows even
+  (no group outside the chunks, so no guard); past _MAX_GROUPS squared, more chunks a thread."""
+  return _grid_for(n, _UNROLL, _GROUP, _MAX_GROUPS)
+
+
+@functools.lru_cache(maxsize=1024)
+def _grid_for(n: int, unroll: int, group: int, max_groups: int) -> tuple[int, int, int, int]:
+  chunks = n // _VEC
+  per = max(unroll, -(-chunks // (group * max_groups * max_groups)))
+  local = max(1, min(group, -(-chunks // per)))
+  groups = max(1, -(-chunks // (local * per)))
+  gy = -(-groups // max_groups)
+  gy = next((y for y in range(gy, min(gy + 64, max_groups + 1)) if groups % y == 0), gy)
+  return -(-groups // gy), gy, local, per
+
+
+def _elementwise_kernel(f: _FusedKernel, grid: tuple[int, ...]) -> Kernel:
+  """One pass, no loop (grid: _ew_grid): thread l of group g (flattened, x fastest) takes the `per` chunks of _VEC
+  contiguous output elements g * local * per + l + local * k, k < per (vector loads and stores where the views allow).
+  With several, all their loads come first, at a chunk index clamped into range (so every load is valid), then the
+  guarded stores, so a thread has that many independent loads in flight (a store between them would order them: the
+  output may alias an input); with one, a guard around it. Where the grid covers the chunks exactly there is no
+  guard. The last n % _VEC elements (the tail) are thread 0's, one at a time."""
   b, n_out = f.b, f.n_out
+  gx, gy, local, per = grid
   chunks, tail = divmod(n_out, _VEC)
+  g = f.index(b.group_id(0))
+  if gy > 1: g = g + f.index(b.group_id(1)) * gx
+  first = g * (local * per) + f.index(b.local_id(0)) if local * per > 1 else g
   if chunks:
-    span = f.total * _UNROLL
-    with b.range((chunks + span - 1) // span, dtype=f.it) as step:
-      results = []
-      for j in range(_UNROLL):
-        c = step * span + f.gid + (f.total * j if j else 0)
-        results.append((c, f.chunk(f.root, f.root.shape, c.min(chunks - 1) * _VEC)))
+    exact = gx * gy * local * per == chunks
+    cs = [first + local * k if k else first for k in range(per)]
+    if per == 1 and not exact:
+      with b.if_(first < chunks):
+        base = first * _VEC
+        f.store_chunk(base, f.chunk(f.root, f.root.shape, base))
+    else:
+      results = [(c, f.chunk(f.root, f.root.shape, (c if exact else c.min(chunks - 1)) * _VEC)) for c in cs]
       for c, values in results:
-        with b.if_(c < chunks): f.store_chunk(c * _VEC, values)
+        if exact: f.store_chunk(c * _VEC, values)
+        else:
+          with b.if_(c < chunks): f.store_chunk(c * _VEC, values)
   if tail:
-    with b.if_(f.gid.eq(0)):
-      for g in range(chunks * _VEC, n_out):
-        gv = b.const(g, f.it)
+    with b.if_(first.eq(0)):
+      for i in range(chunks * _VEC, n_out):
+        gv = b.const(i, f.it)
         oidx = f.unflatten(gv, f.root.shape)
         f.out[f.destination(gv, oidx)] = f.lower(f.root, oidx, {})
   return b.finish()
@@ -387,8 +416,8 @@ def _elementwise_kernel(f: _FusedKernel) -> Kernel:
 
 def _fold(f: _FusedKernel, threads: int, tid: Val) -> Val:
   """What thread `tid` of `threads` contributes to a reduction over all of f.root's source: it folds chunks tid,
-  tid + threads, ... (_VEC contiguous elements each, vector loads where the views allow; _UNROLL chunks per step, loads
-  first) into one accumulator per element of a chunk, thread 0 folds the n % _VEC last elements in, then the four
+  tid + threads, ... (_VEC contiguous elements each, vector loads where the views allow; _REDUCE_UNROLL chunks per step,
+  loads first) into one accumulator per element of a chunk, thread 0 folds the n % _VEC last elements in, then the four
   together: (a0 + a1) + (a2 + a3). The operations and their order are the same whether the loads are vector or
   scalar ones, so both give the same bits."""
   b, root = f.b, f.root
@@ -398,16 +427,25 @@ def _fold(f: _FusedKernel, threads: int, tid: Val) -> Val:
   accs = [b.var(_reduce_init(rop, dt), dt, f"acc{j}") for j in range(_VEC)]
 
   def fold(acc: Any, v: Val) -> None: acc.value = _reduce_op(rop, dt, acc.value, v if v.dtype is dt else v.cast(dt))
-  span = threads * _UNROLL
-  if chunks:
-    with b.range(-(-chunks // span), dtype=f.it) as step:
-      loads = []
-      for u in range(_UNROLL):
-        c = step * span + tid + (threads * u if u else 0)
-        loads.append((c, f.chunk(src, src.shape, c.min(chunks - 1) * _VEC)))
-      for c, values in loads:
-        with b.if_(c < chunks):
-          for acc, v in zip(accs, values): fold(acc, v)
+  unroll = max(1, min(_REDUCE_UNROLL, chunks // threads))
+  span = threads * unroll
+  exact = chunks % span == 0  # every step's chunks are all inside: no clamp, no guard
+
+  def step(at: Val | None) -> None:
+    loads = []
+    for u in range(unroll):
+      c = tid if at is None else at + tid
+      c = c + threads * u if u else c
+      loads.append((c, f.chunk(src, src.shape, (c if exact else c.min(chunks - 1)) * _VEC)))
+    for c, values in loads:
+      if exact:
+        for acc, v in zip(accs, values): fold(acc, v)
+        continue
+      with b.if_(c < chunks):
+        for acc, v in zip(accs, values): fold(acc, v)
+  if chunks > span:
+    with b.range(-(-chunks // span), dtype=f.it) as k: step(k * span)
+  elif chunks: step(None)  # one step: no loop
   if tail:
     with b.if_(tid.eq(0)):
       for j, g in enumerate(range(chunks * _VEC, chunks * _VEC + tail)):
@@ -415,20 +453,16 @@ def _fold(f: _FusedKernel, threads: int, tid: Val) -> Val:
   return _reduce_op(rop, dt, _reduce_op(rop, dt, accs[0].value, accs[1].value), _reduce_op(rop, dt, accs[2].value, accs[3].value))
 
 
-def _partial_kernel(f: _FusedKernel, threads: int) -> Kernel:
-  """A first stage of a reduction over all of a large source: out[t] is thread t's fold (_fold), for `threads` threads."""
-  f.out[f.gid] = _fold(f, threads, f.gid)
-  return f.b.finish()
-
-
-def _group_kernel(f: _FusedKernel) -> Kernel:
-  """The last stage of a reduction over all of a source: one group of _GROUP threads, each folding its share (_fold),
-  then the group combines its _GROUP results in shared memory, halving (r[l] op= r[l + s] for l < s) down to r[0]."""
+def _group_kernel(f: _FusedKernel, groups: int) -> Kernel:
+  """A stage of a reduction over all of a source: `groups` groups of _GROUP threads, each thread folding its share
+  (_fold), then each group combines its _GROUP results in shared memory, halving (r[l] op= r[l + s] for l < s) down to
+  r[0], which its thread 0 writes: with one group, the result; with more, out[group] (a first stage's partial results)."""
   b, root = f.b, f.root
   rop, dt = root.arg[0], root.dtype
   part = b.shared("part", dt, _GROUP)
   lid = b.local_id(0)
-  part[lid] = _fold(f, _GROUP, lid if f.it is dtypes.int32 else lid.cast(f.it))
+  tid = b.global_id(0) if groups > 1 else lid
+  part[lid] = _fold(f, groups * _GROUP, f.index(tid))
   b.barrier()
   s = _GROUP // 2
   while s:
@@ -436,8 +470,10 @@ def _group_kernel(f: _FusedKernel) -> Kernel:
     b.barrier()
     s //= 2
   with b.if_(lid.eq(0)):
-    zero = b.const(0, f.it)
-    f.out[f.destination(zero, f.unflatten(zero, root.shape))] = part[0]
+    if groups > 1: f.out[b.group_id(0)] = part[0]
+    else:
+      zero = b.const(0, f.it)
+      f.out[f.destination(zero, f.unflatten(zero, root.shape))] = part[0]
   return b.finish()
 
 
@@ -456,8 +492,10 @@ def _reduce_op(rop: str, dt: DType, a: Val, v: Val) -> Val:
 def _reduce_kernel(f: _FusedKernel) -> Kernel:
   """One output element per thread and step; a loop nest over the reduced axes of the source accumulates it."""
   b, n_out, root = f.b, f.n_out, f.root
-  with b.range((n_out + f.total - 1) // f.total, dtype=f.it) as step:
-    gid = step * f.total + f.gid
+  # a grid-stride loop: at most _MAX_GROUPS groups (see _realize), each thread taking every total-th output element
+  total = f.index(b.num_groups(0)) * f.index(b.local_size(0))
+  with b.range((n_out + total - 1) // total, dtype=f.it) as step:
+    gid = step * total + f.index(b.global_id(0))
     with b.if_(gid < n_out):
       oidx = f.unflatten(gid, root.shape)
       rop, axes = root.arg
@@ -496,10 +534,9 @@ def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> 
     elif n.op == "ew": stack.extend(n.srcs)
   # a copy (of an image: its texels, into a plain buffer)
   root = node if node.op in ("ew", "reduce") else Node("ew", _value_dtype(node.dtype), node.shape, node.device, (node,), "cast")
-  stage = 0
-  if root.op == "reduce" and _numel(root.shape) == 1 and _numel(root.srcs[0].shape) >= _PARTIAL_MIN:  # in stages (_partial_threads)
-    while (threads := _partial_threads(_numel(root.srcs[0].shape))): root = _reduce_partials(root, threads)
-    stage = -1
+  staged = root.op == "reduce" and _numel(root.shape) == 1 and _numel(root.srcs[0].shape) >= _PARTIAL_MIN  # (_partial_groups)
+  if staged:
+    while (groups := _partial_groups(_numel(root.srcs[0].shape))): root = _reduce_partials(root, groups)
   ctx = _Ctx()
   n = _numel(node.shape)
   key = (root.shape, root.dtype.name, ctx.key(root, {}))  # (collects the leaves too)
@@ -510,38 +547,42 @@ def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> 
   out_aligned = into is None or (into.view.is_contiguous and vector_aligned(into.buffer, into.view.offset))
   # the memory first: a size no allocator can satisfy is OutOfMemoryError before a kernel is built for it
   out = into.buffer if into is not None else Buffer(node.device, n, root.dtype)
-  prg = node.device.program(_kernel(root, ctx, key + (wide, out_strides, out_aligned, stage), wide, out_strides, out_aligned, stage))
+  if staged: gs, ls, grid = (1, 1, 1), (_GROUP, 1, 1), ()  # a staged reduction's last kernel: one group
+  elif root.op == "reduce": gs, ls, grid = (min(_MAX_GROUPS, -(-n // _GROUP)), 1, 1), (min(_GROUP, max(n, 1)), 1, 1), ()  # an output element a thread
+  else:
+    grid = _ew_grid(n)
+    gs, ls = (grid[0], grid[1], 1), (grid[2], 1, 1)
+  shape = grid or ((_GROUP, _REDUCE_UNROLL) if staged else ())  # what the kernel is built for besides the graph
+  prg = node.device.program(_kernel(root, ctx, key + (wide, out_strides, out_aligned, staged, shape), wide, out_strides, out_aligned, grid,
+                                    1 if staged else 0))
   bufs = [out] + [l.buffer for l in ctx.leaves if l.op == "buf"]
   vals = tuple(l.view.offset if l.op == "buf" else l.arg for l in ctx.leaves) + ((into.view.offset,) if into is not None else ())
-  if stage: groups, threads = 1, _GROUP  # a staged reduction's last kernel: one group
-  elif root.op == "reduce": groups, threads = -(-n // _GROUP), n  # one output element per thread
-  else: groups, threads = -(-n // (_GROUP * _UNROLL * _VEC)), -(-n // _VEC)  # chunks of _VEC elements, _UNROLL per step
-  prg(*bufs, global_size=(min(_MAX_GROUPS, max(1, groups)), 1, 1), local_size=(min(_GROUP, max(threads, 1)), 1, 1), vals=vals)
+  prg(*bufs, global_size=gs, local_size=ls, vals=vals)
   stats["kernels_run"] += 1
   return into if into is not None else _buf_node(out, node.shape)
 
 
-def _partial_threads(n: int) -> int:
-  """How many partial results the next stage of a reduction over all of n elements makes (_partial_kernel), or 0 when
-  the last stage (_group_kernel, one group) takes the n directly: past _GROUP * _REDUCE_CHUNKS chunks of _VEC, at least
-  _REDUCE_CHUNKS chunks per thread, in whole groups, at most _REDUCE_GROUPS of them."""
+def _partial_groups(n: int) -> int:
+  """How many groups (each making one partial result) the next stage of a reduction over all of n elements has, or 0
+  when the last stage (_group_kernel, one group) takes the n directly: past _GROUP * _REDUCE_CHUNKS chunks of _VEC,
+  at least _REDUCE_CHUNKS chunks per thread, at most _REDUCE_GROUPS groups (so the last stage folds at most that many)."""
   if n <= _VEC * _GROUP * _REDUCE_CHUNKS: return 0
-  return _GROUP * min(_REDUCE_GROUPS, -(-n // (_VEC * _GROUP * _REDUCE_CHUNKS)))
+  return min(_REDUCE_GROUPS, -(-n // (_VEC * _GROUP * _REDUCE_CHUNKS)))
 
 
-def _reduce_partials(root: Node, threads: int) -> Node:
-  """Run a first stage of a reduction: `threads` partial results in a new buffer; returns the reduction of those (the
-  same op over a source of shape (1, ..., threads)), which _realize finishes (in more stages while it is large)."""
+def _reduce_partials(root: Node, groups: int) -> Node:
+  """Run a first stage of a reduction: `groups` partial results in a new buffer; returns the reduction of those (the
+  same op over a source of shape (1, ..., groups)), which _realize finishes (in one group, or more stages while many)."""
   src = root.srcs[0]
   ctx = _Ctx()
-  key = ("partials", threads, root.dtype.name, ctx.key(root, {}))
+  key = ("partials", groups, _GROUP, _REDUCE_UNROLL, root.dtype.name, ctx.key(root, {}))
   wide = max([_numel(src.shape)] + [l.buffer.size for l in ctx.leaves if l.op == "buf"]) >= 2**31 - 1
-  out = Buffer(root.device, threads, root.dtype)
-  prg = root.device.program(_kernel(root, ctx, key + (wide,), wide, None, False, partials=threads))
+  out = Buffer(root.device, groups, root.dtype)
+  prg = root.device.program(_kernel(root, ctx, key + (wide,), wide, None, False, groups=groups))
   vals = tuple(l.view.offset if l.op == "buf" else l.arg for l in ctx.leaves)
-  prg(out, *(l.buffer for l in ctx.leaves if l.op == "buf"), global_size=(threads // _GROUP, 1, 1), local_size=(_GROUP, 1, 1), vals=vals)
+  prg(out, *(l.buffer for l in ctx.leaves if l.op == "buf"), global_size=(groups, 1, 1), local_size=(_GROUP, 1, 1), vals=vals)
   stats["kernels_run"] += 1
-  shape = (1,) * (len(src.shape) - 1) + (threads,)
+  shape = (1,) * (len(src.shape) - 1) + (groups,)
   return Node("reduce", root.dtype, root.shape, root.device, (_buf_node(out, shape),), (root.arg[0], (len(shape) - 1,)))
 
 
@@ -550,19 +591,22 @@ def _realize_into(node: Node, done: Node) -> None:
   node.op, node.srcs, node.arg, node.buffer, node.view = "buf", (), None, done.buffer, done.view
 
 
-#: threads per group of the fused kernels, and groups at most (the rest is the grid-stride loop): 65535, the least
-#: per-axis limit of the backends (WebGPU's maxComputeWorkgroupsPerDimension)
+#: threads per group of the fused kernels, and groups at most along an axis: 65535, the least per-axis limit of the
+#: backends (WebGPU's maxComputeWorkgroupsPerDimension); an elementwise kernel past it takes a second axis (_ew_grid),
+#: a reduction to many outputs loops (_reduce_kernel)
 _GROUP, _MAX_GROUPS = 256, 65535
-#: chunks of _VEC contiguous elements per thread and step of an elementwise kernel, a grid apart: four bring a large one
-#: near a device copy's bandwidth, where one falls well short (bench/gpu_cuda.py's tensor_u* rows; docs/performance.md)
-_UNROLL = 4
+#: chunks of _VEC contiguous elements per thread of an elementwise kernel, `_GROUP` apart (_ew_grid): one, with as many
+#: groups as that takes, is what the IR's own vector-access kernel does at a device copy's bandwidth
+#: (bench/gpu_cuda.py's tensor_u* rows; docs/performance.md)
+_UNROLL = 1
 #: elements of a chunk: one vector load or store of each contiguous aligned view (4 float32 = 16 bytes; 8-byte dtypes
 #: take two of 2), see plugrt.compiler.ir's vector access
 _VEC = 4
-#: a reduction over all of a source of at least _PARTIAL_MIN elements runs in stages: partial results (_partial_kernel:
-#: _REDUCE_GROUPS groups at most, each thread at least _REDUCE_CHUNKS chunks) while they are many, then one group
-#: (_group_kernel); below it, one thread's loop (_reduce_kernel)
-_PARTIAL_MIN, _REDUCE_GROUPS, _REDUCE_CHUNKS = 4 * 256, 1024, 16
+#: a reduction over all of a source of at least _PARTIAL_MIN elements runs in stages (_group_kernel): one partial result
+#: per group (_REDUCE_GROUPS groups at most, each thread at least _REDUCE_CHUNKS chunks) while the elements are many, then
+#: one group; below it, one thread's loop (_reduce_kernel). _REDUCE_UNROLL: chunks each thread loads per step of its loop
+#: (bench/gpu_cuda.py's tensor_sum_* rows)
+_PARTIAL_MIN, _REDUCE_GROUPS, _REDUCE_CHUNKS, _REDUCE_UNROLL = 4 * 256, 1024, 16, 4
 #: a repr prints every element up to _PRINT_THRESHOLD of them, past it _PRINT_EDGE at each end of each long axis (numpy's defaults)
 _PRINT_THRESHOLD, _PRINT_EDGE = 1000, 3
 #: counters for tests and tuning: kernels_run counts fused/reduce kernels launched by tensors
