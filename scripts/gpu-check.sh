@@ -48,7 +48,7 @@ if [ "$ONLY" = "launch" ]; then
   # the core-owned launch (issue 28): CUDA's and NV's programs and graphs on the GPU, the seeds' GPU snippets, NVDEC (its
   # decoder opens on the registry's worker since issue 32), then the launch rows of the tree before (.ab-old) and this one
   echo "== launch: CUDA tests, seeds' snippets, NVDEC"
-  timeout ${LAUNCH_CUDA_S:-240} $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=200 --tb=short -rfE plugins/ops_cuda/tests \
+  [ "${LAUNCH_TESTS:-1}" != 0 ] && timeout ${LAUNCH_CUDA_S:-240} $PY -m pytest -q -p no:cacheprovider -o faulthandler_timeout=200 --tb=short -rfE plugins/ops_cuda/tests \
     tests/test_launchargs.py tests/test_launch_protocol.py tests/test_seed_snippets.py tests/test_conformance.py tests/test_adversarial_threads.py \
     tests/test_vector_ir.py tests/test_adversarial_vector.py tests/test_tensor.py \
     -k "not multi and not Multi and not thousand" \
@@ -56,7 +56,7 @@ if [ "$ONLY" = "launch" ]; then
   # NV's PCI interface: its probe (reads sysfs files and links only) lists the GPU and says why it is not opened
   echo "== NV PCI probe: $($PY -c 'from plugrt_nv_pci import probe_tree; from plugrt_nv_pci.sysfs import PCI_DEVICES; print(probe_tree(PCI_DEVICES))' 2>&1)"
   echo "== launch: NV tests"
-  env PLUGRT_PLUGINS=nv,nv-nvk,nv-pci,cpu,python PLUGRT_NV_TIMEOUT=10 timeout ${LAUNCH_NV_S:-150} $PY -m pytest -q -p no:cacheprovider \
+  [ "${LAUNCH_TESTS:-1}" != 0 ] && env PLUGRT_PLUGINS=nv,nv-nvk,nv-pci,cpu,python PLUGRT_NV_TIMEOUT=10 timeout ${LAUNCH_NV_S:-150} $PY -m pytest -q -p no:cacheprovider \
     -o faulthandler_timeout=120 --tb=short -rfE plugins/ops_nv/tests tests/test_dsl.py tests/test_tensor.py -k "not multi" \
     2>&1 | tee "$OUT/launch_nv_tests.txt" | grep -E "^(FAILED|ERROR)|NVError|passed|failed" | tail -30
   AB_OLD=${AB_OLD:-.ab-old}  # the tree before (git archive of a commit), e.g. AB_OLD=.ab-step3
@@ -64,9 +64,10 @@ if [ "$ONLY" = "launch" ]; then
     AB="./core ./plugins/ops_cpu ./plugins/ops_cuda ./plugins/ops_nv ./plugins/ops_nv/iface_nvk"
     for t in ./plugins/nvidia_toolchain ./plugins/ops_cuda/toolchain; do [ -d "$AB_OLD/$t" ] && AB="$AB $t"; done
     (cd "$AB_OLD" && $PY -m pip install -q --no-deps --no-build-isolation --no-compile --target /tmp/ab-old $AB 2>&1 | tail -2)
-    for r in 1 2 3; do for side in /tmp/site /tmp/ab-old; do
-      echo "-- $side NV: $(PYTHONPATH=$side timeout 60 $PY bench/nv_launch_parts.py 2>&1 | head -1)"
-      echo "-- $side CUDA: $(PYTHONPATH=$side timeout 90 $PY bench/cuda_launch.py 2>&1 | grep -E 'plugrt prg' | tr -s ' ')"
+    for r in $(seq 1 "${AB_ROUNDS:-3}"); do for side in /tmp/site /tmp/ab-old; do
+      b=bench; [ "$side" = /tmp/ab-old ] && [ -f "$AB_OLD/bench/cuda_launch.py" ] && b="$AB_OLD/bench"  # each tree's own script
+      echo "-- $side NV: $(PYTHONPATH=$side timeout 60 $PY $b/nv_launch_parts.py 2>&1 | head -1)"
+      echo "-- $side CUDA: $(PYTHONPATH=$side timeout 90 $PY $b/cuda_launch.py 2>&1 | grep -E 'plugrt prg' | tr -s ' ')"
     done; done 2>&1 | tee "$OUT/launch_ab.txt"
   fi
   exit 0
