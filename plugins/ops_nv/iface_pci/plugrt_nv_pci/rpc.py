@@ -64,8 +64,9 @@ def system_info_of(fn: Any) -> bytes:
   """GSP_SET_SYSTEM_INFO's payload for PCI function `fn` (sysfs.PCIFunction): its BARs' bus addresses (BAR0, BAR1 and
   BAR3 from `resource`), its ids (config 0x00: vendor and device), revision (0x08) and subsystem ids (0x2C)."""
   res = fn.resources()
-  bars = tuple(res[i][0] if i < len(res) else 0 for i in (0, 1, 3))
-  (ids,), revision, (subsystem,) = struct.unpack("<I", fn.config(0, 4)), fn.config(8, 1)[0], struct.unpack("<I", fn.config(0x2C, 4))
+  bars = tuple(res[i].start if i < len(res) else 0 for i in (0, 1, 3))
+  (ids,), revision = struct.unpack("<I", fn.config_bytes(0, 4)), fn.config_bytes(8, 1)[0]
+  (subsystem,) = struct.unpack("<I", fn.config_bytes(0x2C, 4))
   return system_info(bars, bdf_of(fn.address), ids, subsystem, revision)  # type: ignore[arg-type]
 
 
