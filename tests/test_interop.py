@@ -206,6 +206,28 @@ def test_a_dropped_from_blob_buffer_never_waits_for_the_device_in_its_finalizer(
     if state is not None: del state.synchronize
 
 
+def test_a_process_waits_for_each_opened_devices_queued_work_at_exit():
+  """At exit every opened device waits for its queued work before the interpreter tears down what that work reads (the
+  owners of dropped wrapped buffers, which go at a synchronize), on each device that queues work."""
+  import subprocess
+  import sys
+
+  from plugrt import Device
+  names = [n for n in ("CL", "WEBGPU") if n in Device.available()]
+  if not names: pytest.skip("no device here queues work")
+  code = """
+import sys
+from plugrt import Device
+for name in sys.argv[1:]:
+  state = Device[name].info.state
+  real = state.synchronize
+  state.synchronize = lambda real=real, name=name: (print("waited", name, flush=True), real())[1]
+"""
+  r = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert sorted(r.stdout.split("\n")[:-1]) == sorted(f"waited {n}" for n in names), r.stdout
+
+
 def test_dropping_a_from_blob_buffer_waits_for_the_work_queued_on_it():
   """An external buffer lets go of its owner (keepalive) only after the device has finished the work queued on it: a
   kernel still reading a dropped from_blob array must not read freed memory. 64 MiB arrays are unmapped by free, so a

@@ -6,7 +6,9 @@ RuntimeDevice; plugrt.device's `Device["CPU"]` asks it. This module sits below t
 """
 from __future__ import annotations
 
+import atexit
 import math
+import weakref
 from _thread import allocate_lock  # threading's locks, without importing threading (discovery would pay for it)
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -20,6 +22,18 @@ if TYPE_CHECKING:
 
 #: opens a device by name (None: the default) in the process's registry; plugrt.registry installs it when it loads
 open_by_name: Callable[[str | None], RuntimeDevice] | None = None
+
+_OPENED: weakref.WeakSet[RuntimeDevice] = weakref.WeakSet()
+
+
+@atexit.register
+def _wait_for_queued_work_at_exit() -> None:
+  """A process that ends with work still queued waits for it before the interpreter tears down: the work may read
+  memory whose owner goes with the interpreter (wrapped host arrays let go at a synchronize), and a driver's worker
+  threads may still run it (PoCL's did, and the process died at exit). A device that cannot wait raises: ignored here."""
+  for dev in list(_OPENED):
+    try: dev.synchronize()
+    except Exception: pass
 
 
 class RuntimeDevice:
@@ -39,6 +53,7 @@ class RuntimeDevice:
     self._peer_paths: dict[str, str] = {}  # destination device -> how copies to it travel (Allocator.peer_path), asked once
     #: owners (keepalive) of dropped wrapped buffers that queued work may still read: let go at the next synchronize
     self._owners_after_work: list[Any] = []
+    _OPENED.add(self)
 
   @property
   def compiler(self) -> Compiler | None:
