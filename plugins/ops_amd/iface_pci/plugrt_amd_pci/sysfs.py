@@ -20,6 +20,8 @@ import os
 
 from plugrt import pcisysfs
 from plugrt.pcisysfs import PCI_DEVICES, PCI_DRIVERS, Resource, vfio_available
+from plugrt_amd.device import AcknowledgementRequired
+from plugrt_amd_pci.regs import RegisterError
 
 __all__ = ["PCI_DEVICES", "PCI_DRIVERS", "MappedBAR", "PCIFunction", "Resource", "vfio_available"]
 
@@ -27,9 +29,7 @@ __all__ = ["PCI_DEVICES", "PCI_DRIVERS", "MappedBAR", "PCIFunction", "Resource",
 class MappedBAR(pcisysfs.MappedBAR):
   """One BAR mmapped from its sysfs resource file: an MMIO (read32/write32) for plugrt_amd_pci.regs."""
 
-  def out_of_range(self, message: str) -> Exception:
-    from plugrt_amd_pci.regs import RegisterError
-    return RegisterError(message)
+  def out_of_range(self, message: str) -> Exception: return RegisterError(message)
 
 
 class PCIFunction(pcisysfs.PCIFunction):
@@ -43,7 +43,6 @@ class PCIFunction(pcisysfs.PCIFunction):
   def take(self, allow_unbind: bool = False, ack: str = "PLUGRT_AMD_ALLOW_UNBIND") -> None:  # type: ignore[override]
     """Make the function ours: unbind its driver (only with `allow_unbind`; else AcknowledgementRequired with the command), enable it."""
     if (drv := self.driver()) and not allow_unbind:
-      from plugrt_amd.device import AcknowledgementRequired
       raise AcknowledgementRequired(f"{self.address} is bound to the {drv} driver: plugrt does not unbind it without {ack}=1",
                                     f"unbind it yourself: {self.unbind_command()}  (and bind it back later: echo {self.address} | "
                                     f"sudo tee {os.path.join(self.drivers, drv, 'bind')}); or set {ack}=1 and plugrt unbinds it "
