@@ -523,7 +523,10 @@ class Program:
     last and puts in the buffers alone (a kernel run on each new frame or tensor, each in memory of its own). Any other
     call answers False, and the backend prepares it in full, check_args raising what is wrong."""
     if not (vals == last.vals and (global_size, local_size) == last.dims and len(bufs) == self.nbufs): return False
-    return all(isinstance(b, BufferBase) and b.device is self.device and b.dtype is dt for b, dt in zip(bufs, self.signature.buffers))
+    dev = self.device
+    for b, dt in zip(bufs, self.signature.buffers):  # (a loop, not all() over a generator: this runs on every new buffer)
+      if not (isinstance(b, BufferBase) and b.device is dev and b.dtype is dt): return False
+    return True
 
   def check_args(self, bufs: Sequence[Any], vals: Sequence[Any], global_size: Any, local_size: Any) \
       -> tuple[tuple[int, int, int], tuple[int, int, int]]:

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 from plugrt.compiler.arith import ir_floordiv, ir_math, promote
 from plugrt.compiler.ir import VECTOR_BYTES, Kernel, KernelBuilder, Val
 from plugrt.device import Buffer, RuntimeDevice, _device
-from plugrt.dtype import DType, ImageDType, dtypes
+from plugrt.dtype import DType, ImageDType, cast_value, dtypes
 
 Shape = tuple[int, ...]
 
@@ -197,6 +197,7 @@ def _apply(op: str, srcs: list[Val], node: Node) -> Val:
 
 class _Ctx:
   """One realisation: its inputs (buffer views and constants, in kernel-parameter order) and its cache key."""
+  __slots__ = ("aligned", "index", "leaves")
 
   def __init__(self) -> None:
     self.leaves: list[Node] = []
@@ -204,22 +205,26 @@ class _Ctx:
     self.aligned: list[bool] = []  # per leaf: a contiguous view whose first element is aligned for vector loads
 
   def leaf(self, n: Node) -> int:
-    k = (id(n.buffer), n.view.shape, n.view.strides, n.view.offset) if n.op == "buf" else id(n)
-    if k not in self.index:
-      self.index[k] = len(self.leaves)
+    if n.op == "buf":
+      v = n.view
+      k: Any = (id(n.buffer), v.shape, v.strides, v.offset)
+    else: k = id(n)
+    if (i := self.index.get(k)) is None:
+      i = self.index[k] = len(self.leaves)
       self.leaves.append(n)
       self.aligned.append(n.op == "buf" and n.view.is_contiguous and vector_aligned(n.buffer, n.view.offset))
-    return self.index[k]
+    return i
 
   def key(self, n: Node, memo: dict[int, Any]) -> Any:
-    if id(n) in memo: return ("ref", memo[id(n)])
+    if (seen := memo.get(id(n))) is not None: return ("ref", seen)
     # a leaf's shape is part of its kernel: a reduction loops over its source's extent, which the reduce node's own
     # (output) shape does not give; without it a sum of 3 and one of 4 elements, both to shape (1,), would share a kernel
-    if n.op == "buf":
+    op = n.op
+    if op == "buf":
       i = self.leaf(n)
       out: Any = ("buf", i, n.dtype.name, n.view.shape, n.view.strides, self.aligned[i])
-    elif n.op == "const": out = ("const", self.leaf(n), n.dtype.name)
-    else: out = (n.op, n.dtype.name, n.arg, n.shape, tuple(self.key(s, memo) for s in n.srcs))
+    elif op == "const": out = ("const", self.leaf(n), n.dtype.name)
+    else: out = (op, n.dtype.name, n.arg, n.shape, tuple([self.key(s, memo) for s in n.srcs]))
     memo[id(n)] = len(memo)
     return out
 
@@ -621,6 +626,7 @@ def _shape_of(data: Any) -> Shape:
 
 
 def _broadcast(a: Shape, b: Shape) -> Shape:
+  if a == b: return a
   n = max(len(a), len(b))
   a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
   out = []
@@ -885,6 +891,9 @@ class Tensor:
       dt = a.dtype
       if isinstance(other, float) and dt.kind != "f": dt = dtypes.default_float
       elif isinstance(other, int) and not isinstance(other, bool) and dt is dtypes.bool: dt = dtypes.default_int
+      if dt is a.dtype:  # the common case, a scalar in the tensor's own dtype: the constant takes a's shape directly
+        b = Node("const", dt, a.shape, a.device, arg=_py(other, dt))
+        return (b, a) if reverse else (a, b)
       b = self._const(other, dt)
     else: return NotImplemented  # type: ignore[return-value]
     a, b = _cast_node(a, dt), _cast_node(b, dt)
@@ -1105,9 +1114,7 @@ def _wrap(node: Node) -> Tensor:
   return t
 
 
-def _py(x: Any, dt: DType) -> Any:
-  from plugrt.dtype import cast_value
-  return cast_value(x, dt)
+_py = cast_value  # a Python scalar as a kernel's cast of it to dt would give it
 
 
 def _cast_node(n: Node, dt: DType) -> Node:

@@ -253,9 +253,17 @@ class CUDAProgram(Program):
     self._tramp = trampoline.make()  # the launch's eleven arguments as 8-byte slots, for the one-argument trampoline (see trampoline.py)
     self.launch_limits = self.state.launch_limits
 
+  @staticmethod
+  def _params(bufs: tuple, scalars: Sequence[Any]) -> tuple[list[Any], Any]:
+    """cuLaunchKernel's kernelParams (each parameter's address) and the objects holding the values: the buffers'
+    addresses in one array, then the packed scalars."""
+    handles = (ctypes.c_uint64 * len(bufs))(*[b.handle for b in bufs])
+    at = ctypes.addressof(handles)
+    addrs = [at + 8 * i for i in range(len(bufs))] + [ctypes.addressof(v) for v in scalars]
+    return [handles, *scalars], (ctypes.c_void_p * max(len(addrs), 1))(*addrs)
+
   def _encode(self, bufs: tuple, scalars: tuple, gs: tuple[int, int, int], ls: tuple[int, int, int]) -> _Launch:
-    values = [ctypes.c_uint64(b.handle) for b in bufs] + list(scalars)
-    params = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+    values, params = self._params(bufs, scalars)
     u, stream = ctypes.c_uint, self.state.stream
     args = (self.fn, u(gs[0]), u(gs[1]), u(gs[2]), u(ls[0]), u(ls[1]), u(ls[2]), u(0), stream, params, None)
     slots = (ctypes.c_uint64 * trampoline.SLOTS)(self._launch_addr, self.fn.value, *gs, *ls, 0, stream.value or 0, ctypes.addressof(params), 0)
@@ -263,10 +271,9 @@ class CUDAProgram(Program):
 
   def _rebind(self, last: PreparedCall, bufs: tuple) -> _Launch:
     """The scalars and sizes of `last` with other buffers (a kernel run on each new frame, each in memory of its own):
-    last's packed scalar objects, never changed once built, are shared, and only the buffers' are new."""
+    last's packed scalar objects, never changed once built, are shared, and only the buffers' addresses are new."""
     assert isinstance(last, _Launch)
-    values = [ctypes.c_uint64(b.handle) for b in bufs] + last.values[len(bufs):]
-    params = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+    values, params = self._params(bufs, last.values[1:])
     slots = (ctypes.c_uint64 * trampoline.SLOTS)(*last.slots)
     slots[_PARAMS_SLOT] = ctypes.addressof(params)
     return self._launch_of(values, last.args[:-2] + (params, None), slots)
