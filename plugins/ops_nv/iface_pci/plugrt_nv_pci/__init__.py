@@ -88,7 +88,7 @@ def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any =
   (RPCError, MalformedRPC) for what the GPU or GSP-RM answers, NotBuilt for Blackwell's FSP boot. On any failure the
   function is reset (once the boot changed the GPU), re-disabled and bound back before the error is raised."""
   from plugrt.errors import DeviceUnavailable
-  from plugrt_nv_pci import boot, rpc
+  from plugrt_nv_pci import boot, bringup, rpc
   from plugrt_nv_pci.chips import generation_of_device
   from plugrt_nv_pci.dma import PagemapDMA
   from plugrt_nv_pci.errors import AcknowledgementRequired
@@ -119,7 +119,7 @@ def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any =
     regs = (bars or PCIFunction.map_bar)(fn, REGISTER_BAR)
     vram = (bars or PCIFunction.map_bar)(fn, VRAM_BAR)
     allocator = (dma or PagemapDMA)(fn.dir)
-    booted = boot.bring_up(regs, vram.write, allocator, ctx.get(FIRMWARE) or FIRMWARE_ROOT, label, timeout, rpc.system_info_of(fn),
+    booted = bringup.bring_up(regs, vram.write, allocator, ctx.get(FIRMWARE) or FIRMWARE_ROOT, label, timeout, rpc.system_info_of(fn),
                            started=lambda: setattr(fn, "reset_on_release", True))
     return PCIInterface(fn, regs, vram, allocator, booted, label)
   except Exception as e:
