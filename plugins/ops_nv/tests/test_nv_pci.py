@@ -62,7 +62,8 @@ def test_probe_lists_candidates_by_generation_and_touches_nothing(tmp_path) -> N
   assert p.ok and p.count == 2, p
   for part in (f"{A} (device 0x2204, Ampere GA10x, driver nvidia; bound to nvidia: opening takes it from every program that uses it)",
                f"{B} (device 0x2684, Ada AD10x, driver none)", f"{H} (device 0x2335, Hopper GH100", "Hopper (GH100) is not in the seeds' PCI list",
-               "needs PLUGRT_NV_ALLOW_UNBIND=1", "never run on hardware", "tested end to end against a fake GPU only"):
+               "needs PLUGRT_NV_ALLOW_UNBIND=1", "never run on hardware", "tested end to end against fake GPUs only",
+               "Blackwell GB20x, whose FSP boot has never met a real FSP"):
     assert part in p.detail, (part, p.detail)
   assert "0000:09:00.0" not in p.detail  # the AMD GPU beside them
   assert sorted(os.walk(rig.devices)) == before and rig.kernel.log == []

@@ -1,4 +1,5 @@
-"""The GSP boot of a GA10x/AD10x GPU from user space, step by step (docs/research/nv-pci.md, "Boot sequence"):
+"""The GSP boot of a GA10x/AD10x GPU from user space, step by step (docs/research/nv-pci.md, "Boot sequence"), and the
+parts GB20x's boot through the FSP (plugrt_nv_pci.boot_fsp) shares (arguments, queues, sequencer, GSP-RM's init):
 
 1. identify: NV_PMC_BOOT_42 names the chip (chips.CHIPS); one plugrt does not know stops here.
 2. GFW boot: the VBIOS's own boot (devinit) has finished: bit 0 of NV_PGC6_AON_SECURE_SCRATCH_GROUP_05_PRIV_LEVEL_MASK
