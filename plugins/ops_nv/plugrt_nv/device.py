@@ -427,10 +427,10 @@ class NVProgram(HCQProgram):
                              f"{SLOT - 24 * 4 - CBUF_OFF - k.param_base}")
     self.blob = bytearray(self.cmd_off)
     self.blob[CBUF_OFF:CBUF_OFF + len(k.cbuf0)] = k.cbuf0
-    dims, windows, stack = fam.cbuf0
+    block, grid, windows, stack = fam.cbuf0
     struct.pack_into("<QQ", self.blob, CBUF_OFF + windows, SHARED_WINDOW, LOCAL_WINDOW)
     struct.pack_into("<I", self.blob, CBUF_OFF + stack, hw.STACK_TOP)
-    self.dims_off = CBUF_OFF + dims
+    self.block_off, self.grid_off = CBUF_OFF + block, CBUF_OFF + grid
     self.arg_offs = [CBUF_OFF + k.param_base + off for off, _ in k.params]
     self.max_threads = min(1024, 65536 // round_up(max(1, k.regs) * 32, 256) // 4 * 4 * 32)
     # the QMD's grid (x < 2**31, y and z < 65536) and block (1024, 1024, 64) fields; threads per block as this kernel's registers allow
@@ -449,7 +449,8 @@ class NVProgram(HCQProgram):
     blob = self.blob
     self.qmd.set_dims(gs, ls)
     blob[:len(self.qmd.buf)] = self.qmd.buf
-    struct.pack_into("<6I", blob, self.dims_off, *ls, *gs)
+    struct.pack_into("<3I", blob, self.block_off, *ls)
+    struct.pack_into("<3I", blob, self.grid_off, *gs)
     for o, b in zip(self.arg_offs, bufs): struct.pack_into("<Q", blob, o, b.handle)
     for o, arg in zip(self.arg_offs[self.nbufs:], scalars): blob[o:o + len(arg)] = arg
     off, _, hi = self.cbuf_patch

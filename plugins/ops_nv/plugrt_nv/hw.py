@@ -18,16 +18,19 @@ class Family:
   usermode: tuple[int, ...]    # usermode (doorbell) classes
   qmd: int                     # QMD major version its compute class reads
   carveouts_kb: tuple[int, ...]  # legal shared-memory carveouts per SM, ascending
-  cbuf0: tuple[int, int, int] | None = (0x00, 0x18, 0x28)  # constant bank 0's driver area: block/grid dims, shared+local windows, stack top
+  # constant bank 0's driver area (byte offsets): block dims (3 words), grid dims (3 words), shared+local windows (2 x 8 bytes), stack
+  # top; None: not known, plugrt-nv refuses to launch rather than guess
+  cbuf0: tuple[int, int, int, int] | None = (0x00, 0x0C, 0x18, 0x28)
   tested: bool = False         # has this family run plugrt's conformance suite?
   video: tuple[int, ...] = ()  # video decoder (NVDEC) classes, preferred first (plugrt_nv.nvdec)
 
 
 FAMILIES = (
-  # Blackwell moved the driver area of constant bank 0 (windows at 0x2f0, stack top at 0x37c) and where it keeps the launch
-  # dimensions is not known here yet: cbuf0=None makes plugrt-nv refuse to launch there rather than guess
+  # Blackwell moved constant bank 0's driver area: block dims at 0x360, grid dims at 0x370, the windows at 0x2f0 and the stack top
+  # at 0x37c, as ptxas 13.0 compiles %ntid, %nctaid, cvta.shared/local and the stack pointer for sm_100 and sm_120
+  # (docs/research/nv-pci.md, "Blackwell GB20x"); never run on hardware
   Family("Blackwell", compute=(0xCEC0, 0xCDC0), copy=(0xCAB5, 0xC9B5), gpfifo=(0xCA6F, 0xC96F), usermode=(0xC761,), qmd=5,
-         carveouts_kb=(0, 8, 16, 32, 64, 100), cbuf0=None, video=(0xCFB0, 0xCDB0)),
+         carveouts_kb=(0, 8, 16, 32, 64, 100), cbuf0=(0x360, 0x370, 0x2F0, 0x37C), video=(0xCFB0, 0xCDB0)),
   Family("Hopper", compute=(0xCBC0,), copy=(0xC8B5,), gpfifo=(0xC86F, 0xC56F), usermode=(0xC661,), qmd=4,
          carveouts_kb=(0, 8, 16, 32, 64, 100, 132, 164, 196, 228), tested=True, video=(0xB8B0,)),
   Family("Ada", compute=(0xC9C0,), copy=(0xC7B5,), gpfifo=(0xC56F,), usermode=(0xC561, 0xC461), qmd=3, carveouts_kb=(0, 8, 16, 32, 64, 100),
@@ -96,7 +99,7 @@ SUBCH_COMPUTE, SUBCH_COPY = 1, 4
 USERMODE_DOORBELL = 0x90   # usermode page: write a channel's work-submit token here
 USERD_GP_PUT, USERD_GP_GET = 0x8C, 0x88
 SHARED_RESERVE = 0x400     # CUDA code on sm_80+ keeps the first 1 KiB of shared memory for itself
-STACK_TOP = 0xFFFDC0       # initial stack pointer in the local-memory window (cbuf0 word at 0x28)
+STACK_TOP = 0xFFFDC0       # initial stack pointer in the local-memory window (the cbuf0 word at Family.cbuf0[3])
 LOCAL_ABI = 0x240          # bytes of local memory above STACK_TOP every CUDA thread may touch
 
 

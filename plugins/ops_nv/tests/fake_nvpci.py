@@ -116,13 +116,14 @@ def bin_file(header: bytes, image: bytes) -> bytes:
 
 
 class FakeFirmware:
-  """linux-firmware's files for `chip` ("ga102", "ad102") under `root`/nvidia/<chip>/gsp/, with made-up contents."""
+  """linux-firmware's files for `chip` ("ga102", "ad102"; fake_nvpci_gb.FakeFirmwareGB adds GB202's FMC) under
+  `root`/nvidia/<chip>/gsp/, with made-up contents."""
 
   def __init__(self, root: str, chip: str, image_pages: int = 600):
     rnd = random.Random(chip)
     self.root, self.chip = root, chip
     self.gsp_image = bytes(rnd.getrandbits(8) for _ in range(image_pages * PAGE - 123))
-    self.signatures = {f".fwsignature_{c}": bytes(rnd.getrandbits(8) for _ in range(0x1000)) for c in ("ga10x", "ad10x")}
+    self.signatures = {f".fwsignature_{c}": bytes(rnd.getrandbits(8) for _ in range(0x1000)) for c in ("ga10x", "ad10x", "gb20x")}
     self.bootloader = bytes(rnd.getrandbits(8) for _ in range(0x3000))
     self.desc = firmware.RiscvUcodeDesc(version=4, monitorCodeOffset=0x1000, monitorDataOffset=0x2000, manifestOffset=0x2800)
     # booter_load: the OS data at 0x200 of the image, the app's code at 0x1000; two signatures in the file, of which the
@@ -314,18 +315,29 @@ class FakeVRAM:
       self.base = 0
 
 
-def translate(vram: FakeVRAM, root: int, va: int) -> tuple[int, int] | None:
-  """What the GPU-MMU (version 2) makes of `va` with the page directory at `root`: (aperture, address) or None (a
-  fault), read from the NV_MMU_VER2 field layout independently of plugrt_nv_pci.mmu."""
+#: the page-table walks the fake's MMU makes, per GPU-MMU version: (VA shift, index bits, entry bytes) of each directory
+#: level, and how an entry names the next table: version 2 (tu102 dev_mmu.h) keeps the address >> 12 from bit 8,
+#: version 3 (gh100 dev_mmu.h) the address itself in bits 51:12, with its PTE KIND in 11:8 rather than 63:56
+WALKS = {2: ((47, 2, 8), (38, 9, 8), (29, 9, 8), (21, 8, 16)), 3: ((56, 1, 8), (47, 9, 8), (38, 9, 8), (29, 9, 8), (21, 8, 16))}
+
+
+def entry_address(e: int, version: int) -> int:
+  return (e >> 8 & ((1 << 46) - 1)) << 12 if version == 2 else e & ((1 << 52) - 1) & ~0xFFF
+
+
+def translate(vram: FakeVRAM, root: int, va: int, version: int = 2) -> tuple[int, int] | None:
+  """What the GPU-MMU (version 2 or 3) makes of `va` with the page directory at `root`: (aperture, address) or None (a
+  fault), read from the NV_MMU_VER2/VER3 field layouts independently of plugrt_nv_pci.mmu."""
   table = root
-  for shift, bits, size in ((47, 2, 8), (38, 9, 8), (29, 9, 8), (21, 8, 16)):
+  for shift, bits, size in WALKS[version]:
     raw = vram.read(table + (va >> shift & ((1 << bits) - 1)) * size, size)
     e = struct.unpack("<Q", raw[8:16] if size == 16 else raw)[0]   # a dual PDE: the small-page half
     if e & 1 or e >> 1 & 3 != 1: return None                     # IS_PTE, or not a video-memory table
-    table = (e >> 8 & ((1 << 46) - 1)) << 12
+    table = entry_address(e, version)
   e = struct.unpack("<Q", vram.read(table + (va >> 12 & 511) * 8, 8))[0]
-  if not e & 1 or e >> 56 != 6: return None                       # invalid, or not generic memory
-  return e >> 1 & 3, (e >> 8 & ((1 << 46) - 1)) << 12 | va & 0xFFF
+  kind = e >> 56 if version == 2 else e >> 8 & 0xF
+  if not e & 1 or kind != 6: return None                          # invalid, or not generic memory
+  return e >> 1 & 3, entry_address(e, version) | va & 0xFFF
 
 
 class FakeFalconModel:
@@ -507,11 +519,14 @@ class FakeBAR0:
 #: what the fake GSP-RM offers per architecture: classes (device, subdevice, memory, VA space, channel objects, and the
 #: generation's compute, copy, GPFIFO and usermode classes) and GR's sizes (an RTX 3090-like GA102, an RTX 4090-like AD102)
 CLASSES = {0x17: [0x80, 0x2080, 0x70, 0x90F1, 0xA06C, 0x9067, 0xC56F, 0xC561, 0xC7C0, 0xC7B5, 0xC6B5],
-           0x19: [0x80, 0x2080, 0x70, 0x90F1, 0xA06C, 0x9067, 0xC56F, 0xC561, 0xC9C0, 0xC7B5]}
-GR = {0x17: {0x0C: 0x806, 0x0D: 48, 0x14: 7, 0x17: 6, 0x1D: 10496, 0x20: 2}, 0x19: {0x0C: 0x809, 0x0D: 48, 0x14: 12, 0x17: 6, 0x1D: 16384, 0x20: 2}}
-GPFIFO, COMPUTE, COPY = (0xC56F,), (0xC7C0, 0xC9C0, 0xC6C0), (0xC7B5, 0xC6B5)
-PARAM_SIZES = {0x0: 120, 0x80: 56, 0x2080: 4, 0x90F1: 48, 0xA06C: 20, 0x9067: 12, 0xC56F: 368, **{c: 0 for c in COMPUTE + COPY}}
-PARENTS = {0x80: (0x0,), 0x2080: (0x80,), 0x90F1: (0x80,), 0xA06C: (0x80,), 0x9067: (0xA06C,), 0xC56F: (0x80, 0xA06C),
+           0x19: [0x80, 0x2080, 0x70, 0x90F1, 0xA06C, 0x9067, 0xC56F, 0xC561, 0xC9C0, 0xC7B5],
+           0x1B: [0x80, 0x2080, 0x70, 0x90F1, 0xA06C, 0x9067, 0xCA6F, 0xC761, 0xCEC0, 0xCAB5]}
+GR = {0x17: {0x0C: 0x806, 0x0D: 48, 0x14: 7, 0x17: 6, 0x1D: 10496, 0x20: 2}, 0x19: {0x0C: 0x809, 0x0D: 48, 0x14: 12, 0x17: 6, 0x1D: 16384, 0x20: 2},
+      0x1B: {0x0C: 0xA04, 0x0D: 48, 0x14: 12, 0x17: 8, 0x1D: 21760, 0x20: 2}}   # an RTX 5090-like GB202 (170 SMs)
+MMU_VERSION = {0x17: 2, 0x19: 2, 0x1B: 3}
+GPFIFO, COMPUTE, COPY = (0xC56F, 0xCA6F), (0xC7C0, 0xC9C0, 0xC6C0, 0xCEC0), (0xC7B5, 0xC6B5, 0xCAB5)
+PARAM_SIZES = {0x0: 120, 0x80: 56, 0x2080: 4, 0x90F1: 48, 0xA06C: 20, 0x9067: 12, **{c: 368 for c in GPFIFO}, **{c: 0 for c in COMPUTE + COPY}}
+PARENTS = {0x80: (0x0,), 0x2080: (0x80,), 0x90F1: (0x80,), 0xA06C: (0x80,), 0x9067: (0xA06C,), **{c: (0x80, 0xA06C) for c in GPFIFO},
            **{c: GPFIFO for c in COMPUTE + COPY}}
 #: the device info table: (RM engine type, runlist): GR0 on runlist 1, copy engines 0-2 on runlists 2-4
 ENGINES = ((1, 1), (9, 2), (10, 3), (11, 4))
@@ -538,6 +553,7 @@ class FakeRM:
 
   def __init__(self, gpu: FakeBAR0):
     self.gpu, self.arch = gpu, gpu.regs[0xA00] >> 24
+    self.mmu = MMU_VERSION[self.arch]
     self.objects: dict[tuple[int, int], Obj] = {}
     self.clients: set[int] = set()
     self.client: int | None = None            # the first client (what the direct tests look at)
@@ -612,8 +628,8 @@ class FakeRM:
     sizes = {0x800292: 404, rpc.CTRL_KGR_INFO: ctypes.sizeof(rpc.KGR_INFO), rpc.CTRL_DEVICE_INFO_TABLE: 3212, rpc.CTRL_CTX_BUFFERS_INFO: 1664,
              rpc.CTRL_RESERVED_PDES: 184, rpc.CTRL_PROMOTE_CTX: 560, rm.CTRL_SCHEDULE: 2, rm.CTRL_WORK_SUBMIT_TOKEN: 4}
     owner = {0x800292: 0x80, rpc.CTRL_KGR_INFO: 0x2080, rpc.CTRL_DEVICE_INFO_TABLE: 0x2080, rpc.CTRL_CTX_BUFFERS_INFO: 0x2080,
-             rpc.CTRL_RESERVED_PDES: 0x90F1, rpc.CTRL_PROMOTE_CTX: 0x2080, rm.CTRL_SCHEDULE: 0xA06C, rm.CTRL_WORK_SUBMIT_TOKEN: GPFIFO[0]}
-    if cmd not in owner or o.cls != owner[cmd]: return NOT_SUPPORTED, p
+             rpc.CTRL_RESERVED_PDES: 0x90F1, rpc.CTRL_PROMOTE_CTX: 0x2080, rm.CTRL_SCHEDULE: 0xA06C, rm.CTRL_WORK_SUBMIT_TOKEN: GPFIFO}
+    if cmd not in owner or o.cls not in (owner[cmd] if isinstance(owner[cmd], tuple) else (owner[cmd],)): return NOT_SUPPORTED, p
     if size != sizes[cmd]: return INVALID_PARAM_STRUCT, p
     status = 0
     if cmd == 0x800292:   # NV0080_CTRL_CMD_GPU_GET_CLASSLIST_V2
@@ -633,12 +649,15 @@ class FakeRM:
     return status, p[:rpc.CONTROL_HEADER.size] + bytes(body)
 
   def _reserved_pdes(self, p: Any) -> int:
-    """The levels must be the tables a walk to virtAddrLo passes: each level's entry pointing at the next level."""
-    if p.numLevelsToCopy != 3 or p.virtAddrHi - p.virtAddrLo + 1 != p.pageSize: return INVALID_ARGUMENT
-    for i in range(2):
-      shift, bits, _ = mmu.LEVELS[i]
+    """The levels must be the tables a walk to virtAddrLo passes, down to the one whose entries are pageSize: each
+    level's entry pointing at the next level."""
+    walk = WALKS[self.mmu]
+    depth = next((i + 1 for i, (shift, _, _) in enumerate(walk) if 1 << shift == p.pageSize), 0)
+    if not depth or p.numLevelsToCopy != depth or p.virtAddrHi - p.virtAddrLo + 1 != p.pageSize: return INVALID_ARGUMENT
+    for i in range(depth - 1):
+      shift, bits, _ = walk[i]
       e = struct.unpack("<Q", self.gpu.vram.read(p.levels[i].physAddress + (p.virtAddrLo >> shift & ((1 << bits) - 1)) * 8, 8))[0]
-      if e >> 1 & 3 != 1 or (e >> 8 & ((1 << 46) - 1)) << 12 != p.levels[i + 1].physAddress: return INVALID_ARGUMENT
+      if e >> 1 & 3 != 1 or entry_address(e, self.mmu) != p.levels[i + 1].physAddress: return INVALID_ARGUMENT
     return 0
 
   def _promote(self, client: int, p: Any) -> int:
@@ -647,7 +666,7 @@ class FakeRM:
     if not 0 < p.entryCount <= 16: return INVALID_ARGUMENT
     for e in p.promoteEntry[:p.entryCount]:
       if e.gpuPhysAddr and not self._vram_ok(e.gpuPhysAddr, e.size): return INVALID_ARGUMENT
-      if e.gpuVirtAddr and "vaspace" in ch.kw and translate(self.gpu.vram, ch.kw["vaspace"].kw["root"], e.gpuVirtAddr) is None:
+      if e.gpuVirtAddr and "vaspace" in ch.kw and translate(self.gpu.vram, ch.kw["vaspace"].kw["root"], e.gpuVirtAddr, self.mmu) is None:
         return INVALID_ARGUMENT                            # a virtual address the channel's VA space does not map
       ch.kw["promoted"].update({e.bufferId} if e.gpuPhysAddr and e.gpuVirtAddr else {(e.bufferId, "p" if e.gpuPhysAddr else "v")})
     return 0
@@ -659,7 +678,7 @@ class FakeRM:
     if not chans: return INVALID_STATE
     root = chans[0].kw["vaspace"].kw["root"]
     engine = self.gpu.engines.get(root)
-    if engine is None: engine = self.gpu.engines[root] = PCIEngine(self.gpu, root, set(CLASSES[self.arch]))
+    if engine is None: engine = self.gpu.engines[root] = PCIEngine(self.gpu, root, set(CLASSES[self.arch]), self.mmu)
     for ch in chans:
       token = ch.kw["chid"] | dict(ENGINES)[1] << 16
       self.tokens.add(token)
@@ -675,7 +694,7 @@ class FakeRM:
     vas, dev = self.objects.get((client, vaspace)), self.objects.get((client, device))
     if vas is None or dev is None or vas.cls != 0x90F1 or dev.cls != 0x80: return OBJECT_NOT_FOUND, p
     if not vas.kw["flags"] & 1 << 3: return INVALID_STATE, p  # only a VA space its client owns takes the client's tables
-    if entries != 4 or root % PAGE or not self._vram_ok(root, PAGE): return INVALID_ARGUMENT, p
+    if entries != 1 << WALKS[self.mmu][0][1] or root % PAGE or not self._vram_ok(root, PAGE): return INVALID_ARGUMENT, p
     vas.kw["root"] = root
     return 0, p
 
@@ -709,11 +728,11 @@ class PCIEngine(FakeEngine):
   the memory file behind BAR1) or to host memory (the DMA allocator's bus pages); an unmapped address faults the
   channel. The doorbell page is watched: any value but a token GSP-RM handed out is a violation."""
 
-  def __init__(self, gpu: FakeBAR0, root: int, classes: set[int]):
+  def __init__(self, gpu: FakeBAR0, root: int, classes: set[int], mmu_version: int = 2):
     view = GPUView()
     super().__init__(view, classes)
     view.engine = self
-    self.gpu, self.root, self.tlb = gpu, root, {}
+    self.gpu, self.root, self.tlb, self.mmu = gpu, root, {}, mmu_version
     self.registered = gpu.registered
     self.doorbells: set[int] = set()
 
@@ -721,7 +740,7 @@ class PCIEngine(FakeEngine):
     page = va & ~(PAGE - 1)
     where = self.tlb.get(page)
     if where is None:
-      where = translate(self.gpu.vram, self.root, page)
+      where = translate(self.gpu.vram, self.root, page, self.mmu)
       if where is None: raise KeyError(f"MMU fault: GPU address {va:#x} is not mapped")
       self.tlb[page] = where
     aperture, addr = where
@@ -758,7 +777,7 @@ class FakeGSP(threading.Thread):
   reply). A channel fault (an engine's error) is reported once as RC_TRIGGERED. `silent` stops it answering;
   `corrupt` garbles the next reply's checksum."""
 
-  def __init__(self, gpu: FakeBAR0):
+  def __init__(self, gpu: FakeBAR0, libos: int | None = None):
     super().__init__(daemon=True, name="fake-gsp")
     self.gpu, self.dma, self.stop = gpu, gpu.dma, False
     self.silent = self.corrupt = False
@@ -770,7 +789,7 @@ class FakeGSP(threading.Thread):
     self.received: list[tuple[int, bytes]] = []
     self.errors: list[str] = []
     self.reported: set[str] = set()
-    libos = gpu.regs[boot.GSP_MAILBOX0] | gpu.regs[boot.GSP_MAILBOX1] << 32
+    if libos is None: libos = gpu.regs[boot.GSP_MAILBOX0] | gpu.regs[boot.GSP_MAILBOX1] << 32  # where the booter flow hands it over
     regions = [boot.LibosMemoryRegionInitArgument.from_buffer_copy(self.dma.read(libos + 32 * i, 32)) for i in range(4)]
     rm_args = next(r for r in regions if r.id8 == boot.id8("RMARGS"))
     args = boot.GspArgumentsCached.from_buffer_copy(self.dma.read(rm_args.pa, ctypes.sizeof(boot.GspArgumentsCached)))
@@ -883,97 +902,3 @@ def init_messages(gpu: FakeBAR0) -> tuple[tuple[int, bytes], ...]:
   the boot's steps directly pass this to boot.start_gsp)."""
   info = rpc.system_info(BAR_ADDRESSES, rpc.bdf_of(gpu.pci_address), 0x10DE | 0x2204 << 16, 0, 0xA1)
   return ((msgq.Function.GSP_SET_SYSTEM_INFO, info), (msgq.Function.SET_REGISTRY, rpc.registry_table()))
-
-
-# ---- a whole fake GPU on a fake PCI bus, opened through plugrt-nv-pci ------------------------------------------------
-
-ADDRESS = "0000:01:00.0"
-CHIPS = {"ga102": AMPERE, "ad102": ADA}
-
-
-class FakePCINV:
-  """One fake NVIDIA GPU (`chip`: "ga102" Ampere, "ad102" Ada) on a fake sysfs tree, bound to nvidia, with its
-  firmware files: `open(device)` runs plugrt-nv-pci's real open path on it (the BARs and the DMA allocator are the
-  fake's). `env()` is what NV_IFACE=PCI needs. Files live in a temporary folder until shutdown()."""
-
-  def __init__(self, chip: str = "ga102", root: str | None = None):
-    import tempfile
-    if chip not in CHIPS: raise ValueError(f"no fake NV chip {chip!r} (have {', '.join(CHIPS)})")
-    self.chip, self.own = chip, root is None
-    self.dir = root or tempfile.mkdtemp(prefix="plugrt-fake-nvpci-")
-    device, boot42 = CHIPS[chip]
-    self.devices, self.drivers = make_sysfs(os.path.join(self.dir, "sys"), [(ADDRESS, device, "nvidia")])
-    self.kernel = KernelWrites(self.devices)
-    self.fw_root = os.path.join(self.dir, "fw")
-    self.firmware = FakeFirmware(self.fw_root, chip)
-    self.dma = FakeDMA()
-    self.gpu = FakeBAR0(boot42, self.dma, self.firmware, config=os.path.join(self.devices, ADDRESS, "config"), pci_address=ADDRESS)
-    self.mapped: list[int] = []
-
-  def bars(self, fn: Any, index: int) -> Any:
-    self.mapped.append(index)
-    return self.gpu.vram if index == 1 else self.gpu
-
-  def open(self, device: Any) -> Any:
-    import plugrt_nv_pci
-    return plugrt_nv_pci.open_pci(device, self.devices, self.drivers, self.kernel, bars=self.bars, dma=lambda d: self.dma)
-
-  def env(self) -> dict[str, str]:
-    return {"NV": "1", "NV_IFACE": "PCI", "NV_PTX": "1", "PLUGRT_NV_ALLOW_UNBIND": "1", "PLUGRT_NV_FIRMWARE": self.fw_root,
-            "PLUGRT_NV_BOOT_TIMEOUT": "5", "PLUGRT_NV_TIMEOUT": "20"}
-
-  def violations(self) -> list[str]:
-    gsp = self.gpu.gsp
-    return [*self.gpu.violations, *self.gpu.vram.violations, *(gsp.errors if gsp is not None else [])]
-
-  def shutdown(self) -> None:
-    import shutil
-    self.gpu.close()
-    if self.own: shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def fake_pci_plugins(fake: FakePCINV) -> list[Any]:
-  """plugrt-nv's real hooks behind a probe that finds the fake (its compiler telling the fake which IR each cubin it
-  builds came from), and a PCI interface plugin whose open is plugrt-nv-pci's on the fake: what the session loads."""
-  import types
-
-  import plugrt_nv
-  from plugrt.hookspecs import InterfaceSpec, Probe, hookimpl
-  found = lambda *a: Probe.found(1, "fake PCI GPU")
-  nv = types.ModuleType("fake_plugrt_nv_pci_backend")
-  spec = plugrt_nv.plugrt_backends()[0]._replace(probe=found)
-  nv.plugrt_backends = hookimpl(lambda: [spec])  # type: ignore[attr-defined]
-  for hook in ("plugrt_open_device", "plugrt_allocator", "plugrt_program", "plugrt_graph"): setattr(nv, hook, getattr(plugrt_nv, hook))
-  nv.plugrt_compiler = hookimpl(lambda device, compiler: recording_compiler(device, compiler, fake.gpu))  # type: ignore[attr-defined]
-  iface = types.ModuleType("fake_plugrt_nv_pci")
-  iface.plugrt_interfaces = hookimpl(lambda: [InterfaceSpec("NV", "PCI", found, auto=False,  # type: ignore[attr-defined]
-                                                            description="plugrt-nv-pci on the fake GPU of a fake sysfs tree")])
-  iface.plugrt_open_interface = hookimpl(lambda device, interface: fake.open(device))  # type: ignore[attr-defined]
-  return [nv, iface, "plugrt.reference"]
-
-
-def recording_compiler(device: Any, name: str, gpu: FakeBAR0) -> Any:
-  """NV's compiler `name` for `device`, telling `gpu` which IR each cubin it returns was built from."""
-  from plugrt_nv.compiler import NVRTCCompiler, PTXCompiler
-  base = PTXCompiler if name == "PTX" else NVRTCCompiler
-
-  class Recording(base):  # type: ignore[misc, valid-type]
-    def __init__(self, device: Any):
-      super().__init__(device)
-      self.rendered: dict[str, Any] = {}
-
-    def render(self, kernel: Any) -> str:
-      src = super().render(kernel)
-      self.rendered[src] = kernel
-      return src
-
-    def compile_cached(self, src: str) -> tuple[bytes, bool]:
-      lib, cached = super().compile_cached(src)
-      return self._registered(src, lib), cached
-
-    def recompile(self, src: str, error: Exception) -> bytes: return self._registered(src, super().recompile(src, error))
-
-    def _registered(self, src: str, lib: bytes) -> bytes:
-      if (kernel := self.rendered.get(src)) is not None: gpu.register(lib, kernel)
-      return lib
-  return Recording(device)

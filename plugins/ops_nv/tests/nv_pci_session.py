@@ -1,17 +1,19 @@
 """A pytest plugin that makes NV, on the fake GPU through the PCI interface, a device of the process's registry for a
 whole test session, so the tests that run "on every available device" (tests/test_dsl.py, tests/test_tensor.py,
 tests/test_conformance.py) run on NV through the driverless path: plugrt-nv-pci's sysfs take/release, the GSP boot
-(FWSEC-FRTS, booter_load, GSP-RM's init), the RM objects over RPC (golden context, VA space with plugrt's page tables,
-channel group, channels) on fake_nvpci.py's GPU, then plugrt-nv's device on the PCIInterface, its command stream run by
-fake_gpu.py's engine behind the fake's page tables, each launch through the reference interpreter:
+(FWSEC-FRTS and booter_load, or the FSP's chain of trust on GB202; GSP-RM's init), the RM objects over RPC (golden
+context, VA space with plugrt's page tables, channel group, channels) on fake_nvpci.py's GPU, then plugrt-nv's device
+on the PCIInterface, its command stream run by fake_gpu.py's engine behind the fake's page tables, each launch through
+the reference interpreter:
 
     PYTHONPATH=$PYTHONPATH:plugins/ops_nv/tests python -m pytest -p nv_pci_session tests/test_dsl.py tests/test_tensor.py -k NV
 
-`--nv-pci-chip ad102` (or PLUGRT_FAKE_NV_CHIP=ad102) makes the fake GPU an Ada AD102; the default, ga102, is an
-Ampere GA102. Kernels are PTX from plugrt's renderer assembled by ptxas (NV_PTX=1), so ptxas must be installed.
+`--nv-pci-chip ad102` (or PLUGRT_FAKE_NV_CHIP=ad102) makes the fake GPU an Ada AD102, `gb202` a Blackwell GB202
+(booted through its FSP, fake_nvpci_gb.py; GPU-MMU version 3, QMD version 5); the default, ga102, is an Ampere
+GA102. Kernels are PTX from plugrt's renderer assembled by ptxas (NV_PTX=1), so ptxas must be installed.
 
 The registry is the usual one with plugrt-nv's, plugrt-nv-nvk's and plugrt-nv-pci's own entry points disabled and the
-fake-backed NV (fake_nvpci.fake_pci_plugins) in their place, NV_IFACE=PCI."""
+fake-backed NV (fake_nvpci_board.fake_pci_plugins) in their place, NV_IFACE=PCI."""
 from __future__ import annotations
 
 import os
@@ -23,12 +25,12 @@ _fake: list[Any] = []
 
 
 def pytest_addoption(parser: Any) -> None:
-  parser.addoption("--nv-pci-chip", choices=("ga102", "ad102"), default=None,
-                   help="the fake NV GPU behind the PCI interface: ga102 (Ampere, default) or ad102 (Ada); or PLUGRT_FAKE_NV_CHIP")
+  parser.addoption("--nv-pci-chip", choices=("ga102", "ad102", "gb202"), default=None,
+                   help="the fake NV GPU behind the PCI interface: ga102 (Ampere, default), ad102 (Ada) or gb202 (Blackwell); or PLUGRT_FAKE_NV_CHIP")
 
 
 def pytest_configure(config: Any) -> None:
-  from fake_nvpci import CHIPS, FakePCINV, fake_pci_plugins
+  from fake_nvpci_board import CHIPS, FakePCINV, fake_pci_plugins
 
   from plugrt_testing.fakegpu import use_fake_for_session
   chip = config.getoption("--nv-pci-chip", None) or os.environ.get("PLUGRT_FAKE_NV_CHIP") or "ga102"

@@ -4,6 +4,7 @@ and what `plugrt devices` says when there is no GPU."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import random
 import struct
@@ -36,8 +37,40 @@ def test_class_choice():
   ada = hw.pick_classes({0xC9C0, 0xC7B5, 0xC56F, 0xC461})
   assert ada is not None and (ada.family.name, ada.family.qmd, ada.usermode) == ("Ada", 3, 0xC461)
   assert hw.pick_classes({0xC56F, 0xC461}) is None  # a channel but no compute class: no family fits
-  assert hw.pick_classes({0xCEC0, 0xCAB5, 0xCA6F, 0xC761}).family.cbuf0 is None  # Blackwell: refused at open, not guessed
+  bw = hw.pick_classes({0xCEC0, 0xCAB5, 0xCA6F, 0xC761})
+  assert bw is not None and (bw.family.name, bw.family.qmd, bw.compute) == ("Blackwell", 5, 0xCEC0)
   assert [hw.arch_of(v) for v in (0x900, 0x806, 0x809, 0xA04)] == ["sm_90", "sm_86", "sm_89", "sm_120"]
+
+
+# a kernel that reads every driver word of constant bank 0: block and grid dims, the shared and local windows (cvta), the stack
+CBUF0_PTX = """.version 8.7
+.target {arch}
+.address_size 64
+.visible .entry k(.param .u64 p)
+{{
+ .reg .b32 r<8>; .reg .b64 rd<8>; .shared .align 4 .b8 sm[64]; .local .align 4 .b8 lm[64];
+ ld.param.u64 rd1, [p]; cvta.to.global.u64 rd2, rd1;
+ mov.u32 r1, %ntid.z; st.global.u32 [rd2], r1; mov.u32 r2, %nctaid.z; st.global.u32 [rd2+4], r2;
+ mov.u64 rd3, sm; cvta.shared.u64 rd4, rd3; st.global.u64 [rd2+8], rd4;
+ mov.u64 rd5, lm; cvta.local.u64 rd6, rd5; st.global.u64 [rd2+16], rd6;
+ ret;
+}}
+"""
+
+
+@pytest.mark.parametrize("family,arch", [("Ampere", "sm_86"), ("Ada", "sm_89"), ("Hopper", "sm_90"), ("Blackwell", "sm_120")])
+def test_cbuf0_driver_area_lies_below_the_parameters_ptxas_puts(family, arch):
+  """Each family's driver words of constant bank 0 (Family.cbuf0) are inside the bank and below where ptxas puts a
+  kernel's parameters for that family's SM (nv.info's PARAM_CBANK), so plugrt's dims, windows and stack never overlap
+  the arguments; the words do not overlap each other."""
+  from plugrt_nvidia_toolchain import ptxas
+  tool = ptxas.path(os.environ)
+  if tool is None: pytest.skip("ptxas is not installed")
+  k = elf.parse(ptxas.assemble(tool, CBUF0_PTX.format(arch=arch), arch))
+  block, grid, windows, stack = next(f for f in hw.FAMILIES if f.name == family).cbuf0
+  spans = sorted([(block, block + 12), (grid, grid + 12), (windows, windows + 16), (stack, stack + 4)])
+  assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans
+  assert spans[-1][1] <= k.param_base, (family, hex(k.param_base), spans)
 
 
 @pytest.mark.parametrize("version", sorted(hw.QMD))

@@ -14,7 +14,7 @@ from fake_gpu import FakeGPU
 import plugrt_nv
 from plugrt import Buffer, dtypes
 from plugrt.compiler import samples as K
-from plugrt.errors import EnvError, UnsupportedError
+from plugrt.errors import EnvError
 from plugrt.hookspecs import InterfaceSpec, Probe, hookimpl
 from plugrt_nv import hw
 from plugrt_nv.iface import NVError
@@ -177,11 +177,30 @@ def test_timeout(fake, monkeypatch):
   with pytest.raises(NVError, match=r"did not finish .* within 0.3 s"): a.numpy()
 
 
-def test_blackwell_is_refused_not_guessed(plugrt_registry):
+def test_blackwell_launches_with_qmd_v5_and_its_constant_bank(plugrt_registry, monkeypatch):
+  """A Blackwell GPU (its classes, GR's SM version 0xa04: sm_120) gets QMD v5 launches whose constant bank 0 has the
+  launch dimensions, windows and stack where sm_120 code reads them (block 0x360, grid 0x370, windows 0x2f0, stack
+  0x37c) and the arguments where the sm_120 cubin says (0x380); the fake runs it through the reference interpreter."""
+  if ptxas.path(os.environ) is None: pytest.skip("ptxas is not installed")
+  monkeypatch.setenv("PLUGRT_NV_TIMEOUT", "5")
   gpu = FakeGPU({0xCEC0, 0xCAB5, 0xCA6F, 0xC761})
-  with plugrt_registry(fake_plugins(gpu), env={"NV": "1"}) as reg, pytest.raises(UnsupportedError, match="Blackwell"):
-    reg.open("NV")
-  gpu.close()
+  gpu.sm_version = 0xA04
+  try:
+    with plugrt_registry(fake_plugins(gpu), env={"NV": "1", "NV_PTX": "1", "PLUGRT_CACHE": "0", "PLUGRT_NV_TIMEOUT": "5"}) as reg:
+      dev = reg.open("NV")
+      n = 300
+      x = np.arange(n, dtype=np.float32)
+      out, xb, yb = Buffer(dev, n, dtypes.float32), Buffer.from_numpy(x, dev), Buffer.from_numpy(2 * x, dev)
+      prg = dev.program(K.saxpy_kernel())
+      gpu.load(prg, K.saxpy_kernel())
+      prg(out, xb, yb, global_size=(2, 1, 1), local_size=(256, 1, 1), vals=(3.0, n), wait=True)
+      assert np.array_equal(out.numpy(), 5 * x)
+      ln, k = gpu.launches[-1], prg.kernel
+      assert ln.major == 5 and k.param_base == 0x380 and ln.grid == (2, 1, 1) and ln.block == (256, 1, 1)
+      assert ln.args(0x360, "<3I") == ln.block and ln.args(0x370, "<3I") == ln.grid and ln.args(0, "<6I") == (0,) * 6
+      assert ln.args(0x2F0, "<QQ") == (0x7E00_0000_0000, 0x7F00_0000_0000) and ln.args(0x37C, "<I") == (hw.STACK_TOP,)
+      assert ln.args(k.param_base, "<QQQfi") == (out.handle, xb.handle, yb.handle, 3.0, n)
+  finally: gpu.close()
 
 
 @pytest.mark.parametrize("env,match", [({"PLUGRT_NV_TIMEOUT": "soon"}, "PLUGRT_NV_TIMEOUT='soon' is not a number"),

@@ -8,6 +8,7 @@ import os
 import struct
 
 import fake_nvpci
+import fake_nvpci_board
 import numpy as np
 import pytest
 from fake_nvpci import ADA, AMPERE, BLACKWELL, BOOTER_FAILED, HOPPER, FakeBAR0, FakeDMA, FakeFirmware, KernelWrites, make_sysfs
@@ -21,7 +22,7 @@ from plugrt_nv.iface import NVError
 from plugrt_nv_nvk.nvk import VASpace
 from plugrt_nv_pci import boot, mmu, msgq, rpc
 from plugrt_nv_pci.chips import GSP_VERSION, decode_boot42
-from plugrt_nv_pci.errors import AcknowledgementRequired, FirmwareError, GSPError, MalformedRPC, MissingFirmware, NotBuilt, RPCError
+from plugrt_nv_pci.errors import AcknowledgementRequired, FirmwareError, GSPError, MalformedRPC, MissingFirmware, RPCError
 from plugrt_nv_pci.sysfs import PCIFunction
 from plugrt_nvidia_toolchain import ptxas
 
@@ -61,7 +62,8 @@ def test_probe_lists_candidates_by_generation_and_touches_nothing(tmp_path) -> N
   assert p.ok and p.count == 2, p
   for part in (f"{A} (device 0x2204, Ampere GA10x, driver nvidia; bound to nvidia: opening takes it from every program that uses it)",
                f"{B} (device 0x2684, Ada AD10x, driver none)", f"{H} (device 0x2335, Hopper GH100", "Hopper (GH100) is not in the seeds' PCI list",
-               "needs PLUGRT_NV_ALLOW_UNBIND=1", "never run on hardware", "tested end to end against a fake GPU only"):
+               "needs PLUGRT_NV_ALLOW_UNBIND=1", "never run on hardware", "tested end to end against fake GPUs only",
+               "Blackwell GB20x, whose FSP boot has never met a real FSP"):
     assert part in p.detail, (part, p.detail)
   assert "0000:09:00.0" not in p.detail  # the AMD GPU beside them
   assert sorted(os.walk(rig.devices)) == before and rig.kernel.log == []
@@ -144,7 +146,7 @@ def test_missing_firmware_names_the_file_and_package(tmp_path) -> None:
   assert "apt-get install firmware-nvidia-graphics" in e.value.hint and "released: bus mastering off, disabled" in str(e.value)
   FakeFirmware(rig.fw_root, "ga102")
   with open(os.path.join(rig.fw_root, "nvidia/ga102/gsp", f"gsp-{GSP_VERSION}.bin"), "wb") as f: f.write(b"not an elf")
-  with pytest.raises(FirmwareError, match="is not a little-endian ELF64 file"): rig.open(PLUGRT_NV_ALLOW_UNBIND="1")
+  with pytest.raises(FirmwareError, match="is not a little-endian ELF file"): rig.open(PLUGRT_NV_ALLOW_UNBIND="1")
 
 
 def test_a_truncated_booter_is_a_firmware_error(tmp_path) -> None:
@@ -167,10 +169,10 @@ def test_preboot_failures_are_typed(tmp_path) -> None:
   with pytest.raises(DeviceUnavailable, match="names a chip plugrt-nv-pci does not know"): rig.open(PLUGRT_NV_ALLOW_UNBIND="1")
 
 
-def test_blackwell_is_identified_and_its_fsp_boot_refused(tmp_path) -> None:
-  rig = Rig(tmp_path, [(A, BLACKWELL[0], "")], BLACKWELL[1])
-  with pytest.raises(NotBuilt, match=r"GB202 \(Blackwell\) boots through the FSP"): rig.open(PLUGRT_NV_ALLOW_UNBIND="1")
-  assert decode_boot42(BLACKWELL[1]).firmware_dir == "nvidia/gb202/gsp"
+def test_blackwell_is_identified_by_its_boot42() -> None:
+  chip = decode_boot42(BLACKWELL[1])
+  assert (chip.name, chip.generation.boot, chip.generation.mmu, chip.firmware_dir) == ("GB202", "fsp", 3, "nvidia/gb202/gsp")
+  assert chip.signature_section == ".fwsignature_gb20x"  # its FSP boot: test_nv_pci_fsp.py
 
 
 # ---- the GSP's arguments, the booter and GSP-RM, driven directly (the open path reaches them once FWSEC-FRTS is built)
@@ -314,13 +316,13 @@ def test_message_checksum_zeroes_the_element() -> None:
 
 # ---- NV through PCI end to end on the fake, and the typed error of each way the RM bring-up fails ---------------------
 
-@pytest.fixture(params=["ga102", "ad102"])
+@pytest.fixture(params=["ga102", "ad102", "gb202"])
 def nv_pci(request, plugrt_registry):
   """(the fake PCI GPU, plugrt-nv's device opened on it through plugrt-nv-pci) in a registry of NV and PYTHON."""
   if ptxas.path(os.environ) is None: pytest.skip("ptxas is not installed (pip install nvidia-cuda-nvcc)")
-  fake = fake_nvpci.FakePCINV(request.param)
+  fake = fake_nvpci_board.FakePCINV(request.param)
   try:
-    with plugrt_registry(fake_nvpci.fake_pci_plugins(fake), env={**fake.env(), "PLUGRT_CACHE": "0"}) as reg: yield fake, reg.open("NV")
+    with plugrt_registry(fake_nvpci_board.fake_pci_plugins(fake), env={**fake.env(), "PLUGRT_CACHE": "0"}) as reg: yield fake, reg.open("NV")
   finally: fake.shutdown()
 
 
@@ -344,7 +346,7 @@ def test_nv_through_pci_runs_kernels_and_copies_behind_the_page_tables(nv_pci) -
   assert engine.doorbells == {t for t in fake.gpu.gsp.rm.tokens} and all(t >> 16 == 1 for t in engine.doorbells)  # GR0's runlist
   assert fake.gpu.tlb_flushes > 0 and fake.violations() == []
   for b in (out, xb):  # a buffer's GPU address is where the CPU sees it: VRAM (device memory) at its heap address
-    assert fake_nvpci.translate(fake.gpu.vram, iface.pt.root, b.handle)[0] == mmu.APERTURE_VIDEO
+    assert fake_nvpci.translate(fake.gpu.vram, iface.pt.root, b.handle, iface.pt.fmt.version)[0] == mmu.APERTURE_VIDEO
 
 
 def test_a_kernel_fault_is_gsp_rms_rc_event(nv_pci) -> None:

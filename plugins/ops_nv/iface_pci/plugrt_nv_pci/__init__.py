@@ -4,19 +4,23 @@ What is built (docs/backends/nv.md, "The PCI interface"; every constant's source
 that lists NVIDIA display functions in sysfs, names each one's generation from its device id (Ampere GA10x, Ada AD10x,
 Blackwell GB20x; Hopper and others are listed and refused) and says what opening would do; on open, after
 PLUGRT_NV_ALLOW_UNBIND=1, the function taken from its driver, BAR0 and BAR1 mapped from their resource files, and the
-GSP boot of a GA10x/AD10x GPU (plugrt_nv_pci.boot): the chip from NV_PMC_BOOT_42, the VBIOS's boot awaited, WPR2 checked
-down, the VRAM sized, the 570.144 GSP firmware files read from linux-firmware (MissingFirmware names a missing one and
-its Debian package), the GSP's arguments laid out in host memory, FWSEC-FRTS from the VBIOS on the GSP's falcon,
-booter_load on SEC2 with GSP_SET_SYSTEM_INFO and SET_REGISTRY queued for GSP-RM's init, its CPU-sequencer requests and
-GSP_INIT_DONE, BAR1 back in physical mode; then (plugrt_nv_pci.gpu) GSP-RM's golden GR context on an internal client,
-and for the NV device the RM client, device, subdevice, a VA space whose GPU page tables plugrt writes in VRAM (handed
-over with SET_PAGE_DIRECTORY), a channel group with a compute and a copy channel (their instance blocks, RAMFC, method
-buffers and USERD in VRAM plugrt supplies), the compute object's context buffers promoted, the doorbell in BAR0, and
+GSP boot by the generation's table entry (plugrt_nv_pci.bringup). GA10x/AD10x (plugrt_nv_pci.boot): the chip from
+NV_PMC_BOOT_42, the VBIOS's boot awaited, WPR2 checked down, the VRAM sized, the 570.144 GSP firmware files read from
+linux-firmware (MissingFirmware names a missing one and its Debian package), the GSP's arguments laid out in host
+memory, FWSEC-FRTS from the VBIOS on the GSP's falcon, booter_load on SEC2 with GSP_SET_SYSTEM_INFO and SET_REGISTRY
+queued for GSP-RM's init, its CPU-sequencer requests and GSP_INIT_DONE, BAR1 back in physical mode. GB20x
+(plugrt_nv_pci.boot_fsp, fsp): the FSP's boot awaited, the GSP FMC file read, the same arguments with a WPR size
+request, the chain-of-trust message to the FSP over its EMEM and its response, the FMC's release of the GSP, then
+GSP-RM's init as above. Then (plugrt_nv_pci.gpu) GSP-RM's golden GR context on an internal client, and for the NV
+device the RM client, device, subdevice, a VA space whose GPU page tables plugrt writes in VRAM (handed over with
+SET_PAGE_DIRECTORY; GPU-MMU version 2, or 3 on GB20x), a channel group with a compute and a copy channel (their
+instance blocks, RAMFC, method buffers and USERD in VRAM plugrt supplies), the compute object's context buffers promoted, the doorbell in BAR0, and
 memory as VRAM (mapped for the CPU through BAR1) or host pages (by their /proc/self/pagemap addresses). plugrt-nv's
-device, allocator, programs and queues run unchanged on it. Not built: Blackwell's FSP boot (GB20x is refused with
-NotBuilt), VFIO (DMA through an IOMMU), video channels, peer mappings. On every failure and on close GSP-RM is
+device, allocator, programs and queues run unchanged on it. Not built: Hopper (refused), VFIO (DMA through an
+IOMMU), video channels, peer mappings. On every failure and on close GSP-RM is
 unloaded, the function reset (once the boot changed the GPU), re-disabled and bound back to its driver.
-**Never run on hardware: tested against the fake GPU of plugins/ops_nv/tests/fake_nvpci.py only.**
+**Never run on hardware: tested against the fake GPUs of plugins/ops_nv/tests/fake_nvpci.py (GA102, AD102) and
+fake_nvpci_gb.py (GB202) only.**
 
 Never chosen automatically (`NV_IFACE=PCI` or `DEV=PCI+NV`). The probe reads sysfs only. Entry module: standard
 library and plugrt only.
@@ -35,11 +39,12 @@ ACK = "PLUGRT_NV_ALLOW_UNBIND"
 FIRMWARE = "PLUGRT_NV_FIRMWARE"
 TIMEOUT = "PLUGRT_NV_BOOT_TIMEOUT"
 WOULD = ("opening unbinds the GPU from its driver, turns on bus mastering, maps BAR0 and BAR1 through sysfs, boots GSP-RM from the "
-         "linux-firmware files (FWSEC-FRTS from the VBIOS, booter_load on SEC2, the GSP's message queues), makes the RM objects over RPC "
+         "linux-firmware files (Ampere and Ada: FWSEC-FRTS from the VBIOS and booter_load on SEC2; Blackwell: the chain-of-trust message "
+         "to the FSP, which boots the GSP FMC; then the GSP's message queues), makes the RM objects over RPC "
          "(GR's golden context, a VA space with plugrt's page tables, a compute and a copy channel) and runs NV's command stream on them; "
          "closing unloads GSP-RM, resets the function and binds the driver back")
-NOT_YET = ("never run on hardware: tested end to end against a fake GPU only (Ampere GA10x and Ada AD10x; Blackwell's FSP boot is "
-           "not built)")
+NOT_YET = ("never run on hardware: tested end to end against fake GPUs only (Ampere GA10x, Ada AD10x and Blackwell GB20x, whose FSP "
+           "boot has never met a real FSP)")
 HINT = "use the NVK interface (NV_IFACE=NVK, the default) with the NVIDIA kernel driver"
 
 
@@ -75,8 +80,8 @@ def probe_tree(root: str) -> Probe:
 @hookimpl
 def plugrt_interfaces() -> list[InterfaceSpec]:
   return [InterfaceSpec(device="NV", name=NAME, probe=probe, auto=False, priority=0,
-                        description=f"driverless through sysfs: GSP-RM boot and channels on GA10x/AD10x against a fake GPU only, never run on "
-                                    f"hardware (never automatic; needs {ACK}=1)")]
+                        description=f"driverless through sysfs: GSP-RM boot and channels on GA10x/AD10x/GB20x against fake GPUs only, never run "
+                                    f"on hardware (never automatic; needs {ACK}=1)")]
 
 
 def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any = None, bars: Any = None, dma: Any = None) -> Any:
@@ -85,10 +90,10 @@ def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any =
   pass a fake tree), `bars(function, index)` maps a BAR (default: its resource file), `dma(function)` makes the
   host-memory allocator (default: dma.PagemapDMA). DeviceUnavailable for a GPU this interface does not open (or cannot
   map), AcknowledgementRequired without PLUGRT_NV_ALLOW_UNBIND=1, MissingFirmware/FirmwareError for the files, GSPError
-  (RPCError, MalformedRPC) for what the GPU or GSP-RM answers, NotBuilt for Blackwell's FSP boot. On any failure the
+  (RPCError, MalformedRPC) for what the GPU, its FSP or GSP-RM answers. On any failure the
   function is reset (once the boot changed the GPU), re-disabled and bound back before the error is raised."""
   from plugrt.errors import DeviceUnavailable
-  from plugrt_nv_pci import boot, rpc
+  from plugrt_nv_pci import boot, bringup, rpc
   from plugrt_nv_pci.chips import generation_of_device
   from plugrt_nv_pci.dma import PagemapDMA
   from plugrt_nv_pci.errors import AcknowledgementRequired
@@ -119,7 +124,7 @@ def open_pci(device: DeviceInfo, root: str = "", drivers: str = "", write: Any =
     regs = (bars or PCIFunction.map_bar)(fn, REGISTER_BAR)
     vram = (bars or PCIFunction.map_bar)(fn, VRAM_BAR)
     allocator = (dma or PagemapDMA)(fn.dir)
-    booted = boot.bring_up(regs, vram.write, allocator, ctx.get(FIRMWARE) or FIRMWARE_ROOT, label, timeout, rpc.system_info_of(fn),
+    booted = bringup.bring_up(regs, vram.write, allocator, ctx.get(FIRMWARE) or FIRMWARE_ROOT, label, timeout, rpc.system_info_of(fn),
                            started=lambda: setattr(fn, "reset_on_release", True))
     return PCIInterface(fn, regs, vram, allocator, booted, label)
   except Exception as e:

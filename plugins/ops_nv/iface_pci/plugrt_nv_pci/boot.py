@@ -1,4 +1,5 @@
-"""The GSP boot of a GA10x/AD10x GPU from user space, step by step (docs/research/nv-pci.md, "Boot sequence"):
+"""The GSP boot of a GA10x/AD10x GPU from user space, step by step (docs/research/nv-pci.md, "Boot sequence"), and the
+parts GB20x's boot through the FSP (plugrt_nv_pci.boot_fsp) shares (arguments, queues, sequencer, GSP-RM's init):
 
 1. identify: NV_PMC_BOOT_42 names the chip (chips.CHIPS); one plugrt does not know stops here.
 2. GFW boot: the VBIOS's own boot (devinit) has finished: bit 0 of NV_PGC6_AON_SECURE_SCRATCH_GROUP_05_PRIV_LEVEL_MASK
@@ -36,7 +37,7 @@ from plugrt.errors import DeviceUnavailable, Reason
 from plugrt_nv_pci import firmware, msgq, rpc, vbios
 from plugrt_nv_pci.chips import BOOT_42, GSP_VERSION, Chip, decode_boot42
 from plugrt_nv_pci.dma import PAGE, DMAAllocator, DMABuffer
-from plugrt_nv_pci.errors import GSPError, NotBuilt, RPCError
+from plugrt_nv_pci.errors import GSPError, RPCError
 from plugrt_nv_pci.falcon import (
   GSP_BASE,
   GSP_ENGINE,
@@ -158,19 +159,22 @@ class Firmware:
   signature: bytes
   bootloader_desc: firmware.RiscvUcodeDesc
   bootloader: bytes
-  booter: firmware.Booter
+  booter: firmware.Booter | None = None   # the booter flow's (GA10x, AD10x)
+  fmc: firmware.Fmc | None = None         # the FSP flow's (GB20x)
+
+
+#: what GB20x's FSP takes of the FMC file (NVDM_PAYLOAD_COT version 2: a SHA-384 hash, a 96-byte signature, a 97-byte key)
+FMC_SIZES = {"hash": 48, "signature": 96, "publickey": 97}
 
 
 def load_firmware(root: str, chip: Chip, rec: Record) -> Firmware:
-  if chip.generation.boot != "booter":
-    raise NotBuilt(f"{rec.label}: {chip.name} ({chip.generation.name}) boots through the FSP (chain of trust with the GSP FMC), which "
-                   f"plugrt-nv-pci does not implement yet; done: {rec.so_far()}", "use the NVK interface with the NVIDIA driver")
   files = {name: firmware.read_file(root, chip, name, what) for name, what in firmware.needed(chip)}
   gsp_path = firmware.path_of(root, chip, "gsp")
   sections = firmware.elf_sections(files["gsp"], gsp_path)
   desc, bl = firmware.bootloader(files["bootloader"], firmware.path_of(root, chip, "bootloader"))
-  fw = Firmware(firmware.section(sections, ".fwimage", gsp_path), firmware.section(sections, chip.signature_section, gsp_path), desc, bl,
-                firmware.booter(files["booter_load"], firmware.path_of(root, chip, "booter_load")))
+  fw = Firmware(firmware.section(sections, ".fwimage", gsp_path), firmware.section(sections, chip.signature_section, gsp_path), desc, bl)
+  if "booter_load" in files: fw.booter = firmware.booter(files["booter_load"], firmware.path_of(root, chip, "booter_load"))
+  if "fmc" in files: fw.fmc = firmware.fmc(files["fmc"], firmware.path_of(root, chip, "fmc"), FMC_SIZES)
   rec.done(f"firmware {GSP_VERSION} read ({len(fw.gsp_image) >> 20} MiB GSP-RM image)")
   return fw
 
@@ -239,8 +243,10 @@ def radix3(dma: DMAAllocator, image: bytes) -> DMABuffer:
   return buf
 
 
-def build_args(dma: DMAAllocator, fw: Firmware, vram: int, rec: Record) -> GSPArgs:
-  """Step 6: the queues, GSP-RM's and LibOS's arguments, the images and the WPR metadata, in host memory."""
+def build_args(dma: DMAAllocator, fw: Firmware, vram: int, rec: Record,
+               layout: Callable[[int, int, int], GspFwWprMeta] = lambda v, b, i: wpr_layout(v, b, i)) -> GSPArgs:
+  """Step 6: the queues, GSP-RM's and LibOS's arguments, the images and the WPR metadata, in host memory. `layout`
+  makes the WPR metadata from (VRAM size, bootloader size, image size): the booter flow's full layout by default."""
   ptes = queue_page_table_entries()
   queues = dma.alloc(_pt_size(ptes) + 2 * msgq.QUEUE_SIZE)
   queues.write(0, struct.pack(f"<{ptes}Q", *queues.pages[:ptes]))
@@ -260,14 +266,15 @@ def build_args(dma: DMAAllocator, fw: Firmware, vram: int, rec: Record) -> GSPAr
   sig.write(0, fw.signature)
   bl = dma.alloc(len(fw.bootloader), contiguous=True)
   bl.write(0, fw.bootloader)
-  meta = wpr_layout(vram, len(fw.bootloader), len(fw.gsp_image))
+  meta = layout(vram, len(fw.bootloader), len(fw.gsp_image))
   meta.sysmemAddrOfRadix3Elf, meta.sysmemAddrOfBootloader, meta.sysmemAddrOfSignature = image.bus(0), bl.bus(0), sig.bus(0)
   meta.sizeOfSignature = len(fw.signature)
   d = fw.bootloader_desc
   meta.bootloaderCodeOffset, meta.bootloaderDataOffset, meta.bootloaderManifestOffset = d.monitorCodeOffset, d.monitorDataOffset, d.manifestOffset
   wpr = dma.alloc(PAGE)
   wpr.write(0, bytes(meta))
-  rec.done(f"GSP arguments in host memory (WPR {meta.gspFwWprStart >> 20}-{meta.gspFwWprEnd >> 20} MiB)")
+  rec.done(f"GSP arguments in host memory (WPR {meta.gspFwWprStart >> 20}-{meta.gspFwWprEnd >> 20} MiB)" if meta.gspFwWprEnd else
+           "GSP arguments in host memory (WPR sizes for the FMC to lay out)")
   return GSPArgs(queues, ptes, rm_args, libos, logs, image, sig, bl, wpr, meta)
 
 
@@ -316,13 +323,18 @@ class Sequencer:
       if (mb := self.sec2.r(0x40)): raise GSPError(f"SEC2 failed to resume the GSP: mailbox 0 = {mb:#x}", step="CPU sequencer: core resume")
 
 
-def start_gsp(regs: MMIO, vram_write: Callable[[int, bytes], None], args: GSPArgs, fw: Firmware, rec: Record, timeout: float,
-              booter_at: int, before: tuple[tuple[int, bytes], ...] = ()) -> msgq.GSPQueues:
-  """Step 8: booter_load on SEC2 starts GSP-RM; the CPU then runs the GSP's sequencer requests until GSP_INIT_DONE.
-  `booter_at`: where in VRAM the booter image is put for SEC2's DMA (below the WPR region); `vram_write` writes VRAM
-  through BAR1; `before`: (function, payload) messages queued for GSP-RM's init before it starts. Returns the queues,
-  linked and ready for RPCs."""
-  gsp, sec2 = Falcon(regs, GSP_BASE, GSP_ENGINE, "GSP", timeout), Falcon(regs, SEC2_BASE, SEC2_ENGINE, "SEC2", timeout)
+@dataclass
+class Starting:
+  """GSP-RM's queues before it runs: the messages queued for its init, the CPU sequencer that will answer its requests
+  and the error logs it sent."""
+  queues: msgq.GSPQueues
+  sequencer: list[Sequencer]
+  errors: list[str]
+
+
+def open_queues(regs: MMIO, args: GSPArgs, rec: Record, timeout: float, before: tuple[tuple[int, bytes], ...]) -> Starting:
+  """The queues in host memory with `before` ((function, payload) messages for GSP-RM's init) queued; events that come
+  while waiting for GSP_INIT_DONE go to the sequencer (set by the caller) and the error log."""
   seq_box: list[Sequencer] = []
   errors: list[str] = []
 
@@ -332,12 +344,40 @@ def start_gsp(regs: MMIO, vram_write: Callable[[int, bytes], None], args: GSPArg
   q = msgq.GSPQueues(args.cmd_queue, args.stat_queue, lambda v: regs.write32(msgq.PGSP_QUEUE_HEAD0, v), timeout, event)
   for function, payload in before: q.send(function, payload, f"queueing {msgq.name_of(function)} for GSP-RM's init")
   if before: rec.done(f"{' and '.join(msgq.name_of(f) for f, _ in before)} queued")
+  return Starting(q, seq_box, errors)
+
+
+def await_init(s: Starting, seq: Sequencer, rec: Record) -> msgq.GSPQueues:
+  """GSP-RM running: link its status queue, run its sequencer requests until GSP_INIT_DONE (a timeout carries the
+  error log GSP-RM sent)."""
+  s.sequencer.append(seq)
+  q = s.queues
+  q.link(step="waiting for GSP-RM's status queue")
+  try: q.wait(msgq.Function.GSP_INIT_DONE, step="waiting for GSP_INIT_DONE")
+  except GSPError as e:
+    if not s.errors: raise
+    log = " | ".join(s.errors)
+    raise GSPError(f"{e.message}; GSP-RM's error log: {log}", e.hint, step=e.step, reason=f"{e.reason}; the GSP's error log: {log}",
+                   timed_out=e.timed_out) from None
+  rec.done(f"GSP-RM up (CPU sequencer ran {len(seq.ran)} commands)")
+  return q
+
+
+def start_gsp(regs: MMIO, vram_write: Callable[[int, bytes], None], args: GSPArgs, fw: Firmware, rec: Record, timeout: float,
+              booter_at: int, before: tuple[tuple[int, bytes], ...] = ()) -> msgq.GSPQueues:
+  """Step 8: booter_load on SEC2 starts GSP-RM; the CPU then runs the GSP's sequencer requests until GSP_INIT_DONE.
+  `booter_at`: where in VRAM the booter image is put for SEC2's DMA (below the WPR region); `vram_write` writes VRAM
+  through BAR1; `before`: (function, payload) messages queued for GSP-RM's init before it starts. Returns the queues,
+  linked and ready for RPCs."""
+  gsp, sec2 = Falcon(regs, GSP_BASE, GSP_ENGINE, "GSP", timeout), Falcon(regs, SEC2_BASE, SEC2_ENGINE, "SEC2", timeout)
+  starting = open_queues(regs, args, rec, timeout, before)
   gsp.reset(riscv=True, step="resetting the GSP into RISC-V")
   libos = args.libos.bus(0)
   regs.write32(GSP_MAILBOX0, libos & 0xFFFFFFFF)
   regs.write32(GSP_MAILBOX1, libos >> 32)
   rec.done("GSP reset into RISC-V, LibOS arguments in its mailboxes")
   b = fw.booter
+  assert b is not None, "the booter flow needs booter_load"
   vram_write(booter_at, b.image)
   sec2.reset(riscv=False, step="resetting SEC2 for the booter")
   mb0, mb1 = sec2.run_hs(booter_at, (b.code_offset, 0, b.code_size), (b.data_offset, 0, b.data_size), b.code_offset, BOOTER_PKC_OFFSET,
@@ -348,17 +388,7 @@ def start_gsp(regs: MMIO, vram_write: Callable[[int, bytes], None], args: GSPArg
   gsp.w(OS, 0)
   if not gsp.r(RISCV_OFFSET + RISCV_CPUCTL) & RISCV_CPUCTL_ACTIVE_STAT:
     raise GSPError("the GSP's RISC-V core is not active after the booter", step="starting GSP-RM")
-  seq = Sequencer(regs, gsp, sec2, libos, timeout)
-  seq_box.append(seq)
-  q.link(step="waiting for GSP-RM's status queue")
-  try: q.wait(msgq.Function.GSP_INIT_DONE, step="waiting for GSP_INIT_DONE")
-  except GSPError as e:
-    if not errors: raise
-    log = " | ".join(errors)
-    raise GSPError(f"{e.message}; GSP-RM's error log: {log}", e.hint, step=e.step, reason=f"{e.reason}; the GSP's error log: {log}",
-                   timed_out=e.timed_out) from None
-  rec.done(f"GSP-RM up (CPU sequencer ran {len(seq.ran)} commands)")
-  return q
+  return await_init(starting, Sequencer(regs, gsp, sec2, libos, timeout), rec)
 
 
 FWSEC_AT, BOOTER_AT = 1 << 20, 4 << 20   # where in VRAM the heavy-secure images go for the falcons' DMA (far below the WPR region)
@@ -392,19 +422,22 @@ class Booted:
   rec: Record
 
 
-def bring_up(regs: MMIO, vram_write: Callable[[int, bytes], None], dma: DMAAllocator, firmware_root: str, label: str, timeout: float,
-             system_info: bytes, started: Callable[[], None] = lambda: None) -> Booted:
-  """Steps 1-9. `started()` is called once the GPU's state was changed (FWSEC ran), after which only a reset of the
-  function returns it to what the driver expects. `system_info`: the GSP_SET_SYSTEM_INFO payload (rpc.system_info)."""
-  rec = Record(label)
-  chip = identify(regs, rec)
+def init_messages(system_info: bytes) -> tuple[tuple[int, bytes], ...]:
+  """What GSP-RM's init reads from the command queue: GSP_SET_SYSTEM_INFO (rpc.system_info), then SET_REGISTRY."""
+  return ((msgq.Function.GSP_SET_SYSTEM_INFO, system_info), (msgq.Function.SET_REGISTRY, rpc.registry_table()))
+
+
+def bring_up(regs: MMIO, vram_write: Callable[[int, bytes], None], dma: DMAAllocator, firmware_root: str, rec: Record, chip: Chip,
+             timeout: float, system_info: bytes, started: Callable[[], None] = lambda: None) -> Booted:
+  """Steps 2-9 on an identified GA10x/AD10x. `started()` is called once the GPU's state was changed (FWSEC ran), after
+  which only a reset of the function returns it to what the driver expects. `system_info`: the GSP_SET_SYSTEM_INFO
+  payload (rpc.system_info)."""
   vram = preboot_checks(regs, rec, timeout)
   fw = load_firmware(firmware_root, chip, rec)
   args = build_args(dma, fw, vram, rec)
   started()
   run_fwsec(regs, vram_write, args.meta, rec, timeout)
-  q = start_gsp(regs, vram_write, args, fw, rec, timeout, BOOTER_AT,
-                before=((msgq.Function.GSP_SET_SYSTEM_INFO, system_info), (msgq.Function.SET_REGISTRY, rpc.registry_table())))
+  q = start_gsp(regs, vram_write, args, fw, rec, timeout, BOOTER_AT, before=init_messages(system_info))
   regs.write32(BAR1_BLOCK, 0)
   rec.done("BAR1 in physical mode")
   return Booted(q, args.meta, chip, rec)

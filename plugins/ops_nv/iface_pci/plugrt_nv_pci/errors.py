@@ -30,10 +30,6 @@ class FirmwareError(PlugrtError, ValueError):
   """A firmware file exists but is not what its name promises (truncated, another format, no such section)."""
 
 
-class NotBuilt(UnsupportedError):
-  """The boot reached a step this release does not implement; the message says which, and what was done before it."""
-
-
 class GSPError(NVError):
   """The GSP (or a falcon on the way to it) failed a boot step or an RPC: `step` says which; `timed_out` that it never
   answered within the bound (then `reason` says what was last seen), rather than answering with an error."""

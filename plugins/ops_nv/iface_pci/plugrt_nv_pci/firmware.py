@@ -7,7 +7,8 @@ Files (linux-firmware, nvidia/<chip>/gsp/, version GSP_VERSION; docs/research/nv
   and manifest offsets) and whose data is the RISC-V bootloader image.
 - booter_load-<v>.bin (GA10x, AD10x): an nvfw_bin_hdr whose header is an nvfw_hs_header_v2 (signatures, where to patch
   one in) followed by an nvfw_hs_load_header_v2 (the OS code/data offsets and the app's code), run on SEC2 in heavy-secure mode.
-- fmc-<v>.bin (GB20x): an ELF64 file with sections `image`, `hash`, `signature`, `publickey`, handed to the FSP.
+- fmc-<v>.bin (GB20x): an ELF32 file with sections `hash`, `signature`, `publickey`, `image` (NVIDIA's
+  nouveau/extract-firmware-nouveau.py, fmc()): the GSP FMC image the FSP boots, its SHA-384 hash, signature and key.
 
 A missing file is a MissingFirmware naming it; a file of the wrong shape a FirmwareError. Compressed copies (.xz,
 as the kernel's loader accepts) are read too.
@@ -52,12 +53,15 @@ def needed(chip: Chip) -> list[tuple[str, str]]:
 
 
 def elf_sections(data: bytes, path: str) -> dict[str, bytes]:
-  """Section name -> contents of a little-endian ELF64 file (the System V gABI layout)."""
-  if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1: raise FirmwareError(f"{path} is not a little-endian ELF64 file")
+  """Section name -> contents of a little-endian ELF file, 64-bit (gsp-<v>.bin) or 32-bit (fmc-<v>.bin, as NVIDIA's
+  extract-firmware-nouveau.py writes it), by the System V gABI layout."""
+  if data[:4] != b"\x7fELF" or data[4] not in (1, 2) or data[5] != 1: raise FirmwareError(f"{path} is not a little-endian ELF file")
+  wide = data[4] == 2
   try:
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    heads = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    shoff, = struct.unpack_from("<Q" if wide else "<I", data, 0x28 if wide else 0x20)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A if wide else 0x2E)
+    entry = "<IIQQQQ" if wide else "<IIIIII"   # name, type, flags, address, offset, size
+    heads = [struct.unpack_from(entry, data, shoff + i * shentsize) for i in range(shnum)]
     _, _, _, _, stroff, strsize = heads[shstrndx]
     names = data[stroff:stroff + strsize]
     out = {}
@@ -150,3 +154,22 @@ def booter(data: bytes, path: str) -> Booter:
 def bootloader(data: bytes, path: str) -> tuple[RiscvUcodeDesc, bytes]:
   h, image = bin_file(data, path)
   return _struct(RiscvUcodeDesc, data, h.header_offset, path, "RISC-V ucode descriptor"), image  # type: ignore[return-value]
+
+
+@dataclass
+class Fmc:
+  """The GSP FMC (GB20x): its image, and what the COT message carries to the FSP about it."""
+  image: bytes
+  hash384: bytes
+  signature: bytes
+  public_key: bytes
+
+
+def fmc(data: bytes, path: str, sizes: dict[str, int]) -> Fmc:
+  """fmc-<v>.bin taken apart; `sizes` (section -> bytes) are what the FSP takes, a section of another size a FirmwareError."""
+  sections = elf_sections(data, path)
+  parts = {name: section(sections, name, path) for name in ("image", "hash", "signature", "publickey")}
+  for name, n in sizes.items():
+    if len(parts[name]) != n: raise FirmwareError(f"{path}: its {name} is {len(parts[name])} bytes, the FSP takes {n}")
+  if not parts["image"]: raise FirmwareError(f"{path}: its image section is empty")
+  return Fmc(parts["image"], parts["hash"], parts["signature"], parts["publickey"])

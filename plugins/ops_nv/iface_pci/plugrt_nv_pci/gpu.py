@@ -2,7 +2,7 @@
 where the NVK interface makes it with ioctls (docs/research/nv-pci.md, section 7, gives every step's source).
 
 - Memory. The client owns the VRAM below the GSP's reserved region (GspFwWprMeta.gspFwRsvdStart; the bottom HEAP_BASE
-  bytes held the boot's falcon images) and the GPU page tables (GPU-MMU v2, plugrt_nv_pci.mmu, in that VRAM). An
+  bytes held the boot's falcon images) and the GPU page tables (GPU-MMU v2 or v3 by generation, plugrt_nv_pci.mmu, in that VRAM). An
   allocation gets an address in the process's shared GPU/CPU window (plugrt_nv_nvk.nvk.PROCESS_VA, as NVK's do) and:
   "device": contiguous VRAM, GPU only; "mapped": contiguous VRAM that the CPU also maps at the same address through
   BAR1 (physical mode: BAR1 offset = VRAM address); "host": locked host pages at that address, mapped for the GPU by
@@ -85,7 +85,8 @@ class PCIInterface(GPUInterface):
     self.q.on_event = self._event
     self.heap = VASpace(HEAP_BASE, booted.meta.gspFwRsvdStart)
     self.va = PROCESS_VA
-    self.pt = mmu.PageTables(self.heap, bar1.write, lambda: regs.write32(mmu.INVALIDATE, mmu.INVALIDATE_ALL))
+    self.pt = mmu.PageTables(self.heap, bar1.write, lambda: regs.write32(mmu.INVALIDATE, mmu.INVALIDATE_ALL),
+                             mmu.FORMATS[booted.chip.generation.mmu])
     self.mems: list[Mem] = []
     self.blocks: list[Block] = []     # VRAM of RM objects (context buffers, instance blocks): kept until close
     self.channel_objs: dict[int, str] = {}  # channel handle -> name, for fault reports
@@ -144,10 +145,11 @@ class PCIInterface(GPUInterface):
                      for e in table.entries[:min(table.numEntries, len(table.entries))]}
     if rpc.ENGINE_GR0 not in self.runlists: raise NVError(f"{self.label}: GSP-RM's device info table lists no GR engine")
     reserved = self.va.alloc(RESERVED_VA, RESERVED_VA)
-    p = rpc.RESERVED_PDES(pageSize=RESERVED_VA, virtAddrLo=reserved, virtAddrHi=reserved + RESERVED_VA - 1, numLevelsToCopy=3)
-    for i, table_addr in enumerate(self.pt.table_path(reserved, 3)):
-      p.levels[i] = rpc.PDE_LEVEL(physAddress=table_addr, size=self.pt.entries * 8 if i == 0 else PAGE, aperture=1,
-                                  pageShift=mmu.LEVELS[i][0])
+    levels = self.pt.fmt.levels
+    depth = next(i for i, (shift, _, _) in enumerate(levels) if 1 << shift == RESERVED_VA) + 1  # down to the table of 512 MiB entries
+    p = rpc.RESERVED_PDES(pageSize=RESERVED_VA, virtAddrLo=reserved, virtAddrHi=reserved + RESERVED_VA - 1, numLevelsToCopy=depth)
+    for i, table_addr in enumerate(self.pt.table_path(reserved, depth)):
+      p.levels[i] = rpc.PDE_LEVEL(physAddress=table_addr, size=self.pt.entries * 8 if i == 0 else PAGE, aperture=1, pageShift=levels[i][0])
     r.control(vaspace, rpc.CTRL_RESERVED_PDES, p, "sharing the reserved range's PDEs with GSP-RM")
     ring = self._block(PAGE)
     params = self._channel_params(ring, ring.va, GOLDEN_ENTRIES, GOLDEN_ENTRIES * 8, GOLDEN_USERD)
