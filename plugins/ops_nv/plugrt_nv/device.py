@@ -90,7 +90,6 @@ def copy_kernel_source(inflight: int = COPY_INFLIGHT) -> str:
 }}"""
 FAST_WORDS, FAST_PAYLOAD = 12, 36          # a fast-path launch: invalidate data (2 words), start a QMD (4), release (6; payload at byte 36)
 FAST_ENTRY = 1 << 41 | FAST_WORDS << 42    # its GPFIFO entry's flags and length
-_PAYLOAD = struct.Struct("<I").pack_into
 
 
 class NVState(Timeline, HCQState):  # Timeline first: its synchronize() is the device's
@@ -126,6 +125,10 @@ class NVState(Timeline, HCQState):  # Timeline first: its synchronize() is the d
     self.last: DoorbellRing | None = None
     self.slots_mem = iface.alloc(SLOT * SLOTS, kind)
     self.slots = CommandSlots(self.slots_mem.va, SLOT, SLOTS)
+    # per slot, the fast-path words (an entry's `commands`) it holds, None for any other: a launch repeating what its slot
+    # holds writes only the release's payload word (slot_words: the slots as 32-bit words)
+    self.slot_holds: list[bytes | None] = [None] * SLOTS
+    self.slot_words = self.slots.view.cast("I")
     self.slm, self.local_mem = 0, None
     # other GPUs (plugrt_nv.peer): semaphores of theirs the next submission here waits for (address -> value), the links
     # from this GPU, the GPUs linked either way, and which of this GPU's allocations their copies read (address -> {GPU: value})
@@ -161,6 +164,7 @@ class NVState(Timeline, HCQState):  # Timeline first: its synchronize() is the d
     self._fence()
     ch.publish()
     self.value, self.slots.last_use[slot], self.last = value, value, ch
+    self.slot_holds[slot] = None
     if ch is not self.compute: self.fast = False
 
   def submit(self, ch: DoorbellRing, body: list[int]) -> int:
@@ -477,9 +481,9 @@ class NVProgram(HCQProgram):
     self._patch_cbuf(e.descriptor)
     e.key = blob
     st.fast = False  # the GPU may hold the entry's old constants in its caches
-    # the fast path's words: invalidate the data caches only, start the grid, release the timeline (no timestamp); the
-    # release's payload is patched per launch
-    e.commands = bytearray(cmd.words(cmd.launch(e.descriptor, hw.Compute.INVALIDATE_GLOBAL_DATA) + cmd.sem_release(st.sem, 0, timestamp=False)))
+    # the fast path's words: invalidate the data caches only, start the grid, release the timeline (no timestamp); each
+    # launch writes its release's payload into its slot
+    e.commands = cmd.words(cmd.launch(e.descriptor, hw.Compute.INVALIDATE_GLOBAL_DATA) + cmd.sem_release(st.sem, 0, timestamp=False))
     assert len(e.commands) == FAST_WORDS * 4 and e.commands[FAST_PAYLOAD:FAST_PAYLOAD + 4] == bytes(4)
 
   def _patch_cbuf(self, va: int) -> None:
@@ -510,19 +514,22 @@ class NVProgram(HCQProgram):
       return slotted, slotted
     slots, ch, words, view, ring, base, entries, fence = st.slots, st.compute, e.commands, st.slots.view, st.compute.ring, \
       st.slots.base, st.compute.entries, st._fence
-    last_use, put_register, doorbell, token = slots.last_use, ch.put_register, ch.doorbell, ch.token
+    last_use, put_register, doorbell, token, holds, payloads = slots.last_use, ch.put_register, ch.doorbell, ch.token, st.slot_holds, st.slot_words
 
     def queue() -> int:
       # (an entry rewritten since for other bytes, or a device that must invalidate first: the slot path, with this blob,
       # which tells the GPU of everything queued before it too)
       if not st.fast or e.key is not blob: return slot_launch(e if e.key is blob else None, blob, False)
-      # the fast path: 12 words into a slot and a ring entry (CommandSlots.take and DoorbellRing.push, inline)
+      # the fast path: 12 words into a slot (the payload alone where the slot holds the rest) and a ring entry
+      # (CommandSlots.take and DoorbellRing.push, inline)
       i = slots.next
       if last_use[i] > st.done: st.wait(last_use[i])
       slots.next = (i + 1) % SLOTS
       o, value = i * SLOT, st.value + 1
-      _PAYLOAD(words, FAST_PAYLOAD, value & M32)
-      view[o:o + FAST_WORDS * 4] = words
+      if holds[i] is not words:
+        view[o:o + FAST_WORDS * 4] = words
+        holds[i] = words
+      payloads[(o + FAST_PAYLOAD) >> 2] = value & M32
       put = ch.put
       ring[put % entries] = base + o | FAST_ENTRY
       ch.put = put + 1

@@ -345,3 +345,41 @@ def test_a_call_that_finds_its_entry_again_takes_the_fast_path(fake):
   assert not slotted, f"{len(slotted)} of 10 alternating launches took the slot path"
   dev.synchronize()
   assert xs[0].numpy().tolist() == xs[1].numpy().tolist() == [7] * 4
+
+
+def test_a_launch_whose_slot_holds_its_words_writes_only_the_payload(fake):
+  """Once every command slot holds a resident launch's fast-path words, repeating that launch finds them there (the
+  device's slot_holds) and writes only the release's payload word; a copy's words in a slot clear its mark."""
+  from plugrt_nv.device import SLOTS
+  dev, prg = add1_program(fake)
+  st = dev.info.state
+  x = Buffer(dev, 4, dtypes.int32).copyin(np.zeros(4, np.int32))
+  for _ in range(SLOTS + 8): prg(x, global_size=(1, 1, 1), local_size=(4, 1, 1))  # every slot written once
+  dev.synchronize()
+  words = prg._prepared.entry.commands
+  assert all(h is words for h in st.slot_holds), "a slot the fast path wrote does not say it holds the launch's words"
+  before = bytes(st.slots.view[:SLOTS * 4096])
+  for _ in range(SLOTS): prg(x, global_size=(1, 1, 1), local_size=(4, 1, 1))
+  dev.synchronize()
+  after = bytes(st.slots.view[:SLOTS * 4096])
+  changed = {i // 4 for i in range(len(after)) if after[i] != before[i]}
+  assert {w % 1024 for w in changed} <= {36 // 4}, "a repeated launch changed more of its slot than the payload word"
+  assert x.numpy().tolist() == [2 * SLOTS + 8] * 4
+  Buffer(dev, 4, dtypes.int32).copy_to(Buffer(dev, 4, dtypes.int32))
+  assert None in st.slot_holds  # the copy's slot
+
+
+def test_a_slot_other_words_were_written_into_gets_the_launchs_words_again(fake):
+  """Copies (the copy channel's words) and slot-path launches write slots the fast path filled before; a fast launch
+  that comes round to such a slot writes its whole words again, so every launch counts."""
+  from plugrt_nv.device import SLOTS
+  dev, prg = add1_program(fake)
+  x = Buffer(dev, 4, dtypes.int32).copyin(np.zeros(4, np.int32))
+  src, dst = Buffer(dev, 4, dtypes.int32).copyin(np.arange(4, dtype=np.int32)), Buffer(dev, 4, dtypes.int32)
+  n = 0
+  for k in range(3 * SLOTS):
+    prg(x, global_size=(1, 1, 1), local_size=(4, 1, 1))
+    n += 1
+    if k % 97 == 0: src.copy_to(dst)  # a copy in some slot; the launch after it takes the slot path
+  dev.synchronize()
+  assert x.numpy().tolist() == [n] * 4 and dst.numpy().tolist() == [0, 1, 2, 3]
