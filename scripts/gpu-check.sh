@@ -4,7 +4,8 @@
 # brings them back). Usage (from the repo root): bash scripts/gpu-check.sh [--quick] [--only=tests|bench|cuda|webgpu|nv|video|nvvideo|multi]
 # (--only=cuda: the CUDA tests and benches alone; --only=webgpu, nv, nvvideo (NV's own video engine) or multi (two or more GPUs:
 # indices, peer copies, CUDA_VISIBLE_DEVICES, collectives, bench/multi_gpu.py) or launch (CUDA's and NV's launches and graphs, the
-# seeds' GPU snippets, NVDEC, and the launch rows against .ab-old where it travels) or rows (issue 30's GPU rows): install, then that section alone; the full run
+# seeds' GPU snippets, NVDEC, and the launch rows against .ab-old where it travels) or rows (issue 30's GPU rows) or profile (a
+# Tensor realize's host time by function, NV's GPU tests, NV's launch rows): install, then that section alone; the full run
 # includes multi where `nvidia-smi -L` lists two GPUs or more). Each step has its own time limit, so one hang costs one step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +71,16 @@ if [ "$ONLY" = "launch" ]; then
       echo "-- $side CUDA: $(PYTHONPATH=$side timeout 90 $PY $b/cuda_launch.py 2>&1 | grep -E 'plugrt prg' | tr -s ' ')"
     done; done 2>&1 | tee "$OUT/launch_ab.txt"
   fi
+  exit 0
+fi
+if [ "$ONLY" = "profile" ]; then
+  # where a Tensor realize's host time goes (cProfile on CUDA and NV), NV's own tests on the GPU, and NV's launch rows
+  echo "== profile: bench/tensor_realize_parts.py (CUDA, NV), NV's GPU tests, bench/nv.py --quick"
+  for d in CUDA NV; do PLUGRT_NV_TIMEOUT=10 timeout ${PROFILE_S:-120} $PY bench/tensor_realize_parts.py $d 2>&1 | tee "$OUT/realize_parts_$d.txt" | head -44; done
+  env PLUGRT_PLUGINS=nv,nv-nvk,nv-pci,cpu,python PLUGRT_NV_TIMEOUT=10 timeout ${PROFILE_NV_S:-150} $PY -m pytest -q -p no:cacheprovider \
+    -o faulthandler_timeout=120 --tb=short -rfE plugins/ops_nv/tests/test_nv_gpu.py plugins/ops_nv/tests/test_nv_fake.py tests/test_dsl.py -k "NV or nv or fake" \
+    2>&1 | tee "$OUT/profile_nv_tests.txt" | grep -E "^(FAILED|ERROR)|NVError|passed|failed" | tail -20
+  PLUGRT_NV_TIMEOUT=10 timeout ${ROWS_NV_S:-150} $PY bench/nv.py --quick --json "$OUT/bench_nv.json" 2>&1 | tee "$OUT/bench_nv.txt" | tail -12
   exit 0
 fi
 if [ "$ONLY" = "rows" ]; then

@@ -90,6 +90,7 @@ def copy_kernel_source(inflight: int = COPY_INFLIGHT) -> str:
 }}"""
 FAST_WORDS, FAST_PAYLOAD = 12, 36          # a fast-path launch: invalidate data (2 words), start a QMD (4), release (6; payload at byte 36)
 FAST_ENTRY = 1 << 41 | FAST_WORDS << 42    # its GPFIFO entry's flags and length
+_ADDRESS = struct.Struct("<Q").pack_into  # a buffer's address into constant bank 0
 
 
 class NVState(Timeline, HCQState):  # Timeline first: its synchronize() is the device's
@@ -455,10 +456,19 @@ class NVProgram(HCQProgram):
     blob[:len(self.qmd.buf)] = self.qmd.buf
     struct.pack_into("<3I", blob, self.block_off, *ls)
     struct.pack_into("<3I", blob, self.grid_off, *gs)
-    for o, b in zip(self.arg_offs, bufs): struct.pack_into("<Q", blob, o, b.handle)
     for o, arg in zip(self.arg_offs[self.nbufs:], scalars): blob[o:o + len(arg)] = arg
     off, _, hi = self.cbuf_patch
     struct.pack_into("<II", blob, off, 0, hi)  # the constant bank's address: wherever the blob goes patches its own
+    return self._launch_of(blob, bufs)
+
+  def _rebind(self, last: PreparedCall, bufs: tuple) -> _Launch:
+    """last's QMD and constants (its blob) with other buffers' addresses: no QMD field is set again."""
+    assert isinstance(last, _Launch)
+    return self._launch_of(bytearray(last.blob), bufs)
+
+  def _launch_of(self, blob: bytearray, bufs: tuple) -> _Launch:
+    """The launch of `blob` (QMD and constant bank 0 but for the buffers) with `bufs`' addresses put in."""
+    for o, b in zip(self.arg_offs, bufs): _ADDRESS(blob, o, b.handle)
     p = _Launch()
     p.entry = self._resident(key := bytes(blob))
     p.blob = key if p.entry is None else p.entry.key  # the entry's own bytes object: its launches check `e.key is blob`

@@ -383,3 +383,17 @@ def test_a_slot_other_words_were_written_into_gets_the_launchs_words_again(fake)
     if k % 97 == 0: src.copy_to(dst)  # a copy in some slot; the launch after it takes the slot path
   dev.synchronize()
   assert x.numpy().tolist() == [n] * 4 and dst.numpy().tolist() == [0, 1, 2, 3]
+
+
+def test_new_buffers_with_the_same_scalars_reuse_the_launchs_qmd(fake):
+  """A call repeating the scalars and sizes with other buffers (a new result buffer each call, as Tensor's realize
+  makes) puts only the buffers' addresses into the last launch's QMD and constants: no QMD field is set again, and
+  each launch updates its own buffer."""
+  dev, prg = add1_program(fake)
+  calls, real = [], prg.qmd.set_dims
+  prg.qmd.set_dims = lambda *a: (calls.append(a), real(*a))[1]
+  xs = [Buffer(dev, 4, dtypes.int32).copyin(np.full(4, k, np.int32)) for k in range(6)]
+  for x in xs: prg(x, global_size=(1, 1, 1), local_size=(4, 1, 1))
+  dev.synchronize()
+  assert len(calls) == 1, f"the QMD's sizes were set {len(calls)} times for 6 calls that differ only in their buffer"
+  assert [x.numpy().tolist() for x in xs] == [[k + 1] * 4 for k in range(6)]
