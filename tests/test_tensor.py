@@ -451,3 +451,22 @@ def test_large_reductions_run_in_stages(dev, op):
     flags = np.zeros(n, bool)
     flags[n - 2] = True
     assert Tensor(flags, device=dev).max().item() is True and Tensor(~flags, device=dev).min().item() is False
+
+
+def test_dropped_results_free_their_buffers_without_the_garbage_collector():
+  """A reduction's result and a view pushed through elementwise ops are plain references: once dropped, their buffers go
+  back at once, not when the collector next runs (a nested function calling itself made a reference cycle that held
+  the nodes, so a loop of sums kept a result buffer per sum; on a GPU, memory the allocator could not reuse)."""
+  import gc
+  x = Tensor(np.arange(8192, dtype=np.float32), device="CPU")
+  y = Tensor(np.ones(8192, np.float32), device="CPU")
+  ops = [lambda: x.sum().realize(), lambda: (x * 2 + y).reshape(64, 128).permute(1, 0).contiguous(), lambda: (x * y).mean().realize(),
+         lambda: x.reshape(2, 4096)[1].realize(), lambda: (x + 1).reshape(8, 1024).sum(axis=1).realize()]
+  for op in ops: op()
+  gc.collect()
+  gc.disable()
+  try:
+    for op in ops:
+      for _ in range(10): op()
+    assert gc.collect() == 0, "dropped tensors were left in reference cycles"
+  finally: gc.enable()

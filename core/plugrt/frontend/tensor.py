@@ -150,22 +150,24 @@ def _buf_node(buf: Buffer, shape: Shape, view: View | None = None) -> Node:
 
 def _movement(node: Node, fn: Any, shape: Shape) -> Node:
   """Apply a view change (fn: View -> View | None) to node, pushing it through elementwise ops to their inputs."""
-  memo: dict[int, Node] = {}
+  return _moved(node, fn, shape, {})
 
-  def go(n: Node) -> Node:
-    if id(n) in memo: return memo[id(n)]
-    if n.op == "const": out = Node("const", n.dtype, shape, n.device, arg=n.arg)
-    elif n.op == "ew": out = Node("ew", n.dtype, shape, n.device, tuple(go(s) for s in n.srcs), n.arg)
-    else:
-      if n.op == "reduce": _realize_into(n, _realize(n))  # a reduction is a kernel of its own: its result is a buffer
+
+def _moved(n: Node, fn: Any, shape: Shape, memo: dict[int, Node]) -> Node:
+  # (a module function, not a closure calling itself: that would be a reference cycle holding the nodes, and so their
+  # buffers, until the garbage collector runs)
+  if id(n) in memo: return memo[id(n)]
+  if n.op == "const": out = Node("const", n.dtype, shape, n.device, arg=n.arg)
+  elif n.op == "ew": out = Node("ew", n.dtype, shape, n.device, tuple([_moved(s, fn, shape, memo) for s in n.srcs]), n.arg)
+  else:
+    if n.op == "reduce": _realize_into(n, _realize(n))  # a reduction is a kernel of its own: its result is a buffer
+    v = fn(n.view)
+    if v is None:  # strides cannot express it: copy to a contiguous buffer first
+      n = _realize(n, force_copy=True)
       v = fn(n.view)
-      if v is None:  # strides cannot express it: copy to a contiguous buffer first
-        n = _realize(n, force_copy=True)
-        v = fn(n.view)
-      out = Node("buf", n.dtype, shape, n.device, buffer=n.buffer, view=v)
-    memo[id(n)] = out
-    return out
-  return go(node)
+    out = Node("buf", n.dtype, shape, n.device, buffer=n.buffer, view=v)
+  memo[id(n)] = out
+  return out
 
 
 # ---------------------------------------------------------------- kernels for the graph
