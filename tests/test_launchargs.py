@@ -237,6 +237,31 @@ def test_the_same_scalars_with_new_buffers_each_call(dev):
   assert (outs[1].numpy()[0], outs[2].numpy()[0]) == (10.0, -4.0)
 
 
+@pytest.mark.parametrize("dev", DEVICES)
+def test_a_new_result_buffer_each_call_reuses_the_launch_over_its_memory(dev):
+  """A result buffer per call, the last dropped (as Tensor's realize does): the program holds its last call's buffers, so
+  the blocks alternate, and a program whose launches are self-contained submits the call before the last again over the
+  same memory instead of encoding it (_rebind). Every result lands in its own buffer; other scalars are prepared anew."""
+  d = Device[dev]
+  prg = d.program(axpy.ir())
+  x = Buffer(d, 1, dtypes.float32).copyin(np.array([3.0], np.float32))
+  rebinds, real = [], prg._rebind
+  prg._rebind = lambda last, bufs: (rebinds.append(len(bufs)), real(last, bufs))[1]  # (not the buffers: kept, they would take new blocks)
+  seen = set()
+  for k in range(12):
+    if k == 4: rebinds.clear()  # (the first calls may take blocks freed before)
+    out = Buffer(d, 1237, dtypes.float32).copyin(np.full(1237, np.nan, np.float32))  # (a size no other test leaves cached)
+    if k >= 4: seen.add(out.handle if isinstance(out.handle, int) else id(out.handle))
+    prg(out, x, vals=(2.0, 0.5))
+    assert out.numpy()[0] == 6.5, f"{dev}: call {k} wrote {out.numpy()[0]}"
+  if prg.self_contained:
+    assert len(seen) == 2, f"{dev}: the results took {len(seen)} blocks (the allocator's cache hands the last freed back)"
+    assert not rebinds, f"{dev}: {len(rebinds)} of 8 calls over two blocks were encoded again"
+  out = Buffer(d, 1, dtypes.float32)
+  prg(out, x, vals=(2.0, 1.5))  # other scalars: prepared in full
+  assert out.numpy()[0] == 7.5
+
+
 def test_a_cuda_launch_with_new_buffers_keeps_the_packed_scalars():
   if "CUDA" not in DEVICES: pytest.skip("no CUDA device here")
   d = Device["CUDA"]

@@ -137,7 +137,9 @@ def _no_submit() -> None: raise RuntimeError("this prepared call was never encod
 
 
 class PreparedCall:
-  """The arguments one launch was prepared for, and what the backend made of them, never changed once built.
+  """The arguments one launch was prepared for, and what the backend made of them, never changed once built but for
+  `bufs`: a self-contained program (Program.self_contained) drops them when the call stops being its last, keeping it
+  by the buffers' handles, and gives it the Buffers of a later call over the same memory.
   Program.__call__ compares a call with it inline (see the module docstring); replacing the program's prepared call by
   a single assignment lets threads share the program: a launch reads either the old or the new one, never a mix.
 

@@ -96,6 +96,8 @@ class _Launch(PreparedCall):
 
 
 class CPUProgram(Program):
+  self_contained = True  # a launch is its own argument block (Program.self_contained)
+
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature, fn_addr: int, keepalive: Any,
                runner: tuple[int, Any], compiler: str = ""):
     """fn_addr: the kernel (one group per call); runner: (address, owner) of the grid runner that calls it;

@@ -238,6 +238,7 @@ _PARAMS_SLOT = 10  # where the trampoline's slots hold cuLaunchKernel's kernelPa
 
 class CUDAProgram(Program):
   scalar_packer = staticmethod(ctypes_packer)  # 16-bit floats as their bits; IEEE rounding, out of range: inf
+  self_contained = True  # a launch is its parameter block and cuLaunchKernel's arguments (Program.self_contained)
 
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     super().__init__(device, name, lib, signature)

@@ -397,6 +397,7 @@ class NVProgram(HCQProgram):
   its command slot instead."""
   ENTRIES = 4
   scalar_packer = staticmethod(bytes_packer)  # each scalar's bytes (IEEE rounding, out of range: inf)
+  self_contained = True  # a launch is its blob (an entry rewritten since sends the blob in a slot): Program.self_contained
 
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     super().__init__(device, name, lib, signature)
