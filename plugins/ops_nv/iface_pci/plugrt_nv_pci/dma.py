@@ -60,6 +60,22 @@ def iommu_translates(function_dir: str) -> str:
   return "" if kind == "identity" else f"its IOMMU group ({os.path.basename(os.path.realpath(group))}) translates DMA (type {kind})"
 
 
+def map_anonymous(size: int, at: int | None = None, flags: int = 0) -> int:
+  """`size` bytes of private anonymous memory (zeroed), at CPU address `at` when given: FileExistsError when something
+  of this process is mapped there, MemoryError when the kernel gives none."""
+  lib = libc()
+  flags |= mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (MAP_FIXED_NOREPLACE if at else 0)
+  addr = lib.mmap(at, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+  failed = addr in (None, ctypes.c_void_p(-1).value)
+  if at is not None and not failed and addr != at:
+    lib.munmap(addr, size)
+    failed = True
+  if failed:
+    if at is not None and ctypes.get_errno() in (0, errno.EEXIST): raise FileExistsError(f"{at:#x} is already mapped in this process")
+    raise MemoryError(f"cannot map {size} bytes of host memory for the GPU")
+  return addr
+
+
 class PagemapDMA:
   """Locked pages with their physical addresses from /proc/self/pagemap (needs CAP_SYS_ADMIN)."""
 
