@@ -15,12 +15,15 @@ GSP-RM's init as above. Then (plugrt_nv_pci.gpu) GSP-RM's golden GR context on a
 device the RM client, device, subdevice, a VA space whose GPU page tables plugrt writes in VRAM (handed over with
 SET_PAGE_DIRECTORY; GPU-MMU version 2, or 3 on GB20x), a channel group with a compute and a copy channel (their
 instance blocks, RAMFC, method buffers and USERD in VRAM plugrt supplies), the compute object's context buffers promoted, the doorbell in BAR0, and
-memory as VRAM (mapped for the CPU through BAR1) or host pages (by their /proc/self/pagemap addresses). plugrt-nv's
-device, allocator, programs and queues run unchanged on it. Not built: Hopper (refused), VFIO (DMA through an
-IOMMU), video channels, peer mappings. On every failure and on close GSP-RM is
+memory as VRAM (mapped for the CPU through BAR1) or host pages. Host memory the GPU reads by DMA takes one of two
+paths (plugrt_nv_pci.vfio.dma_path; PLUGRT_NV_PCI_DMA=vfio|pagemap, else sysfs decides, and the probe says which):
+physical addresses from /proc/self/pagemap where no IOMMU translates (dma.PagemapDMA), or VFIO (vfio.VFIODMA: the
+function bound to vfio-pci, its buffers mapped with VFIO_IOMMU_MAP_DMA at IOVAs, the BARs through the device fd);
+neither is NoDMAPath naming both. plugrt-nv's device, allocator, programs and queues run unchanged on it. Not built:
+Hopper (refused), VFIO's interrupts, video channels, peer mappings. On every failure and on close GSP-RM is
 unloaded, the function reset (once the boot changed the GPU), re-disabled and bound back to its driver.
 **Never run on hardware: tested against the fake GPUs of plugins/ops_nv/tests/fake_nvpci.py (GA102, AD102) and
-fake_nvpci_gb.py (GB202) only.**
+fake_nvpci_gb.py (GB202), and VFIO against the fake kernel of fake_vfio.py, only.**
 
 Never chosen automatically (`NV_IFACE=PCI` or `DEV=PCI+NV`). The probe reads sysfs only. Entry module: standard
 library and plugrt only.
@@ -39,13 +42,14 @@ ACK = "PLUGRT_NV_ALLOW_UNBIND"
 FIRMWARE = "PLUGRT_NV_FIRMWARE"
 TIMEOUT = "PLUGRT_NV_BOOT_TIMEOUT"
 DMA = "PLUGRT_NV_PCI_DMA"
-WOULD = ("opening unbinds the GPU from its driver, turns on bus mastering, maps BAR0 and BAR1 through sysfs, boots GSP-RM from the "
+WOULD = ("opening unbinds the GPU from its driver (binding it to vfio-pci when host memory goes through VFIO), turns on bus mastering, "
+         "maps BAR0 and BAR1 (through sysfs, or VFIO), boots GSP-RM from the "
          "linux-firmware files (Ampere and Ada: FWSEC-FRTS from the VBIOS and booter_load on SEC2; Blackwell: the chain-of-trust message "
          "to the FSP, which boots the GSP FMC; then the GSP's message queues), makes the RM objects over RPC "
          "(GR's golden context, a VA space with plugrt's page tables, a compute and a copy channel) and runs NV's command stream on them; "
          "closing unloads GSP-RM, resets the function and binds the driver back")
 NOT_YET = ("never run on hardware: tested end to end against fake GPUs only (Ampere GA10x, Ada AD10x and Blackwell GB20x, whose FSP "
-           "boot has never met a real FSP)")
+           "boot has never met a real FSP; host memory through VFIO only against a fake kernel)")
 HINT = "use the NVK interface (NV_IFACE=NVK, the default) with the NVIDIA kernel driver"
 
 
