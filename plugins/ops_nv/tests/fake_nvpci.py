@@ -75,9 +75,11 @@ class KernelWrites:
   def __init__(self, devices: str, refuse_unbind: bool = False):
     self.devices, self.refuse_unbind = devices, refuse_unbind
     self.log: list[tuple[str, str]] = []
+    self.watch: Callable[[str], None] | None = None   # sees each write first (the fake VFIO checks unbinds)
 
   def __call__(self, path: str, text: str) -> None:
     self.log.append((os.path.relpath(path, os.path.dirname(self.devices)), text))
+    if self.watch is not None: self.watch(path)
     if path.endswith("/driver/unbind"):
       if not self.refuse_unbind: os.unlink(os.path.join(self.devices, text, "driver"))
     elif path.endswith("/bind"):

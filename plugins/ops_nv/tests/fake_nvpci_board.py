@@ -20,10 +20,13 @@ CHIPS = {chip: ids for chip, (ids, _, _) in BOARDS.items()}
 
 class FakePCINV:
   """One fake NVIDIA GPU (`chip`: "ga102" Ampere, "ad102" Ada, "gb202" Blackwell) on a fake sysfs tree, bound to nvidia, with its
-  firmware files: `open(device)` runs plugrt-nv-pci's real open path on it (the BARs and the DMA allocator are the
-  fake's). `env()` is what NV_IFACE=PCI needs. Files live in a temporary folder until shutdown()."""
+  firmware files: `open(device)` runs plugrt-nv-pci's real open path on it. `dma` "pagemap": the BARs and the DMA
+  allocator are the fake's (FakeDMA standing for PagemapDMA); "vfio": the GPU sits alone in a translating IOMMU group,
+  PLUGRT_NV_PCI_DMA=vfio, and plugrt-nv-pci's own VFIO path (VFIODMA, VFIOFunction) runs on fake_vfio's kernel, which
+  maps the BARs and translates the GPU's IOVAs. `env()` is what NV_IFACE=PCI needs. Files live in a temporary folder
+  until shutdown()."""
 
-  def __init__(self, chip: str = "ga102", root: str | None = None):
+  def __init__(self, chip: str = "ga102", root: str | None = None, dma: str = "pagemap"):
     import tempfile
     if chip not in CHIPS: raise ValueError(f"no fake NV chip {chip!r} (have {', '.join(CHIPS)})")
     self.chip, self.own = chip, root is None
@@ -33,8 +36,16 @@ class FakePCINV:
     self.kernel = KernelWrites(self.devices)
     self.fw_root = os.path.join(self.dir, "fw")
     self.firmware = firmware(self.fw_root, chip)
-    self.dma = FakeDMA()
+    if dma not in ("pagemap", "vfio"): raise ValueError(f"no fake DMA path {dma!r} (have pagemap, vfio)")
+    self.dma_path, self.vfio = dma, None
+    self.dma: Any = FakeDMA()
+    if dma == "vfio":
+      from fake_vfio import FakeVFIO, add_group
+      add_group(self.devices, "42", [ADDRESS])
+      self.vfio = self.dma = FakeVFIO(self.devices)
+      self.kernel.watch = self.vfio.kernel_write
     self.gpu = bar0(boot42, self.dma, self.firmware, config=os.path.join(self.devices, ADDRESS, "config"), pci_address=ADDRESS)
+    if self.vfio is not None: self.vfio.bars.update({0: self.gpu, 1: self.gpu.vram})
     self.mapped: list[int] = []
 
   def bars(self, fn: Any, index: int) -> Any:
@@ -43,15 +54,16 @@ class FakePCINV:
 
   def open(self, device: Any) -> Any:
     import plugrt_nv_pci
+    if self.vfio is not None: return plugrt_nv_pci.open_pci(device, self.devices, self.drivers, self.kernel, vfio=self.vfio)
     return plugrt_nv_pci.open_pci(device, self.devices, self.drivers, self.kernel, bars=self.bars, dma=lambda d: self.dma)
 
   def env(self) -> dict[str, str]:
     return {"NV": "1", "NV_IFACE": "PCI", "NV_PTX": "1", "PLUGRT_NV_ALLOW_UNBIND": "1", "PLUGRT_NV_FIRMWARE": self.fw_root,
-            "PLUGRT_NV_BOOT_TIMEOUT": "5", "PLUGRT_NV_TIMEOUT": "20"}
+            "PLUGRT_NV_BOOT_TIMEOUT": "5", "PLUGRT_NV_TIMEOUT": "20", **({"PLUGRT_NV_PCI_DMA": "vfio"} if self.vfio is not None else {})}
 
   def violations(self) -> list[str]:
     gsp = self.gpu.gsp
-    return [*self.gpu.violations, *self.gpu.vram.violations, *(gsp.errors if gsp is not None else [])]
+    return [*self.gpu.violations, *self.gpu.vram.violations, *(gsp.errors if gsp is not None else []), *(self.vfio.violations if self.vfio else [])]
 
   def shutdown(self) -> None:
     import shutil

@@ -10,7 +10,9 @@ the reference interpreter:
 
 `--nv-pci-chip ad102` (or PLUGRT_FAKE_NV_CHIP=ad102) makes the fake GPU an Ada AD102, `gb202` a Blackwell GB202
 (booted through its FSP, fake_nvpci_gb.py; GPU-MMU version 3, QMD version 5); the default, ga102, is an Ampere
-GA102. Kernels are PTX from plugrt's renderer assembled by ptxas (NV_PTX=1), so ptxas must be installed.
+GA102. `--nv-pci-dma vfio` puts the GPU in a translating IOMMU group and runs plugrt-nv-pci's VFIO path (binding to
+vfio-pci, the type-1 container, MAP_DMA for every host buffer, the BARs through the device fd) on fake_vfio.py's kernel.
+Kernels are PTX from plugrt's renderer assembled by ptxas (NV_PTX=1), so ptxas must be installed.
 
 The registry is the usual one with plugrt-nv's, plugrt-nv-nvk's and plugrt-nv-pci's own entry points disabled and the
 fake-backed NV (fake_nvpci_board.fake_pci_plugins) in their place, NV_IFACE=PCI."""
@@ -27,6 +29,8 @@ _fake: list[Any] = []
 def pytest_addoption(parser: Any) -> None:
   parser.addoption("--nv-pci-chip", choices=("ga102", "ad102", "gb202"), default=None,
                    help="the fake NV GPU behind the PCI interface: ga102 (Ampere, default), ad102 (Ada) or gb202 (Blackwell); or PLUGRT_FAKE_NV_CHIP")
+  parser.addoption("--nv-pci-dma", choices=("pagemap", "vfio"), default="pagemap",
+                   help="the fake NV GPU's host memory: a fake allocator standing for PagemapDMA (default), or plugrt-nv-pci's VFIO path")
 
 
 def pytest_configure(config: Any) -> None:
@@ -35,7 +39,7 @@ def pytest_configure(config: Any) -> None:
   from plugrt_testing.fakegpu import use_fake_for_session
   chip = config.getoption("--nv-pci-chip", None) or os.environ.get("PLUGRT_FAKE_NV_CHIP") or "ga102"
   if chip not in CHIPS: raise ValueError(f"PLUGRT_FAKE_NV_CHIP={chip}: the fake NV chips are {', '.join(CHIPS)}")
-  fake = FakePCINV(chip)
+  fake = FakePCINV(chip, dma=config.getoption("--nv-pci-dma", None) or "pagemap")
   _fake.append(fake)
   _undo.append(use_fake_for_session(fake, fake_pci_plugins(fake)[:2], fake.env(), ("plugrt-nv", "plugrt-nv-nvk", "plugrt-nv-pci")))
 
@@ -52,8 +56,9 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     session.config.get_terminal_writer().line(f"nv_pci_session: the PCI path did not run cleanly: {where}", red=True)
     session.exitstatus = 1
   else:
+    via = f", host memory through VFIO ({len(fake.vfio.maps)} IOMMU mappings now, {len(fake.vfio.unmapped)} unmapped)" if fake.vfio else ""
     session.config.get_terminal_writer().line(f"nv_pci_session: {ran} launches ran through the PCI channels on the fake {fake.chip.upper()} "
-                                              f"({fake.gpu.tlb_flushes} TLB invalidations)")
+                                              f"({fake.gpu.tlb_flushes} TLB invalidations{via})")
 
 
 def pytest_unconfigure(config: Any) -> None:

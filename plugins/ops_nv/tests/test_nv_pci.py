@@ -60,8 +60,10 @@ def test_probe_lists_candidates_by_generation_and_touches_nothing(tmp_path) -> N
   before = sorted(os.walk(rig.devices))
   p = plugrt_nv_pci.probe_tree(rig.devices)
   assert p.ok and p.count == 2, p
-  for part in (f"{A} (device 0x2204, Ampere GA10x, driver nvidia; bound to nvidia: opening takes it from every program that uses it)",
-               f"{B} (device 0x2684, Ada AD10x, driver none)", f"{H} (device 0x2335, Hopper GH100", "Hopper (GH100) is not in the seeds' PCI list",
+  for part in (f"{A} (device 0x2204, Ampere GA10x, driver nvidia; bound to nvidia: opening takes it from every program that uses it; "
+               "host memory through /proc/self/pagemap (no IOMMU translates its DMA))",
+               f"{B} (device 0x2684, Ada AD10x, driver none; host memory through /proc/self/pagemap",
+               f"{H} (device 0x2335, Hopper GH100", "Hopper (GH100) is not in the seeds' PCI list",
                "needs PLUGRT_NV_ALLOW_UNBIND=1", "never run on hardware", "tested end to end against fake GPUs only",
                "Blackwell GB20x, whose FSP boot has never met a real FSP"):
     assert part in p.detail, (part, p.detail)

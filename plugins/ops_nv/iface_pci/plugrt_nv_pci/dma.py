@@ -3,12 +3,14 @@ and the GSP's bootloader copy from system memory. The GPU needs each page's bus 
 
 `PagemapDMA` is the sysfs path: locked anonymous pages whose physical addresses /proc/self/pagemap gives (root only),
 usable as bus addresses only when no IOMMU translates the GPU's DMA (the function's IOMMU group, if any, has type
-`identity`); otherwise it refuses, since DMA through the IOMMU needs VFIO, which plugrt does not implement yet.
+`identity`); otherwise it refuses: DMA through the IOMMU is plugrt_nv_pci.vfio's VFIODMA (IOVAs from VFIO's type-1
+container), and vfio.dma_path chooses between the two before the function is taken.
 A buffer the GPU reads as one range (the bootloader and signature the booter copies, LibOS's log regions) is asked
 for `contiguous`: PagemapDMA then takes it from a 2 MiB huge page (hugetlbfs pages must be reserved:
 /proc/sys/vm/nr_hugepages) and checks that its frames are consecutive. Memory the NV device uses as "host" memory is
 asked `at` the address it will have for the GPU too (the CPU and the GPU see one address), and given back with `free`.
-Tests pass their own allocator with the same `alloc` and `free` (the fake GPU resolves the bus addresses it hands out).
+Tests pass their own allocator with the same `alloc` and `free` (the fake GPU resolves the bus addresses it hands out);
+`map_anonymous` is the plain mapping both paths start from.
 """
 from __future__ import annotations
 
@@ -60,13 +62,29 @@ def iommu_translates(function_dir: str) -> str:
   return "" if kind == "identity" else f"its IOMMU group ({os.path.basename(os.path.realpath(group))}) translates DMA (type {kind})"
 
 
+def map_anonymous(size: int, at: int | None = None, flags: int = 0) -> int:
+  """`size` bytes of private anonymous memory (zeroed), at CPU address `at` when given: FileExistsError when something
+  of this process is mapped there, MemoryError when the kernel gives none."""
+  lib = libc()
+  flags |= mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (MAP_FIXED_NOREPLACE if at else 0)
+  addr = lib.mmap(at, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+  failed = addr in (None, ctypes.c_void_p(-1).value)
+  if at is not None and not failed and addr != at:
+    lib.munmap(addr, size)
+    failed = True
+  if failed:
+    if at is not None and ctypes.get_errno() in (0, errno.EEXIST): raise FileExistsError(f"{at:#x} is already mapped in this process")
+    raise MemoryError(f"cannot map {size} bytes of host memory for the GPU")
+  return addr
+
+
 class PagemapDMA:
   """Locked pages with their physical addresses from /proc/self/pagemap (needs CAP_SYS_ADMIN)."""
 
   def __init__(self, function_dir: str):
     if (why := iommu_translates(function_dir)):
       raise DeviceUnavailable(f"host memory for the GPU: {why}", Reason.NO_DEVICE,
-                              "boot with iommu=pt (or intel_iommu=off / amd_iommu=off) for this GPU; DMA through VFIO is not implemented yet")
+                              "use VFIO (PLUGRT_NV_PCI_DMA=vfio, or bind the function to vfio-pci), or boot with iommu=pt")
     self.maps: list[tuple[int, int]] = []
 
   def alloc(self, size: int, contiguous: bool = False, at: int | None = None) -> DMABuffer:

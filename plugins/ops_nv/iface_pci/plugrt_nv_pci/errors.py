@@ -49,3 +49,30 @@ class RPCError(GSPError):
 
 class MalformedRPC(GSPError):
   """A message in the GSP's status queue broke the queue's rules (checksum, sequence number, length, header)."""
+
+
+class NoDMAPath(DeviceUnavailable):
+  """Neither host-memory path works for the function: /proc/self/pagemap's physical addresses (refused behind a
+  translating IOMMU) nor VFIO (the function not bound to vfio-pci, no IOMMU group, vfio-pci not loaded)."""
+
+  def __init__(self, message: str, hint: str):
+    super().__init__(message, Reason.NO_DEVICE, hint)
+
+
+class VFIOError(DeviceUnavailable):
+  """A VFIO step failed: `step` names it (the ioctl or file), `errno` is the kernel's answer (0 when the kernel
+  answered but not with what plugrt needs)."""
+
+  def __init__(self, message: str, hint: str = "", *, step: str = "", errno: int = 0):
+    self.step, self.errno = step, errno
+    super().__init__(message, Reason.NO_DEVICE, hint)
+
+
+class GroupNotViable(VFIOError):
+  """The function's IOMMU group is not viable: `blockers` maps each device of the group that holds it back to its
+  driver (every device of a group must be bound to vfio-pci, or to no driver, before VFIO hands the group out)."""
+
+  def __init__(self, group: str, blockers: dict[str, str], hint: str):
+    self.group, self.blockers = group, blockers
+    named = ", ".join(f"{a} (bound to {d})" for a, d in blockers.items()) or "a device the sysfs tree does not show"
+    super().__init__(f"IOMMU group {group} is not viable for VFIO: {named} not bound to vfio-pci", hint, step="VFIO_GROUP_GET_STATUS")
