@@ -153,6 +153,9 @@ def _movement(node: Node, fn: Any, shape: Shape) -> Node:
   return _moved(node, fn, shape, {})
 
 
+def _scalar_view(v: View) -> View: return View((), (), v.offset)  # the one element of a (1, ..., 1) view, as shape ()
+
+
 def _moved(n: Node, fn: Any, shape: Shape, memo: dict[int, Node]) -> Node:
   # (a module function, not a closure calling itself: that would be a reference cycle holding the nodes, and so their
   # buffers, until the garbage collector runs)
@@ -613,7 +616,7 @@ _VEC = 4
 #: per group (_REDUCE_GROUPS groups at most, each thread at least _REDUCE_CHUNKS chunks) while the elements are many, then
 #: one group; below it, one thread's loop (_reduce_kernel). _REDUCE_UNROLL: chunks each thread loads per step of its loop
 #: (bench/gpu_cuda.py's tensor_sum_* rows)
-_PARTIAL_MIN, _REDUCE_GROUPS, _REDUCE_CHUNKS, _REDUCE_UNROLL = 4 * 256, 1024, 16, 4
+_PARTIAL_MIN, _REDUCE_GROUPS, _REDUCE_CHUNKS, _REDUCE_UNROLL = 4 * 256, 4096, 16, 4
 #: a repr prints every element up to _PRINT_THRESHOLD of them, past it _PRINT_EDGE at each end of each long axis (numpy's defaults)
 _PRINT_THRESHOLD, _PRINT_EDGE = 1000, 3
 #: counters for tests and tuning: kernels_run counts fused/reduce kernels launched by tensors
@@ -984,14 +987,18 @@ class Tensor:
 
   # ---- reductions
   def _reduce(self, op: str, axis: int | Sequence[int] | None, keepdim: bool, dtype: DType) -> Tensor:
-    nd = self.ndim
-    axes = tuple(range(nd)) if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
+    shape = self.node.shape
+    nd = len(shape)
+    src = _cast_node(self.node, dtype)
+    if axis is None:  # over every axis (the common case, with no axis to check): to shape () or (1, ..., 1)
+      out = Node("reduce", dtype, (1,) * nd, src.device, (src,), (op, tuple(range(nd))))
+      return _wrap(out if keepdim or not nd else _movement(out, _scalar_view, ()))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
     axes = tuple(sorted({a + nd if a < 0 else a for a in axes}))
     if any(not 0 <= a < nd for a in axes): raise ValueError(f"axis {axis} is out of range for {nd} dimensions")
-    src = _cast_node(self.node, dtype)
-    kept = tuple(1 if i in axes else d for i, d in enumerate(self.shape))
-    out = _wrap(Node("reduce", dtype, kept, src.device, (src,), (op, axes)))
-    return out if keepdim else out.reshape(tuple(d for i, d in enumerate(self.shape) if i not in axes))
+    kept = tuple(1 if i in axes else d for i, d in enumerate(shape))
+    out_t = _wrap(Node("reduce", dtype, kept, src.device, (src,), (op, axes)))
+    return out_t if keepdim else out_t.reshape(tuple(d for i, d in enumerate(shape) if i not in axes))
 
   def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
     vt = _value_dtype(self.dtype)
