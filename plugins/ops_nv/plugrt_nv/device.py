@@ -130,6 +130,9 @@ class NVState(Timeline, HCQState):  # Timeline first: its synchronize() is the d
     # holds writes only the release's payload word (slot_words: the slots as 32-bit words)
     self.slot_holds: list[bytes | None] = [None] * SLOTS
     self.slot_words = self.slots.view.cast("I")
+    # per slot, the fast path's GPFIFO entry and the index of its payload word in slot_words (looked up, not computed, per launch)
+    self.fast_entries = [self.slots.address(i) | FAST_ENTRY for i in range(SLOTS)]
+    self.fast_payloads = [(i * SLOT + FAST_PAYLOAD) >> 2 for i in range(SLOTS)]
     self.slm, self.local_mem = 0, None
     # other GPUs (plugrt_nv.peer): semaphores of theirs the next submission here waits for (address -> value), the links
     # from this GPU, the GPUs linked either way, and which of this GPU's allocations their copies read (address -> {GPU: value})
@@ -523,9 +526,9 @@ class NVProgram(HCQProgram):
     if e is None:
       def slotted() -> int: return slot_launch(None, blob, False)
       return slotted, slotted
-    slots, ch, words, view, ring, base, entries, fence = st.slots, st.compute, e.commands, st.slots.view, st.compute.ring, \
-      st.slots.base, st.compute.entries, st._fence
+    slots, ch, words, view, ring, entries, fence = st.slots, st.compute, e.commands, st.slots.view, st.compute.ring, st.compute.entries, st._fence
     last_use, put_register, doorbell, token, holds, payloads = slots.last_use, ch.put_register, ch.doorbell, ch.token, st.slot_holds, st.slot_words
+    gp_entries, payload_at = st.fast_entries, st.fast_payloads
 
     def queue() -> int:
       # (an entry rewritten since for other bytes, or a device that must invalidate first: the slot path, with this blob,
@@ -536,13 +539,14 @@ class NVProgram(HCQProgram):
       i = slots.next
       if last_use[i] > st.done: st.wait(last_use[i])
       slots.next = (i + 1) % SLOTS
-      o, value = i * SLOT, st.value + 1
+      value = st.value + 1
       if holds[i] is not words:
+        o = i * SLOT
         view[o:o + FAST_WORDS * 4] = words
         holds[i] = words
-      payloads[(o + FAST_PAYLOAD) >> 2] = value & M32
+      payloads[payload_at[i]] = value & M32
       put = ch.put
-      ring[put % entries] = base + o | FAST_ENTRY
+      ring[put % entries] = gp_entries[i]
       ch.put = put + 1
       st.value = last_use[i] = e.last_use = value
       return value
