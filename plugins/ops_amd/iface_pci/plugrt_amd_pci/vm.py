@@ -81,7 +81,7 @@ class AddressSpace:
     self.pool_at, self.pool_end = pool_at, pool_at + pool_size
     self.next = pool_at
     self.tables: dict[int, bytearray] = {}   # VRAM offset -> the table's bytes
-    self.dirty: set[int] = set()
+    self.dirty: dict[int, tuple[int, int]] = {}   # table -> the byte range changed since the last commit
     self.mapped: list[tuple[int, int, int, int]] = []   # (va, VRAM offset, size, flags)
     self.root = self._table()
 
@@ -91,7 +91,7 @@ class AddressSpace:
                     "map fewer, larger ranges")
     at, self.next = self.next, self.next + PAGE
     self.tables[at] = bytearray(PAGE)
-    self.dirty.add(at)
+    self.dirty[at] = (0, PAGE)                # a new table is written whole: the VRAM under it holds anything
     return at
 
   @property
@@ -101,7 +101,8 @@ class AddressSpace:
 
   def _set(self, table: int, index: int, value: int) -> None:
     struct.pack_into("<Q", self.tables[table], index * 8, value)
-    self.dirty.add(table)
+    lo, hi = self.dirty.get(table, (index * 8, index * 8 + 8))
+    self.dirty[table] = (min(lo, index * 8), max(hi, index * 8 + 8))
 
   def _leaf(self, va: int) -> tuple[int, int]:
     """The page table and index for `va`, making the directories down to it."""
@@ -156,9 +157,10 @@ class AddressSpace:
       self._set(table, i, 0)
 
   def commit(self, flush: Callable[[], None] | None = None) -> int:
-    """Write every changed table to VRAM (then the HDP flush, if given); returns how many tables were written."""
+    """Write every changed table to VRAM (then the HDP flush, if given); returns how many tables were written. Of a
+    table written before, only the span of its changed entries is written again: over USB each dword is bridge commands."""
     n = len(self.dirty)
-    for at in sorted(self.dirty): self.regs.write_vram(at, bytes(self.tables[at]))
+    for at, (lo, hi) in sorted(self.dirty.items()): self.regs.write_vram(at + lo, bytes(self.tables[at][lo:hi]))
     self.dirty.clear()
     if flush is not None: flush()
     return n

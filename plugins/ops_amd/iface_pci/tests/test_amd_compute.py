@@ -72,6 +72,34 @@ def test_page_tables_in_gmc11_format_translate_in_the_fake_hub() -> None:
   with pytest.raises(fake_amdq.Fault, match="context 9 has no valid page-table base"): hub.translate(0x1000, 9)
 
 
+
+def test_a_commit_writes_again_only_the_entries_that_changed() -> None:
+  """A table already in VRAM gets only its changed span written: a page mapped (then unmapped) into an existing PTB is
+  one 8-byte PTE, not the table's 4 KiB (over USB each dword of VRAM written is bridge commands)."""
+  regs, vram = fake_amdgpu.fake_gpu(mib=64)
+  phys = 0x1_0000_0000
+  space = vm.AddressSpace(GPURegisters(regs, vram), phys)
+  space.map(0x1000, 40 << 20, 0x1000)
+  writes: list[tuple[int, int]] = []
+  write_vram = space.regs.write_vram
+  space.regs.write_vram = lambda at, data: (writes.append((at, len(data))), write_vram(at, data))[1]
+  assert space.commit() == 4 and sum(n for _, n in writes) == 4 * vm.PAGE     # new tables: written whole
+  ptb = max(at for at, _ in writes)
+  writes.clear()
+  space.map(0x5000, 44 << 20, 0x2000)                                         # PTEs 5 and 6 of the same PTB
+  assert space.commit() == 1 and writes == [(ptb + 5 * 8, 16)]
+  hub = fake_amdq.FakeVM(regs, vram, phys)
+  gmc.apply(GPURegisters(regs, vram), GC0, gmc.vmid_config_ops(), gmc.GFXHUBS[(11, 0, 0)])
+  gmc.set_page_table(GPURegisters(regs, vram), GC0, gmc.GFXHUBS[(11, 0, 0)], 8, space.pd_address)
+  gmc.flush_tlb(GPURegisters(regs, vram), GC0, gmc.GFXHUBS[(11, 0, 0)], 8)
+  assert hub.translate(0x1FFC, 8) == (40 << 20) + 0xFFC and hub.translate(0x6004, 8) == (44 << 20) + 0x1004
+  writes.clear()
+  space.unmap(0x5000)
+  assert space.commit() == 1 and writes == [(ptb + 5 * 8, 16)]
+  gmc.flush_tlb(GPURegisters(regs, vram), GC0, gmc.GFXHUBS[(11, 0, 0)], 8)
+  with pytest.raises(fake_amdq.Fault, match="PTE not valid"): hub.translate(0x5000, 8)
+  assert hub.translate(0x1000, 8) == 40 << 20
+
 def test_fragments_and_refusals() -> None:
   assert vm.fragment(0, 0, 2 << 20) == 9 and vm.fragment(0x1000, 0x1000, 2 << 20) == 0 and vm.fragment(0x10000, 0x30000, 0x10000) == 4
   assert vm.fragment(0, 0x1000, 2 << 20) == 0                   # VA and PA aligned differently: no fragment
