@@ -3,6 +3,7 @@ forked child, replaced when it died, stopped at exit, and off with PLUGRT_CPU_CL
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -76,15 +77,18 @@ def test_a_forked_child_neither_uses_nor_blocks_the_parents_process(tmp_path, ch
   parents = comp._standby
   assert parents is not None
   r, w = os.pipe()
+  release_r, release_w = os.pipe()
   pid = os.fork()
   if pid == 0:  # the child stays alive while the parent compiles (a worker process, holding what it inherited)
     try:
       os.close(r)
+      os.close(release_w)
       if child_compiles: compile_one(comp, "ahead_child")  # with processes of its own
       os.write(w, b"ok")
-      time.sleep(3)
+      select.select([release_r], [], [], 3)  # until the parent has compiled, or 3 s: longer than its compile may take
     finally: os._exit(0)
   os.close(w)
+  os.close(release_r)
   try:
     assert os.read(r, 2) == b"ok"
     assert parents.proc.poll() is None  # the child did not stop (or use) the parent's waiting process
@@ -93,6 +97,7 @@ def test_a_forked_child_neither_uses_nor_blocks_the_parents_process(tmp_path, ch
     assert time.perf_counter() - t < 2.5
     assert parents.proc.returncode == 0  # and it compiled the parent's source
   finally:
+    os.close(release_w)  # the child exits now
     os.waitpid(pid, 0)
     os.close(r)
 
