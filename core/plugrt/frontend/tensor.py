@@ -153,9 +153,6 @@ def _movement(node: Node, fn: Any, shape: Shape) -> Node:
   return _moved(node, fn, shape, {})
 
 
-def _scalar_view(v: View) -> View: return View((), (), v.offset)  # the one element of a (1, ..., 1) view, as shape ()
-
-
 def _moved(n: Node, fn: Any, shape: Shape, memo: dict[int, Node]) -> Node:
   # (a module function, not a closure calling itself: that would be a reference cycle holding the nodes, and so their
   # buffers, until the garbage collector runs)
@@ -989,16 +986,16 @@ class Tensor:
   def _reduce(self, op: str, axis: int | Sequence[int] | None, keepdim: bool, dtype: DType) -> Tensor:
     shape = self.node.shape
     nd = len(shape)
+    if axis is None: axes = tuple(range(nd))  # every axis: nothing to check
+    else:
+      axes = tuple(sorted({a + nd if a < 0 else a for a in ((axis,) if isinstance(axis, int) else tuple(axis))}))
+      if any(not 0 <= a < nd for a in axes): raise ValueError(f"axis {axis} is out of range for {nd} dimensions")
     src = _cast_node(self.node, dtype)
-    if axis is None:  # over every axis (the common case, with no axis to check): to shape () or (1, ..., 1)
-      out = Node("reduce", dtype, (1,) * nd, src.device, (src,), (op, tuple(range(nd))))
-      return _wrap(out if keepdim or not nd else _movement(out, _scalar_view, ()))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    axes = tuple(sorted({a + nd if a < 0 else a for a in axes}))
-    if any(not 0 <= a < nd for a in axes): raise ValueError(f"axis {axis} is out of range for {nd} dimensions")
     kept = tuple(1 if i in axes else d for i, d in enumerate(shape))
-    out_t = _wrap(Node("reduce", dtype, kept, src.device, (src,), (op, axes)))
-    return out_t if keepdim else out_t.reshape(tuple(d for i, d in enumerate(shape) if i not in axes))
+    out = Node("reduce", dtype, kept, src.device, (src,), (op, axes))
+    if keepdim: return _wrap(out)
+    dropped = tuple(d for i, d in enumerate(shape) if i not in axes)  # (a checked shape of the same elements: no reshape() parsing)
+    return _wrap(out if dropped == kept else _movement(out, lambda v: v.reshape(dropped), dropped))
 
   def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
     vt = _value_dtype(self.dtype)

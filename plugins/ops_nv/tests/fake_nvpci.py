@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fake_gpu import FakeEngine
+from fake_vfio import read_pages
 
 from plugrt_nv.iface import Channel
 from plugrt_nv_nvk import rm
@@ -199,12 +200,7 @@ class FakeDMA:
     if bus & ~(PAGE - 1) not in self.page_of: raise KeyError(f"no host page at bus address {bus:#x}")
     return self.page_of[bus & ~(PAGE - 1)] + bus % PAGE
 
-  def read(self, bus: int, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-      k = min(n - len(out), PAGE - (bus + len(out)) % PAGE)
-      out += ctypes.string_at(self.resolve(bus + len(out)), k)
-    return out
+  def read(self, bus: int, n: int) -> bytes: return read_pages(self.resolve, bus, n)
 
   def close(self) -> None: pass
 

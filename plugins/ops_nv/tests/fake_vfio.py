@@ -56,6 +56,15 @@ def bind(devices: str, address: str, driver: str) -> None:
   os.symlink(os.path.join("..", "..", "drivers", driver), link)
 
 
+def read_pages(resolve: Any, at: int, n: int) -> bytes:
+  """`n` bytes from bus address `at` (an IOVA, or a fake bus address), page by page through `resolve` (bus -> CPU)."""
+  out = b""
+  while len(out) < n:
+    k = min(n - len(out), PAGE - (at + len(out)) % PAGE)
+    out += ctypes.string_at(resolve(at + len(out)), k)
+  return out
+
+
 class FakeVFIO:
   """The kernel's VFIO for the fake tree at `devices`. `ranges`: the IOMMU's valid IOVA ranges (inclusive); `pin_limit`:
   bytes it pins before MAP_DMA answers ENOMEM; `types`: the IOMMU types CHECK_EXTENSION offers; `bars`: index -> the
@@ -237,12 +246,7 @@ class FakeVFIO:
       if i <= iova < i + n: return vaddr + iova - i
     raise KeyError(f"IOMMU fault: no mapping at IOVA {iova:#x}")
 
-  def read(self, iova: int, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-      k = min(n - len(out), PAGE - (iova + len(out)) % PAGE)
-      out += ctypes.string_at(self.resolve(iova + len(out)), k)
-    return out
+  def read(self, iova: int, n: int) -> bytes: return read_pages(self.resolve, iova, n)
 
   def open_fds(self) -> list[str]: return [f"{k} {w}".strip() for k, w in self.fds.values()]
 
