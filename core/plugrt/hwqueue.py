@@ -248,11 +248,12 @@ class ResidentLaunches:
   The launch path looks a key up in `entries` inline; `claim()` picks an entry to rewrite for a new key: a new one
   while there is room (rewriting one that the next call may want again would thrash: alternating buffers, as in a
   chain of dependent launches, then stay resident), else the least recently used one the GPU has finished with,
-  else None (every entry is in use: the launch then carries its descriptor in its command slot)."""
-  __slots__ = ("base", "stride", "capacity", "entries")
+  else None (every entry is in use: the launch then carries its descriptor in its command slot). `entry`: the
+  class of the entries (a backend's ResidentLaunch subclass keeps fields where its native launch code reads them)."""
+  __slots__ = ("base", "stride", "capacity", "entries", "entry")
 
-  def __init__(self, base: int, stride: int, capacity: int):
-    self.base, self.stride, self.capacity = base, stride, capacity
+  def __init__(self, base: int, stride: int, capacity: int, entry: type[ResidentLaunch] = ResidentLaunch):
+    self.base, self.stride, self.capacity, self.entry = base, stride, capacity, entry
     self.entries: list[ResidentLaunch] = []
 
   def find(self, key: Any) -> ResidentLaunch | None:
@@ -263,7 +264,7 @@ class ResidentLaunches:
   def claim(self, done: int) -> ResidentLaunch | None:
     """An entry free to rewrite (its key cleared), given that the timeline reached `done`; None when all are busy."""
     if len(self.entries) < self.capacity:
-      e = ResidentLaunch(self.base + len(self.entries) * self.stride)
+      e = self.entry(self.base + len(self.entries) * self.stride)
       self.entries.append(e)
     elif free := [e for e in self.entries if e.last_use <= done]: e = min(free, key=lambda e: e.last_use)
     else: return None

@@ -168,7 +168,7 @@ def main() -> None:
             "doorbell": timed(lambda i: setattr(ch.doorbell, "value", ch.token)),
             "empty loop": timed(lambda i: None)}
     dev.synchronize()
-    st.slot_holds[:] = [None] * len(st.slot_holds)  # the slots written above hold no launch's words now
+    st.slot_holds[:] = [0] * len(st.slot_holds)  # the slots written above hold no launch's words now
     return ", ".join(f"{k} {v:.3f} us" for k, v in rows.items()) + f" (slots: {st.slots_mem.kind})"
   step("where a launch's time goes", breakdown)
 

@@ -35,12 +35,10 @@ from plugrt.dtype import dtypes
 from plugrt.errors import CompileError, UnsupportedError
 from plugrt.hookspecs import DeviceInfo
 from plugrt.hwqueue import (
-  CommandSlots,
   DoorbellRing,
   HCQProgram,
   HCQState,
   PinnedStaging,
-  ResidentLaunch,
   ResidentLaunches,
   StagedAllocator,
   Timeline,
@@ -50,7 +48,7 @@ from plugrt.hwqueue import (
 from plugrt.launchargs import PreparedCall, bytes_packer
 from plugrt.probing import install_hint
 from plugrt.runtime import Launch, LaunchLimits
-from plugrt_nv import cmd, cubin, hw, nvdec
+from plugrt_nv import cmd, cubin, fastlaunch, hw, nvdec
 from plugrt_nv.iface import Channel, GPUInterface, Mem, NVError
 
 M32 = 0xFFFFFFFF
@@ -101,6 +99,8 @@ class NVState(Timeline, HCQState):  # Timeline first: its synchronize() is the d
   def __init__(self, info: DeviceInfo):
     iface: GPUInterface | None = info.iface_object
     if iface is None: raise UnsupportedError("NV needs an interface to reach the GPU, and none was opened", install_hint("plugrt-nv-nvk"))
+    # the launch counters the fast launch's machine code shares (plugrt_nv.fastlaunch): first, as `value` and `fast` are views of it
+    self.shared = fastlaunch.State()
     self.iface, self.index, self.broken, self.closed = iface, info.index, "", False
     # held around everything that writes the submission state (slots, rings, timeline, staging, programs' entries): one
     # device's commands go through one sequence of slots, so threads launching or copying on it take turns
@@ -113,26 +113,33 @@ class NVState(Timeline, HCQState):  # Timeline first: its synchronize() is the d
     from plugrt import machinecode
     addr = machinecode.code(FENCE)
     if addr is None: raise UnsupportedError("NV needs an executable page for its store fence (x86-64, no W^X policy)", "use the CUDA device")
-    self._fence = ctypes.CFUNCTYPE(None)(addr)
+    self._fence = ctypes.PYFUNCTYPE(None)(addr)  # keeps the GIL: a fence takes nanoseconds, and the device lock is held around it
     ctx = info.context
     timeout = queue_timeout(ctx, "PLUGRT_NV_TIMEOUT")
     kind = ctx.choice("PLUGRT_NV_SLOTS", ("mapped", "host"), "mapped")  # where the command slots live: GPU memory the CPU writes, or host memory
     doorbell = ctypes.c_uint32.from_address(iface.doorbell)
-    self.compute, self.copy = (self._ring(ch, doorbell) for ch in iface.channels(ENTRIES))
+    compute, copy = iface.channels(ENTRIES)
+    self.compute, self.copy = self._ring(compute, doorbell, self.shared), self._ring(copy, doorbell)
     self.video: DoorbellRing | None = None  # the video decode engine's channel, opened by the first stream (video_ring)
     self.signals = iface.alloc(0x1000, "host")
     self.sem, self.ts = self.signals.va, self.signals.va + 16  # the timeline (value, pad, timestamp) and a start-timestamp slot
     Timeline.__init__(self, self.sem, timeout=timeout, label=f"NV:{info.index}", setting="PLUGRT_NV_TIMEOUT")
     self.last: DoorbellRing | None = None
     self.slots_mem = iface.alloc(SLOT * SLOTS, kind)
-    self.slots = CommandSlots(self.slots_mem.va, SLOT, SLOTS)
-    # per slot, the fast-path words (an entry's `commands`) it holds, None for any other: a launch repeating what its slot
-    # holds writes only the release's payload word (slot_words: the slots as 32-bit words)
-    self.slot_holds: list[bytes | None] = [None] * SLOTS
+    self.slots = fastlaunch.SharedSlots(self.shared, self.slots_mem.va, SLOT, SLOTS)
+    # per slot, the generation of the resident entry whose fast-path words it holds, 0 for any other: a launch repeating
+    # what its slot holds writes only the release's payload word (slot_words: the slots as 32-bit words)
+    self.slot_holds = (ctypes.c_uint64 * SLOTS)()
     self.slot_words = self.slots.view.cast("I")
     # per slot, the fast path's GPFIFO entry and the index of its payload word in slot_words (looked up, not computed, per launch)
     self.fast_entries = [self.slots.address(i) | FAST_ENTRY for i in range(SLOTS)]
     self.fast_payloads = [(i * SLOT + FAST_PAYLOAD) >> 2 for i in range(SLOTS)]
+    self._gp_entries = (ctypes.c_uint64 * SLOTS)(*self.fast_entries)
+    fs, ring = self.shared, self.compute
+    fs.counter, fs.ring, fs.ring_mask, fs.token = self.sem, ctypes.addressof(ring.ring), ring.entries - 1, ring.token
+    fs.put_register, fs.doorbell = ctypes.addressof(ring.put_register), ctypes.addressof(ring.doorbell)
+    fs.slots, fs.slot_size, fs.slot_mask, fs.payload = self.slots_mem.va, SLOT, SLOTS - 1, FAST_PAYLOAD
+    fs.last_use, fs.holds, fs.gp_entries = (ctypes.addressof(a) for a in (self.slots.last_use, self.slot_holds, self._gp_entries))
     self.slm, self.local_mem = 0, None
     # other GPUs (plugrt_nv.peer): semaphores of theirs the next submission here waits for (address -> value), the links
     # from this GPU, the GPUs linked either way, and which of this GPU's allocations their copies read (address -> {GPU: value})
@@ -152,11 +159,27 @@ class NVState(Timeline, HCQState):  # Timeline first: its synchronize() is the d
     self.ensure_local(hw.LOCAL_ABI)
 
   @staticmethod
-  def _ring(ch: Channel, doorbell: ctypes.c_uint32) -> DoorbellRing:
-    """A channel's GPFIFO as a doorbell ring: 8-byte entries, GP_PUT wraps, the doorbell takes the channel's token."""
-    return DoorbellRing(ch.name, (ctypes.c_uint64 * ch.entries).from_address(ch.ring), ch.entries,
-                        ctypes.c_uint32.from_address(ch.userd + hw.USERD_GP_PUT), ctypes.c_uint32.from_address(ch.userd + hw.USERD_GP_GET),
-                        doorbell, ch.token)
+  def _ring(ch: Channel, doorbell: ctypes.c_uint32, shared: fastlaunch.State | None = None) -> DoorbellRing:
+    """A channel's GPFIFO as a doorbell ring: 8-byte entries, GP_PUT wraps, the doorbell takes the channel's token
+    (with `shared`: its put counter that State's, for the compute channel the fast launch appends to)."""
+    args = (ch.name, (ctypes.c_uint64 * ch.entries).from_address(ch.ring), ch.entries,
+            ctypes.c_uint32.from_address(ch.userd + hw.USERD_GP_PUT), ctypes.c_uint32.from_address(ch.userd + hw.USERD_GP_GET), doorbell, ch.token)
+    if shared is None: return DoorbellRing(*args)
+    if ch.entries & (ch.entries - 1): raise NVError(f"internal: the compute channel has {ch.entries} GPFIFO entries, not a power of two")
+    return fastlaunch.SharedRing(shared, *args)
+
+  # the timeline's value and whether a launch may take the fast path: the State's (the machine code reads and writes them)
+  @property  # type: ignore[override]
+  def value(self) -> int: return self.shared.value
+
+  @value.setter
+  def value(self, v: int) -> None: self.shared.value = v
+
+  @property
+  def fast(self) -> bool: return bool(self.shared.fast)
+
+  @fast.setter
+  def fast(self, on: bool) -> None: self.shared.fast = on
 
   # ------------------------------------------------------------ submission
   def _kick(self, ch: DoorbellRing, va: int, nwords: int, value: int, slot: int) -> None:
@@ -168,7 +191,7 @@ class NVState(Timeline, HCQState):  # Timeline first: its synchronize() is the d
     self._fence()
     ch.publish()
     self.value, self.slots.last_use[slot], self.last = value, value, ch
-    self.slot_holds[slot] = None
+    self.slot_holds[slot] = 0
     if ch is not self.compute: self.fast = False
 
   def submit(self, ch: DoorbellRing, body: list[int]) -> int:
@@ -253,7 +276,7 @@ class NVState(Timeline, HCQState):  # Timeline first: its synchronize() is the d
 
   def close(self) -> None:
     if self.closed: return
-    self.closed = True
+    self.closed, self.fast = True, False  # no launch writes into its slots once they are unmapped (the general path sees `broken`)
     from plugrt_nv import peer
     try:
       if not self.broken: self.synchronize()
@@ -448,7 +471,7 @@ class NVProgram(HCQProgram):
     # resident launches: each a QMD with its constant bank 0 (the descriptor), in GPU memory the CPU writes
     self.entry_size = round_up(self.cmd_off, 256)
     with st.lock: self.res = st.iface.alloc(self.entry_size * self.ENTRIES, "mapped")
-    self.resident = ResidentLaunches(self.res.va, self.entry_size, self.ENTRIES)
+    self.resident = ResidentLaunches(self.res.va, self.entry_size, self.ENTRIES, fastlaunch.SharedEntry)
     self.entries = self.resident.entries  # the launch path searches this list inline
     weakref.finalize(self, _release_program, st, self.mem, self.res)
 
@@ -479,16 +502,17 @@ class NVProgram(HCQProgram):
     p.submit, p.queue = self._submitters(p.entry, p.blob)
     return p
 
-  def _resident(self, blob: bytes) -> ResidentLaunch | None:
+  def _resident(self, blob: bytes) -> fastlaunch.SharedEntry | None:
     """The resident entry holding `blob`: one that holds it already, a free one (its launches done) rewritten, a new
     one, or None (all busy: the launch carries its QMD and constants in its command slot)."""
     for e in self.entries:
       if e.key == blob: return e
     if (e := self.resident.claim(self.state.completed())) is None: return None
+    assert isinstance(e, fastlaunch.SharedEntry)
     self._write_entry(e, blob)
     return e
 
-  def _write_entry(self, e: ResidentLaunch, blob: bytes) -> None:
+  def _write_entry(self, e: fastlaunch.SharedEntry, blob: bytes) -> None:
     """`blob` into the entry's descriptor memory (its constant bank's address patched in), and the entry's fast-path words."""
     st = self.state
     ctypes.memmove(e.descriptor, blob, self.cmd_off)
@@ -499,6 +523,7 @@ class NVProgram(HCQProgram):
     # launch writes its release's payload into its slot
     e.commands = cmd.words(cmd.launch(e.descriptor, hw.Compute.INVALIDATE_GLOBAL_DATA) + cmd.sem_release(st.sem, 0, timestamp=False))
     assert len(e.commands) == FAST_WORDS * 4 and e.commands[FAST_PAYLOAD:FAST_PAYLOAD + 4] == bytes(4)
+    ctypes.memmove(e.shared.words, e.commands, FAST_WORDS * 4)
 
   def _patch_cbuf(self, va: int) -> None:
     """Point the QMD at `va` (CPU-writable GPU memory holding a blob) to its constant bank, right after it."""
@@ -513,22 +538,23 @@ class NVProgram(HCQProgram):
     st = self.state
     mem = st.iface.alloc(self.entry_size, "mapped")
     weakref.finalize(p, _release_program, st, mem)
-    p.entry = ResidentLaunch(mem.va)
+    p.entry = fastlaunch.SharedEntry(mem.va)
     self._write_entry(p.entry, p.blob)
     p.submit, p.queue = self._submitters(p.entry, p.blob)
     return p
 
-  def _submitters(self, e: ResidentLaunch | None, blob: bytes) -> tuple[Callable[[], int], Callable[[], int]]:
-    """The prepared call's (submit, queue): closures over what every launch of it reads (the device's slots and compute
-    ring, the entry's words), so a launch is one Python frame of local reads; each returns the launch's timeline value.
-    `queue` writes the launch but does not tell the GPU (a graph tells it once, after its last launch: HCQGraph)."""
+  def _submitters(self, e: fastlaunch.SharedEntry | None, blob: bytes) -> tuple[Callable[[], int], Callable[[], int]]:
+    """The prepared call's (submit, queue), each returning the launch's timeline value. `queue` writes the launch but
+    does not tell the GPU (a graph tells it once, after its last launch: HCQGraph). With a resident entry, the machine
+    code (plugrt_nv.fastlaunch) makes the launch where it can, else these closures do: over what every launch of it
+    reads (the device's slots and compute ring, the entry's words), so a launch is one Python frame of local reads."""
     st, slot_launch = self.state, self._slot_launch
     if e is None:
       def slotted() -> int: return slot_launch(None, blob, False)
       return slotted, slotted
-    slots, ch, words, view, ring, entries, fence = st.slots, st.compute, e.commands, st.slots.view, st.compute.ring, st.compute.entries, st._fence
+    slots, ch, view, ring, entries, fence = st.slots, st.compute, st.slots.view, st.compute.ring, st.compute.entries, st._fence
     last_use, put_register, doorbell, token, holds, payloads = slots.last_use, ch.put_register, ch.doorbell, ch.token, st.slot_holds, st.slot_words
-    gp_entries, payload_at = st.fast_entries, st.fast_payloads
+    gp_entries, payload_at, words, generation = st.fast_entries, st.fast_payloads, e.commands, e.generation
 
     def queue() -> int:
       # (an entry rewritten since for other bytes, or a device that must invalidate first: the slot path, with this blob,
@@ -540,10 +566,10 @@ class NVProgram(HCQProgram):
       if last_use[i] > st.done: st.wait(last_use[i])
       slots.next = (i + 1) % SLOTS
       value = st.value + 1
-      if holds[i] is not words:
+      if holds[i] != generation:
         o = i * SLOT
         view[o:o + FAST_WORDS * 4] = words
-        holds[i] = words
+        holds[i] = generation
       payloads[payload_at[i]] = value & M32
       put = ch.put
       ring[put % entries] = gp_entries[i]
@@ -557,9 +583,19 @@ class NVProgram(HCQProgram):
       put_register.value = ch.put % entries  # DoorbellRing.publish, inline
       doorbell.value = token
       return value
-    return submit, queue
+    if (native := fastlaunch.functions()) is None: return submit, queue
+    call = fastlaunch.Call(ctypes.addressof(st.shared), ctypes.addressof(e.shared), generation)
+    at, native_submit, native_queue = ctypes.addressof(call), *native
 
-  def _slot_launch(self, e: ResidentLaunch | None, blob: bytes, timed: bool) -> int:
+    def submit_native() -> int:
+      return native_submit(at) or submit()  # (`call` lives with these closures)
+
+    def queue_native() -> int:
+      return native_queue(at) or queue()
+    submit_native.call = queue_native.call = call  # type: ignore[attr-defined]
+    return submit_native, queue_native
+
+  def _slot_launch(self, e: fastlaunch.SharedEntry | None, blob: bytes, timed: bool) -> int:
     """A launch whose commands (and, without a resident entry, its QMD and constants) go in a command slot, after the
     device's pending waits, with a start timestamp when timed; returns its timeline value."""
     st = self.state

@@ -16,7 +16,7 @@ from plugrt import Buffer, dtypes
 from plugrt.compiler import samples as K
 from plugrt.errors import EnvError
 from plugrt.hookspecs import InterfaceSpec, Probe, hookimpl
-from plugrt_nv import hw
+from plugrt_nv import fastlaunch, hw
 from plugrt_nv.iface import NVError
 from plugrt_nvidia_toolchain import ptxas
 
@@ -36,9 +36,12 @@ def fake_plugins(gpu: FakeGPU) -> list[types.ModuleType]:
   return [nv, iface]
 
 
-@pytest.fixture
-def fake(plugrt_registry, monkeypatch):
+@pytest.fixture(params=["native", "python"])
+def fake(plugrt_registry, monkeypatch, request):
+  """A fake GPU opened as NV, its resident launches made by the machine code (plugrt_nv.fastlaunch) or, where that
+  cannot run, by the Python path: both run every test here."""
   monkeypatch.setenv("PLUGRT_NV_TIMEOUT", "5")
+  if request.param == "python": monkeypatch.setattr(fastlaunch, "functions", lambda: None)
   gpu = FakeGPU()
   with plugrt_registry(fake_plugins(gpu), env={"NV": "1", "NV_PTX": "1", "PLUGRT_CACHE": "0", "PLUGRT_NV_TIMEOUT": "5"}) as reg:
     dev = reg.open("NV")
@@ -311,22 +314,30 @@ def add1_program(fake: tuple) -> tuple:
 
 def test_a_graph_replay_tells_the_gpu_once(fake):
   """An NV graph queues every launch's words and ring entry, then fences and rings the doorbell once for the batch
-  (HCQGraph with the prepared calls' `queue`), where launches one by one ring it each time; the results are the same."""
+  (HCQGraph with the prepared calls' `queue`), where launches one by one move GP_PUT each time; the results are the same."""
   from plugrt.runtime import Launch
+  gpu, _ = fake
   dev, prg = add1_program(fake)
   x = Buffer(dev, 4, dtypes.int32).copyin(np.zeros(4, np.int32))
   st = dev.info.state
-  fences, real = [], st._fence
-  st._fence = lambda: (fences.append(1), real())[1]  # (before anything is prepared: launches keep the fence they were made with)
+  ch, publishes, real = st.compute, [], st.publish_queued
+  st.publish_queued = lambda: (publishes.append(ch.put_register.value), real())[1]
   try:
     graph = dev.graph([Launch(prg, [x], (1, 1, 1), (4, 1, 1)) for _ in range(3)])
     graph(); dev.synchronize()  # prepared, entries written, the fast path open
-    fences.clear()
+    publishes.clear()
+    gpu.hang = True  # (the fake leaves the channel alone meanwhile)
+    put = ch.put
     graph()
-    assert len(fences) == 1, f"a replay of 3 launches fenced {len(fences)} times"
-    for _ in range(3): prg(x, global_size=(1, 1, 1), local_size=(4, 1, 1))
-    assert len(fences) == 4, "launches one by one fence each"
-  finally: st._fence = real
+    assert ch.put == put + 3 and publishes == [put % ch.entries], f"a replay of 3 launches published {publishes} (ring at {put})"
+    assert ch.put_register.value == (put + 3) % ch.entries
+    for k in range(3):
+      prg(x, global_size=(1, 1, 1), local_size=(4, 1, 1))
+      assert ch.put_register.value == (put + 4 + k) % ch.entries, "a launch one by one did not move GP_PUT"
+    assert len(publishes) == 1
+  finally:
+    gpu.hang = False
+    st.publish_queued = real
   dev.synchronize()
   assert x.numpy().tolist() == [9] * 4
 
@@ -356,8 +367,8 @@ def test_a_launch_whose_slot_holds_its_words_writes_only_the_payload(fake):
   x = Buffer(dev, 4, dtypes.int32).copyin(np.zeros(4, np.int32))
   for _ in range(SLOTS + 8): prg(x, global_size=(1, 1, 1), local_size=(4, 1, 1))  # every slot written once
   dev.synchronize()
-  words = prg._prepared.entry.commands
-  assert all(h is words for h in st.slot_holds), "a slot the fast path wrote does not say it holds the launch's words"
+  generation = prg._prepared.entry.generation
+  assert all(h == generation for h in st.slot_holds), "a slot the fast path wrote does not say it holds the launch's words"
   before = bytes(st.slots.view[:SLOTS * 4096])
   for _ in range(SLOTS): prg(x, global_size=(1, 1, 1), local_size=(4, 1, 1))
   dev.synchronize()
@@ -366,7 +377,7 @@ def test_a_launch_whose_slot_holds_its_words_writes_only_the_payload(fake):
   assert {w % 1024 for w in changed} <= {36 // 4}, "a repeated launch changed more of its slot than the payload word"
   assert x.numpy().tolist() == [2 * SLOTS + 8] * 4
   Buffer(dev, 4, dtypes.int32).copy_to(Buffer(dev, 4, dtypes.int32))
-  assert None in st.slot_holds  # the copy's slot
+  assert 0 in st.slot_holds  # the copy's slot
 
 
 def test_a_slot_other_words_were_written_into_gets_the_launchs_words_again(fake):
@@ -397,3 +408,39 @@ def test_new_buffers_with_the_same_scalars_reuse_the_launchs_qmd(fake):
   dev.synchronize()
   assert len(calls) == 1, f"the QMD's sizes were set {len(calls)} times for 6 calls that differ only in their buffer"
   assert [x.numpy().tolist() for x in xs] == [[k + 1] * 4 for k in range(6)]
+
+
+_AFTER_CLOSE = """
+import sys
+sys.path.insert(0, {here!r})
+import numpy as np
+from fake_gpu import FakeGPU
+from test_nv_fake import fake_plugins
+from plugrt import Buffer, dtypes
+from plugrt.compiler import samples as K
+from plugrt.registry import isolated
+from plugrt_nv import fastlaunch
+from plugrt_nv.iface import NVError
+if {python}: fastlaunch.functions = lambda: None
+gpu = FakeGPU()
+with isolated(fake_plugins(gpu), env={{"NV": "1", "NV_PTX": "1", "PLUGRT_CACHE": "0"}}) as reg:
+  dev = reg.open("NV")
+  prg = dev.program(K.tiny_kernel())
+  a, b = Buffer(dev, 1, dtypes.float32), Buffer(dev, 1, dtypes.float32).copyin(np.ones(1, np.float32))
+  for _ in range(3): prg(a, b)  # prepared, the fast path open
+  dev.synchronize()
+  dev.close()
+  try: prg(a, b)
+  except NVError as e: print("raised:", e.message)
+"""
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_a_launch_after_the_device_closed_raises(path):
+  """Closing the device takes the fast path away before its memory goes, so a prepared launch repeated afterwards is
+  an NVError naming the closed device, not stores into memory that is no longer the GPU's (a crash: in a child)."""
+  import subprocess
+  import sys
+  code = _AFTER_CLOSE.format(here=os.path.dirname(os.path.abspath(__file__)), python=path == "python")
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0 and "raised:" in r.stdout and "was closed" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
