@@ -5,8 +5,9 @@ the same 400-launch batches as bench/nv.py's enqueue row (the median of 15).
 
 Rows: `prg(a, b)` (the core's launch: lock, comparison with the prepared call, submit); `prepared.submit()` alone
 (the backend's fast path: slot, payload, GPFIFO entry, fence, GP_PUT, doorbell); the same under the launch lock as the
-core takes it; and how many of the timed launches took the slot path (a launch the fast path could not take: it
-should be none) and how many prepared anew (the comparison missed: it should be none).
+core takes it; NV's machine code called directly (plugrt_nv.fastlaunch: the stores and a ctypes call); an empty call;
+and how many of the timed launches took the slot path (a launch the fast path could not take: it should be none) and
+how many prepared anew (the comparison missed: it should be none).
 """
 from __future__ import annotations
 
@@ -62,6 +63,23 @@ def main() -> int:
     def locked() -> None:
       with lock: submit()
     rows["with launch_lock: submit()"] = [batch(locked) for _ in range(15)]
+  if (made := getattr(submit, "call", None)) is not None:  # NV's machine code (plugrt_nv.fastlaunch): its call alone
+    import ctypes
+
+    from plugrt_nv import fastlaunch
+    native, at = fastlaunch.functions()[0], ctypes.addressof(made)  # type: ignore[index]
+    rows["the machine code's call alone"] = [batch(lambda: native(at)) for _ in range(15)]
+    if lock is not None:
+      def native_then_lock() -> None:
+        native(at)
+        with lock: pass
+      rows["the machine code, then the lock taken"] = [batch(native_then_lock) for _ in range(15)]
+
+  if lock is not None:
+    def lock_alone() -> None:
+      with lock: pass
+    rows["the lock taken alone"] = [batch(lock_alone) for _ in range(15)]
+  rows["an empty Python call"] = [batch(lambda: None) for _ in range(15)]
   for name, got in rows.items(): print(f"{name:32} {statistics.median(got) * 1e6:7.2f} us   (min {min(got) * 1e6:.2f})")
   print(f"of the {15 * 400} timed prg(a, b): {seen['slot']} took the slot path, {seen['prepare']} were prepared anew")
   return 0

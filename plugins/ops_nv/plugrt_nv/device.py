@@ -13,9 +13,9 @@ Commands live in a ring of fixed slots (hwqueue.CommandSlots) in GPU memory that
 launch descriptors (QMD + constant bank 0 with the arguments) in a few resident entries of its own, one per set of
 arguments; a launch whose arguments an entry holds writes 12 words into a slot (invalidate the SMs' data caches,
 start the grid, release the timeline), appends one GPFIFO entry, fences (sfence), moves GP_PUT and writes the
-channel's token to the doorbell: no system call (its cost: docs/performance.md). A launch after new code
-or constants were written, after work on the copy channel, or with wait=True (timing) takes the general path
-(full cache invalidation, a wait for the copy channel, timestamps).
+channel's token to the doorbell: no system call, and one call into machine code (plugrt_nv.fastlaunch; its cost:
+docs/performance.md). A launch after new code or constants were written, after work on the copy channel, or with
+wait=True (timing) takes the general path (full cache invalidation, a wait for the copy channel, timestamps).
 
 Host copies go through two pinned staging buffers and the copy engine, the CPU side in parallel pieces; device
 copies from 1 MiB run as a kernel (the SMs move device memory far faster than the copy engine: docs/backends/nv.md).
