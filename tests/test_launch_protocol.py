@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -119,3 +120,43 @@ def test_an_old_style_program_with_its_own_call_still_runs(plugrt_registry, api:
     assert type(graph) is Graph
     graph()
     assert out.numpy().tolist() == [5.0] * 4 + [3.0] * 4 and OldStyleProgram.calls == before + 2
+
+
+class _CountingLock:
+  """A lock that counts how often it was taken."""
+  def __init__(self) -> None: self.taken = 0
+  def __enter__(self) -> None: self.taken += 1
+  def __exit__(self, *exc: Any) -> None: pass
+
+
+def test_a_locked_programs_repeat_submits_without_the_lock_where_its_call_can() -> None:
+  """LockedProgram tries a repeated call's `unlocked` submit (PreparedCall.unlocked) before taking the lock, and takes
+  the lock and `submit` when it declines (0); a new call, or one with wait=True, never tries it."""
+  from plugrt.launchargs import PreparedCall, Signature
+  log: list[str] = []
+  answer = [1]
+
+  class Unlockable(LockedProgram):
+    def _encode(self, bufs: tuple, scalars: tuple, gs: Any, ls: Any) -> PreparedCall:
+      p = PreparedCall(submit=lambda: log.append("submit"))
+      p.unlocked = lambda: (log.append("unlocked"), answer[0])[1]
+      return p
+
+    def _timed(self, prepared: PreparedCall) -> float:
+      log.append("timed")
+      return 0.0
+
+  prg = Unlockable("DEV", "k", b"", Signature((), (dtypes.int32,)))
+  lock = prg.launch_lock = _CountingLock()
+  prg(vals=(1,))
+  assert log == ["submit"] and lock.taken == 1  # a new call: prepared and submitted under the lock
+  prg(vals=(1,))
+  assert log == ["submit", "unlocked"] and lock.taken == 1  # the repeat: no lock
+  answer[0] = 0
+  prg(vals=(1,))
+  assert log == ["submit", "unlocked", "unlocked", "submit"] and lock.taken == 2  # declined: the lock and submit
+  prg(vals=(2,))
+  assert log[-1] == "submit" and log.count("unlocked") == 2 and lock.taken == 3
+  answer[0] = 1
+  prg(vals=(2,), wait=True)
+  assert log[-1] == "timed" and log.count("unlocked") == 2 and lock.taken == 4

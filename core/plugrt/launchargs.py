@@ -148,11 +148,14 @@ class PreparedCall:
   What the core checked and packed for it: sizes, the checked (global_size, local_size) as 3-tuples; scalars, the
   scalars packed by the program's scalar_packer.
   What the backend made of it (Program._encode): submit, a callable of no arguments that enqueues the launch (what it
-  returns, if anything, is for the backend's own Program._timed). A backend subclasses PreparedCall to keep its native
+  returns, if anything, is for the backend's own Program._timed); unlocked, for a LockedProgram's call, None or a
+  callable of no arguments that enqueues the launch without the launch lock, atomically with respect to every other
+  thread, and returns nonzero when it did, 0 when it declined (a native call holding the GIL that declines while
+  another thread holds the lock): a repeated call tries it before taking the lock. A backend subclasses PreparedCall to keep its native
   argument block beside it; `submit` must not hold the PreparedCall itself (a cycle would keep its buffers alive until
   the garbage collector runs): a Graph keeps each launch's PreparedCall alive while it may submit it.
   """
-  __slots__ = ("bufs", "dims", "scalars", "sizes", "submit", "vals")
+  __slots__ = ("bufs", "dims", "scalars", "sizes", "submit", "unlocked", "vals")
 
   def __init__(self, bufs: tuple = (), call: tuple[Sequence[Any], tuple[Any, Any]] = ((), (None, None)),
                submit: Callable[[], Any] = _no_submit):
@@ -163,6 +166,7 @@ class PreparedCall:
     self.scalars: tuple = ()
     self.sizes: tuple[tuple[int, int, int], tuple[int, int, int]] = ((1, 1, 1), (1, 1, 1))
     self.submit = submit
+    self.unlocked: Callable[[], int] | None = None
 
   @property
   def call(self) -> tuple[Sequence[Any], tuple[Any, Any]]: return (self.vals, self.dims)

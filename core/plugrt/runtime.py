@@ -569,7 +569,9 @@ class Program:
 class LockedProgram(Program):
   """A Program whose encode or submit changes state that other launches share: the comparison with the last prepared
   call, the prepare, the submit and (with wait) the wait run under `launch_lock`, a lock of the program's own unless
-  the backend sets a shared one (its device's) in its __init__. A Graph replays such a program launch by launch."""
+  the backend sets a shared one (its device's) in its __init__. A Graph replays such a program launch by launch.
+  A call that repeats the prepared one first tries the prepared call's `unlocked` submit where it has one (see
+  PreparedCall), taking the lock only when that declines."""
 
   def __init__(self, device: Any, name: str, lib: bytes, signature: Signature):
     super().__init__(device, name, lib, signature)
@@ -577,6 +579,9 @@ class LockedProgram(Program):
 
   def __call__(self, *bufs: BufferBase, global_size: LaunchSize = (1, 1, 1), local_size: LaunchSize = (1, 1, 1),
                vals: Sequence[Any] = (), wait: bool = False) -> float | None:
+    p = self._prepared
+    if (unlocked := p.unlocked) is not None and not (wait or bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims) \
+       and unlocked(): return None
     with self.launch_lock:
       p = self._prepared
       if bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims:  # see plugrt.launchargs

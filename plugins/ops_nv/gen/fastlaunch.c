@@ -26,6 +26,7 @@ struct state {                 /* one per device; every field is 8 bytes */
   uint64_t holds;              /* address of uint64[slots]: the entry generation whose words each slot holds, 0 none */
   uint64_t gp_entries;         /* address of uint64[slots]: each slot's fast-path GPFIFO entry */
   uint64_t payload;            /* byte offset of the release's payload in the words */
+  uint64_t busy;               /* nonzero while a thread holds the device's lock (plugrt_nv.fastlaunch.DeviceLock) */
 };
 
 struct entry {                 /* one resident launch */
@@ -66,5 +67,10 @@ static inline uint64_t launch(const struct call *c, int publish) {
   return value;
 }
 
+/* under the device's lock */
 uint64_t plugrt_nv_submit(const struct call *c) { return launch(c, 1); }
 uint64_t plugrt_nv_queue(const struct call *c) { return launch(c, 0); }
+
+/* without it: called with the GIL held, so no other thread runs meanwhile; one that holds the lock may be in the
+ * middle of changing what this reads, so then it declines */
+uint64_t plugrt_nv_submit_unlocked(const struct call *c) { return c->st->busy ? 0 : launch(c, 1); }

@@ -26,8 +26,8 @@ import bisect
 import ctypes
 import struct
 import weakref
-from _thread import RLock
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NoReturn
 
 from plugrt.compiler.ir import Signature
@@ -104,7 +104,7 @@ class NVState(Timeline, HCQState):  # Timeline first: its synchronize() is the d
     self.iface, self.index, self.broken, self.closed = iface, info.index, "", False
     # held around everything that writes the submission state (slots, rings, timeline, staging, programs' entries): one
     # device's commands go through one sequence of slots, so threads launching or copying on it take turns
-    self.lock = RLock()
+    self.lock = fastlaunch.DeviceLock(self.shared)
     fam = iface.classes.family
     if fam.cbuf0 is None:
       raise UnsupportedError(f"NV:{info.index} is a {fam.name} GPU: plugrt-nv does not know its constant-bank layout yet, so it cannot launch there",
@@ -499,7 +499,7 @@ class NVProgram(HCQProgram):
     p = _Launch()
     p.entry = self._resident(key := bytes(blob))
     p.blob = key if p.entry is None else p.entry.key  # the entry's own bytes object: its launches check `e.key is blob`
-    p.submit, p.queue = self._submitters(p.entry, p.blob)
+    p.submit, p.queue, p.unlocked = self._submitters(p.entry, p.blob)
     return p
 
   def _resident(self, blob: bytes) -> fastlaunch.SharedEntry | None:
@@ -540,18 +540,20 @@ class NVProgram(HCQProgram):
     weakref.finalize(p, _release_program, st, mem)
     p.entry = fastlaunch.SharedEntry(mem.va)
     self._write_entry(p.entry, p.blob)
-    p.submit, p.queue = self._submitters(p.entry, p.blob)
+    p.submit, p.queue, p.unlocked = self._submitters(p.entry, p.blob)
     return p
 
-  def _submitters(self, e: fastlaunch.SharedEntry | None, blob: bytes) -> tuple[Callable[[], int], Callable[[], int]]:
-    """The prepared call's (submit, queue), each returning the launch's timeline value. `queue` writes the launch but
-    does not tell the GPU (a graph tells it once, after its last launch: HCQGraph). With a resident entry, the machine
-    code (plugrt_nv.fastlaunch) makes the launch where it can, else these closures do: over what every launch of it
-    reads (the device's slots and compute ring, the entry's words), so a launch is one Python frame of local reads."""
+  def _submitters(self, e: fastlaunch.SharedEntry | None, blob: bytes) \
+      -> tuple[Callable[[], int], Callable[[], int], Callable[[], int] | None]:
+    """The prepared call's (submit, queue, unlocked), each returning the launch's timeline value. `queue` writes the
+    launch but does not tell the GPU (a graph tells it once, after its last launch: HCQGraph); `unlocked` submits
+    without the device's lock, or declines (0: PreparedCall.unlocked). With a resident entry, the machine code
+    (plugrt_nv.fastlaunch) makes the launch where it can, else these closures do: over what every launch of it reads
+    (the device's slots and compute ring, the entry's words), so a launch is one Python frame of local reads."""
     st, slot_launch = self.state, self._slot_launch
     if e is None:
       def slotted() -> int: return slot_launch(None, blob, False)
-      return slotted, slotted
+      return slotted, slotted, None
     slots, ch, view, ring, entries, fence = st.slots, st.compute, st.slots.view, st.compute.ring, st.compute.entries, st._fence
     last_use, put_register, doorbell, token, holds, payloads = slots.last_use, ch.put_register, ch.doorbell, ch.token, st.slot_holds, st.slot_words
     gp_entries, payload_at, words, generation = st.fast_entries, st.fast_payloads, e.commands, e.generation
@@ -583,9 +585,9 @@ class NVProgram(HCQProgram):
       put_register.value = ch.put % entries  # DoorbellRing.publish, inline
       doorbell.value = token
       return value
-    if (native := fastlaunch.functions()) is None: return submit, queue
+    if (native := fastlaunch.functions()) is None: return submit, queue, None
     call = fastlaunch.Call(ctypes.addressof(st.shared), ctypes.addressof(e.shared), generation)
-    at, native_submit, native_queue = ctypes.addressof(call), *native
+    at, (native_submit, native_queue, native_unlocked) = ctypes.addressof(call), native
 
     def submit_native() -> int:
       return native_submit(at) or submit()  # (`call` lives with these closures)
@@ -593,7 +595,7 @@ class NVProgram(HCQProgram):
     def queue_native() -> int:
       return native_queue(at) or queue()
     submit_native.call = queue_native.call = call  # type: ignore[attr-defined]
-    return submit_native, queue_native
+    return submit_native, queue_native, None if native_unlocked is None else partial(native_unlocked, at)
 
   def _slot_launch(self, e: fastlaunch.SharedEntry | None, blob: bytes, timed: bool) -> int:
     """A launch whose commands (and, without a resident entry, its QMD and constants) go in a command slot, after the

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import sys
+from _thread import RLock
 from typing import Any
 
 from plugrt import machinecode
@@ -28,7 +30,7 @@ u64 = ctypes.c_uint64
 class State(ctypes.Structure):
   """A device's launch state (struct state in gen/fastlaunch.c)."""
   _fields_ = [(name, u64) for name in ("value", "put", "next", "fast", "counter", "ring", "ring_mask", "put_register", "doorbell",
-                                        "token", "slots", "slot_size", "slot_mask", "last_use", "holds", "gp_entries", "payload")]
+                                        "token", "slots", "slot_size", "slot_mask", "last_use", "holds", "gp_entries", "payload", "busy")]
 
 
 class Entry(ctypes.Structure):
@@ -102,17 +104,40 @@ class SharedEntry(ResidentLaunch):
   @property
   def generation(self) -> int: return self.shared.generation
 
+class DeviceLock:
+  """The device's lock (reentrant, as the RLock it wraps), which also sets the State's `busy` while a thread holds it:
+  a repeated launch submits without the lock (`submit_unlocked`, PreparedCall.unlocked), and declines while `busy`,
+  since the holder may be in the middle of changing the counters it reads."""
+  __slots__ = ("_lock", "_shared", "_depth")
+
+  def __init__(self, shared: State):
+    self._lock, self._shared, self._depth = RLock(), shared, 0
+
+  def __enter__(self) -> DeviceLock:
+    self._lock.acquire()
+    self._depth += 1
+    self._shared.busy = 1  # (before the holder reads anything: a launch that ran since it took the lock is no matter)
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self._depth -= 1
+    if not self._depth: self._shared.busy = 0
+    self._lock.release()
+
+
 _code: Any = None
 
 
-def functions() -> tuple[Any, Any] | None:
-  """(submit, queue): the machine code's two entries as ctypes functions of a Call's address, returning the launch's
-  timeline value or 0 (declined); None where the code cannot run."""
+def functions() -> tuple[Any, Any, Any] | None:
+  """(submit, queue, submit_unlocked): the machine code's entries as ctypes functions of a Call's address, returning
+  the launch's timeline value or 0 (declined); None where the code cannot run. submit_unlocked is None where threads
+  run Python at once (a free-threaded build): it relies on the GIL to keep every other thread out while it runs."""
   global _code
   if _code is None:
-    from plugrt_nv.fastlaunch_x86_64 import CODE, QUEUE, SUBMIT
+    from plugrt_nv.fastlaunch_x86_64 import CODE, QUEUE, SUBMIT, SUBMIT_UNLOCKED
     addr = machinecode.code(CODE)
-    # PYFUNCTYPE keeps the GIL: the code runs for a few stores, and the device's lock is held around it anyway
+    # PYFUNCTYPE keeps the GIL: the code runs for a few stores, and no other thread may run meanwhile (see DeviceLock)
     kind = ctypes.PYFUNCTYPE(u64, ctypes.c_void_p)
-    _code = (kind(addr + SUBMIT), kind(addr + QUEUE)) if addr else False
+    gil = getattr(sys, "_is_gil_enabled", lambda: True)()
+    _code = (kind(addr + SUBMIT), kind(addr + QUEUE), kind(addr + SUBMIT_UNLOCKED) if gil else None) if addr else False
   return _code or None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import types
+from typing import Any
 
 import numpy as np
 import pytest
@@ -151,6 +152,66 @@ def test_launches_and_copies_from_threads(fake):
     for th in threads: th.join()
   finally: sys.setswitchinterval(interval)
   if errors: raise errors[0]
+
+
+def test_launches_without_the_lock_beside_locked_work_from_threads(fake, request):
+  """A repeated launch submits without the device's lock (PreparedCall.unlocked: the machine code, declining while
+  another thread holds the lock) while other threads copy and launch with changing arguments under it: every launch
+  counts and every copy arrives. With the machine code, launches did take the unlocked path."""
+  import sys
+  import threading
+  gpu, dev = fake
+  _, prg = add1_program(fake)
+  sax = dev.program(K.saxpy_kernel())
+  gpu.load(sax, K.saxpy_kernel())
+  counter = Buffer(dev, 4, dtypes.int32).copyin(np.zeros(4, np.int32))
+  prg(counter, global_size=(1, 1, 1), local_size=(4, 1, 1))
+  prg(counter, global_size=(1, 1, 1), local_size=(4, 1, 1))  # prepared, the fast path open
+  real, took = prg._prepared.unlocked, [0]
+  if real is not None:
+    def counted() -> int:
+      took[0] += bool(done := real())
+      return done
+    prg._prepared.unlocked = counted
+  errors: list[BaseException] = []
+  n, start = 1000, threading.Barrier(3)
+
+  def repeats() -> None:
+    start.wait()
+    for _ in range(n): prg(counter, global_size=(1, 1, 1), local_size=(4, 1, 1))
+
+  def copies() -> None:
+    start.wait()
+    rng = np.random.default_rng(1)
+    for _ in range(150):
+      data = rng.integers(0, 1 << 30, 64, dtype=np.int32)
+      src, dst = Buffer.from_numpy(data, dev), Buffer(dev, 64, dtypes.int32)
+      src.copy_to(dst)
+      if not np.array_equal(dst.numpy(), data): errors.append(AssertionError("a copy beside unlocked launches differs"))
+
+  def changing() -> None:
+    start.wait()
+    x = np.arange(64, dtype=np.float32)
+    xb, yb, out = Buffer.from_numpy(x, dev), Buffer.from_numpy(2 * x, dev), Buffer(dev, 64, dtypes.float32)
+    for i in range(150):
+      sax(out, xb, yb, global_size=(1, 1, 1), local_size=(64, 1, 1), vals=(float(i), 64))
+      if not np.array_equal(out.numpy(), i * x + 2 * x): errors.append(AssertionError(f"saxpy {i} beside unlocked launches differs"))
+
+  def guarded(fn: Any) -> Any:
+    def run() -> None:
+      try: fn()
+      except BaseException as e: errors.append(e)
+    return run
+  interval = sys.getswitchinterval()
+  sys.setswitchinterval(1e-6)
+  try:
+    threads = [threading.Thread(target=guarded(f)) for f in (repeats, copies, changing)]
+    for th in threads: th.start()
+    for th in threads: th.join()
+  finally: sys.setswitchinterval(interval)
+  if errors: raise errors[0]
+  assert counter.numpy().tolist() == [n + 2] * 4
+  assert (took[0] > 0) == (request.node.callspec.params["fake"] == "native"), f"{took[0]} launches took the unlocked path"
 
 
 def test_launch_checks(fake):

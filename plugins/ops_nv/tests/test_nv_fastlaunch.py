@@ -35,7 +35,7 @@ class Bench:
     self.entry = fastlaunch.Entry(generation=5)
     self.entry.words[:] = [0x1111_0000_0000_0000 + k for k in range(6)]
     self.call = fastlaunch.Call(ctypes.addressof(st), ctypes.addressof(self.entry), 5)
-    self.submit, self.queue = (lambda f=f: f(ctypes.addressof(self.call)) for f in fastlaunch.functions())
+    self.submit, self.queue, self.unlocked = (lambda f=f: f(ctypes.addressof(self.call)) for f in fastlaunch.functions())
 
   def slot(self, i: int) -> bytes: return bytes(self.slots[i * SLOT:(i + 1) * SLOT])
 
@@ -94,8 +94,23 @@ def test_it_declines_and_changes_nothing(why):
     b.counter.value = (base + 3) & 0xFFFFFFFF  # the GPU finished up to base + 3; slot 0 last took base + 4
     b.last_use[0] = base + 4
   before = b.counters()
-  assert b.submit() == 0 and b.queue() == 0
+  assert b.submit() == 0 and b.queue() == 0 and b.unlocked() == 0
   assert b.counters() == before
+
+
+def test_without_the_lock_it_declines_while_a_thread_holds_it():
+  """submit_unlocked (a repeated launch that takes no lock) declines while the device's lock is held, whatever else
+  would let it through; the DeviceLock sets and clears `busy`, reentrantly."""
+  b = Bench()
+  lock = fastlaunch.DeviceLock(b.st)
+  with lock:
+    with lock: assert b.st.busy == 1
+    assert b.st.busy == 1
+    before = b.counters()
+    assert b.unlocked() == 0 and b.counters() == before
+    assert b.submit() == 1  # (the holder's own launch)
+  assert b.st.busy == 0
+  assert b.unlocked() == 2 and b.gp_put.value == 2 and b.doorbell.value == 0x77
 
 
 def test_a_slot_done_across_the_counters_wrap_is_taken():
