@@ -157,6 +157,13 @@ def test_reductions_over_different_extents_get_their_own_kernels(dev):
     assert Tensor(x, device=dev).max().numpy().tolist() == float(n)
 
 
+def test_reductions_of_constants_over_different_extents_get_their_own_kernels(dev):
+  """A reduction of a constant (Tensor.full) loops over the constant's extent, so that extent is part of its kernel:
+  the sum of four ones reused the kernel of the sum of three, and gave 3."""
+  for n in (3, 4, 7, 3):
+    assert Tensor.full(n, 1.0, dtypes.float32, dev).sum().item() == n
+    assert Tensor.full((2, n), 2, dtypes.int32, dev).sum(axis=1).tolist() == [2 * n, 2 * n]
+
 def test_reductions(dev):
   a = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 7
   t = Tensor(a, device=dev)

@@ -221,11 +221,12 @@ class _Ctx:
     if (seen := memo.get(id(n))) is not None: return ("ref", seen)
     # a leaf's shape is part of its kernel: a reduction loops over its source's extent, which the reduce node's own
     # (output) shape does not give; without it a sum of 3 and one of 4 elements, both to shape (1,), would share a kernel
+    # (a constant's too: Tensor.full(4, 1.0).sum())
     op = n.op
     if op == "buf":
       i = self.leaf(n)
       out: Any = ("buf", i, n.dtype.name, n.view.shape, n.view.strides, self.aligned[i])
-    elif op == "const": out = ("const", self.leaf(n), n.dtype.name)
+    elif op == "const": out = ("const", self.leaf(n), n.dtype.name, n.shape)
     else: out = (op, n.dtype.name, n.arg, n.shape, tuple([self.key(s, memo) for s in n.srcs]))
     memo[id(n)] = len(memo)
     return out
