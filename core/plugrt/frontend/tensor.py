@@ -165,7 +165,7 @@ def _moved(n: Node, fn: Any, shape: Shape, memo: dict[int, Node]) -> Node:
   if n.op == "const": out = Node("const", n.dtype, shape, n.device, arg=n.arg)
   elif n.op == "ew": out = Node("ew", n.dtype, shape, n.device, tuple([_moved(s, fn, shape, memo) for s in n.srcs]), n.arg)
   else:
-    if n.op == "reduce": _realize_into(n, _realize(n))  # a reduction is a kernel of its own: its result is a buffer
+    if n.op == "reduce": _realize(n, in_place=True)  # a reduction is a kernel of its own: its result is a buffer
     v = fn(n.view)
     if v is None:  # strides cannot express it: copy to a contiguous buffer first
       n = _realize(n, force_copy=True)
@@ -293,7 +293,7 @@ def _plan_key(n: Node, memo: dict[int, int], index: dict[Any, int], bufs: list[B
     return ("const", i, n.dtype.name, n.shape)
   if (seen := memo.get(id(n))) is not None: return seen
   if op == "reduce":
-    _realize_into(n, _realize(n))
+    _realize(n, in_place=True)
     return _plan_key(n, memo, index, bufs, vals)
   srcs = n.srcs
   if len(srcs) == 2: ks: tuple = (_plan_key(srcs[0], memo, index, bufs, vals), _plan_key(srcs[1], memo, index, bufs, vals))
@@ -577,10 +577,11 @@ def _reduce_kernel(f: _FusedKernel) -> Kernel:
   return b.finish()
 
 
-def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> Node:
+def _realize(node: Node, force_copy: bool = False, into: Node | None = None, in_place: bool = False) -> Node:
   """A "buf" node with node's value: node itself when it already is one (and, with force_copy, a contiguous
   whole buffer), else a new contiguous buffer computed by one fused kernel; or, with `into` (a "buf" node of
-  the same shape and dtype), node's value written into into's memory."""
+  the same shape and dtype), node's value written into into's memory. in_place (for an "ew" or "reduce" node): node
+  itself becomes the new buffer's "buf" node (other graphs may hold it)."""
   op = node.op
   if into is None and op == "buf" and (not force_copy or (node.view.is_contiguous and node.view.offset == 0 and
                                                           node.buffer.size == _numel(node.shape))):
@@ -611,7 +612,10 @@ def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> 
   prg, gs, ls, view = plan
   prg(out, *bufs, global_size=gs, local_size=ls, vals=tuple(vals))
   stats["kernels_run"] += 1
-  return into if into is not None else Node("buf", root.dtype, root.shape, root.device, buffer=out, view=view)
+  if into is not None: return into
+  if not in_place: return Node("buf", root.dtype, root.shape, root.device, buffer=out, view=view)
+  node.op, node.srcs, node.arg, node.buffer, node.view, node.leaf = "buf", (), None, out, view, None
+  return node
 
 
 def _plan(root: Node, staged: bool, into: Node | None) -> tuple[Any, tuple[int, int, int], tuple[int, int, int], View]:
@@ -662,11 +666,6 @@ def _reduce_partials(root: Node, groups: int) -> Node:
   stats["kernels_run"] += 1
   shape = (1,) * (len(src.shape) - 1) + (groups,)
   return Node("reduce", root.dtype, root.shape, root.device, (_buf_node(out, shape),), (root.arg[0], (len(shape) - 1,)))
-
-
-def _realize_into(node: Node, done: Node) -> None:
-  """Turn node itself into the realised value (other graphs may hold it)."""
-  node.op, node.srcs, node.arg, node.buffer, node.view, node.leaf = "buf", (), None, done.buffer, done.view, None
 
 
 #: threads per group of the fused kernels, and groups at most along an axis: 65535, the least per-axis limit of the
@@ -889,7 +888,7 @@ class Tensor:
   # ---- realising and reading
   def realize(self) -> Tensor:
     """Compute the value now (fusing the elementwise chain into one kernel)."""
-    if self.node.op != "buf": _realize_into(self.node, _realize(self.node))
+    if self.node.op != "buf": _realize(self.node, in_place=True)
     return self
 
   def assign(self, value: Any) -> Tensor:
@@ -955,10 +954,13 @@ class Tensor:
 
   def _operands(self, other: Any, reverse: bool = False) -> tuple[Node, Node]:
     """Both operands as nodes of one dtype and one (broadcast) shape (an image's: its texels)."""
-    a = _texels(self.node)
+    a = self.node
+    if isinstance(a.dtype, ImageDType): a = _texels(a)
     if isinstance(other, Tensor):
-      b = _texels(other.node)
+      b = other.node
+      if isinstance(b.dtype, ImageDType): b = _texels(b)
       if b.device is not a.device: raise ValueError(f"tensors on {a.device} and {b.device}: move one with .to()")
+      if a.dtype is b.dtype and a.shape == b.shape: return (b, a) if reverse else (a, b)  # the common case: nothing to cast or broadcast
       dt = promote(a.dtype, b.dtype)
     elif isinstance(other, (bool, int, float)):
       dt = a.dtype
@@ -1057,16 +1059,18 @@ class Tensor:
   def _reduce(self, op: str, axis: int | Sequence[int] | None, keepdim: bool, dtype: DType) -> Tensor:
     shape = self.node.shape
     nd = len(shape)
-    if axis is None: axes = tuple(range(nd))  # every axis: nothing to check
+    if axis is None: axes, kept, dropped = tuple(range(nd)), (1,) * nd, ()  # every axis: nothing to check
     else:
       axes = tuple(sorted({a + nd if a < 0 else a for a in ((axis,) if isinstance(axis, int) else tuple(axis))}))
       if any(not 0 <= a < nd for a in axes): raise ValueError(f"axis {axis} is out of range for {nd} dimensions")
+      kept = tuple(1 if i in axes else d for i, d in enumerate(shape))
+      dropped = tuple(d for i, d in enumerate(shape) if i not in axes)  # (a checked shape of the same elements: no reshape() parsing)
     src = _cast_node(self.node, dtype)
-    kept = tuple(1 if i in axes else d for i, d in enumerate(shape))
     out = Node("reduce", dtype, kept, src.device, (src,), (op, axes))
-    if keepdim: return _wrap(out)
-    dropped = tuple(d for i, d in enumerate(shape) if i not in axes)  # (a checked shape of the same elements: no reshape() parsing)
-    return _wrap(out if dropped == kept else _movement(out, lambda v: v.reshape(dropped), dropped))
+    if keepdim or dropped == kept: return _wrap(out)
+    # dropping axes is a view change, which a reduction is realised for (as _moved does): its result, a new contiguous
+    # buffer, viewed in the dropped shape
+    return _wrap(_buf_node(_realize(out).buffer, dropped))
 
   def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
     vt = _value_dtype(self.dtype)
