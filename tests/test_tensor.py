@@ -157,6 +157,13 @@ def test_reductions_over_different_extents_get_their_own_kernels(dev):
     assert Tensor(x, device=dev).max().numpy().tolist() == float(n)
 
 
+def test_reductions_of_constants_over_different_extents_get_their_own_kernels(dev):
+  """A reduction of a constant (Tensor.full) loops over the constant's extent, so that extent is part of its kernel:
+  the sum of four ones reused the kernel of the sum of three, and gave 3."""
+  for n in (3, 4, 7, 3):
+    assert Tensor.full(n, 1.0, dtypes.float32, dev).sum().item() == n
+    assert Tensor.full((2, n), 2, dtypes.int32, dev).sum(axis=1).tolist() == [2 * n, 2 * n]
+
 def test_reductions(dev):
   a = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 7
   t = Tensor(a, device=dev)
@@ -347,13 +354,13 @@ def test_vector_and_scalar_paths_give_the_same_bits(dev, dt, n):
 def test_vector_loads_are_used_only_where_the_memory_is_aligned(dev):
   from plugrt import Buffer
   from plugrt.compiler.ir import Ops
-  T._KERNELS.clear()
+  T._KERNELS.clear(); T._PLANS.clear()
   x = np.arange(40, dtype=np.float32)
   (Tensor(x, device=dev) + 1).realize()
   aligned = list(T._KERNELS.values())
   assert [sum(u.op is Ops.VLOAD for u in k.uops) for k in aligned] == [T._UNROLL]  # one per chunk of the step
   assert sum(u.op is Ops.VSTORE for u in aligned[0].uops) == T._UNROLL
-  T._KERNELS.clear()
+  T._KERNELS.clear(); T._PLANS.clear()
   (Tensor(x, device=dev)[1:] + 1).realize()
   assert [sum(u.op is Ops.VLOAD for u in k.uops) for k in T._KERNELS.values()] == [0]  # an offset view: scalar loads
   buf = Buffer(dev, 16, dtypes.float32)
@@ -403,7 +410,7 @@ def test_elementwise_kernels_cover_their_output_in_one_pass(dev, monkeypatch, un
   tail one element at a time. Every such shape gives numpy's bits, and the grid stays within the groups an axis."""
   from plugrt.compiler.ir import Ops
   for name, v in (("_UNROLL", unroll), ("_GROUP", group), ("_MAX_GROUPS", max_groups)): monkeypatch.setattr(T, name, v)
-  T._KERNELS.clear()
+  T._KERNELS.clear(); T._PLANS.clear()
   x, y = np.arange(n, dtype=np.float32) * 0.5 - 7, np.arange(n, dtype=np.float32)[::-1] * 0.25
   got = (Tensor(x, device=dev) * 3 + Tensor(y, device=dev)).numpy()
   assert _bits(got) == _bits(x * np.float32(3) + y)
@@ -420,7 +427,7 @@ def test_large_reductions_take_two_launches(dev, monkeypatch, op):
   threads' folds combined in shared memory), at most _REDUCE_GROUPS of them, then one group over those. Groups of 4
   threads here, so that a small source has as many groups as a large one has with 256."""
   monkeypatch.setattr(T, "_GROUP", 4)
-  T._KERNELS.clear()
+  T._KERNELS.clear(); T._PLANS.clear()
   rng = np.random.default_rng(5)
   for n, most in ((20001, 1024), (20001, 16), (255, 1024)):
     monkeypatch.setattr(T, "_REDUCE_GROUPS", most)
@@ -470,3 +477,53 @@ def test_dropped_results_free_their_buffers_without_the_garbage_collector():
       for _ in range(10): op()
     assert gc.collect() == 0, "dropped tensors were left in reference cycles"
   finally: gc.enable()
+
+
+def test_a_realize_plan_is_shared_only_by_graphs_that_launch_alike(dev, monkeypatch):
+  """A realize of a graph whose structure was realized before skips the kernel key's walk and the launch's
+  computations (T._PLANS); a graph that differs in anything its kernel or launch depends on gets its own kernel: the
+  alignment of a view's first element, whether a buffer needs wide indices, the staging of a reduction, a leaf read
+  twice or two leaves; and an assign into a view the graph also reads computes apart, as it did the first time."""
+  from plugrt import Buffer
+  monkeypatch.setattr(T, "_WIDE", 64)  # (a buffer of 64 elements or more takes int64 indices: 2**31 is too many for a test)
+  T._KERNELS.clear(); T._PLANS.clear()
+  host = np.arange(80, dtype=np.float32)
+  big, small = Buffer(dev, 80, dtypes.float32).copyin(host), Buffer(dev, 40, dtypes.float32).copyin(host[:40])
+
+  def kernels_for(fn):
+    before = len(T._KERNELS)
+    got = fn()
+    return len(T._KERNELS) - before, got
+  assert kernels_for(lambda: (Tensor.from_buffer(small, (8,), offset=4) + 1).tolist()) == (1, (host[4:12] + 1).tolist())
+  assert kernels_for(lambda: (Tensor.from_buffer(small, (8,), offset=8) + 2).tolist()) == (0, (host[8:16] + 2).tolist())  # the plan
+  assert kernels_for(lambda: (Tensor.from_buffer(small, (8,), offset=5) + 1).tolist()) == (1, (host[5:13] + 1).tolist())  # unaligned
+  if dev != "WEBGPU":  # (WGSL has no 64-bit types)
+    narrow = T._KERNELS.copy()
+    assert kernels_for(lambda: (Tensor.from_buffer(big, (8,), offset=4) + 1).tolist()) == (1, (host[4:12] + 1).tolist())  # wide indices
+    (k,) = [k for key, k in T._KERNELS.items() if key not in narrow]
+    assert dtypes.int64 in k.signature.scalars
+  x, y = Tensor.from_buffer(small, (8,)), Tensor.from_buffer(small, (8,), offset=8)
+  assert kernels_for(lambda: (x * y).tolist()) == (1, (host[:8] * host[8:16]).tolist())
+  assert kernels_for(lambda: (x * x).tolist()) == (1, (host[:8] * host[:8]).tolist())  # one leaf, not two
+  assert kernels_for(lambda: (y * y).tolist()) == (0, (host[8:16] * host[8:16]).tolist())
+  # a reduction in stages ends with a reduction over its partial results, of the same structure as one over that many elements
+  monkeypatch.setattr(T, "_PARTIAL_MIN", 8)
+  monkeypatch.setattr(T, "_REDUCE_CHUNKS", 1)
+  monkeypatch.setattr(T, "_GROUP", 4)
+  data = np.arange(1, 34, dtype=np.float32)
+  groups = T._partial_groups(33)
+  assert groups == 3 and Tensor(data[:groups], device=dev).sum(axis=0, keepdim=True).item() == data[:groups].sum()
+  assert kernels_for(lambda: Tensor(data, device=dev).sum(axis=0, keepdim=True).item()) == (2, data.sum())
+  # assign into a view the graph reads through another view: computed apart, on a plan's hit as on its miss
+  # (over many groups: elements read after the groups before them wrote there, were the two not apart)
+  monkeypatch.undo()
+  line = np.random.default_rng(2).standard_normal(4099).astype(np.float32)
+  want = line.copy()
+  want[1:] = line[:-1] + 1
+  for _ in range(2):
+    base, other = Tensor(line, device=dev).realize(), Tensor(line, device=dev).realize()
+    base[1:].assign(other[:-1] + 1)
+    assert base.tolist() == want.tolist()
+    base = Tensor(line, device=dev).realize()
+    base[1:].assign(base[:-1] + 1)
+    assert base.tolist() == want.tolist()

@@ -316,8 +316,16 @@ def float_value(x: float | int, dt: DType) -> float:
   return struct.unpack("<" + dt.fmt, bits.to_bytes(dt.itemsize, "little"))[0]
 
 
+#: float16, float32 and float64 as struct packs them: a Python float or int rounded to one of them is one pack and
+#: unpack (float_value's rounding; past the dtype's range the pack raises, and float_value gives inf)
+_ROUNDS = {dtypes.float16: struct.Struct("<e"), dtypes.float32: struct.Struct("<f"), dtypes.float64: struct.Struct("<d")}
+
+
 def cast_value(x: Any, dt: DType) -> Any:
   """A Python scalar converted the way a kernel's cast would (ints wrap, floats round)."""
+  if ((t := type(x)) is float or t is int) and (st := _ROUNDS.get(dt)) is not None:  # (every Tensor op with a number asks)
+    try: return st.unpack(st.pack(x))[0]
+    except (OverflowError, struct.error): pass  # past float64's range as an int, or the dtype's
   if dt.kind == "b": return bool(x)
   if dt.kind in "iu":
     v = int(x) & ((1 << dt.bits) - 1)

@@ -211,8 +211,8 @@ class Buffer(BufferBase):
     if type(size) is not int or size < 0:  # (the check's import only on this error path: tensors make a buffer per op)
       from plugrt.runtime import check_nbytes
       check_nbytes(size)
-    dtype = dtypes.as_dtype(dtype)
-    self.device, self.size, self.dtype, self.nbytes = _device(device), size, dtype, size * dtype.itemsize
+    if not isinstance(dtype, DType): dtype = dtypes.as_dtype(dtype)
+    self.device, self.size, self.dtype, self.nbytes = device if type(device) is RuntimeDevice else _device(device), size, dtype, size * dtype.itemsize
     self.base: Buffer | None = None
     self.offset, self._external, self._keepalive = 0, False, None
     if isinstance(dtype, ImageDType):  # an image: its own kind of memory on the device (options tell the allocator)

@@ -11,6 +11,8 @@ from _thread import allocate_lock  # threading's locks, without importing thread
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from itertools import repeat
+from operator import attrgetter
 from typing import Any, Generic, Protocol, TypeVar
 
 from plugrt.context import BufferBase, DeviceInfo, DeviceState
@@ -48,6 +50,11 @@ def _cache_limit(env: Mapping[str, str]) -> int:
     raise EnvError(f"PLUGRT_ALLOC_CACHE_MB={v!r} is not a whole number of MiB", "e.g. PLUGRT_ALLOC_CACHE_MB=256; 0 disables the cache") from None
   if mb < 0: raise EnvError(f"PLUGRT_ALLOC_CACHE_MB={v!r} is negative", "use 0 to disable the allocation cache")
   return mb << 20
+
+
+_HANDLE = attrgetter("handle")  # a buffer's handle (at C speed, over a call's buffers)
+_DEVICE_DTYPE = attrgetter("device", "dtype")
+_BUFFER_BASE = repeat(BufferBase)  # (isinstance's second argument for map)
 
 
 #: the largest allocation any device is asked for: 256 TiB, the user address space of a 48-bit machine. A size past it
@@ -103,13 +110,13 @@ class Allocator(Generic[H]):
 
   # ---- the core's API
   def alloc(self, nbytes: int, options: Any = None) -> H:
-    check_nbytes(nbytes)
+    if type(nbytes) is not int or nbytes < 0: check_nbytes(nbytes)
     if options is not None and isinstance(options, ImageDType): self.check_image(options)
     if nbytes > self.max_alloc_bytes:
       raise OutOfMemoryError(f"{self.device.canonical}: cannot allocate {size_str(nbytes)} ({nbytes} bytes): no allocation on this device "
                              f"can be larger than {size_str(self.max_alloc_bytes)}", "allocate less, or split the data")
     key = (nbytes, options)
-    self._drain()
+    if self._pending: self._drain()
     self._lock.acquire()
     try:
       if (seqs := self._by_key.get(key)):
@@ -137,16 +144,18 @@ class Allocator(Generic[H]):
       if not self._lock.acquire(blocking=False): return  # the holder drains once it lets go (see _release)
       give_back = []
       try:
+        limit = self.cache_limit
         while self._pending:
           handle, nbytes, options = self._pending.popleft()
-          if not self.cache_limit or nbytes > self.cache_limit:
+          if not limit or nbytes > limit:
             give_back.append((handle, (nbytes, options)))
             continue
-          key, self._seq = (nbytes, options), self._seq + 1
-          self._lru[self._seq] = (key, handle)
-          self._by_key.setdefault(key, []).append(self._seq)
-          self._cached_bytes += nbytes
-          while self._cached_bytes > self.cache_limit:  # give back the least recently freed blocks
+          key, seq = (nbytes, options), self._seq + 1
+          self._lru[seq] = (key, handle)
+          if (seqs := self._by_key.get(key)) is None: self._by_key[key] = [seq]
+          else: seqs.append(seq)
+          self._seq, self._cached_bytes = seq, self._cached_bytes + nbytes
+          while self._cached_bytes > limit:  # give back the least recently freed blocks
             seq, (k, h) = self._lru.popitem(last=False)
             self._by_key[k].remove(seq)
             self._cached_bytes -= k[0]
@@ -478,11 +487,13 @@ class Program:
     self.launch_limits = LaunchLimits(str(device))
     self._packers = [self.scalar_packer(dt) for dt in signature.scalars]
     self._prepared: PreparedCall = NO_CALL
+    self._buffer_slots = tuple([(device, dt) for dt in signature.buffers])  # what repeats_but_buffers asks of each buffer
 
   def __call__(self, *bufs: BufferBase, global_size: LaunchSize = (1, 1, 1), local_size: LaunchSize = (1, 1, 1),
                vals: Sequence[Any] = (), wait: bool = False) -> float | None:
     p = self._prepared  # read once: everything below uses this one prepared call
     if bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims:  # see plugrt.launchargs
+      held = p.bufs  # noqa: F841 (the last call's buffers: one that goes with them is freed once this launch is submitted, not before)
       p = self._prepared = self._prepare(p, bufs, vals, global_size, local_size)
     if wait: return self._timed(p)
     p.submit()
@@ -492,8 +503,9 @@ class Program:
     """A new prepared call for these arguments (`last`: the current one, which lends what it checked and packed when
     only the buffers changed)."""
     if self.repeats_but_buffers(last, bufs, vals, global_size, local_size):
-      if (b := self._before) is not None and not (vals != b[1].vals or (global_size, local_size) != b[1].dims) \
-         and b[0] == tuple([x.handle for x in bufs]):
+      # (a call rebound from the last shares its vals and dims: then they are the call's, which repeats the last's)
+      if (b := self._before) is not None and b[0] == tuple(map(_HANDLE, bufs)) and \
+         ((b[1].vals is last.vals and b[1].dims is last.dims) or not (vals != b[1].vals or (global_size, local_size) != b[1].dims)):
         p = b[1]  # the call before the last, over the same memory: submitted as it was encoded
       else:
         p = self._rebind(last, bufs)
@@ -506,7 +518,7 @@ class Program:
       p.scalars, p.sizes = scalars, (gs, ls)
     p.bufs = bufs
     if self.self_contained and last.bufs:
-      self._before = (tuple([x.handle for x in last.bufs]), last)
+      self._before = (tuple(map(_HANDLE, last.bufs)), last)
       last.bufs = ()  # no longer the last call: its buffers go (it is kept by their handles)
     return p
 
@@ -536,10 +548,9 @@ class Program:
     last and puts in the buffers alone (a kernel run on each new frame or tensor, each in memory of its own). Any other
     call answers False, and the backend prepares it in full, check_args raising what is wrong."""
     if not (vals == last.vals and (global_size, local_size) == last.dims and len(bufs) == self.nbufs): return False
-    dev = self.device
-    for b, dt in zip(bufs, self.signature.buffers):  # (a loop, not all() over a generator: this runs on every new buffer)
-      if not (isinstance(b, BufferBase) and b.device is dev and b.dtype is dt): return False
-    return True
+    # each a BufferBase, then (its device, its dtype) against the slots' (this runs on every new buffer: map, at C speed; a
+    # device and a DType compare by identity)
+    return all(map(isinstance, bufs, _BUFFER_BASE)) and tuple(map(_DEVICE_DTYPE, bufs)) == self._buffer_slots
 
   def check_args(self, bufs: Sequence[Any], vals: Sequence[Any], global_size: Any, local_size: Any) \
       -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -585,6 +596,7 @@ class LockedProgram(Program):
     with self.launch_lock:
       p = self._prepared
       if bufs != p.bufs or vals != p.vals or (global_size, local_size) != p.dims:  # see plugrt.launchargs
+        held = p.bufs  # noqa: F841 (as in Program.__call__)
         p = self._prepared = self._prepare(p, bufs, vals, global_size, local_size)
       if wait: return self._timed(p)
       p.submit()

@@ -104,15 +104,20 @@ class View(NamedTuple):
 
 class Node:
   """One value of the graph. op: "buf" (a realised buffer and a view of it), "const" (a scalar, broadcast),
-  "ew" (an elementwise op of same-shaped sources), "reduce" (arg: (op, axes), keeps reduced axes as 1)."""
-  __slots__ = ("op", "dtype", "shape", "srcs", "arg", "buffer", "view", "device")
+  "ew" (an elementwise op of same-shaped sources), "reduce" (arg: (op, axes), keeps reduced axes as 1). leaf: a "buf"
+  node's facts as a kernel input, once asked (_leaf_of: a buffer's address and a view never change)."""
+  __slots__ = ("op", "dtype", "shape", "srcs", "arg", "buffer", "view", "device", "leaf")
 
   def __init__(self, op: str, dtype: DType, shape: Shape, device: RuntimeDevice, srcs: tuple[Node, ...] = (), arg: Any = None,
                buffer: Buffer | None = None, view: View | None = None):
-    self.op, self.dtype, self.shape, self.device, self.srcs, self.arg, self.buffer, self.view = op, dtype, shape, device, srcs, arg, buffer, view
+    self.op, self.dtype, self.shape, self.device, self.srcs, self.arg, self.buffer, self.view, self.leaf = \
+      op, dtype, shape, device, srcs, arg, buffer, view, None
 
 
 def _numel(shape: Shape) -> int: return math.prod(shape)
+
+
+_prod = math.prod  # _numel without a Python call, where a realize asks
 
 
 def _image_shape(dt: ImageDType, shape: Shape) -> Shape:
@@ -160,7 +165,7 @@ def _moved(n: Node, fn: Any, shape: Shape, memo: dict[int, Node]) -> Node:
   if n.op == "const": out = Node("const", n.dtype, shape, n.device, arg=n.arg)
   elif n.op == "ew": out = Node("ew", n.dtype, shape, n.device, tuple([_moved(s, fn, shape, memo) for s in n.srcs]), n.arg)
   else:
-    if n.op == "reduce": _realize_into(n, _realize(n))  # a reduction is a kernel of its own: its result is a buffer
+    if n.op == "reduce": _realize(n, in_place=True)  # a reduction is a kernel of its own: its result is a buffer
     v = fn(n.view)
     if v is None:  # strides cannot express it: copy to a contiguous buffer first
       n = _realize(n, force_copy=True)
@@ -221,11 +226,12 @@ class _Ctx:
     if (seen := memo.get(id(n))) is not None: return ("ref", seen)
     # a leaf's shape is part of its kernel: a reduction loops over its source's extent, which the reduce node's own
     # (output) shape does not give; without it a sum of 3 and one of 4 elements, both to shape (1,), would share a kernel
+    # (a constant's too: Tensor.full(4, 1.0).sum())
     op = n.op
     if op == "buf":
       i = self.leaf(n)
       out: Any = ("buf", i, n.dtype.name, n.view.shape, n.view.strides, self.aligned[i])
-    elif op == "const": out = ("const", self.leaf(n), n.dtype.name)
+    elif op == "const": out = ("const", self.leaf(n), n.dtype.name, n.shape)
     else: out = (op, n.dtype.name, n.arg, n.shape, tuple([self.key(s, memo) for s in n.srcs]))
     memo[id(n)] = len(memo)
     return out
@@ -248,6 +254,52 @@ def vector_aligned(buf: Buffer, offset: int = 0) -> bool:
 
 
 _KERNELS: dict[tuple, Kernel] = {}
+#: what a realize of a graph of one structure launches: plan key (_plan_key's key of the graph, the device, the staging,
+#: the target view's facts, the kernel knobs) -> (Program, global size, local size, the result's view); a first stage of a
+#: staged reduction (_reduce_partials) -> its Program
+_PLANS: dict[tuple, Any] = {}
+#: a buffer of this many elements or more takes 64-bit index arithmetic (_FusedKernel's `wide`)
+_WIDE = 2**31 - 1
+
+
+def _leaf_of(n: Node) -> tuple[tuple, tuple]:
+  """A "buf" node's facts as a kernel input, kept on the node: its identity among a graph's leaves (_Ctx.leaf's: the
+  same buffer through the same view is one input) and its part of a realize plan's key: dtype, view shape and strides,
+  whether vector access is aligned (contiguous and the first element's address), whether the buffer needs wide indices."""
+  v, buf = n.view, n.buffer
+  aligned = v.is_contiguous and vector_aligned(buf, v.offset)
+  info = n.leaf = ((id(buf), v.shape, v.strides, v.offset), ("buf", n.dtype.name, v.shape, v.strides, aligned, buf.size >= _WIDE))
+  return info
+
+
+def _plan_key(n: Node, memo: dict[int, int], index: dict[Any, int], bufs: list[Buffer], vals: list[Any]) -> Any:
+  """n's part of a realize plan's key: everything its kernel and launch depend on (_Ctx.key's structure, leaf numbers
+  and facts, and per buffer whether it needs wide indices); an op node met again is its number in the walk. Collects
+  the leaves as _Ctx numbers them, the kernel's parameter order: into `bufs` each buffer input, into `vals` per leaf its
+  view offset or a constant's value (`index`: a buffer leaf's identity or a constant node's id -> its number). A
+  reduction among the sources runs here, first, as a kernel of its own (a buffer after)."""
+  op = n.op
+  if op == "buf":
+    ident, part = n.leaf or _leaf_of(n)
+    if (i := index.get(ident)) is None:
+      i = index[ident] = len(vals)
+      bufs.append(n.buffer)
+      vals.append(n.view.offset)
+    return (i, part)
+  if op == "const":
+    if (i := index.get(id(n))) is None:
+      i = index[id(n)] = len(vals)
+      vals.append(n.arg)
+    return ("const", i, n.dtype.name, n.shape)
+  if (seen := memo.get(id(n))) is not None: return seen
+  if op == "reduce":
+    _realize(n, in_place=True)
+    return _plan_key(n, memo, index, bufs, vals)
+  srcs = n.srcs
+  if len(srcs) == 2: ks: tuple = (_plan_key(srcs[0], memo, index, bufs, vals), _plan_key(srcs[1], memo, index, bufs, vals))
+  else: ks = tuple([_plan_key(s, memo, index, bufs, vals) for s in srcs])
+  memo[id(n)] = len(memo)
+  return (op, n.dtype.name, n.arg, n.shape, ks)
 
 
 def _kernel(root: Node, ctx: _Ctx, key: tuple, wide: bool, out_strides: tuple[int, ...] | None, out_aligned: bool,
@@ -525,48 +577,65 @@ def _reduce_kernel(f: _FusedKernel) -> Kernel:
   return b.finish()
 
 
-def _realize(node: Node, force_copy: bool = False, into: Node | None = None) -> Node:
+def _realize(node: Node, force_copy: bool = False, into: Node | None = None, in_place: bool = False) -> Node:
   """A "buf" node with node's value: node itself when it already is one (and, with force_copy, a contiguous
   whole buffer), else a new contiguous buffer computed by one fused kernel; or, with `into` (a "buf" node of
-  the same shape and dtype), node's value written into into's memory."""
-  if into is None and node.op == "buf" and (not force_copy or (node.view.is_contiguous and node.view.offset == 0 and
-                                                               node.buffer.size == _numel(node.shape))):
+  the same shape and dtype), node's value written into into's memory. in_place (for an "ew" or "reduce" node): node
+  itself becomes the new buffer's "buf" node (other graphs may hold it)."""
+  op = node.op
+  if into is None and op == "buf" and (not force_copy or (node.view.is_contiguous and node.view.offset == 0 and
+                                                          node.buffer.size == _numel(node.shape))):
     return node
-  stack, seen = list(node.srcs), set()
-  while stack:  # reductions feeding the chain run first, as kernels of their own
-    n = stack.pop()
-    if id(n) in seen: continue
-    seen.add(id(n))
-    if n.op == "reduce": _realize_into(n, _realize(n))
-    elif n.op == "ew": stack.extend(n.srcs)
   # a copy (of an image: its texels, into a plain buffer)
-  root = node if node.op in ("ew", "reduce") else Node("ew", _value_dtype(node.dtype), node.shape, node.device, (node,), "cast")
-  staged = root.op == "reduce" and _numel(root.shape) == 1 and _numel(root.srcs[0].shape) >= _PARTIAL_MIN  # (_partial_groups)
+  root = node if op == "ew" or op == "reduce" else Node("ew", _value_dtype(node.dtype), node.shape, node.device, (node,), "cast")
+  staged = op == "reduce" and _prod(root.shape) == 1 and _prod(root.srcs[0].shape) >= _PARTIAL_MIN  # (_partial_groups)
   if staged:
-    while (groups := _partial_groups(_numel(root.srcs[0].shape))): root = _reduce_partials(root, groups)
+    while (groups := _partial_groups(_prod(root.srcs[0].shape))): root = _reduce_partials(root, groups)
+  # the walk runs the reductions that feed the graph first, as kernels of their own (a reduction root's are in its source)
+  memo: dict[int, int] = {}
+  index: dict[Any, int] = {}
+  bufs: list[Any] = []
+  vals: list[Any] = []
+  if root.op == "reduce": key = ("reduce", root.dtype.name, root.arg, root.shape, _plan_key(root.srcs[0], memo, index, bufs, vals))
+  else: key = _plan_key(root, memo, index, bufs, vals)
+  if into is None: target = None
+  else:
+    iv, ib = into.view, id(into.buffer)
+    if any(type(k) is tuple and k[0] == ib and k[1:] != iv for k in index):
+      return _realize(_realize(node, force_copy=True), into=into)  # reading the target through another view: compute apart first
+    target = (into.leaf or _leaf_of(into))[1]
+    vals.append(iv.offset)
+  # the memory first: a size no allocator can satisfy is OutOfMemoryError before a kernel is built for it
+  out = into.buffer if into is not None else Buffer(node.device, _prod(root.shape), root.dtype)
+  plan_key = (key, root.device, staged, target, _GROUP, _MAX_GROUPS, _UNROLL, _VEC, _REDUCE_UNROLL, VECTOR_BYTES)
+  if (plan := _PLANS.get(plan_key)) is None: plan = _PLANS[plan_key] = _plan(root, staged, into)
+  prg, gs, ls, view = plan
+  prg(out, *bufs, global_size=gs, local_size=ls, vals=tuple(vals))
+  stats["kernels_run"] += 1
+  if into is not None: return into
+  if not in_place: return Node("buf", root.dtype, root.shape, root.device, buffer=out, view=view)
+  node.op, node.srcs, node.arg, node.buffer, node.view, node.leaf = "buf", (), None, out, view, None
+  return node
+
+
+def _plan(root: Node, staged: bool, into: Node | None) -> tuple[Any, tuple[int, int, int], tuple[int, int, int], View]:
+  """What a realize of root's structure launches (see _PLANS; _realize's walk ran the reductions among its sources): its
+  program, global and local size, and the result's view."""
   ctx = _Ctx()
-  n = _numel(node.shape)
+  n = _numel(root.shape)
   key = (root.shape, root.dtype.name, ctx.key(root, {}))  # (collects the leaves too)
-  if into is not None and any(l.op == "buf" and l.buffer is into.buffer and l.view != into.view for l in ctx.leaves):
-    return _realize(_realize(node, force_copy=True), into=into)  # reading the target through another view: compute apart first
-  wide = max([n] + [l.buffer.size for l in ctx.leaves if l.op == "buf"] + ([into.buffer.size] if into else [])) >= 2**31 - 1
+  wide = max([n] + [l.buffer.size for l in ctx.leaves if l.op == "buf"] + ([into.buffer.size] if into else [])) >= _WIDE
   out_strides = into.view.strides if into is not None else None
   out_aligned = into is None or (into.view.is_contiguous and vector_aligned(into.buffer, into.view.offset))
-  # the memory first: a size no allocator can satisfy is OutOfMemoryError before a kernel is built for it
-  out = into.buffer if into is not None else Buffer(node.device, n, root.dtype)
   if staged: gs, ls, grid = (1, 1, 1), (_GROUP, 1, 1), ()  # a staged reduction's last kernel: one group
   elif root.op == "reduce": gs, ls, grid = (min(_MAX_GROUPS, -(-n // _GROUP)), 1, 1), (min(_GROUP, max(n, 1)), 1, 1), ()  # an output element a thread
   else:
     grid = _ew_grid(n)
     gs, ls = (grid[0], grid[1], 1), (grid[2], 1, 1)
   shape = grid or ((_GROUP, _REDUCE_UNROLL) if staged else ())  # what the kernel is built for besides the graph
-  prg = node.device.program(_kernel(root, ctx, key + (wide, out_strides, out_aligned, staged, shape), wide, out_strides, out_aligned, grid,
+  prg = root.device.program(_kernel(root, ctx, key + (wide, out_strides, out_aligned, staged, shape), wide, out_strides, out_aligned, grid,
                                     1 if staged else 0))
-  bufs = [out] + [l.buffer for l in ctx.leaves if l.op == "buf"]
-  vals = tuple(l.view.offset if l.op == "buf" else l.arg for l in ctx.leaves) + ((into.view.offset,) if into is not None else ())
-  prg(*bufs, global_size=gs, local_size=ls, vals=vals)
-  stats["kernels_run"] += 1
-  return into if into is not None else _buf_node(out, node.shape)
+  return prg, gs, ls, View.contiguous(root.shape)
 
 
 def _partial_groups(n: int) -> int:
@@ -581,21 +650,22 @@ def _reduce_partials(root: Node, groups: int) -> Node:
   """Run a first stage of a reduction: `groups` partial results in a new buffer; returns the reduction of those (the
   same op over a source of shape (1, ..., groups)), which _realize finishes (in one group, or more stages while many)."""
   src = root.srcs[0]
-  ctx = _Ctx()
-  key = ("partials", groups, _GROUP, _REDUCE_UNROLL, root.dtype.name, ctx.key(root, {}))
-  wide = max([_numel(src.shape)] + [l.buffer.size for l in ctx.leaves if l.op == "buf"]) >= 2**31 - 1
+  memo: dict[int, int] = {}
+  index: dict[Any, int] = {}
+  bufs: list[Any] = []
+  vals: list[Any] = []
+  key = ("partials", groups, root.dtype.name, root.arg, root.shape, _plan_key(src, memo, index, bufs, vals))
   out = Buffer(root.device, groups, root.dtype)
-  prg = root.device.program(_kernel(root, ctx, key + (wide,), wide, None, False, groups=groups))
-  vals = tuple(l.view.offset if l.op == "buf" else l.arg for l in ctx.leaves)
-  prg(out, *(l.buffer for l in ctx.leaves if l.op == "buf"), global_size=(groups, 1, 1), local_size=(_GROUP, 1, 1), vals=vals)
+  plan_key = (key, root.device, _GROUP, _MAX_GROUPS, _UNROLL, _VEC, _REDUCE_UNROLL, VECTOR_BYTES)
+  if (prg := _PLANS.get(plan_key)) is None:
+    ctx = _Ctx()
+    key = ("partials", groups, _GROUP, _REDUCE_UNROLL, root.dtype.name, ctx.key(root, {}))
+    wide = max([_numel(src.shape)] + [l.buffer.size for l in ctx.leaves if l.op == "buf"]) >= _WIDE
+    prg = _PLANS[plan_key] = root.device.program(_kernel(root, ctx, key + (wide,), wide, None, False, groups=groups))
+  prg(out, *bufs, global_size=(groups, 1, 1), local_size=(_GROUP, 1, 1), vals=tuple(vals))
   stats["kernels_run"] += 1
   shape = (1,) * (len(src.shape) - 1) + (groups,)
   return Node("reduce", root.dtype, root.shape, root.device, (_buf_node(out, shape),), (root.arg[0], (len(shape) - 1,)))
-
-
-def _realize_into(node: Node, done: Node) -> None:
-  """Turn node itself into the realised value (other graphs may hold it)."""
-  node.op, node.srcs, node.arg, node.buffer, node.view = "buf", (), None, done.buffer, done.view
 
 
 #: threads per group of the fused kernels, and groups at most along an axis: 65535, the least per-axis limit of the
@@ -818,7 +888,7 @@ class Tensor:
   # ---- realising and reading
   def realize(self) -> Tensor:
     """Compute the value now (fusing the elementwise chain into one kernel)."""
-    if self.node.op != "buf": _realize_into(self.node, _realize(self.node))
+    if self.node.op != "buf": _realize(self.node, in_place=True)
     return self
 
   def assign(self, value: Any) -> Tensor:
@@ -884,10 +954,13 @@ class Tensor:
 
   def _operands(self, other: Any, reverse: bool = False) -> tuple[Node, Node]:
     """Both operands as nodes of one dtype and one (broadcast) shape (an image's: its texels)."""
-    a = _texels(self.node)
+    a = self.node
+    if isinstance(a.dtype, ImageDType): a = _texels(a)
     if isinstance(other, Tensor):
-      b = _texels(other.node)
+      b = other.node
+      if isinstance(b.dtype, ImageDType): b = _texels(b)
       if b.device is not a.device: raise ValueError(f"tensors on {a.device} and {b.device}: move one with .to()")
+      if a.dtype is b.dtype and a.shape == b.shape: return (b, a) if reverse else (a, b)  # the common case: nothing to cast or broadcast
       dt = promote(a.dtype, b.dtype)
     elif isinstance(other, (bool, int, float)):
       dt = a.dtype
@@ -986,16 +1059,18 @@ class Tensor:
   def _reduce(self, op: str, axis: int | Sequence[int] | None, keepdim: bool, dtype: DType) -> Tensor:
     shape = self.node.shape
     nd = len(shape)
-    if axis is None: axes = tuple(range(nd))  # every axis: nothing to check
+    if axis is None: axes, kept, dropped = tuple(range(nd)), (1,) * nd, ()  # every axis: nothing to check
     else:
       axes = tuple(sorted({a + nd if a < 0 else a for a in ((axis,) if isinstance(axis, int) else tuple(axis))}))
       if any(not 0 <= a < nd for a in axes): raise ValueError(f"axis {axis} is out of range for {nd} dimensions")
+      kept = tuple(1 if i in axes else d for i, d in enumerate(shape))
+      dropped = tuple(d for i, d in enumerate(shape) if i not in axes)  # (a checked shape of the same elements: no reshape() parsing)
     src = _cast_node(self.node, dtype)
-    kept = tuple(1 if i in axes else d for i, d in enumerate(shape))
     out = Node("reduce", dtype, kept, src.device, (src,), (op, axes))
-    if keepdim: return _wrap(out)
-    dropped = tuple(d for i, d in enumerate(shape) if i not in axes)  # (a checked shape of the same elements: no reshape() parsing)
-    return _wrap(out if dropped == kept else _movement(out, lambda v: v.reshape(dropped), dropped))
+    if keepdim or dropped == kept: return _wrap(out)
+    # dropping axes is a view change, which a reduction is realised for (as _moved does): its result, a new contiguous
+    # buffer, viewed in the dropped shape
+    return _wrap(_buf_node(_realize(out).buffer, dropped))
 
   def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
     vt = _value_dtype(self.dtype)
