@@ -39,6 +39,7 @@ def program(monkeypatch):
   prg.nbufs, prg.nvals, prg.launch_limits, prg.state = 1, 4, state.launch_limits, state
   prg.module, prg.fn = ctypes.c_void_p(0), ctypes.c_void_p(0xF00)
   prg._packers = [cuda_device.ctypes_packer(dt) for dt in SIG.scalars]
+  prg._buffer_slots = tuple([(cpu, dt) for dt in SIG.buffers])  # (Program.__init__'s: what each buffer argument must be)
   prg._launch, prg._launch_addr, prg._tramp, prg._prepared = launch, 0, None, cuda_device.NO_CALL
   return prg, launches
 
