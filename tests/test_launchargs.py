@@ -2,15 +2,17 @@
 was prepared for (hits, and misses on a change of buffer, size, value, type or sign); then the same on real programs."""
 import ctypes
 import enum
+import gc
 import math
 import warnings
+import weakref
 
 import numpy as np
 import pytest
 
 from plugrt import Buffer, Device, dtypes, kernel
 from plugrt.dtype import f32_to_bf16, iter_dtypes
-from plugrt.launchargs import NO_CALL, SCALAR_CTYPES, ExactScalars, PreparedCall, bytes_packer, call_key, ctypes_packer, slot_packer
+from plugrt.launchargs import NO_CALL, SCALAR_CTYPES, ExactScalars, PreparedCall, WrappedBuffers, bytes_packer, call_key, ctypes_packer, slot_packer
 
 ALL = list(iter_dtypes())
 FLOATS = [dt for dt in ALL if dt.kind == "f"]
@@ -175,6 +177,29 @@ def test_a_scalar_marshal_cannot_write_prepares_again_without_raising():
   assert not prepared(vals=(np.float64(0.0),)).repeated_by((A, B), (np.float64(-0.0),), G, L)  # numpy's: written as their bytes
 
 
+class Wrapped:  # stands for a Buffer over memory plugrt does not own (from_blob)
+  _external = True
+
+
+class Owned:
+  _external = False
+
+
+def test_wrapped_buffers_match_the_same_buffers_while_they_live():
+  """A call's record holds a wrapped buffer weakly, an owned one as it is; a call compares equal while each lives (the
+  call's tuple on the left, as Program.__call__ writes it), and differs once the wrapped one is gone, without raising."""
+  w, o = Wrapped(), Owned()
+  p = PreparedCall(WrappedBuffers((w, o)), call_key((2.5,), G, L))
+  assert p.repeated_by((w, o), (2.5,), G, L) and not ((w, o) != p.bufs) and p.bufs == (w, o) and p.bufs.live() == (w, o)
+  assert not p.repeated_by((o, w), (2.5,), G, L) and not p.repeated_by((w, Owned()), (2.5,), G, L) and not p.repeated_by((w,), (2.5,), G, L)
+  assert type(p.bufs[0]) is weakref.ref and p.bufs[1] is o  # the record keeps the wrapped one by a weak reference only
+  gone = weakref.ref(w)
+  del w
+  gc.collect()
+  assert gone() is None and p.bufs.live() is None
+  assert not p.repeated_by((Wrapped(), o), (2.5,), G, L) and not p.repeated_by((None, o), (2.5,), G, L)
+
+
 # ---------------------------------------------------------------- on real programs
 
 @kernel
@@ -285,3 +310,32 @@ def test_a_repeated_cpu_launch_reuses_its_prepared_launch():
     launch = prg._prepared
     prg(out, vals=(a * 1,))  # a new, equal tuple (with 1.0 and 0.0: compared exactly, and still the same)
     assert prg._prepared is launch
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_a_program_keeps_no_wrapped_buffer_of_its_last_call(dev):
+  """A program records its last call until it is called with other arguments, which may be never: a wrapped buffer
+  (from_blob) dropped by its caller goes, and its owner (keepalive) with the device's next synchronize, however the
+  program was called. A repeated call over live wrapped buffers still submits what was prepared."""
+  d = Device[dev]
+  if not d.allocator.supports_wrap: pytest.skip(f"{dev} does not wrap host memory")
+  prg = d.program(axpy.ir())
+  host, out_host = np.array([3.0], np.float32), np.zeros(1, np.float32)
+  x = Buffer.from_blob(host.ctypes.data, 1, dtypes.float32, d, keepalive=host)
+  out = Buffer.from_blob(out_host.ctypes.data, 1, dtypes.float32, d, keepalive=out_host)
+  prg(out, x, vals=(2.0, 0.5))
+  launch = prg._prepared
+  prg(out, x, vals=(2.0, 0.5))
+  assert prg._prepared is launch and out.numpy()[0] == 6.5
+  owned = Buffer(d, 1, dtypes.float32)
+  prg(owned, x, vals=(2.0, 0.5))  # an owned result beside a wrapped input: prepared with the buffers alone new
+  assert owned.numpy()[0] == 6.5
+  buffers, owners = [weakref.ref(x), weakref.ref(out)], [weakref.ref(host), weakref.ref(out_host)]
+  del x, out, host, out_host
+  gc.collect()
+  d.synchronize()
+  assert [b() for b in buffers] == [None, None], f"{dev}: the program keeps a dropped wrapped buffer"
+  assert [o() for o in owners] == [None, None], f"{dev}: a dropped wrapped buffer's owner is still alive"
+  again = Buffer(d, 1, dtypes.float32).copyin(np.array([4.0], np.float32))
+  prg(owned, again, vals=(2.0, 0.5))  # the same scalars over other memory: the gone buffers are not the call's
+  assert owned.numpy()[0] == 8.5

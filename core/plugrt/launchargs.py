@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from marshal import dumps as _exact_bytes
 from typing import Any
+from weakref import ref
 
 from plugrt.dtype import DType, cast_value, dtypes, float_bits, float_packer, float_value
 
@@ -123,6 +124,37 @@ class ExactScalars(tuple):
   __hash__ = tuple.__hash__
 
 
+class WrappedBuffers(tuple):
+  """A call's Buffers, as the record of a program's last call keeps them, when one of them wraps memory plugrt does not
+  own (Buffer.from_blob, DLPack): each such Buffer by a weak reference, the others as they are. A program keeps its last
+  call until it is called with other arguments, which may be never: a wrapped Buffer it kept would keep its owner's
+  memory (`keepalive`) and the backend's mapping of it alive after the caller dropped it. A repeated call needs only
+  the Buffers' identity, and the caller holds each Buffer it passes. `bufs != recorded` asks this class first (a
+  subclass of tuple), as for ExactScalars: equal to a tuple of the same Buffers while each lives, never once one is gone."""
+  __slots__ = ()
+
+  def __new__(cls, bufs: Sequence[Any]) -> WrappedBuffers:
+    return super().__new__(cls, [ref(b) if b._external else b for b in bufs])
+
+  def live(self) -> tuple | None:
+    """The Buffers, or None once a wrapped one is gone."""
+    out = tuple([b() if type(b) is ref else b for b in self])
+    return None if any(b is None for b in out) else out
+
+  def __ne__(self, other: object) -> bool:  # what a launch asks (`bufs != prepared.bufs`): the call's own tuple first
+    if type(other) is tuple and len(other) == len(self):
+      for mine, b in zip(self, other):
+        if (mine() if type(mine) is ref else mine) is not b or b is None: return True  # (a gone one reads None)
+      return False
+    if other is self: return False
+    live = self.live()
+    return live is None or live != (other.live() if type(other) is WrappedBuffers else other)
+
+  def __eq__(self, other: object) -> bool: return not self.__ne__(other)
+
+  __hash__ = tuple.__hash__
+
+
 def call_key(vals: Sequence[Any], global_size: Any, local_size: Any) -> tuple[Sequence[Any], tuple[Any, Any]]:
   """(vals, (global_size, local_size)) as a PreparedCall keeps them, for arguments Program.check_args passed: scalars
   with a bool or a value equal to 0 or 1 among them (by hash and ==, at C speed) as ExactScalars; lists copied (the
@@ -143,8 +175,9 @@ class PreparedCall:
   Program.__call__ compares a call with it inline (see the module docstring); replacing the program's prepared call by
   a single assignment lets threads share the program: a launch reads either the old or the new one, never a mix.
 
-  The call: bufs, the Buffers (compared by identity); vals, the scalars (ExactScalars where == cannot tell twins apart;
-  a list copied); dims, (global_size, local_size) as given, lists copied.
+  The call: bufs, the Buffers (compared by identity; WrappedBuffers where one wraps memory plugrt does not own); vals,
+  the scalars (ExactScalars where == cannot tell twins apart; a list copied); dims, (global_size, local_size) as given,
+  lists copied.
   What the core checked and packed for it: sizes, the checked (global_size, local_size) as 3-tuples; scalars, the
   scalars packed by the program's scalar_packer.
   What the backend made of it (Program._encode): submit, a callable of no arguments that enqueues the launch (what it
@@ -180,5 +213,5 @@ class PreparedCall:
 NO_CALL = PreparedCall()
 
 
-__all__ = ["NO_CALL", "SCALAR_CTYPES", "ExactScalars", "PreparedCall", "bytes_packer", "call_key", "ctypes_packer", "slot_packer",
-           "value_packer"]
+__all__ = ["NO_CALL", "SCALAR_CTYPES", "ExactScalars", "PreparedCall", "WrappedBuffers", "bytes_packer", "call_key", "ctypes_packer",
+           "slot_packer", "value_packer"]

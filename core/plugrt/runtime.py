@@ -18,7 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from plugrt.context import BufferBase, DeviceInfo, DeviceState
 from plugrt.dtype import DType, ImageDType, image_dtype
 from plugrt.errors import EnvError, LaunchError, OutOfMemoryError, UnsupportedError
-from plugrt.launchargs import NO_CALL, PreparedCall, Signature, call_key, slot_packer
+from plugrt.launchargs import NO_CALL, PreparedCall, Signature, WrappedBuffers, call_key, slot_packer
 
 H = TypeVar("H")  # a backend's memory handle
 
@@ -53,6 +53,7 @@ def _cache_limit(env: Mapping[str, str]) -> int:
 
 
 _HANDLE = attrgetter("handle")  # a buffer's handle (at C speed, over a call's buffers)
+_EXTERNAL = attrgetter("_external")  # whether a buffer wraps memory plugrt does not own (from_blob, DLPack)
 _DEVICE_DTYPE = attrgetter("device", "dtype")
 _BUFFER_BASE = repeat(BufferBase)  # (isinstance's second argument for map)
 
@@ -516,9 +517,9 @@ class Program:
       p = self._encode(bufs, scalars, gs, ls)
       p.vals, p.dims = call_key(vals, global_size, local_size)
       p.scalars, p.sizes = scalars, (gs, ls)
-    p.bufs = bufs
+    p.bufs = WrappedBuffers(bufs) if any(map(_EXTERNAL, bufs)) else bufs  # (never keeps a caller's memory alive: see WrappedBuffers)
     if self.self_contained and last.bufs:
-      self._before = (tuple(map(_HANDLE, last.bufs)), last)
+      if (held := last.bufs if type(last.bufs) is tuple else last.bufs.live()) is not None: self._before = (tuple(map(_HANDLE, held)), last)
       last.bufs = ()  # no longer the last call: its buffers go (it is kept by their handles)
     return p
 

@@ -222,14 +222,25 @@ class CLAllocator(Allocator[CLMem]):
     try: mem = self._alloc_image(image, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, host)
     except (cl.Error, MemoryError) as e:
       raise MemoryError(f"{self.state.label} cannot wrap {image!r} at {ptr:#x}: {e}") from None
-    with self.state.wrap_lock: self.state.wrapped.add(mem)
-    return mem
+    return self._track(mem)
 
   def _wrap(self, ptr: int, nbytes: int) -> CLMem:
     host = (ctypes.c_char * nbytes).from_address(ptr)
     try: buf = cl.Buffer(self.state.context, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, hostbuf=host)
     except cl.Error as e:
       raise MemoryError(f"{self.state.label} cannot wrap {size_str(nbytes)} at {ptr:#x}: {e}") from None
-    mem = CLMem(buf, 0, host)
-    with self.state.wrap_lock: self.state.wrapped.add(mem)  # synchronize() maps it, so that its owner sees what kernels wrote
+    return self._track(CLMem(buf, 0, host))
+
+  def _track(self, mem: CLMem) -> CLMem:
+    """A new CLMem of wrapped memory: synchronize() maps it while it lives, so that its owner sees what kernels wrote.
+    When it goes (its Buffer and every view are dropped) its CL memory is released: a kernel's arguments keep the cl
+    object last set (CLProgram compares them by identity), which would keep CL memory over the owner's memory, which the
+    owner may then free (OpenCL lets USE_HOST_PTR memory be freed only once its memory object is destroyed)."""
+    with self.state.wrap_lock: self.state.wrapped.add(mem)
+    weakref.finalize(mem, _release, mem.buf).atexit = False  # (at exit the driver may be gone: nothing to release)
     return mem
+
+
+def _release(buf: Any) -> None:
+  try: buf.release()
+  except cl.Error: pass  # already released (interpreter shutdown)

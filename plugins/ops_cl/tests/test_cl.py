@@ -3,10 +3,14 @@ caching, exact float16 conversions, trap-free division, from_blob, and several d
 pyopencl or an OpenCL platform is missing (the probe and message tests run everywhere)."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import glob
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -348,13 +352,52 @@ def test_synchronize_maps_wrapped_memory_for_its_owner(dev, monkeypatch):
   prg(ext, src)
   dev.synchronize()
   assert address in mapped and host[0] == 42.0
-  prg(Buffer(dev, 1, dtypes.float32), src)  # the program lets go of the buffers of its last launch
-  del ext
+  del ext  # the program's record of its last launch holds it weakly (plugrt.launchargs.WrappedBuffers)
   gc.collect()
   mapped.clear()
   dev.synchronize()
-  # other tests' programs may still hold wrapped buffers of their last launch: this test's buffer alone must be gone
   assert mem() is None and address not in mapped and all(m.buf.int_ptr != address for m in dev.info.state.wrapped)
+
+
+def _destroyed(mem: object) -> threading.Event:
+  """An event set when OpenCL destroys the memory object `mem` (clSetMemObjectDestructorCallback, through the ICD
+  loader pyopencl loaded: any loader dispatches through the object's own table)."""
+  import pyopencl as cl
+  libs = sorted(glob.glob(os.path.join(os.path.dirname(cl.__file__), ".libs", "libOpenCL*"))) or [ctypes.util.find_library("OpenCL")]
+  if not libs[0]: pytest.skip("no OpenCL ICD loader to register a destructor callback with")
+  lib = ctypes.CDLL(libs[0])
+  callback_type = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+  lib.clSetMemObjectDestructorCallback.argtypes = [ctypes.c_void_p, callback_type, ctypes.c_void_p]
+  gone = threading.Event()
+  callback = callback_type(lambda _mem, _data: gone.set())
+  assert lib.clSetMemObjectDestructorCallback(mem.int_ptr, callback, None) == 0
+  gone.callback = callback  # type: ignore[attr-defined]  # (alive while the event is)
+  return gone
+
+
+@pytest.mark.parametrize("image", [False, True])
+def test_a_dropped_wrapped_buffer_releases_its_cl_memory(dev, image):
+  """A kernel's arguments keep the cl object of the last buffer set (CLProgram compares them by identity): the CL
+  memory over wrapped host memory is destroyed when its Buffer is dropped, as OpenCL requires before the owner frees
+  USE_HOST_PTR memory, which plugrt lets go at the next synchronize."""
+  if not dev.allocator.supports_wrap: pytest.skip("this device does not compute on host memory")
+  if image and not dev.allocator.supports_images: pytest.skip("this device has no images")
+  import gc
+  host = np.zeros(16, np.float32)
+  dtype = dtypes.imagef((1, 4)) if image else dtypes.float32
+  ext = Buffer.from_blob(host.ctypes.data, 16, dtype, dev, keepalive=host)
+  gone = _destroyed(ext.handle.buf)
+  if image:
+    b = KernelBuilder("fill_texel")
+    b.buffer("img", dtype).write_texel(b.const(1, dtypes.int32), b.const(0, dtypes.int32), (5.0, 6.0, 7.0, 8.0))
+    dev.program(b.finish())(ext)
+  else: dev.program(tiny_kernel())(ext, Buffer(dev, 1, dtypes.float32).copyin(np.array([41], np.float32)))
+  dev.synchronize()
+  assert host.tolist()[4:8] == [5.0, 6.0, 7.0, 8.0] if image else host[0] == 42.0
+  del ext
+  gc.collect()
+  dev.synchronize()
+  assert gone.wait(10), "the CL memory over a dropped wrapped buffer is still alive"
 
 
 def test_two_devices_and_transfers():
