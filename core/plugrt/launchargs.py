@@ -184,9 +184,10 @@ class PreparedCall:
   returns, if anything, is for the backend's own Program._timed); unlocked, for a LockedProgram's call, None or a
   callable of no arguments that enqueues the launch without the launch lock, atomically with respect to every other
   thread, and returns nonzero when it did, 0 when it declined (a native call holding the GIL that declines while
-  another thread holds the lock): a repeated call tries it before taking the lock. A backend subclasses PreparedCall to keep its native
-  argument block beside it; `submit` must not hold the PreparedCall itself (a cycle would keep its buffers alive until
-  the garbage collector runs): a Graph keeps each launch's PreparedCall alive while it may submit it.
+  another thread holds the lock): a repeated call tries it before taking the lock. A backend subclasses PreparedCall
+  to keep its native argument block beside it; `submit` must not hold the PreparedCall itself (a cycle would keep its
+  buffers alive until the garbage collector runs): a Graph keeps each launch's PreparedCall alive while it may submit
+  it.
   """
   __slots__ = ("bufs", "dims", "scalars", "sizes", "submit", "unlocked", "vals")
 
