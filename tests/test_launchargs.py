@@ -12,6 +12,7 @@ import pytest
 
 from plugrt import Buffer, Device, dtypes, kernel
 from plugrt.dtype import f32_to_bf16, iter_dtypes
+from plugrt.errors import UnsupportedError
 from plugrt.launchargs import NO_CALL, SCALAR_CTYPES, ExactScalars, PreparedCall, WrappedBuffers, bytes_packer, call_key, ctypes_packer, slot_packer
 
 ALL = list(iter_dtypes())
@@ -321,7 +322,8 @@ def test_a_program_keeps_no_wrapped_buffer_of_its_last_call(dev):
   if not d.allocator.supports_wrap: pytest.skip(f"{dev} does not wrap host memory")
   prg = d.program(axpy.ir())
   host, out_host = np.array([3.0], np.float32), np.zeros(1, np.float32)
-  x = Buffer.from_blob(host.ctypes.data, 1, dtypes.float32, d, keepalive=host)
+  try: x = Buffer.from_blob(host.ctypes.data, 1, dtypes.float32, d, keepalive=host)
+  except UnsupportedError: pytest.skip(f"{dev} wraps device memory only")  # (CUDA: the core's record is the same there)
   out = Buffer.from_blob(out_host.ctypes.data, 1, dtypes.float32, d, keepalive=out_host)
   prg(out, x, vals=(2.0, 0.5))
   launch = prg._prepared
