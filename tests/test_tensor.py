@@ -1,4 +1,6 @@
 """Tensor: creation, elementwise ops with broadcasting and promotion, fusion, reductions, matmul, views; on every device."""
+import types
+
 import numpy as np
 import pytest
 from conftest import float16_or_skip
@@ -476,9 +478,13 @@ def test_dropped_results_free_their_buffers_without_the_garbage_collector():
   try:
     for op in ops:
       for _ in range(10): op()
-    found = gc.collect()
-    kinds = sorted({f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage})
-    assert found == 0, f"dropped tensors were left in reference cycles: {found} objects of {kinds[:12]}"
+    gc.collect()
+    # plugrt's objects among what the collector found (other libraries' objects that other tests dropped, a WebGPU
+    # engine's adapter and device, may come due meanwhile: they are not the tensors')
+    ours = [o for o in gc.garbage if type(o).__module__.startswith("plugrt") or
+            (isinstance(o, types.FunctionType) and (o.__module__ or "").startswith("plugrt"))]
+    kinds = sorted({f"{type(o).__module__}.{type(o).__qualname__}" for o in ours})
+    assert not ours, f"dropped tensors were left in reference cycles: {len(ours)} of plugrt's objects, of {kinds[:12]}"
   finally:
     gc.set_debug(0)
     gc.garbage.clear()
