@@ -26,6 +26,7 @@ def imported_packages(folder: Path) -> dict[str, set[str]]:
   depth of the file (imports inside functions count: a lazy import still reaches into the package)."""
   found: dict[str, set[str]] = {}
   for path in folder.rglob("*.py"):
+    if "build" in path.relative_to(ROOT).parts: continue  # (setuptools' copies, made and removed by the install tests)
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
       names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
               [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
