@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,7 +22,7 @@ FUNCTIONS = ("plugrt_nv_submit", "plugrt_nv_queue", "plugrt_nv_submit_unlocked")
 
 def tool(name: str) -> str:
   for cand in (name, *(f"{name}-{v}" for v in range(20, 13, -1))):
-    if subprocess.run(["which", cand], capture_output=True).returncode == 0: return cand
+    if shutil.which(cand): return cand
   sys.exit(f"{name} not found: install clang and llvm")
 
 
